@@ -1,0 +1,201 @@
+"""Base classes for attention modules: the contract, kernel dispatch and the exact-variant core."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from attn.contract import check_qkv, require_choice, require_int, require_optional_int
+from attn.mods import MaskMod, ScoreMod
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    """What actually ran for the last forward call: recorded on every benchmark row.
+
+    ``mask_emulated`` is True when a sparse pattern was computed through a dense
+    materialised mask (the cost of full attention); ``fallback`` names a known slow path.
+    """
+
+    kernel: str
+    path: str
+    mask_emulated: bool = False
+    fallback: str | None = None
+
+
+@dataclass(frozen=True)
+class Band:
+    """Banded structure of a pattern, for kernels that compute only the band (O(N*w)).
+
+    Allowed (non-causal): ``(i - j) % dilation == 0 and |i - j| <= dilation * window``,
+    or ``i < num_global`` or ``j < num_global``.
+    """
+
+    window: int
+    dilation: int = 1
+    num_global: int = 0
+
+
+class Attention(nn.Module):
+    """Base of every registered attention.
+
+    Subclasses declare which kernels can run them (``kernels``) and either a mask_mod /
+    score_mod (exact variants, see :class:`ExactAttention`) or a ``native_forward``.
+    ``forward`` validates the contract, resolves ``kernel="auto"`` per call (device, dtype,
+    causal, grad) and records what ran in ``last_path``.
+    """
+
+    name: ClassVar[str] = "attention"
+    kernels: ClassVar[tuple[str, ...]] = ("native",)
+    exact: ClassVar[bool] = True
+    supports_causal: ClassVar[bool] = True
+    forces_causal: ClassVar[bool] = False
+    #: small parameter sets that make the conformance kit meaningful at short lengths
+    example_params: ClassVar[tuple[dict[str, Any], ...]] = ({},)
+    #: for approximate variants: the parameter whose growth must converge to full attention
+    convergence_param: ClassVar[str | None] = None
+
+    def __init__(
+        self, *, kernel: str = "auto", num_heads: int | None = None, head_dim: int | None = None
+    ) -> None:
+        super().__init__()
+        require_choice(self.name, "kernel", kernel, ("auto", *self.kernels))
+        self.kernel = kernel
+        self.num_heads = require_optional_int(self.name, "num_heads", num_heads, minimum=1)
+        self.head_dim = require_optional_int(self.name, "head_dim", head_dim, minimum=1)
+        self.last_path: KernelPath | None = None
+
+    # semantics (exact variants override)
+    def mask_mod(self) -> MaskMod | None:
+        """The allowed(b, h, i, j) predicate, or None when every key is allowed."""
+        return None
+
+    def score_mod(self) -> ScoreMod | None:
+        """The additive score term score_mod(score, b, h, i, j), or None."""
+        return None
+
+    def band(self) -> Band | None:
+        """Banded structure for O(N*w) kernels, or None when the pattern is not banded."""
+        return None
+
+    def native_forward(
+        self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None
+    ) -> Tensor:
+        """The variant's own implementation (kernel ``native``)."""
+        raise NotImplementedError(f"{self.name}: no native implementation; use kernels {self.kernels}")
+
+    # dispatch
+    def supports(
+        self,
+        device: torch.device | str,
+        dtype: torch.dtype,
+        causal: bool,
+        requires_grad: bool,
+        kernel: str | None = None,
+    ) -> list[str]:
+        """Reasons why ``kernel`` (default: this module's) cannot run this call; [] = supported."""
+        from attn.kernels import get_kernel
+
+        kernel = kernel or self.kernel
+        device = torch.device(device)
+        causal = causal or self.forces_causal
+        if causal and not self.supports_causal:
+            return [f"{self.name} does not support causal=True"]
+        if kernel == "auto":
+            try:
+                self.resolve_kernel(device, dtype, causal, requires_grad)
+            except NotImplementedError as err:
+                return [str(err)]
+            return []
+        if kernel not in self.kernels:
+            return [f"{self.name} has no kernel {kernel!r}; its kernels are {list(self.kernels)}"]
+        return get_kernel(kernel).supports(self, device, dtype, causal, requires_grad)
+
+    def resolve_kernel(
+        self, device: torch.device, dtype: torch.dtype, causal: bool, requires_grad: bool
+    ) -> str:
+        """The kernel a call with these properties runs on (resolving ``auto``)."""
+        if self.kernel != "auto":
+            return self.kernel
+        from attn.kernels.auto import choose_kernel
+
+        return choose_kernel(self, device, dtype, causal, requires_grad)
+
+    def forward(
+        self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None
+    ) -> Tensor:
+        """Attention of ``q (B, H, Nq, D)`` over ``k (B, H, Nk, D)``, ``v (B, H, Nk, Dv)``."""
+        from attn.kernels import get_kernel
+
+        check_qkv(self.name, q, k, v, key_mask)
+        if self.num_heads is not None and q.shape[1] != self.num_heads:
+            raise ValueError(
+                f"{self.name}: argument 'q' has {q.shape[1]} heads but the module was built with "
+                f"num_heads={self.num_heads}"
+            )
+        causal = bool(causal) or self.forces_causal
+        if causal and not self.supports_causal:
+            raise NotImplementedError(
+                f"{self.name}: argument 'causal' must be False; {self.name} has no causal form"
+            )
+        requires_grad = torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or v.requires_grad
+            or any(p.requires_grad for p in self.parameters())
+        )
+        name = self.resolve_kernel(q.device, q.dtype, causal, requires_grad)
+        kernel = get_kernel(name)
+        reasons = kernel.supports(self, q.device, q.dtype, causal, requires_grad)
+        if reasons:
+            raise NotImplementedError(
+                f"{self.name}: kernel {name!r} cannot run this call: {'; '.join(reasons)}"
+            )
+        out, path = kernel.run(self, q, k, v, causal, key_mask)
+        self.last_path = path
+        return out
+
+    def extra_repr(self) -> str:
+        return f"kernel={self.kernel!r}"
+
+
+class ExactAttention(Attention):
+    """An exact variant: defined once by ``mask_mod`` (+ optional position bias score_mod).
+
+    ``position_bias`` composes a relative-position score term with the mask pattern:
+    ``None``, ``"learned"`` (one scalar per head per clipped offset) or ``"alibi"``.
+    """
+
+    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa")
+
+    def __init__(
+        self,
+        *,
+        position_bias: str | None = None,
+        max_distance: int = 128,
+        kernel: str = "auto",
+        num_heads: int | None = None,
+        head_dim: int | None = None,
+    ) -> None:
+        super().__init__(kernel=kernel, num_heads=num_heads, head_dim=head_dim)
+        from attn.position_bias import POSITION_BIASES, RelativePositionBias
+
+        require_choice(self.name, "position_bias", position_bias, (None, *POSITION_BIASES))
+        require_int(self.name, "max_distance", max_distance, minimum=0)
+        self.max_distance = max_distance
+        self.position_bias: RelativePositionBias | None = None
+        if position_bias is not None:
+            if num_heads is None:
+                raise ValueError(
+                    f"{self.name}: parameter 'num_heads' is required with position_bias="
+                    f"{position_bias!r} (the bias has one set of values per head)"
+                )
+            self.position_bias = RelativePositionBias(position_bias, num_heads, max_distance)
+
+    def score_mod(self) -> ScoreMod | None:
+        return None if self.position_bias is None else self.position_bias.score_mod()
+
+    def extra_repr(self) -> str:
+        bias = "" if self.position_bias is None else f", position_bias={self.position_bias.kind!r}"
+        return f"kernel={self.kernel!r}{bias}"

@@ -1,0 +1,41 @@
+"""The kernel interface."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from attn.base import Attention, KernelPath
+
+
+class Kernel:
+    """An implementation of attention semantics. Stateless apart from caches."""
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+
+    def supports(
+        self,
+        attention: Attention,
+        device: torch.device,
+        dtype: torch.dtype,
+        causal: bool,
+        requires_grad: bool,
+    ) -> list[str]:
+        """Reasons this kernel cannot run ``attention`` for such a call; [] = supported."""
+        return []
+
+    def run(
+        self,
+        attention: Attention,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        causal: bool,
+        key_mask: Tensor | None,
+    ) -> tuple[Tensor, KernelPath]:
+        """Compute the attention output ``(B, H, Nq, Dv)`` and describe the path taken."""
+        raise NotImplementedError

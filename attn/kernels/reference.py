@@ -1,0 +1,61 @@
+"""The dense reference kernel: the ground truth, built from the mask_mod / score_mod."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from attn.base import Attention, KernelPath
+from attn.kernels.base import Kernel
+from attn.mods import MaskMod, ScoreMod, dense_allowed, dense_scores_mod, masked_softmax
+
+
+def dense_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    mask_mod: MaskMod | None = None,
+    score_mod: ScoreMod | None = None,
+    causal: bool = False,
+    key_mask: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """Materialised softmax attention; half precision is computed in float32.
+
+    Rows with no allowed key give zeros. Memory O(B*H*Nq*Nk).
+    """
+    batch, heads, q_len, dim = q.shape
+    k_len = k.shape[2]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    scores = torch.matmul(q.to(compute), k.to(compute).transpose(-2, -1)) * scale  # (B, H, Nq, Nk)
+    scores = dense_scores_mod(score_mod, scores)
+    allowed = dense_allowed(
+        mask_mod, batch=batch, heads=heads, q_len=q_len, k_len=k_len,
+        causal=causal, key_mask=key_mask, device=q.device,
+    )
+    probs = masked_softmax(scores, allowed)  # (B, H, Nq, Nk)
+    return torch.matmul(probs, v.to(compute)).to(q.dtype)  # (B, H, Nq, Dv)
+
+
+class ReferenceKernel(Kernel):
+    """Dense math from the variant's definition: O(N^2) memory, any device, autograd."""
+
+    name = "reference"
+    description = "dense materialised attention from the mask_mod/score_mod (ground truth)"
+
+    def supports(self, attention, device, dtype, causal, requires_grad) -> list[str]:
+        if not attention.exact:
+            return [f"{attention.name} is approximate; it has no dense reference"]
+        return []
+
+    def run(self, attention: Attention, q, k, v, causal, key_mask):
+        out = dense_attention(
+            q, k, v, mask_mod=attention.mask_mod(), score_mod=attention.score_mod(),
+            causal=causal, key_mask=key_mask,
+        )
+        mask_emulated = attention.mask_mod() is not None
+        return out, KernelPath(self.name, "dense softmax", mask_emulated=mask_emulated)

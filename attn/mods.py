@@ -1,0 +1,107 @@
+"""Mask and score modifications: the one place where a variant's semantics are written.
+
+A *mask_mod* is ``allowed(b, h, i, j) -> bool tensor`` and a *score_mod* is
+``score_mod(score, b, h, i, j) -> score``, both written with elementwise torch ops so the
+same function runs broadcast over dense index grids (the reference kernel), under
+``vmap`` (FlexAttention) and block by block (the blocked kernel).
+
+``i`` is the *absolute* query position: query row ``r`` of ``Nq`` against ``Nk`` keys sits
+at ``i = Nk - Nq + r`` (bottom-right alignment), so a KV-cache decode step with one query
+is the newest token. ``j`` is the key position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def causal_mask_mod(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+    """Causal rule: key ``j`` is visible to query ``i`` when ``j <= i``."""
+    return j <= i
+
+
+def and_masks(*mods: MaskMod | None) -> MaskMod | None:
+    """The conjunction of the given mask_mods (``None`` entries mean "all allowed")."""
+    active = [m for m in mods if m is not None]
+    if not active:
+        return None
+    if len(active) == 1:
+        return active[0]
+
+    def combined(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        out = active[0](b, h, i, j)
+        for mod in active[1:]:
+            out = out & mod(b, h, i, j)
+        return out
+
+    return combined
+
+
+def index_grids(
+    batch: int, heads: int, q_len: int, k_len: int, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Broadcastable index grids ``b (B,1,1,1), h (1,H,1,1), i (1,1,Nq,1), j (1,1,1,Nk)``.
+
+    ``i`` holds absolute query positions (bottom-right aligned).
+    """
+    offset = k_len - q_len
+    b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
+    h = torch.arange(heads, device=device).view(1, heads, 1, 1)
+    i = (torch.arange(q_len, device=device) + offset).view(1, 1, q_len, 1)
+    j = torch.arange(k_len, device=device).view(1, 1, 1, k_len)
+    return b, h, i, j
+
+
+def dense_allowed(
+    mask_mod: MaskMod | None,
+    *,
+    batch: int,
+    heads: int,
+    q_len: int,
+    k_len: int,
+    causal: bool,
+    key_mask: Tensor | None,
+    device: torch.device,
+) -> Tensor | None:
+    """Materialise the allowed-pairs mask, bool ``(B|1, H|1, Nq, Nk)``; ``None`` if all allowed."""
+    mod = and_masks(mask_mod, causal_mask_mod if causal else None)
+    allowed: Tensor | None = None
+    if mod is not None:
+        b, h, i, j = index_grids(batch, heads, q_len, k_len, device)
+        allowed = torch.as_tensor(mod(b, h, i, j), device=device, dtype=torch.bool)
+        shape = torch.broadcast_shapes(allowed.shape, (1, 1, q_len, k_len))
+        allowed = allowed.expand(shape)
+    if key_mask is not None:
+        km = key_mask.view(batch, 1, 1, k_len)  # (B, 1, 1, Nk)
+        allowed = km if allowed is None else allowed & km
+        allowed = allowed.expand(torch.broadcast_shapes(allowed.shape, (1, 1, q_len, k_len)))
+    return allowed
+
+
+def dense_scores_mod(
+    score_mod: ScoreMod | None, scores: Tensor
+) -> Tensor:
+    """Apply ``score_mod`` to dense scores ``(B, H, Nq, Nk)`` (bottom-right aligned positions)."""
+    if score_mod is None:
+        return scores
+    batch, heads, q_len, k_len = scores.shape
+    b, h, i, j = index_grids(batch, heads, q_len, k_len, scores.device)
+    return score_mod(scores, b, h, i, j)
+
+
+def masked_softmax(scores: Tensor, allowed: Tensor | None) -> Tensor:
+    """Softmax over the last dim restricted to ``allowed``; rows with no allowed key are zeros.
+
+    Never produces NaN, forward or backward.
+    """
+    if allowed is None:
+        return torch.softmax(scores, dim=-1)
+    row_has_key = allowed.any(dim=-1, keepdim=True)  # (.., Nq, 1)
+    scores = scores.masked_fill(~allowed, float("-inf")).masked_fill(~row_has_key, 0.0)
+    return torch.softmax(scores, dim=-1).masked_fill(~row_has_key, 0.0)

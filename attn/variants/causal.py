@@ -1,0 +1,16 @@
+"""``causal``: full attention with the causal rule always on (fig. 12.15b)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from attn.base import ExactAttention
+from attn.registry import register_attention
+
+
+@register_attention("causal")
+class CausalAttention(ExactAttention):
+    """Causal softmax attention: key j visible to query i iff j <= i, whatever ``causal`` says."""
+
+    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa")
+    forces_causal = True

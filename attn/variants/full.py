@@ -1,0 +1,16 @@
+"""``full``: every query attends to every key (fig. 12.15a); causal adds j <= i (12.15b)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from attn.base import ExactAttention
+from attn.registry import register_attention
+
+
+@register_attention("full")
+class FullAttention(ExactAttention):
+    """Full softmax attention: all keys allowed; ``causal=True`` keeps j <= i."""
+
+    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa")
+    example_params = ({}, {"position_bias": "alibi"})

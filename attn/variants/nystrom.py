@@ -1,0 +1,150 @@
+"""``nystrom``: Nystromformer (Xiong et al., 2021), linear-cost approximation of full attention.
+
+    out = softmax(Q K~^T) pinv(softmax(Q~ K~^T)) softmax(Q~ K^T) V
+
+with Q, K scaled by D^-1/4 each, landmarks Q~, K~ the means of m equal segments (N padded
+up to a multiple of m, padding and masked keys excluded from the means), the iterative
+Moore-Penrose pseudo-inverse, and an optional depthwise convolution skip on V. When the
+sequence fits in m landmarks the result is exact attention.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attn.base import Attention, KernelPath
+from attn.contract import require_int, require_optional_int
+from attn.kernels.reference import dense_attention
+from attn.mods import masked_softmax
+from attn.registry import register_attention
+
+
+def segment_means(x: Tensor, num_segments: int, valid: Tensor | None) -> tuple[Tensor, Tensor]:
+    """Means of ``x (B, H, N, D)`` over ``num_segments`` equal segments of N padded up.
+
+    ``valid (B, N)`` (True = real) excludes positions from the means. Returns the means
+    ``(B, H, m, D)`` and which segments hold at least one real position ``(B|1, 1, m)``.
+    """
+    batch, heads, length, dim = x.shape
+    seg_len = math.ceil(length / num_segments)
+    pad = seg_len * num_segments - length
+    if valid is None:
+        weight = x.new_ones(1, 1, length, 1)  # (1, 1, N, 1)
+    else:
+        weight = valid.to(x.dtype).view(batch, 1, length, 1)  # (B, 1, N, 1)
+        x = x * weight
+    x = F.pad(x, (0, 0, 0, pad))  # (B, H, m*L, D)
+    weight = F.pad(weight, (0, 0, 0, pad))
+    sums = x.view(batch, heads, num_segments, seg_len, dim).sum(dim=3)  # (B, H, m, D)
+    counts = weight.view(weight.shape[0], 1, num_segments, seg_len).sum(dim=3)  # (B|1, 1, m)
+    means = sums / counts.clamp(min=1.0).unsqueeze(-1)
+    return means, counts > 0
+
+
+def iterative_pinv(a: Tensor, iters: int) -> Tensor:
+    """Moore-Penrose pseudo-inverse of ``a (..., m, m)`` by the Nystromformer iteration.
+
+    Z0 = A^T / (max row sum * max col sum), per matrix (never across the batch);
+    Z <- 1/4 Z (13 I - A Z (15 I - A Z (7 I - A Z))).
+    """
+    eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
+    row = a.abs().sum(dim=-1).amax(dim=-1)  # (...)
+    col = a.abs().sum(dim=-2).amax(dim=-1)
+    z = a.transpose(-2, -1) / (row * col).clamp(min=torch.finfo(a.dtype).tiny)[..., None, None]
+    for _ in range(iters):
+        az = a @ z
+        z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
+    return z
+
+
+@register_attention("nystrom")
+class NystromAttention(Attention):
+    """Nystromformer: landmark (segment-mean) approximation of full attention in O(N*m); non-causal only."""
+
+    kernels: ClassVar[tuple[str, ...]] = ("native",)
+    exact = False
+    supports_causal = False
+    example_params = ({"num_landmarks": 8}, {"num_landmarks": 4, "conv_kernel": 3})
+    convergence_param = "num_landmarks"
+
+    def __init__(
+        self, num_landmarks: int = 64, pinv_iters: int = 6, conv_kernel: int | None = None, **common
+    ) -> None:
+        super().__init__(**common)
+        self.num_landmarks = require_int(self.name, "num_landmarks", num_landmarks, minimum=1)
+        self.pinv_iters = require_int(self.name, "pinv_iters", pinv_iters, minimum=1)
+        self.conv_kernel = require_optional_int(self.name, "conv_kernel", conv_kernel, minimum=1)
+        self.conv: nn.Conv2d | None = None
+        if conv_kernel is not None:
+            if conv_kernel % 2 == 0:
+                raise ValueError(f"nystrom: parameter 'conv_kernel' must be odd; got {conv_kernel}")
+            if self.num_heads is None:
+                raise ValueError(
+                    "nystrom: parameter 'num_heads' is required with conv_kernel (one depthwise "
+                    "filter per head)"
+                )
+            heads = self.num_heads
+            self.conv = nn.Conv2d(
+                heads, heads, kernel_size=(conv_kernel, 1), padding=(conv_kernel // 2, 0),
+                bias=False, groups=heads,
+            )
+        self._exact_last = False
+
+    def native_supports(self, device, dtype, causal, requires_grad) -> list[str]:
+        return ["nystrom has no causal form (landmarks mix all positions)"] if causal else []
+
+    def native_path(self) -> KernelPath:
+        path = "exact softmax (N <= num_landmarks)" if self._exact_last else "nystrom landmarks"
+        return KernelPath("native", path)
+
+    def native_forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:
+        if causal:
+            raise NotImplementedError("nystrom: argument 'causal' must be False; nystrom has no causal form")
+        _, _, q_len, dim = q.shape
+        k_len = k.shape[2]
+        m = self.num_landmarks
+        self._exact_last = max(q_len, k_len) <= m
+        if self._exact_last:
+            out = dense_attention(q, k, v, key_mask=key_mask)
+        else:
+            out = self._landmark_attention(q, k, v, key_mask, dim)
+        if self.conv is not None:
+            v_real = v if key_mask is None else v * key_mask[:, None, :, None].to(v.dtype)
+            if q_len != k_len:
+                raise ValueError("nystrom: conv_kernel needs self-attention (Nq == Nk)")
+            out = out + self.conv(v_real)  # (B, H, N, Dv)
+        return out
+
+    def _landmark_attention(
+        self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, dim: int
+    ) -> Tensor:
+        m = self.num_landmarks
+        compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+        scale = dim**-0.25
+        q = q.to(compute) * scale  # (B, H, Nq, D)
+        k = k.to(compute) * scale  # (B, H, Nk, D)
+        # self-attention padding: masked positions are padding as queries too
+        q_valid = key_mask if key_mask is not None and q.shape[2] == k.shape[2] else None
+        q_land, q_land_ok = segment_means(q, m, q_valid)  # (B, H, m, D), (B|1, 1, m)
+        k_land, k_land_ok = segment_means(k, m, key_mask)
+        k_land_cols = k_land_ok.unsqueeze(-2)  # (B|1, 1, 1, m)
+        kernel_1 = masked_softmax(q @ k_land.transpose(-2, -1), k_land_cols)  # (B, H, Nq, m)
+        allowed_2 = k_land_cols & q_land_ok.unsqueeze(-1)  # (B|1, 1, m, m)
+        kernel_2 = masked_softmax(q_land @ k_land.transpose(-2, -1), allowed_2)  # (B, H, m, m)
+        key_cols = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Nk)
+        allowed_3 = q_land_ok.unsqueeze(-1) if key_cols is None else key_cols & q_land_ok.unsqueeze(-1)
+        kernel_3 = masked_softmax(q_land @ k.transpose(-2, -1), allowed_3)  # (B, H, m, Nk)
+        z = iterative_pinv(kernel_2, self.pinv_iters)  # (B, H, m, m)
+        out = (kernel_1 @ z) @ (kernel_3 @ v.to(compute))  # (B, H, Nq, Dv)
+        return out.to(v.dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_landmarks={self.num_landmarks}, pinv_iters={self.pinv_iters}, "
+            f"conv_kernel={self.conv_kernel}, kernel={self.kernel!r}"
+        )

@@ -1,0 +1,1 @@
+"""Benchmark harness: measuring, sweeping, results, plots and the ``attn-bench`` CLI."""

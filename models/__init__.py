@@ -1,0 +1,1 @@
+"""Shared transformer models that take any registered attention (filled by the models issue)."""
