@@ -17,13 +17,15 @@ class KernelPath:
     """What actually ran for the last forward call: recorded on every benchmark row.
 
     ``mask_emulated`` is True when a sparse pattern was computed through a dense
-    materialised mask (the cost of full attention); ``fallback`` names a known slow path.
+    materialised mask (the cost of full attention); ``fallback`` names a known slow path;
+    ``compile_s`` is the compilation time spent inside this call, if any.
     """
 
     kernel: str
     path: str
     mask_emulated: bool = False
     fallback: str | None = None
+    compile_s: float | None = None  # time spent compiling in this call (first call of a shape)
 
 
 @dataclass(frozen=True)
