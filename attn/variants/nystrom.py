@@ -107,6 +107,11 @@ class NystromAttention(Attention):
             raise NotImplementedError("nystrom: argument 'causal' must be False; nystrom has no causal form")
         _, _, q_len, dim = q.shape
         k_len = k.shape[2]
+        if self.conv is not None and q_len != k_len:
+            raise NotImplementedError(
+                f"nystrom: conv_kernel={self.conv_kernel} needs self-attention (Nq == Nk); "
+                f"got Nq={q_len}, Nk={k_len}"
+            )
         m = self.num_landmarks
         self._exact_last = max(q_len, k_len) <= m
         if self._exact_last:
@@ -115,8 +120,6 @@ class NystromAttention(Attention):
             out = self._landmark_attention(q, k, v, key_mask, dim)
         if self.conv is not None:
             v_real = v if key_mask is None else v * key_mask[:, None, :, None].to(v.dtype)
-            if q_len != k_len:
-                raise ValueError("nystrom: conv_kernel needs self-attention (Nq == Nk)")
             out = out + self.conv(v_real)  # (B, H, N, Dv)
         return out
 
