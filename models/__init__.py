@@ -1,1 +1,58 @@
-"""Shared transformer models that take any registered attention (filled by the models issue)."""
+"""Shared transformer models that take any registered attention by name.
+
+``create_model(kind, preset="tiny", attention="full", attention_params={}, **overrides)``
+builds ``encoder_classifier``, ``decoder_lm``, ``encoder_decoder`` or ``vit``;
+``list_models()`` lists the kinds. See DESIGN.md section 4.
+"""
+
+from models.attention import KVCache, MultiHeadAttention, cache_policy
+from models.blocks import FeedForward, TransformerBlock
+from models.config import (
+    PRESETS,
+    DecoderLMConfig,
+    EncoderClassifierConfig,
+    EncoderDecoderConfig,
+    ModelConfig,
+    ViTConfig,
+)
+from models.decoder import DecoderCache, DecoderLM
+from models.embeddings import PatchEmbedding, PositionEmbedding, PrefixTokens, TokenEmbedding
+from models.encoder import EncoderClassifier, TransformerEncoder
+from models.encoder_decoder import EncoderDecoder
+from models.generation import beam_search, greedy_search, length_penalty, sample
+from models.registry import create_model, list_models, model_config, register_model
+from models.streaming import StreamingEncoder
+from models.vit import ViT
+
+__all__ = [
+    "PRESETS",
+    "DecoderCache",
+    "DecoderLM",
+    "DecoderLMConfig",
+    "EncoderClassifier",
+    "EncoderClassifierConfig",
+    "EncoderDecoder",
+    "EncoderDecoderConfig",
+    "FeedForward",
+    "KVCache",
+    "ModelConfig",
+    "MultiHeadAttention",
+    "PatchEmbedding",
+    "PositionEmbedding",
+    "PrefixTokens",
+    "StreamingEncoder",
+    "TokenEmbedding",
+    "TransformerBlock",
+    "TransformerEncoder",
+    "ViT",
+    "ViTConfig",
+    "beam_search",
+    "cache_policy",
+    "create_model",
+    "greedy_search",
+    "length_penalty",
+    "list_models",
+    "model_config",
+    "register_model",
+    "sample",
+]

@@ -1,0 +1,102 @@
+"""The transformer block shared by every model: attention + FFN, post-LN or pre-LN."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor, nn
+
+from models.attention import KVCache, MultiHeadAttention
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN: Linear(D, F) -> ReLU/GELU -> dropout -> Linear(F, D)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", dropout: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.act = nn.GELU() if activation == "gelu" else nn.ReLU()
+        self.drop = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.drop(self.act(self.fc1(x))))  # (B, N, D)
+
+
+class TransformerBlock(nn.Module):
+    """Self-attention, optional cross-attention, FFN; each sublayer with a residual.
+
+    ``norm="post"`` (the seeds): ``x = LayerNorm(x + Sublayer(x))``.
+    ``norm="pre"``: ``x = x + Sublayer(LayerNorm(x))`` (the model adds a final LayerNorm).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        *,
+        attention: str = "full",
+        attention_params: dict[str, Any] | None = None,
+        kernel: str = "auto",
+        cross_attention: str | None = None,
+        activation: str = "gelu",
+        norm: str = "post",
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.pre_norm = norm == "pre"
+        self.self_attn = MultiHeadAttention(d_model, num_heads, attention, attention_params, kernel)
+        self.norm1 = nn.LayerNorm(d_model)
+        self.cross_attn: MultiHeadAttention | None = None
+        if cross_attention is not None:
+            self.cross_attn = MultiHeadAttention(d_model, num_heads, cross_attention, None, kernel)
+            self.norm_cross = nn.LayerNorm(d_model)
+        self.ffn = FeedForward(d_model, d_ff, activation, dropout)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.drop = nn.Dropout(dropout)
+
+    # sublayer plumbing: what goes into a sublayer and how its output is added back
+    def sublayer_input(self, norm: nn.LayerNorm, x: Tensor) -> Tensor:
+        return norm(x) if self.pre_norm else x
+
+    def residual(self, norm: nn.LayerNorm, x: Tensor, out: Tensor) -> Tensor:
+        x = x + self.drop(out)
+        return x if self.pre_norm else norm(x)
+
+    def ffn_sublayer(self, x: Tensor) -> Tensor:
+        return self.residual(self.norm2, x, self.ffn(self.sublayer_input(self.norm2, x)))
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        causal: bool = False,
+        key_mask: Tensor | None = None,
+        context: Tensor | None = None,
+        context_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        cross_cache: KVCache | None = None,
+    ) -> Tensor:
+        """``x (B, N, D)`` -> ``(B, N, D)``; ``context (B, M, D)`` feeds the cross-attention."""
+        h = self.sublayer_input(self.norm1, x)
+        x = self.residual(
+            self.norm1, x, self.self_attn(h, causal=causal, key_mask=key_mask, cache=cache)
+        )
+        if self.cross_attn is not None:
+            if context is None and (cross_cache is None or cross_cache.k is None):
+                raise ValueError("context: a block with cross-attention needs the encoder memory")
+            h = self.sublayer_input(self.norm_cross, x)
+            out = self.cross_attn(h, context, key_mask=context_mask, cache=cross_cache)
+            x = self.residual(self.norm_cross, x, out)
+        return self.ffn_sublayer(x)
+
+    def forward_last(self, x: Tensor, *, causal: bool = False, key_mask: Tensor | None = None) -> Tensor:
+        """Single-output block: only the last position's output, ``(B, N, D) -> (B, 1, D)``.
+
+        Keys and values come from every position, the query only from the last one, and
+        the FFN runs on one token (Continual single-output attention, Hedegaard et al.).
+        """
+        h = self.sublayer_input(self.norm1, x)  # (B, N, D)
+        out = self.self_attn(h[:, -1:], h, causal=causal, key_mask=key_mask)  # (B, 1, D)
+        return self.ffn_sublayer(self.residual(self.norm1, x[:, -1:], out))

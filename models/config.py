@@ -1,0 +1,248 @@
+"""Model configs: frozen dataclasses, named presets, validation at construction.
+
+Every config validates itself in ``__post_init__`` and raises ``ValueError`` naming the
+offending field. ``position="auto"`` resolves to ``"none"`` when the attention carries a
+relative position bias (``relative``, or any variant with ``position_bias``), to
+``"learned"`` for ViT and to ``"sinusoidal"`` otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar
+
+import attn
+
+ACTIVATIONS = ("relu", "gelu")
+NORMS = ("post", "pre")
+POSITIONS = ("auto", "sinusoidal", "learned", "none")
+POOLINGS = ("cls", "mean")
+
+#: shared size presets; kind-specific extras live on each config class (``kind_presets``)
+PRESETS: dict[str, dict[str, Any]] = {
+    # well under a second per training step on CPU
+    "tiny": dict(d_model=32, num_heads=2, num_layers=2, d_ff=64, max_len=256, vocab_size=32),
+    # the CPU quality suite
+    "small": dict(d_model=128, num_heads=4, num_layers=4, d_ff=512, max_len=1024, vocab_size=256),
+    # LRA (Tay et al. 2021) text / retrieval sizes: 4 layers, 4 heads, 256 dims, MLP 1024
+    "lra": dict(d_model=256, num_heads=4, num_layers=4, d_ff=1024, max_len=4096, vocab_size=256),
+}
+
+
+def _fail(field_name: str, message: str) -> ValueError:
+    return ValueError(f"{field_name}: {message}")
+
+
+def _choice(name: str, value: Any, allowed: tuple[Any, ...]) -> None:
+    if value not in allowed:
+        raise _fail(name, f"must be one of {', '.join(map(repr, allowed))}; got {value!r}")
+
+
+def _positive(name: str, value: Any, minimum: int = 1) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise _fail(name, f"must be an int >= {minimum}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Fields every model kind shares: sizes, block style, positions and the attention."""
+
+    vocab_size: int = 32
+    d_model: int = 32
+    num_heads: int = 2
+    num_layers: int = 2
+    d_ff: int = 64
+    dropout: float = 0.0
+    activation: str = "gelu"
+    norm: str = "post"  # "post": LayerNorm(x + f(x)) as in the seeds; "pre": x + f(LayerNorm(x))
+    max_len: int = 256
+    position: str = "auto"
+    attention: str = "full"
+    attention_params: dict[str, Any] = field(default_factory=dict)
+    attention_kernel: str = "auto"
+
+    #: whether the model's self-attention runs causally (decoders)
+    needs_causal: ClassVar[bool] = False
+    #: kind-specific preset extras, by preset name
+    kind_presets: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "attention_params", dict(self.attention_params))
+        for name in ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_len"):
+            _positive(name, getattr(self, name))
+        if self.d_model % self.num_heads:
+            raise _fail(
+                "d_model", f"must be divisible by num_heads={self.num_heads}; got {self.d_model}"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise _fail("dropout", f"must be in [0, 1); got {self.dropout!r}")
+        _choice("activation", self.activation, ACTIVATIONS)
+        _choice("norm", self.norm, NORMS)
+        _choice("position", self.position, POSITIONS)
+        if self.attention not in attn.list_attention():
+            raise _fail(
+                "attention",
+                f"unknown attention {self.attention!r}; registered: {', '.join(attn.list_attention())}",
+            )
+        self._check_attention(self.attention, self.attention_params, "attention")
+        has_bias = self.attention == "relative" or self.attention_params.get("position_bias")
+        if self.position == "auto":
+            object.__setattr__(self, "position", "none" if has_bias else self.default_position())
+        elif has_bias and self.position != "none":
+            raise _fail(
+                "position",
+                f"must be 'none' (or 'auto') when the attention carries a relative position bias; "
+                f"got {self.position!r}",
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    def default_position(self) -> str:
+        return "sinusoidal"
+
+    def _check_attention(
+        self, name: str, params: dict[str, Any], field_name: str, causal: bool | None = None
+    ) -> None:
+        """Build the attention once so bad parameters fail here, naming ``field_name``."""
+        causal = self.needs_causal if causal is None else causal
+        try:
+            module = attn.create_attention(
+                name,
+                num_heads=self.num_heads,
+                head_dim=self.head_dim,
+                kernel=self.attention_kernel,
+                **params,
+            )
+        except (ValueError, TypeError) as err:
+            raise _fail(field_name, f"cannot build {name!r}: {err}") from err
+        if causal and not module.supports_causal:
+            raise _fail(
+                field_name,
+                f"{name!r} has no causal form, so it cannot run in a decoder "
+                "(choose a variant with supports_causal=True)",
+            )
+
+
+@dataclass(frozen=True)
+class EncoderClassifierConfig(ModelConfig):
+    """BERT-style encoder with a classification head; ``dual=True`` encodes two inputs (retrieval)."""
+
+    num_classes: int = 2
+    pooling: str = "cls"  # "cls": a learned CLS vector at position 0; "mean": mean over real tokens
+    num_extra_global: int = 0  # learned global tokens prepended after CLS (for global_tokens)
+    dual: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive("num_classes", self.num_classes)
+        _choice("pooling", self.pooling, POOLINGS)
+        _positive("num_extra_global", self.num_extra_global, minimum=0)
+
+
+@dataclass(frozen=True)
+class DecoderLMConfig(ModelConfig):
+    """GPT-style decoder language model (causal self-attention, tied output embedding)."""
+
+    tie_embeddings: bool = True
+    needs_causal: ClassVar[bool] = True
+
+
+@dataclass(frozen=True)
+class EncoderDecoderConfig(ModelConfig):
+    """Translation-style encoder-decoder; ``attention`` is used by the encoder and, unless
+    ``decoder_attention`` is given, by the decoder's causal self-attention too."""
+
+    num_decoder_layers: int | None = None  # None: num_layers
+    decoder_attention: str | None = None  # None: same as attention (and attention_params)
+    decoder_attention_params: dict[str, Any] = field(default_factory=dict)
+    cross_attention: str = "full"
+    bos_id: int = 1
+    tie_embeddings: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "decoder_attention_params", dict(self.decoder_attention_params))
+        if self.num_decoder_layers is not None:
+            _positive("num_decoder_layers", self.num_decoder_layers)
+        if not 0 <= self.bos_id < self.vocab_size:
+            raise _fail("bos_id", f"must be in [0, vocab_size={self.vocab_size}); got {self.bos_id}")
+        super().__post_init__()
+        name, params = self.decoder_self_attention
+        field_name = "attention" if self.decoder_attention is None else "decoder_attention"
+        if name not in attn.list_attention():
+            raise _fail(field_name, f"unknown attention {name!r}")
+        self._check_attention(name, params, field_name, causal=True)
+        self._check_attention(self.cross_attention, {}, "cross_attention", causal=False)
+
+    @property
+    def decoder_self_attention(self) -> tuple[str, dict[str, Any]]:
+        if self.decoder_attention is None:
+            return self.attention, self.attention_params
+        return self.decoder_attention, self.decoder_attention_params
+
+    @property
+    def decoder_layers(self) -> int:
+        return self.num_layers if self.num_decoder_layers is None else self.num_decoder_layers
+
+
+@dataclass(frozen=True)
+class ViTConfig(ModelConfig):
+    """Vision Transformer: patch embedding, learned 1D positions, CLS token, classifier."""
+
+    image_size: int = 16
+    patch_size: int = 4
+    in_channels: int = 3
+    num_classes: int = 10
+    pooling: str = "cls"
+    num_extra_global: int = 0
+
+    kind_presets: ClassVar[dict[str, dict[str, Any]]] = {
+        "tiny": dict(image_size=16, patch_size=4, in_channels=3),
+        "small": dict(image_size=32, patch_size=4, in_channels=3, max_len=256),
+        # LRA "Image": 32x32 grey CIFAR-10 as a pixel sequence (patch 1 -> 1024 tokens)
+        "lra": dict(image_size=32, patch_size=1, in_channels=1, max_len=1088),
+    }
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for name in ("image_size", "patch_size", "in_channels", "num_classes"):
+            _positive(name, getattr(self, name))
+        _positive("num_extra_global", self.num_extra_global, minimum=0)
+        _choice("pooling", self.pooling, POOLINGS)
+        if self.image_size % self.patch_size:
+            raise _fail(
+                "patch_size",
+                f"must divide image_size={self.image_size}; got {self.patch_size}",
+            )
+        if self.num_tokens > self.max_len and self.position == "learned":
+            raise _fail(
+                "max_len",
+                f"must be >= the {self.num_tokens} tokens of a {self.image_size}px image in "
+                f"{self.patch_size}px patches (+ CLS and global tokens); got {self.max_len}",
+            )
+
+    def default_position(self) -> str:
+        return "learned"
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_patches + (self.pooling == "cls") + self.num_extra_global
+
+
+def build_config(config_cls: type[ModelConfig], preset: str, **overrides: Any) -> ModelConfig:
+    """``config_cls`` filled from ``preset`` and then ``overrides`` (unknown fields: ValueError)."""
+    if preset not in PRESETS:
+        raise ValueError(f"preset: unknown preset {preset!r}; presets are {', '.join(PRESETS)}")
+    names = {f.name for f in fields(config_cls)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise ValueError(
+            f"{unknown[0]}: not a field of {config_cls.__name__}; fields are {', '.join(sorted(names))}"
+        )
+    values = {**PRESETS[preset], **config_cls.kind_presets.get(preset, {}), **overrides}
+    return config_cls(**{k: v for k, v in values.items() if k in names})

@@ -1,0 +1,110 @@
+"""Embeddings: tokens, absolute positions (sinusoidal / learned / none), ViT patches."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+class TokenEmbedding(nn.Module):
+    """Token ids ``(B, N)`` -> vectors ``(B, N, D)``, scaled by sqrt(D) as in Vaswani et al."""
+
+    def __init__(self, vocab_size: int, d_model: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(vocab_size, d_model) * d_model**-0.5)  # (V, D)
+        self.scale = math.sqrt(d_model)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return nn.functional.embedding(ids, self.weight) * self.scale  # (B, N, D)
+
+
+def sinusoidal_table(positions: Tensor, d_model: int) -> Tensor:
+    """PE(p, 2i) = sin(p / 10000^(2i/D)), PE(p, 2i+1) = cos(...); ``positions (N,)`` -> (N, D)."""
+    half = torch.arange(0, d_model, 2, dtype=torch.float32, device=positions.device)
+    freq = torch.exp(-math.log(10000.0) * half / d_model)  # (ceil(D/2),)
+    angle = positions.to(torch.float32)[:, None] * freq[None, :]  # (N, ceil(D/2))
+    table = torch.zeros(positions.shape[0], d_model, device=positions.device)
+    table[:, 0::2] = torch.sin(angle)
+    table[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return table
+
+
+class PositionEmbedding(nn.Module):
+    """Absolute positions added to ``x (B, N, D)`` starting at ``offset`` (the KV-cache length).
+
+    ``sinusoidal`` works at any position; ``learned`` has ``max_len`` rows; ``none`` adds
+    nothing (position comes from a relative bias in the attention).
+    """
+
+    def __init__(self, kind: str, d_model: int, max_len: int) -> None:
+        super().__init__()
+        self.kind = kind
+        self.max_len = max_len
+        self.d_model = d_model
+        self.table = nn.Parameter(torch.zeros(max_len, d_model)) if kind == "learned" else None
+        if self.table is not None:
+            nn.init.trunc_normal_(self.table, std=0.02)
+
+    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
+        if self.kind == "none":
+            return x
+        length = x.shape[1]
+        if self.kind == "learned":
+            if offset + length > self.max_len:
+                raise ValueError(
+                    f"max_len: position {offset + length - 1} is beyond the learned table of "
+                    f"max_len={self.max_len}"
+                )
+            return x + self.table[offset : offset + length].to(x.dtype)  # (B, N, D)
+        positions = torch.arange(offset, offset + length, device=x.device)
+        return x + sinusoidal_table(positions, self.d_model).to(x.dtype)  # (B, N, D)
+
+    def extra_repr(self) -> str:
+        return f"kind={self.kind!r}, max_len={self.max_len}"
+
+
+class PatchEmbedding(nn.Module):
+    """Images ``(B, C, S, S)`` -> non-overlapping patch vectors ``(B, (S/P)^2, D)``."""
+
+    def __init__(self, image_size: int, patch_size: int, in_channels: int, d_model: int) -> None:
+        super().__init__()
+        self.image_size = image_size
+        self.in_channels = in_channels
+        self.proj = nn.Conv2d(in_channels, d_model, kernel_size=patch_size, stride=patch_size)
+
+    def forward(self, images: Tensor) -> Tensor:
+        expected = (self.in_channels, self.image_size, self.image_size)
+        if images.dim() != 4 or tuple(images.shape[1:]) != expected:
+            raise ValueError(
+                f"images: expected shape (B, {', '.join(map(str, expected))}); "
+                f"got {tuple(images.shape)}"
+            )
+        x = self.proj(images)  # (B, D, S/P, S/P)
+        return x.flatten(2).transpose(1, 2)  # (B, P, D)
+
+
+class PrefixTokens(nn.Module):
+    """Learned vectors prepended to a sequence: a CLS token and/or extra global tokens.
+
+    The prefix is ``[CLS]`` (if ``cls``) followed by ``num_global`` learned tokens, so with
+    ``global_tokens`` attention and ``num_global >= 1`` the CLS is a selected global token.
+    """
+
+    def __init__(self, d_model: int, cls: bool, num_global: int) -> None:
+        super().__init__()
+        self.count = int(cls) + num_global
+        self.tokens = nn.Parameter(torch.zeros(1, self.count, d_model))  # (1, G, D)
+        nn.init.trunc_normal_(self.tokens, std=0.02)
+
+    def forward(self, x: Tensor, key_mask: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """``x (B, N, D)`` -> ``(B, G + N, D)``, extending ``key_mask (B, N)`` with True."""
+        if self.count == 0:
+            return x, key_mask
+        batch = x.shape[0]
+        x = torch.cat([self.tokens.expand(batch, -1, -1).to(x.dtype), x], dim=1)  # (B, G+N, D)
+        if key_mask is not None:
+            ones = key_mask.new_ones(batch, self.count)
+            key_mask = torch.cat([ones, key_mask], dim=1)  # (B, G+N)
+        return x, key_mask

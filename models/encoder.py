@@ -1,0 +1,122 @@
+"""BERT-style encoder stack and the encoder classifier (CLS / mean pooling, dual encoder)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from models.blocks import TransformerBlock
+from models.config import EncoderClassifierConfig, ModelConfig
+from models.embeddings import PositionEmbedding, PrefixTokens, TokenEmbedding
+from models.registry import register_model
+
+
+def make_blocks(
+    config: ModelConfig,
+    num_layers: int,
+    attention: str,
+    attention_params: dict[str, Any],
+    cross_attention: str | None = None,
+) -> nn.ModuleList:
+    return nn.ModuleList(
+        TransformerBlock(
+            config.d_model,
+            config.num_heads,
+            config.d_ff,
+            attention=attention,
+            attention_params=attention_params,
+            kernel=config.attention_kernel,
+            cross_attention=cross_attention,
+            activation=config.activation,
+            norm=config.norm,
+            dropout=config.dropout,
+        )
+        for _ in range(num_layers)
+    )
+
+
+class TransformerEncoder(nn.Module):
+    """A stack of non-causal blocks (+ final LayerNorm under pre-LN): ``(B, N, D) -> (B, N, D)``."""
+
+    def __init__(self, config: ModelConfig, num_layers: int | None = None) -> None:
+        super().__init__()
+        layers = config.num_layers if num_layers is None else num_layers
+        self.blocks = make_blocks(config, layers, config.attention, config.attention_params)
+        self.norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
+
+    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        for block in self.blocks:
+            x = block(x, key_mask=key_mask)
+        return self.norm(x)
+
+
+def masked_mean(x: Tensor, key_mask: Tensor | None) -> Tensor:
+    """Mean of ``x (B, N, D)`` over real positions (``key_mask (B, N)``) -> ``(B, D)``."""
+    if key_mask is None:
+        return x.mean(dim=1)
+    weight = key_mask.to(x.dtype).unsqueeze(-1)  # (B, N, 1)
+    return (x * weight).sum(dim=1) / weight.sum(dim=1).clamp(min=1.0)
+
+
+@register_model("encoder_classifier", EncoderClassifierConfig)
+class EncoderClassifier(nn.Module):
+    """Encoder + pooling + linear classifier: ``model(ids, key_mask) -> logits (B, C)``.
+
+    The input is ``[CLS?][extra global tokens][tokens]``; CLS and global tokens are learned
+    vectors (no vocabulary id needed). ``pooling="cls"`` reads position 0, ``"mean"``
+    averages the real tokens only. With ``dual=True`` the model is a dual encoder for
+    retrieval: both inputs are encoded by the same weights and the head sees
+    ``[u, v, u * v, u - v]`` (LRA retrieval); :meth:`embed` gives the pooled vectors.
+    """
+
+    def __init__(self, config: EncoderClassifierConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.token_emb = TokenEmbedding(config.vocab_size, config.d_model)
+        self.pos_emb = PositionEmbedding(config.position, config.d_model, config.max_len)
+        self.prefix = PrefixTokens(config.d_model, config.pooling == "cls", config.num_extra_global)
+        self.encoder = TransformerEncoder(config)
+        self.drop = nn.Dropout(config.dropout)
+        head_in = 4 * config.d_model if config.dual else config.d_model
+        self.head = nn.Linear(head_in, config.num_classes)
+
+    def encode(self, ids: Tensor, key_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        """Hidden states ``(B, G + N, D)`` and the extended key mask."""
+        x = self.token_emb(ids)  # (B, N, D)
+        x, key_mask = self.prefix(x, key_mask)  # (B, G + N, D)
+        x = self.drop(self.pos_emb(x))
+        return self.encoder(x, key_mask), key_mask
+
+    def embed(self, ids: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        """Pooled representation ``(B, D)``."""
+        h, key_mask = self.encode(ids, key_mask)
+        if self.config.pooling == "cls":
+            return h[:, 0]
+        start = self.prefix.count
+        return masked_mean(h[:, start:], None if key_mask is None else key_mask[:, start:])
+
+    def forward(
+        self,
+        ids: Tensor,
+        key_mask: Tensor | None = None,
+        *,
+        pair_ids: Tensor | None = None,
+        pair_key_mask: Tensor | None = None,
+    ) -> Tensor:
+        u = self.embed(ids, key_mask)  # (B, D)
+        if not self.config.dual:
+            if pair_ids is not None:
+                raise ValueError("pair_ids: only a dual encoder (dual=True) takes a second input")
+            return self.head(u)  # (B, C)
+        if pair_ids is None:
+            raise ValueError("pair_ids: a dual encoder needs the second input")
+        v = self.embed(pair_ids, pair_key_mask)
+        return self.head(torch.cat([u, v, u * v, u - v], dim=-1))  # (B, C)
+
+    def stream(self, window: int):
+        """A :class:`~models.streaming.StreamingEncoder` over the last ``window`` tokens."""
+        from models.streaming import StreamingEncoder
+
+        return StreamingEncoder(self, window)
