@@ -2,19 +2,18 @@
 
     out = softmax(Q K~^T) pinv(softmax(Q~ K~^T)) softmax(Q~ K^T) V
 
-with Q, K scaled by D^-1/4 each, landmarks Q~, K~ the means of m equal segments (N padded
-up to a multiple of m, padding and masked keys excluded from the means), the iterative
+with Q, K scaled by D^-1/4 each, landmarks Q~, K~ the means of m contiguous segments (N
+padded up to a multiple of m, the padding spread one slot per segment and, like masked
+keys, excluded from the means), the iterative
 Moore-Penrose pseudo-inverse, and an optional depthwise convolution skip on V. When the
 sequence fits in m landmarks the result is exact attention.
 """
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attn.base import Attention, KernelPath
@@ -25,23 +24,23 @@ from attn.registry import register_attention
 
 
 def segment_means(x: Tensor, num_segments: int, valid: Tensor | None) -> tuple[Tensor, Tensor]:
-    """Means of ``x (B, H, N, D)`` over ``num_segments`` equal segments of N padded up.
+    """Means of ``x (B, H, N, D)`` over ``num_segments`` contiguous segments.
 
-    ``valid (B, N)`` (True = real) excludes positions from the means. Returns the means
-    ``(B, H, m, D)`` and which segments hold at least one real position ``(B|1, 1, m)``.
+    N is padded up to a multiple of m with the padding spread evenly, one slot at most per
+    segment, so segments hold ceil(N/m) or floor(N/m) real positions (position n falls in
+    segment n*m // N) and every landmark is used; padding never enters a mean. ``valid
+    (B, N)`` (True = real) also excludes positions. Returns the means ``(B, H, m, D)`` and
+    which segments hold at least one real position ``(B|1, 1, m)``.
     """
     batch, heads, length, dim = x.shape
-    seg_len = math.ceil(length / num_segments)
-    pad = seg_len * num_segments - length
+    segment = torch.arange(length, device=x.device) * num_segments // length  # (N,)
     if valid is None:
-        weight = x.new_ones(1, 1, length, 1)  # (1, 1, N, 1)
+        weight = x.new_ones(1, 1, length)  # (1, 1, N)
     else:
-        weight = valid.to(x.dtype).view(batch, 1, length, 1)  # (B, 1, N, 1)
-        x = x * weight
-    x = F.pad(x, (0, 0, 0, pad))  # (B, H, m*L, D)
-    weight = F.pad(weight, (0, 0, 0, pad))
-    sums = x.view(batch, heads, num_segments, seg_len, dim).sum(dim=3)  # (B, H, m, D)
-    counts = weight.view(weight.shape[0], 1, num_segments, seg_len).sum(dim=3)  # (B|1, 1, m)
+        weight = valid.to(x.dtype).view(batch, 1, length)  # (B, 1, N)
+        x = x * weight.unsqueeze(-1)
+    sums = x.new_zeros(batch, heads, num_segments, dim).index_add(2, segment, x)  # (B, H, m, D)
+    counts = weight.new_zeros(weight.shape[0], 1, num_segments).index_add(2, segment, weight)  # (B|1, 1, m)
     means = sums / counts.clamp(min=1.0).unsqueeze(-1)
     return means, counts > 0
 

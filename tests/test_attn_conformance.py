@@ -1,0 +1,33 @@
+"""Every registered variant, on every kernel it declares, passes the conformance kit.
+
+Parametrised over the registry: a newly registered variant is tested with no new test code.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from attn import attention_info, list_attention
+from attn.conformance import check_attention
+
+CASES = [(name, kernel) for name in list_attention() for kernel in attention_info(name).kernels]
+
+
+@pytest.mark.parametrize(("name", "kernel"), CASES, ids=[f"{n}-{k}" for n, k in CASES])
+def test_variant_kernel_conforms(name: str, kernel: str) -> None:
+    report = check_attention(name, kernels=[kernel])
+    report.raise_if_failed()
+    assert any(r.status == "pass" for r in report.results), str(report)
+
+
+def test_every_builtin_variant_is_registered() -> None:
+    expected = {"full", "causal", "sliding_window", "dilated", "global_tokens", "nystrom", "relative"}
+    assert expected <= set(list_attention())
+
+
+def test_exact_kernels_are_compared_with_reference() -> None:
+    report = check_attention("sliding_window", params={"window": 3}, kernels=["sdpa"])
+    checks = {r.check: r.status for r in report.results}
+    assert checks["matches_reference"] == "pass"
+    assert checks["pattern"] == "pass"
+    assert checks["causal_no_leak"] == "pass"

@@ -1,0 +1,99 @@
+"""Nystromformer: convergence to full attention, exactness at m >= N, padding, pinv."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from attn import create_attention
+from attn.kernels.reference import dense_attention
+from attn.variants.nystrom import iterative_pinv, segment_means
+
+
+def inputs(n: int, seed: int = 0, batch: int = 2):
+    gen = torch.Generator().manual_seed(seed)
+    # low-rank-ish, smooth sequences (as in real data) so landmarks can summarise them
+    base = torch.randn(batch, 2, 8, 16, generator=gen, dtype=torch.float64)
+    mix = torch.randn(n, 8, generator=gen, dtype=torch.float64).softmax(-1)
+    smooth = torch.einsum("nm,bhmd->bhnd", mix, base)  # (B, H, N, D)
+    q = smooth + 0.05 * torch.randn(batch, 2, n, 16, generator=gen, dtype=torch.float64)
+    k = smooth + 0.05 * torch.randn(batch, 2, n, 16, generator=gen, dtype=torch.float64)
+    v = torch.randn(batch, 2, n, 16, generator=gen, dtype=torch.float64)
+    return q, k, v
+
+
+@pytest.mark.parametrize("n", [50, 61])  # neither divisible by most m
+def test_error_falls_as_landmarks_grow_and_is_exact_at_n(n: int) -> None:
+    q, k, v = inputs(n)
+    full = dense_attention(q, k, v)
+    errors = []
+    for m in (2, 4, 8, 16, 32, n):
+        att = create_attention("nystrom", num_landmarks=m).double()
+        errors.append(float((att(q, k, v) - full).abs().max()))
+    assert errors[-1] < 1e-12  # m >= N: exact attention
+    assert att.last_path.path.startswith("exact")
+    assert all(b <= a * 1.05 for a, b in itertools.pairwise(errors)), errors
+    assert errors[-2] < 0.5 * errors[0], errors
+
+
+def test_exact_when_n_smaller_than_landmarks() -> None:
+    q, k, v = inputs(10)
+    key_mask = torch.ones(2, 10, dtype=torch.bool)
+    key_mask[1, 6:] = False
+    att = create_attention("nystrom", num_landmarks=64).double()
+    torch.testing.assert_close(att(q, k, v, key_mask=key_mask), dense_attention(q, k, v, key_mask=key_mask),
+                               atol=1e-12, rtol=0)
+
+
+def test_padding_never_leaks_with_n_not_divisible_by_m() -> None:
+    n, m = 29, 8  # N padded to 32 inside: 3 padded slots plus key_mask padding
+    q, k, v = inputs(n)
+    key_mask = torch.ones(2, n, dtype=torch.bool)
+    key_mask[0, 20:] = False
+    key_mask[1, 3] = False
+    att = create_attention("nystrom", num_landmarks=m).double()
+    out = att(q, k, v, key_mask=key_mask)
+    pad = ~key_mask[:, None, :, None]
+    k2 = torch.where(pad, torch.randn_like(k) * 10, k)
+    v2 = torch.where(pad, torch.randn_like(v) * 10, v)
+    q2 = torch.where(pad, torch.randn_like(q) * 10, q)  # self-attention: padded queries too
+    out2 = att(q2, k2, v2, key_mask=key_mask)
+    real = key_mask[:, None, :, None].expand_as(out)
+    torch.testing.assert_close(out2[real], out[real], atol=1e-12, rtol=0)
+
+
+def test_segment_means_spread_padding_and_exclude_masked() -> None:
+    x = torch.arange(10, dtype=torch.float64).view(1, 1, 10, 1)
+    # 10 positions into 4 segments: sizes 3, 2, 3, 2 -> [0,1,2] [3,4] [5,6,7] [8,9]
+    means, ok = segment_means(x, 4, None)
+    torch.testing.assert_close(means.flatten(), torch.tensor([1.0, 3.5, 6.0, 8.5], dtype=torch.float64))
+    valid = torch.tensor([[True] * 7 + [False] * 3])  # masked keys 7, 8, 9
+    means, ok = segment_means(x, 4, valid)
+    torch.testing.assert_close(means.flatten(), torch.tensor([1.0, 3.5, 5.5, 0.0], dtype=torch.float64))
+    assert ok.flatten().tolist() == [True, True, True, False]
+
+
+def test_iterative_pinv_matches_linalg_pinv() -> None:
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(3, 8, 8, generator=gen, dtype=torch.float64).softmax(-1)
+    z = iterative_pinv(a, iters=20)
+    torch.testing.assert_close(z, torch.linalg.pinv(a), atol=1e-8, rtol=1e-6)
+
+
+def test_causal_is_refused_with_a_clear_error() -> None:
+    att = create_attention("nystrom", num_landmarks=4)
+    q = torch.randn(1, 2, 16, 8)
+    with pytest.raises(NotImplementedError, match=r"nystrom.*causal"):
+        att(q, q, q, causal=True)
+
+
+def test_conv_skip_needs_heads_and_changes_output() -> None:
+    with pytest.raises(ValueError, match="num_heads"):
+        create_attention("nystrom", num_landmarks=4, conv_kernel=3)
+    q, k, v = inputs(20)
+    plain = create_attention("nystrom", num_landmarks=4).double()
+    conv = create_attention("nystrom", num_landmarks=4, conv_kernel=3, num_heads=2).double()
+    assert sum(p.numel() for p in conv.parameters()) == 2 * 3
+    assert (conv(q, k, v) - plain(q, k, v)).abs().max() > 0
