@@ -73,7 +73,8 @@ class Case:
 def expand_cases(config: SweepConfig) -> list[Case]:
     """Every case of a sweep, grouped by curve and in increasing ``seq_len`` inside a curve.
 
-    A (variant, kernel) pair is a case when the variant has that kernel (or it is ``auto``);
+    A (variant, kernel) pair is a case when the variant has that kernel (or it is ``auto``;
+    ``all`` stands for every kernel of the variant);
     whether the kernel supports the device/dtype/pass is decided in the worker (a row
     ``unsupported`` with the reason).
     """
@@ -82,7 +83,10 @@ def expand_cases(config: SweepConfig) -> list[Case]:
     cases: list[Case] = []
     for spec in config.variants:
         info = attention_info(spec.name)
-        kernels = [k for k in (spec.kernels or config.kernels) if k == "auto" or k in info.kernels]
+        requested = spec.kernels or config.kernels
+        if "all" in requested:  # every kernel the variant has
+            requested = (*(k for k in requested if k != "all"), *info.kernels)
+        kernels = [k for k in dict.fromkeys(requested) if k == "auto" or k in info.kernels]
         causal = config.causal if spec.causal is None else spec.causal
         lengths = sorted(set(spec.seq_len or config.seq_len))
         for kernel, batch, heads, head_dim in product(

@@ -186,7 +186,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
     name = raw["name"]
     if not isinstance(name, str) or not name:
         raise _fail("name", f"must be a non-empty string; got {name!r}")
-    kernel_names = ("auto", *list_kernels())
+    kernel_names = ("auto", "all", *list_kernels())
     variants = raw["variants"]
     if not isinstance(variants, list) or not variants:
         raise _fail("variants", "must be a non-empty list like [{name: full}]")

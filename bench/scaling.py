@@ -1,0 +1,70 @@
+"""Scaling analysis: fitted exponents of time and memory against N, crossover against full
+attention, and the largest N reached, per (variant, kernel, pass) curve."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+#: columns that identify one scaling curve (everything but seq_len)
+CURVE = ["label", "variant", "kernel_requested", "causal", "batch", "heads", "head_dim",
+         "dtype", "device", "pass"]
+SHAPE = ["causal", "batch", "heads", "head_dim", "dtype", "device", "pass"]
+FAILED = ("oom", "timeout", "error")
+
+
+def fit_exponent(n: pd.Series, y: pd.Series, points: int = 4) -> float:
+    """Slope of log(y) against log(N) by least squares over the ``points`` largest N (NaN if < 2)."""
+    data = pd.DataFrame({"n": n.astype(float), "y": y.astype(float)})
+    data = data[(data.y > 0) & np.isfinite(data.y)].sort_values("n").tail(points)
+    if data.n.nunique() < 2:
+        return math.nan
+    return float(np.polyfit(np.log(data.n), np.log(data.y), 1)[0])
+
+
+def full_baseline(df: pd.DataFrame) -> pd.DataFrame:
+    """Fastest ok full-attention time per shape and N (over its kernels): the crossover baseline."""
+    full = df[(df.variant == "full") & (df.status == "ok")]
+    return full.groupby([*SHAPE, "seq_len"], dropna=False)["time_ms"].min().rename("full_ms")
+
+
+def crossover(curve: pd.DataFrame, baseline: pd.Series) -> float:
+    """Smallest N from which the curve stays faster than full attention (NaN: never/unknown)."""
+    ok = curve[curve.status == "ok"].sort_values("seq_len")
+    keys = [(*(row[c] for c in SHAPE), row.seq_len) for _, row in ok.iterrows()]
+    full = [baseline.get(k, math.nan) for k in keys]
+    faster = [(t < f) for t, f in zip(ok.time_ms, full) if not math.isnan(f)]
+    lengths = [n for n, f in zip(ok.seq_len, full) if not math.isnan(f)]
+    if not faster or not faster[-1]:
+        return math.nan
+    index = len(faster) - 1
+    while index > 0 and faster[index - 1]:
+        index -= 1
+    return float(lengths[index])
+
+
+def scaling_table(df: pd.DataFrame, points: int = 4) -> pd.DataFrame:
+    """One row per curve: exponents, fitted range, largest N reached, first failure, crossover."""
+    baseline = full_baseline(df)
+    rows = []
+    for key, curve in df.groupby(CURVE, dropna=False, sort=True):
+        ok = curve[curve.status == "ok"].sort_values("seq_len")
+        failed = curve[curve.status.isin(FAILED)]
+        fitted = ok.tail(points)
+        rows.append({
+            **dict(zip(CURVE, key)),
+            "kernel": ",".join(sorted(set(ok.kernel) - {""})) or "-",
+            "time_exponent": fit_exponent(ok.seq_len, ok.time_ms, points),
+            "memory_exponent": fit_exponent(ok.seq_len, ok.peak_mem_bytes, points),
+            "fit_range": f"{fitted.seq_len.min()}-{fitted.seq_len.max()}" if len(ok) else "-",
+            "max_n": int(ok.seq_len.max()) if len(ok) else None,
+            "time_ms_at_max_n": float(ok.time_ms.iloc[-1]) if len(ok) else math.nan,
+            "peak_fraction_at_max_n": float(ok.peak_fraction.iloc[-1]) if len(ok) else math.nan,
+            "first_failure": (f"{failed.seq_len.min()} ({failed.sort_values('seq_len').status.iloc[0]})"
+                              if len(failed) else ""),
+            "crossover_vs_full": (math.nan if key[1] == "full" else crossover(curve, baseline)),
+            "mask_emulated": bool(ok.mask_emulated.any()) if len(ok) else False,
+        })
+    return pd.DataFrame(rows)
