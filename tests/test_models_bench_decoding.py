@@ -1,0 +1,33 @@
+"""bench.decoding at tiny sizes: it runs, writes CSV + summary + env, and reports speedups."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+from typer.testing import CliRunner
+
+from bench.decoding import app
+
+
+def test_decoding_benchmark_writes_results(tmp_path):
+    args = [
+        "--out", str(tmp_path), "--context", "64", "--context", "128", "--new-tokens", "4",
+        "--attention", "full", "--attention", "sliding_window", "--window", "8",
+        "--d-model", "32", "--num-heads", "2", "--num-layers", "1", "--d-ff", "64",
+        "--vocab-size", "32", "--stream-window", "16", "--stream-layers", "1",
+        "--stream-layers", "2", "--stream-steps", "3", "--repeats", "1", "--threads", "1",
+    ]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(tmp_path / "results.csv")
+    decoding = table[table.benchmark == "decoding"]
+    assert len(decoding) == 2 * 2 * 2  # attentions x contexts x cache on/off
+    assert set(decoding.use_cache) == {True, False}
+    assert (decoding.tokens_per_s > 0).all()
+    streaming = table[table.benchmark == "streaming"]
+    assert sorted(streaming.num_layers) == [1, 2] and (streaming.step_ms > 0).all()
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| full | 128 |" in summary and "goal >= 5x" in summary and "## Streaming" in summary
+    env = json.loads((tmp_path / "env.json").read_text())
+    assert {"torch_version", "threads", "git_sha", "timestamp"} <= set(env)
