@@ -93,14 +93,14 @@ def bench_streaming(
         "encoder_classifier", preset="lra", position="none", max_len=window,
         **{**sizes, "num_layers": num_layers},
     ).eval()
-    ids = torch.randint(0, model.config.vocab_size, (1, window + steps))
+    ids = torch.randint(0, model.config.vocab_size, (1, window + steps * repeats))
     stream = model.stream(window)
-    for t in range(window):  # fill the window
-        stream.step(ids[:, t])
+    stream.prefill(ids[:, :window])
+    cursor = iter(range(window, ids.shape[1]))  # each timed repeat streams new tokens
 
     def run_stream() -> None:
-        for t in range(window, window + steps):
-            stream.step(ids[:, t])
+        for _ in range(steps):
+            stream.step(ids[:, next(cursor)])
 
     def run_recompute() -> None:
         for t in range(window, window + steps):

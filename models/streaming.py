@@ -66,6 +66,22 @@ class StreamingEncoder:
         return 0 if self.k is None else self.k.shape[2]
 
     @torch.no_grad()
+    def prefill(self, ids: Tensor) -> None:
+        """Start over with the tokens ``ids (B, T)`` in the window, without computing outputs.
+
+        Projects the tokens in one batch (the same per-token values :meth:`step` caches).
+        """
+        self.reset()
+        ids = ids[:, -self.window :]
+        x = self.embed(ids)  # (B, T, D)
+        first = self.blocks[0]
+        self.q, self.k, self.v = first.self_attn.project(first.sublayer_input(first.norm1, x))
+        if len(self.blocks) == 1:
+            self.q = None
+        else:
+            self.x = x
+
+    @torch.no_grad()
     def step(self, ids: Tensor) -> Tensor:
         """One new token per row, ``ids (B,)`` -> output of the newest position ``(B, D)``."""
         n = self.window

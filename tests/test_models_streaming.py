@@ -40,6 +40,20 @@ def test_stream_step_equals_batch_forward_on_the_window(name, params, num_layers
     assert stream.length == window
 
 
+@pytest.mark.parametrize("num_layers", [1, 2])
+def test_prefill_equals_stepping(num_layers):
+    model = encoder("sliding_window", {"window": 3}, num_layers=num_layers)
+    ids = torch.randint(0, 32, (2, 12))
+    stepped = model.stream(5)
+    for t in range(10):
+        stepped.step(ids[:, t])
+    filled = model.stream(5)
+    filled.prefill(ids[:, :10])
+    assert filled.length == 5
+    for t in (10, 11):
+        torch.testing.assert_close(filled.step(ids[:, t]), stepped.step(ids[:, t]), atol=1e-6, rtol=1e-6)
+
+
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_stream_with_relative_bias_and_pre_norm(norm):
     model = encoder("relative", {"bias": "alibi"}, num_layers=2, norm=norm)
