@@ -22,7 +22,7 @@ DTYPES = ("float32", "float16", "bfloat16", "float64")
 _TOP_KEYS = {
     "name", "description", "device", "dtype", "passes", "batch", "heads", "head_dim", "seq_len",
     "variants", "kernels", "repeats", "warmup", "causal", "timeout_s", "max_memory_gb",
-    "threads", "time_budget_s", "plugins", "skip_larger_after_failure",
+    "threads", "time_budget_s", "plugins", "skip_larger_after_failure", "peak_matmul_size",
 }
 _VARIANT_KEYS = {"name", "causal", "seq_len", "kernels"}
 
@@ -76,6 +76,7 @@ class SweepConfig:
     time_budget_s: float = 20.0
     plugins: tuple[str, ...] = ()
     skip_larger_after_failure: bool = True
+    peak_matmul_size: int | None = None  # side of the square matmul giving the FLOP/s peak
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -212,6 +213,8 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
         threads=None if threads is None else _number("threads", threads, 1, integer=True),
         time_budget_s=float(_number("time_budget_s", raw.get("time_budget_s", 20.0), 0.0)),
         plugins=tuple(plugins),
+        peak_matmul_size=(None if raw.get("peak_matmul_size") is None
+                          else _number("peak_matmul_size", raw["peak_matmul_size"], 64, integer=True)),
         skip_larger_after_failure=_bool(
             "skip_larger_after_failure", raw.get("skip_larger_after_failure", True)
         ),

@@ -35,10 +35,12 @@ def complete_rows(rows: list[dict[str, str]], cases: list[Case]) -> list[dict[st
 def matmul_peak(run_dir: Path, config: SweepConfig) -> float:
     """Matmul FLOP/s peak for this device/dtype/threads, measured once and cached in the run dir."""
     path = run_dir / PEAK_FILE
-    key = f"{config.device}/{config.dtype}/{config.threads or 'default'}"
+    size = config.peak_matmul_size or "default"
+    key = f"{config.device}/{config.dtype}/{config.threads or 'default'}/matmul{size}"
     cache = json.loads(path.read_text()) if path.exists() else {}
     if key not in cache or not math.isfinite(cache[key]):
-        cache[key] = measure_peak(config.device, config.dtype, config.threads)
+        cache[key] = measure_peak(config.device, config.dtype, config.threads,
+                                  config.peak_matmul_size)
         path.write_text(json.dumps(cache, indent=2) + "\n")
     return cache[key]
 

@@ -76,3 +76,18 @@ class CrashAttention(_Trivial):
         elif self.how == "exit":
             os._exit(3)
         os.abort()
+
+
+@register_attention("bench_wrong", overwrite=True)
+class WrongAttention(Attention):
+    """Test variant: declares a sliding window of 1 but computes full attention (a conformance bug)."""
+
+    kernels: ClassVar[tuple[str, ...]] = ("native",)
+
+    def mask_mod(self):
+        return lambda b, h, i, j: (i - j).abs() <= 1
+
+    def native_forward(self, q, k, v, causal, key_mask):
+        from attn.kernels.reference import dense_attention
+
+        return dense_attention(q, k, v, causal=causal, key_mask=key_mask)  # ignores the window

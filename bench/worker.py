@@ -229,21 +229,23 @@ def run_case(case: Case) -> list[dict[str, Any]]:
     return out
 
 
-def _peak_main(device: str, dtype: str, threads: int | None, conn: Connection) -> None:
+def _peak_main(device: str, dtype: str, threads: int | None, size: int | None,
+               conn: Connection) -> None:
     import torch
 
     from bench.measure import matmul_peak_flops
 
     if threads:
         torch.set_num_threads(threads)
-    conn.send(matmul_peak_flops(torch.device(device), getattr(torch, dtype)))
+    conn.send(matmul_peak_flops(torch.device(device), getattr(torch, dtype), size))
 
 
-def measure_peak(device: str, dtype: str, threads: int | None, timeout_s: float = 300) -> float:
+def measure_peak(device: str, dtype: str, threads: int | None, size: int | None = None,
+                 timeout_s: float = 300) -> float:
     """Matmul peak FLOP/s measured in a fresh worker on ``device`` (NaN if it fails)."""
     ctx = _context()
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_peak_main, args=(device, dtype, threads, child), daemon=True)
+    proc = ctx.Process(target=_peak_main, args=(device, dtype, threads, size, child), daemon=True)
     proc.start()
     child.close()
     try:
