@@ -267,5 +267,6 @@ def with_overrides(config: SweepConfig, **overrides: Any) -> SweepConfig:
 
 def safe_name(text: str) -> str:
     """A file-name-safe version of a config value (no separators, no leading dots)."""
-    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "_", text).lstrip(".")
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+|\.{2,}", "_", text)
+    cleaned = re.sub(r"_+", "_", cleaned).strip("._")
     return cleaned[:80] or "run"
