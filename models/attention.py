@@ -25,8 +25,10 @@ class KVCache:
         self.keep_first = keep_first
         self.keep_last = keep_last
         self.static = static
-        self.k: Tensor | None = None
+        self.k: Tensor | None = None  # (B, H, T, D): a view of the buffer when unbounded
         self.v: Tensor | None = None
+        self._k_buf: Tensor | None = None  # (B, H, capacity, D), grown by doubling
+        self._v_buf: Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -35,11 +37,32 @@ class KVCache:
 
     def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Append new ``k, v (B, H, Nnew, D)``; return every key the new queries may need."""
+        if self.static:
+            self.k, self.v = k, v  # cross attention: set once from the memory
+            return k, v
+        if self.keep_last is None:
+            self._append(k, v)  # amortised O(Nnew): no copy of the past per step
+            return self.k, self.v
         if self.k is not None:
-            k = torch.cat([self.k, k], dim=2)  # (B, H, T + Nnew, D)
+            k = torch.cat([self.k, k], dim=2)  # (B, H, T + Nnew, D), T bounded by the band
             v = torch.cat([self.v, v], dim=2)
         self.k, self.v = self._trim(k), self._trim(v)
         return k, v
+
+    def _append(self, k: Tensor, v: Tensor) -> None:
+        old, new = self.length, k.shape[2]
+        if self._k_buf is None or old + new > self._k_buf.shape[2]:
+            capacity = max(2 * (old + new), 16)
+            k_buf = k.new_empty(*k.shape[:2], capacity, k.shape[3])
+            v_buf = v.new_empty(*v.shape[:2], capacity, v.shape[3])
+            if old:
+                k_buf[:, :, :old] = self.k
+                v_buf[:, :, :old] = self.v
+            self._k_buf, self._v_buf = k_buf, v_buf
+        self._k_buf[:, :, old : old + new] = k
+        self._v_buf[:, :, old : old + new] = v
+        self.k = self._k_buf[:, :, : old + new]
+        self.v = self._v_buf[:, :, : old + new]
 
     def _trim(self, x: Tensor) -> Tensor:
         if self.keep_last is None or x.shape[2] <= self.keep_first + self.keep_last:
@@ -51,7 +74,14 @@ class KVCache:
 
     def reorder(self, index: Tensor) -> None:
         """Select / repeat batch rows (beam search)."""
-        if self.k is not None:
+        if self.k is None:
+            return
+        if self._k_buf is not None:
+            self._k_buf = self._k_buf.index_select(0, index)
+            self._v_buf = self._v_buf.index_select(0, index)
+            self.k = self._k_buf[:, :, : self.length]
+            self.v = self._v_buf[:, :, : self.length]
+        else:
             self.k = self.k.index_select(0, index)
             self.v = self.v.index_select(0, index)
 

@@ -165,6 +165,10 @@ class EncoderDecoderConfig(ModelConfig):
         object.__setattr__(self, "decoder_attention_params", dict(self.decoder_attention_params))
         if self.num_decoder_layers is not None:
             _positive("num_decoder_layers", self.num_decoder_layers)
+        if self.decoder_attention is None and self.decoder_attention_params:
+            raise _fail(
+                "decoder_attention_params", "given without decoder_attention (set both, or neither)"
+            )
         if not 0 <= self.bos_id < self.vocab_size:
             raise _fail("bos_id", f"must be in [0, vocab_size={self.vocab_size}); got {self.bos_id}")
         super().__post_init__()

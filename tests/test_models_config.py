@@ -46,6 +46,9 @@ def test_overrides_reach_the_model():
         ("decoder_lm", {"colour": "red"}, "colour"),
         ("decoder_lm", {"num_layers": 0}, "num_layers"),
         ("vit", {"patch_size": 1, "max_len": 16}, "max_len"),
+        ("encoder_decoder", {"decoder_attention_params": {"window": 2}}, "decoder_attention_params"),
+        ("encoder_decoder", {"decoder_attention": "nystrom"}, "decoder_attention"),
+        ("encoder_decoder", {"bos_id": 99}, "bos_id"),
     ],
 )
 def test_invalid_configs_name_the_field(kind, overrides, field):
