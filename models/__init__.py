@@ -3,6 +3,13 @@
 ``create_model(kind, preset="tiny", attention="full", attention_params={}, **overrides)``
 builds ``encoder_classifier``, ``decoder_lm``, ``encoder_decoder`` or ``vit``;
 ``list_models()`` lists the kinds. See DESIGN.md section 4.
+
+    >>> lm = create_model("decoder_lm", attention="sliding_window", attention_params={"window": 64})
+    >>> logits = lm(ids)                                   # (B, N, V)
+    >>> out = lm.generate(ids, 32, strategy="beam", beam_width=4, eos_id=2)
+    >>> clf = create_model("encoder_classifier", preset="lra", attention="relative", num_classes=2)
+    >>> clf(ids, key_mask=mask)                            # (B, C)
+    >>> step = clf.stream(window=128); y = step.step(ids[:, 0])   # (B, D), continual inference
 """
 
 from models.attention import KVCache, MultiHeadAttention, cache_policy

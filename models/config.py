@@ -84,6 +84,8 @@ class ModelConfig:
                 "attention",
                 f"unknown attention {self.attention!r}; registered: {', '.join(attn.list_attention())}",
             )
+        kernels = ("auto", *attn.attention_info(self.attention).kernels)
+        _choice("attention_kernel", self.attention_kernel, kernels)
         self._check_attention(self.attention, self.attention_params, "attention")
         has_bias = self.attention == "relative" or self.attention_params.get("position_bias")
         if self.position == "auto":

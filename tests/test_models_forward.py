@@ -105,3 +105,18 @@ def test_vit_rejects_wrong_image_shape():
     model = create_model("vit")
     with pytest.raises(ValueError, match="^images:"):
         model(torch.randn(2, 3, 8, 8))
+
+
+def test_attention_kernel_override_matches_auto():
+    torch.manual_seed(0)
+    auto = create_model("decoder_lm", attention="sliding_window", attention_params={"window": 2})
+    ref = create_model(
+        "decoder_lm", attention="sliding_window", attention_params={"window": 2},
+        attention_kernel="reference",
+    )
+    ref.load_state_dict(auto.state_dict())
+    assert ref.blocks[0].self_attn.attention.kernel == "reference"
+    ids = torch.randint(0, 32, (2, 9))
+    torch.testing.assert_close(ref.eval()(ids), auto.eval()(ids), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="^attention_kernel:"):
+        create_model("decoder_lm", attention_kernel="no_such_kernel")
