@@ -91,6 +91,16 @@ def test_padding_invariance_with_extra_global_tokens():
     torch.testing.assert_close(model(padded, key_mask=key_mask), model(ids), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_vit_with_extra_global_tokens(pooling):
+    model = create_model(
+        "vit", attention="global_tokens", attention_params={"num_global": 3, "window": 2},
+        num_extra_global=2, pooling=pooling,
+    )
+    assert model.prefix.count == 2 + (pooling == "cls")
+    assert model(torch.randn(2, 3, 16, 16)).shape == (2, 10)
+
+
 def test_dual_encoder_for_retrieval():
     model = create_model("encoder_classifier", dual=True, pooling="mean").eval()
     a, b = torch.randint(0, 32, (2, 9)), torch.randint(0, 32, (2, 6))

@@ -149,14 +149,30 @@ def test_wider_beam_never_scores_below_greedy_on_a_crafted_case():
     assert best[0].tolist() == [3, 1, 1]  # ok ok: the globally most probable sequence
 
 
-def test_beam_with_eos_and_length_penalty_on_a_model():
-    model = tiny("decoder_lm", "full", {})
+def test_greedy_stops_at_eos():
+    session = TableSession()
+    prefix = torch.tensor([[TableSession.START], [TableSession.OK]])
+    out = greedy_search(session, prefix, 10, eos_id=TableSession.EOS)
+    # row 0: yes yes yes ... never EOS by argmax; row 1 keeps 'ok': no early stop for the batch
+    assert out.shape == (2, 11)
+    stop = greedy_search(session, torch.tensor([[TableSession.EOS]]), 10, eos_id=TableSession.EOS)
+    assert stop.tolist() == [[2, 2]]  # every row finished: decoding stops
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [("full", {}), ("sliding_window", {"window": 2}), ("global_tokens", {"num_global": 1, "window": 1}),
+     ("relative", {"bias": "learned", "max_distance": 4})],
+    ids=str,
+)
+def test_beam_cached_equals_uncached(name, params):
+    model = tiny("decoder_lm", name, params)
     prompt = torch.randint(3, 32, (2, 4))
-    out = model.generate(prompt, 6, strategy="beam", beam_width=3, eos_id=2, length_penalty=0.6)
-    assert out.shape[0] == 2 and 5 <= out.shape[1] <= 10
-    cached = model.generate(prompt, 6, strategy="beam", beam_width=3, eos_id=2)
-    uncached = model.generate(prompt, 6, strategy="beam", beam_width=3, eos_id=2, use_cache=False)
-    assert torch.equal(cached, uncached)
+    out = model.generate(prompt, 8, strategy="beam", beam_width=3, eos_id=2, length_penalty=0.6)
+    assert out.shape[0] == 2 and 5 <= out.shape[1] <= 12
+    kwargs = dict(strategy="beam", beam_width=3, eos_id=2)
+    cached = model.generate(prompt, 8, **kwargs)
+    assert torch.equal(cached, model.generate(prompt, 8, use_cache=False, **kwargs))
 
 
 def test_sampling_is_seeded_and_respects_top_k():
