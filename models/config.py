@@ -24,7 +24,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny": dict(d_model=32, num_heads=2, num_layers=2, d_ff=64, max_len=256, vocab_size=32),
     # the CPU quality suite
     "small": dict(d_model=128, num_heads=4, num_layers=4, d_ff=512, max_len=1024, vocab_size=256),
-    # LRA (Tay et al. 2021) text / retrieval sizes: 4 layers, 4 heads, 256 dims, MLP 1024
+    # LRA-scale (Tay et al. 2021): the text / retrieval base sizes as we recall them (4 layers,
+    # 4 heads, 256 dims, MLP 1024); other LRA tasks (e.g. ListOps) override the sizes
     "lra": dict(d_model=256, num_heads=4, num_layers=4, d_ff=1024, max_len=4096, vocab_size=256),
 }
 

@@ -69,6 +69,8 @@ class EncoderClassifier(nn.Module):
     averages the real tokens only. With ``dual=True`` the model is a dual encoder for
     retrieval: both inputs are encoded by the same weights and the head sees
     ``[u, v, u * v, u - v]`` (LRA retrieval); :meth:`embed` gives the pooled vectors.
+    With an attention that forces causal (``causal``) CLS at position 0 sees only itself:
+    use ``pooling="mean"`` there.
     """
 
     def __init__(self, config: EncoderClassifierConfig) -> None:
