@@ -83,8 +83,12 @@ def _measure_pass(case: Case, module: Any, pass_name: str, device: Any, dtype: A
         return {"status": "unsupported", "reason": "; ".join(reasons)}
     d_out = torch.randn(b, h, n, d, generator=gen).to(device=device, dtype=dtype)  # (B, H, N, D)
 
+    paths: list[Any] = []  # KernelPath of every call: compile time and fallbacks of any call
+
     def forward() -> Any:
-        return module(q, k, v, causal=case.causal)
+        out = module(q, k, v, causal=case.causal)
+        paths.append(module.last_path)
+        return out
 
     def clear_grads() -> None:
         for t in (q, k, v, *module.parameters()):
@@ -109,14 +113,17 @@ def _measure_pass(case: Case, module: Any, pass_name: str, device: Any, dtype: A
 
         m = measure(fwd_bwd, **common)
     path = module.last_path
+    seen = [p for p in paths if p is not None]
+    compile_s = sum(p.compile_s or 0.0 for p in seen)
+    fallbacks = sorted({p.fallback for p in seen if p.fallback})
     time_s = m.median_ms / 1e3
     return {
         "status": "ok", "reason": "",
         "kernel": path.kernel if path else case.kernel,
         "kernel_path": path.path if path else "",
         "mask_emulated": bool(path and path.mask_emulated),
-        "fallback": (path.fallback or "") if path else "",
-        "compile_ms": (path.compile_s * 1e3) if path and path.compile_s else 0.0,
+        "fallback": "; ".join(fallbacks),
+        "compile_ms": compile_s * 1e3,
         "first_call_ms": m.first_call_s * 1e3,
         "time_ms": m.median_ms, "time_iqr_ms": m.iqr_ms, "repeats": len(m.times_s),
         "peak_mem_bytes": m.peak_bytes,
