@@ -161,11 +161,11 @@ def summary_markdown(decoding: pd.DataFrame, streaming: pd.DataFrame, env: dict[
 def main(
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("results/decoding"),
     context: Annotated[
-        list[int] | None, typer.Option("--context", help="Prompt lengths (repeatable).")
+        list[int] | None, typer.Option("--context", help="Prompt lengths (repeatable; default 1024 and 4096).")
     ] = None,
     new_tokens: Annotated[int, typer.Option(help="Tokens generated per call.")] = 32,
     attention: Annotated[
-        list[str] | None, typer.Option("--attention", help="Decoder attentions (repeatable).")
+        list[str] | None, typer.Option("--attention", help="Decoder attentions (repeatable; default full).")
     ] = None,
     window: Annotated[int, typer.Option(help="Window of banded attentions.")] = 256,
     d_model: int = 256,
@@ -174,10 +174,10 @@ def main(
     d_ff: int = 1024,
     vocab_size: int = 256,
     stream_window: Annotated[
-        list[int] | None, typer.Option("--stream-window", help="Streaming windows (repeatable).")
+        list[int] | None, typer.Option("--stream-window", help="Streaming windows (repeatable; default 256, 1024).")
     ] = None,
     stream_layers: Annotated[
-        list[int] | None, typer.Option("--stream-layers", help="Streaming depths (repeatable).")
+        list[int] | None, typer.Option("--stream-layers", help="Streaming encoder depths (repeatable; default 1, 2).")
     ] = None,
     stream_steps: int = 32,
     repeats: Annotated[int, typer.Option(help="Timed repeats (median).")] = 3,
