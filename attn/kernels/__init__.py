@@ -13,11 +13,18 @@ from attn.kernels.base import Kernel
 
 @cache
 def _builtin_kernels() -> dict[str, Kernel]:
+    from attn.kernels.blocked import BlockedKernel
+    from attn.kernels.chunked import ChunkedKernel
+    from attn.kernels.flex import FlexKernel
     from attn.kernels.native import NativeKernel
     from attn.kernels.reference import ReferenceKernel
     from attn.kernels.sdpa import SdpaKernel
+    from attn.kernels.xformers import XformersKernel
 
-    kernels: list[Kernel] = [ReferenceKernel(), SdpaKernel(), NativeKernel()]
+    kernels: list[Kernel] = [
+        ReferenceKernel(), SdpaKernel(), NativeKernel(), BlockedKernel(), ChunkedKernel(),
+        FlexKernel(), XformersKernel(),
+    ]
     return {k.name: k for k in kernels}
 
 

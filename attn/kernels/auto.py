@@ -1,8 +1,32 @@
 """``kernel="auto"``: the fastest supported kernel for the call, by a fixed documented rule.
 
-Rule: take the first kernel, in the order below, that the variant has and that supports
-the call (device, dtype, causal, grad). The order puts O(N) / O(N*w) implementations
-before dense ones; ``reference`` is last because it is the O(N^2) ground truth.
+Rule: the variant's *kind* picks a preference order per device type (table below); the
+first kernel in that order that the variant lists and that supports the call (device,
+dtype, causal, grad) runs; kernels the variant has but the table omits come next, and
+``reference`` (the O(N^2) ground truth) always last.
+
+================  ==========================================  ================================
+kind              cpu                                          cuda
+================  ==========================================  ================================
+banded            blocked, flex, sdpa                          flex, xformers, blocked, sdpa
+plain             sdpa, chunked                                sdpa, xformers, flex, chunked
+biased / masked   chunked, sdpa                                flex, chunked, sdpa
+approximate       native                                       native
+================  ==========================================  ================================
+
+* *banded*: ``band()`` is not None (sliding_window, dilated, global_tokens, with or without
+  a position bias). *plain*: no mask_mod and no score_mod (full, causal). *biased /
+  masked*: any other exact variant (``relative``, plug-ins with a mask_mod).
+* Why, on CPU (measured side by side in one process, fp32, B=1, H=8, D=64, w=128, 2
+  threads, see ``tests/test_kernels_auto.py`` and the commit log for numbers): ``blocked``
+  forward is O(N*w) and has a backward pass; compiled ``flex`` has no CPU backward, costs
+  ~10-30 s of compile per new shape and was not faster than ``blocked`` at 4K-16K, so it
+  never wins on CPU within the auto rule (it stays selectable by name). ``sdpa`` unmasked /
+  ``is_causal`` is PyTorch's fused flash path (O(N) memory) for full and causal.
+  ``chunked`` computes a score_mod per query chunk in O(chunk*N) memory, where ``sdpa``
+  must materialise an N x N float bias, at the same O(N^2) time.
+* On CUDA flex has a backward pass and is the block-sparse kernel of choice; xformers'
+  local/causal biases follow; the rule there is by design, not yet measured here.
 """
 
 from __future__ import annotations
@@ -11,11 +35,41 @@ import torch
 
 from attn.base import Attention
 
-#: preference order per device type; kernels a variant lacks are skipped
-AUTO_ORDER: dict[str, tuple[str, ...]] = {
-    "cpu": ("native", "sdpa", "reference"),
-    "cuda": ("native", "sdpa", "reference"),
+#: preference order per (device type, kind); kernels a variant lacks are skipped
+AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
+    ("cpu", "banded"): ("blocked", "flex", "sdpa"),
+    ("cpu", "plain"): ("sdpa", "chunked"),
+    ("cpu", "biased"): ("chunked", "sdpa"),
+    ("cpu", "approximate"): ("native",),
+    ("cuda", "banded"): ("flex", "xformers", "blocked", "sdpa"),
+    ("cuda", "plain"): ("sdpa", "xformers", "flex", "chunked"),
+    ("cuda", "biased"): ("flex", "chunked", "sdpa"),
+    ("cuda", "approximate"): ("native",),
 }
+
+
+def kernel_kind(attention: Attention) -> str:
+    """``banded``, ``plain``, ``biased`` or ``approximate``: the row of the auto table."""
+    if not attention.exact:
+        return "approximate"
+    if attention.band() is not None:
+        return "banded"
+    if attention.mask_mod() is None and attention.score_mod() is None:
+        return "plain"
+    return "biased"
+
+
+def auto_order(attention: Attention, device: torch.device) -> list[str]:
+    """The kernels ``auto`` tries for this attention on this device, in order."""
+    dev = torch.device(device).type
+    table = AUTO_ORDER.get((dev, kernel_kind(attention)))
+    if table is None:  # other devices: the CPU rule (portable kernels first)
+        table = AUTO_ORDER[("cpu", kernel_kind(attention))]
+    order = [k for k in table if k in attention.kernels]
+    order += [k for k in attention.kernels if k not in order and k != "reference"]
+    if "reference" in attention.kernels:
+        order.append("reference")
+    return order
 
 
 def choose_kernel(
@@ -24,13 +78,9 @@ def choose_kernel(
     """Name of the kernel ``kernel="auto"`` runs for such a call; NotImplementedError if none."""
     from attn.kernels import get_kernel, list_kernels
 
-    order = AUTO_ORDER.get(torch.device(device).type, AUTO_ORDER["cpu"])
     known = set(list_kernels())
-    candidates = [k for k in order if k in attention.kernels] + [
-        k for k in attention.kernels if k not in order
-    ]
     reasons: list[str] = []
-    for name in candidates:
+    for name in auto_order(attention, device):
         if name not in known:
             continue
         why = get_kernel(name).supports(attention, torch.device(device), dtype, causal, requires_grad)

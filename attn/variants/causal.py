@@ -12,5 +12,5 @@ from attn.registry import register_attention
 class CausalAttention(ExactAttention):
     """Causal softmax attention: key j visible to query i iff j <= i, whatever ``causal`` says."""
 
-    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa")
+    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa", "chunked", "flex", "xformers")
     forces_causal = True

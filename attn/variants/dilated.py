@@ -26,7 +26,7 @@ def dilated_mod(window: int, dilation: int) -> MaskMod:
 class DilatedAttention(ExactAttention):
     """Dilated sliding window: key j visible to i iff (i-j) % dilation == 0 and |i-j| <= dilation*window."""
 
-    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa")
+    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa", "blocked", "chunked", "flex")
     example_params = ({"window": 2, "dilation": 2}, {"window": 1, "dilation": 3}, {"window": 0, "dilation": 4})
 
     def __init__(self, window: int = 64, dilation: int = 2, **common) -> None:

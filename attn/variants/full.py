@@ -12,5 +12,5 @@ from attn.registry import register_attention
 class FullAttention(ExactAttention):
     """Full softmax attention: all keys allowed; ``causal=True`` keeps j <= i."""
 
-    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa")
+    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa", "chunked", "flex", "xformers")
     example_params = ({}, {"position_bias": "alibi"})

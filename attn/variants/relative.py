@@ -16,7 +16,7 @@ class RelativeAttention(ExactAttention):
     Any mask variant takes the same bias through its ``position_bias`` parameter.
     """
 
-    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa")
+    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa", "chunked", "flex")
     example_params = ({"bias": "learned", "max_distance": 4}, {"bias": "alibi"})
 
     def __init__(self, bias: str = "learned", max_distance: int = 128, **common) -> None:

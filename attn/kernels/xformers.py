@@ -1,0 +1,92 @@
+"""The ``xformers`` kernel: ``xformers.ops.memory_efficient_attention`` with its attn_bias types.
+
+Imported lazily (xformers is an optional, CUDA-only dependency). Layout is ``(B, N, H, D)``.
+Patterns map onto xformers' bias classes, all bottom-right aligned like our contract:
+
+* full: no bias;
+* causal (Nq == Nk or decoding with Nq < Nk): ``LowerTriangularFromBottomRightMask``;
+* sliding window ``|i - j| <= w`` non-causal: ``LocalAttentionFromBottomRightMask(w, w)``;
+  causal: ``LowerTriangularFromBottomRightLocalAttentionMask(w + 1)`` (the diagonal plus
+  ``w`` keys to the left).
+
+Not supported (declared with a reason): no CUDA, no xformers, ``key_mask`` (raised in
+``run``: the bias classes above have no padding form), score_mods, other masks, float64.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from attn.base import Attention, KernelPath
+from attn.kernels.base import Kernel
+
+
+def load_xformers() -> tuple[ModuleType | None, str | None]:
+    """``(xformers.ops, None)`` or ``(None, reason)``; never raises."""
+    try:
+        return importlib.import_module("xformers.ops"), None
+    except Exception as err:  # any import failure is a "not supported" reason
+        return None, f"xformers is not importable ({type(err).__name__}: {err})"
+
+
+def attn_bias_for(ops: Any, attention: Attention, causal: bool) -> tuple[Any, str]:
+    """The ``xformers.ops.fmha.attn_bias`` object for this pattern, and a description."""
+    bias_mod = ops.fmha.attn_bias
+    band = attention.band()
+    if band is None:
+        if causal:
+            return bias_mod.LowerTriangularFromBottomRightMask(), "causal (bottom-right)"
+        return None, "full"
+    w = band.window
+    if causal:
+        return bias_mod.LowerTriangularFromBottomRightLocalAttentionMask(w + 1), f"causal local w={w}"
+    return bias_mod.LocalAttentionFromBottomRightMask(window_left=w, window_right=w), f"local w={w}"
+
+
+class XformersKernel(Kernel):
+    """xformers memory-efficient attention (CUDA only), lazily imported."""
+
+    name = "xformers"
+    description = "xformers memory_efficient_attention with attn_bias (causal, local, full)"
+
+    def supports(self, attention, device, dtype, causal, requires_grad) -> list[str]:
+        reasons = []
+        if torch.device(device).type != "cuda":
+            reasons.append(f"xformers runs on CUDA only; device is {torch.device(device).type}")
+        elif not torch.cuda.is_available():  # pragma: no cover - needs a GPU
+            reasons.append("CUDA is not available")
+        if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            reasons.append(f"xformers supports float16/bfloat16/float32, not {dtype}")
+        if not attention.exact:
+            reasons.append(f"{attention.name} is approximate; xformers computes exact attention")
+        band = attention.band()
+        if band is None and attention.mask_mod() is not None:
+            reasons.append(f"{attention.name}: its mask has no xformers attn_bias form")
+        if band is not None and (band.dilation != 1 or band.num_global != 0):
+            reasons.append(f"{attention.name}: dilated / global bands have no xformers attn_bias")
+        if attention.score_mod() is not None:
+            reasons.append(f"{attention.name}: a position bias (score_mod) is not supported")
+        if not reasons:
+            _, why = load_xformers()
+            if why:
+                reasons.append(why)
+        return reasons
+
+    def run(self, attention: Attention, q, k, v, causal, key_mask):
+        if key_mask is not None:
+            raise NotImplementedError(
+                f"{attention.name}: kernel 'xformers' does not support argument 'key_mask'; "
+                "use kernel 'sdpa', 'blocked' or 'flex'"
+            )
+        ops, why = load_xformers()
+        if ops is None:
+            raise NotImplementedError(f"{attention.name}: kernel 'xformers' unavailable: {why}")
+        bias, desc = attn_bias_for(ops, attention, causal)
+        # (B, H, N, D) -> (B, N, H, D)
+        qx, kx, vx = (t.transpose(1, 2) for t in (q, k, v))
+        out = ops.memory_efficient_attention(qx, kx, vx, attn_bias=bias)  # (B, Nq, H, Dv)
+        return out.transpose(1, 2), KernelPath(self.name, f"memory_efficient_attention({desc})")
