@@ -86,3 +86,24 @@ def test_encoder_decoder_can_use_a_causal_decoder_with_nystrom_encoder():
 def test_public_names_exported():
     for name in models.__all__:
         assert hasattr(models, name)
+
+
+@pytest.mark.parametrize("kind", list_models())
+def test_tiny_preset_trains_well_under_a_second_per_step(kind):
+    import time
+
+    import torch
+
+    torch.manual_seed(0)
+    model = create_model(kind)
+    cfg = model.config
+    if kind == "vit":
+        inputs = (torch.randn(8, cfg.in_channels, cfg.image_size, cfg.image_size),)
+    elif kind == "encoder_decoder":
+        inputs = (torch.randint(0, cfg.vocab_size, (8, 128)), torch.randint(0, cfg.vocab_size, (8, 64)))
+    else:
+        inputs = (torch.randint(0, cfg.vocab_size, (8, 128)),)
+    model(*inputs).float().mean().backward()  # warm-up
+    start = time.perf_counter()
+    model(*inputs).float().mean().backward()
+    assert time.perf_counter() - start < 1.0
