@@ -10,7 +10,8 @@ does not support a call is reported as skipped with its reason):
 - ``shape_dtype_finite``: output (B, H, Nq, Dv), input dtype, finite values;
 - ``matches_reference``: exact variants equal the dense reference built from their own
   mask_mod / score_mod (fp64 atol 1e-10, fp32 1e-5) for odd lengths, B > 1, H > 1,
-  Nq != Nk, with and without ``key_mask`` and ``causal``;
+  Nq != Nk, with and without ``key_mask`` and ``causal``, contiguous and head-split
+  (non-contiguous) inputs;
 - ``gradients``: finite, and for exact variants equal to the reference's (fp64) for
   q, k, v and the module's own parameters;
 - ``pattern``: the keys that actually influence each query (probed by perturbing one
@@ -166,12 +167,17 @@ def _randomise_parameters(module: Attention, seed: int) -> None:
 def _inputs(
     shape: tuple[int, int, int, int, int, int], dtype: torch.dtype, device: torch.device, seed: int
 ) -> tuple[Tensor, Tensor, Tensor]:
+    """Seeded q, k, v. Shapes with odd Nq come in the models' layout: (B, N, H, D) storage
+    viewed as (B, H, N, D), i.e. non-contiguous, as a head split produces."""
     batch, heads, q_len, k_len, dim, v_dim = shape
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, heads, q_len, dim, generator=gen, dtype=torch.float64)
     k = torch.randn(batch, heads, k_len, dim, generator=gen, dtype=torch.float64)
     v = torch.randn(batch, heads, k_len, v_dim, generator=gen, dtype=torch.float64)
-    return q.to(device, dtype), k.to(device, dtype), v.to(device, dtype)
+    tensors = [t.to(device, dtype) for t in (q, k, v)]
+    if q_len % 2 == 1:
+        tensors = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in tensors]  # (B, H, N, D) view
+    return tensors[0], tensors[1], tensors[2]
 
 
 def _key_mask(batch: int, k_len: int, device: torch.device, seed: int) -> Tensor:
