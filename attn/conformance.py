@@ -167,7 +167,7 @@ def _randomise_parameters(module: Attention, seed: int) -> None:
 def _inputs(
     shape: tuple[int, int, int, int, int, int], dtype: torch.dtype, device: torch.device, seed: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Seeded q, k, v. Shapes with odd Nq come in the models' layout: (B, N, H, D) storage
+    """Seeded q, k, v. Shapes with Nq != Nk come in the models' layout: (B, N, H, D) storage
     viewed as (B, H, N, D), i.e. non-contiguous, as a head split produces."""
     batch, heads, q_len, k_len, dim, v_dim = shape
     gen = torch.Generator().manual_seed(seed)
@@ -175,7 +175,7 @@ def _inputs(
     k = torch.randn(batch, heads, k_len, dim, generator=gen, dtype=torch.float64)
     v = torch.randn(batch, heads, k_len, v_dim, generator=gen, dtype=torch.float64)
     tensors = [t.to(device, dtype) for t in (q, k, v)]
-    if q_len % 2 == 1:
+    if q_len != k_len:
         tensors = [t.transpose(1, 2).contiguous().transpose(1, 2) for t in tensors]  # (B, H, N, D) view
     return tensors[0], tensors[1], tensors[2]
 
