@@ -78,7 +78,7 @@ def expand_cases(config: SweepConfig) -> list[Case]:
     whether the kernel supports the device/dtype/pass is decided in the worker (a row
     ``unsupported`` with the reason).
     """
-    from attn import attention_info
+    from attn import attention_info, create_attention
 
     cases: list[Case] = []
     for spec in config.variants:
@@ -88,6 +88,9 @@ def expand_cases(config: SweepConfig) -> list[Case]:
             requested = (*(k for k in requested if k != "all"), *info.kernels)
         kernels = [k for k in dict.fromkeys(requested) if k == "auto" or k in info.kernels]
         causal = config.causal if spec.causal is None else spec.causal
+        causal = causal or create_attention(spec.name, num_heads=config.heads[0],
+                                            head_dim=config.head_dim[0],
+                                            **spec.params_dict).forces_causal
         lengths = sorted(set(spec.seq_len or config.seq_len))
         for kernel, batch, heads, head_dim in product(
             kernels, config.batch, config.heads, config.head_dim

@@ -31,10 +31,17 @@ def full_baseline(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def crossover(curve: pd.DataFrame, baseline: pd.Series) -> float:
-    """Smallest N from which the curve stays faster than full attention (NaN: never/unknown)."""
+    """Smallest N from which the curve stays faster than full attention (NaN: never/unknown).
+
+    Compared at the lengths both measured, against the fastest kernel of full attention.
+    """
     ok = curve[curve.status == "ok"].sort_values("seq_len")
-    keys = [(*(row[c] for c in SHAPE), row.seq_len) for _, row in ok.iterrows()]
-    full = [baseline.get(k, math.nan) for k in keys]
+    full = []
+    for _, row in ok.iterrows():
+        key = (*(row[c] for c in SHAPE), row.seq_len)
+        # a causal curve is compared with causal full attention, else with (non-causal) full
+        fallback = (False, *key[1:])
+        full.append(baseline.get(key, baseline.get(fallback, math.nan)))
     faster = [(t < f) for t, f in zip(ok.time_ms, full) if not math.isnan(f)]
     lengths = [n for n, f in zip(ok.seq_len, full) if not math.isnan(f)]
     if not faster or not faster[-1]:

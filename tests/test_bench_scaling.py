@@ -35,6 +35,8 @@ def write_run(path, slow_factor=1.0):
         for n in LENGTHS:
             rows.append(_row("full", "full", n, pass_name, 1e-6 * n * n * slow_factor, 100 * n))
             rows.append(_row("window", "sliding_window", n, pass_name, 2e-3 * n, 50 * n))
+            causal = _row("causal", "causal", n, pass_name, 0.5e-6 * n * n, 100 * n)
+            rows.append({**causal, "causal": True})
             status = "ok" if n < 4096 else ("oom" if n == 4096 else "skipped")
             row = _row("full", "full", n, pass_name, 3e-6 * n * n, 4 * n * n, status, "reference")
             row["kernel_requested"] = "reference"
@@ -61,6 +63,8 @@ def test_exponents_crossover_and_largest_n(run):
     assert math.isnan(full.crossover_vs_full)
     assert ref.max_n == 2048 and ref.first_failure == "4096 (oom)"
     assert window.max_n == 8192
+    # a causal curve falls back to non-causal full: faster everywhere
+    assert table.loc[("causal", "auto", "fwd")].crossover_vs_full == 512
 
 
 def test_report_prints_markdown_tables(run):
