@@ -59,6 +59,7 @@ class _Entry:
     mask_mod: Callable[..., Tensor]
     score_mod: Callable[..., Tensor] | None
     key_mask_buf: Tensor | None
+    base_mask: Callable[..., Tensor] | None
     flex: Callable[..., Tensor]
     make_mask: Callable[..., Any]
     block_mask: Any = None
@@ -118,7 +119,7 @@ class FlexKernel(Kernel):
                 return score(s, b, h, q_idx + offset, kv_idx)
 
         entry = _Entry(
-            mask_mod=mask_mod, score_mod=score_mod, key_mask_buf=buf,
+            mask_mod=mask_mod, score_mod=score_mod, key_mask_buf=buf, base_mask=base,
             flex=torch.compile(_fresh(_flex_call, "flex_call"), dynamic=False, fullgraph=True),
             make_mask=torch.compile(_fresh(_mask_call, "block_mask_call"), dynamic=False),
         )
@@ -133,7 +134,8 @@ class FlexKernel(Kernel):
         start = time.perf_counter()
         if entry.key_mask_buf is not None:
             entry.key_mask_buf.copy_(key_mask)
-        if entry.block_mask is None or entry.key_mask_buf is not None:
+        dense = entry.base_mask is None and entry.key_mask_buf is None  # every pair allowed
+        if not dense and (entry.block_mask is None or entry.key_mask_buf is not None):
             b = batch if entry.key_mask_buf is not None else None
             try:
                 entry.block_mask = entry.make_mask(entry.mask_mod, b, None, q_len, k_len, q.device)

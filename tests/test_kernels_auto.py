@@ -1,0 +1,42 @@
+"""``kernel="auto"``: the documented choice per device and pass, recorded on the path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attn import create_attention
+from attn.kernels.auto import choose_kernel
+
+CASES = [  # (variant, params, device, requires_grad, expected)
+    ("sliding_window", {"window": 8}, "cpu", False, "blocked"),
+    ("sliding_window", {"window": 8}, "cpu", True, "blocked"),
+    ("dilated", {}, "cpu", True, "blocked"),
+    ("global_tokens", {}, "cpu", False, "blocked"),
+    ("full", {}, "cpu", True, "sdpa"),
+    ("causal", {}, "cpu", False, "sdpa"),
+    ("relative", {"bias": "alibi", "num_heads": 2}, "cpu", True, "chunked"),
+    ("nystrom", {}, "cpu", True, "native"),
+    ("sliding_window", {"window": 8}, "cuda", True, "flex"),
+    ("full", {}, "cuda", True, "sdpa"),
+    ("relative", {"bias": "alibi", "num_heads": 2}, "cuda", True, "flex"),
+]
+
+
+@pytest.mark.parametrize(("name", "params", "device", "grad", "expected"), CASES)
+def test_auto_choice(name: str, params: dict, device: str, grad: bool, expected: str) -> None:
+    module = create_attention(name, **params)
+    assert choose_kernel(module, torch.device(device), torch.float32, False, grad) == expected
+
+
+def test_flex_never_chosen_for_cpu_backward_or_float64() -> None:
+    module = create_attention("sliding_window", window=8, kernel="flex")
+    assert module.supports("cpu", torch.float32, False, True)
+    assert module.supports("cpu", torch.float64, False, False)
+
+
+def test_chosen_kernel_recorded() -> None:
+    module = create_attention("sliding_window", window=4)
+    q = torch.randn(1, 2, 33, 8, requires_grad=True)
+    module(q, q, q).sum().backward()
+    assert module.last_path.kernel == "blocked"

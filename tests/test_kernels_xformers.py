@@ -1,0 +1,93 @@
+"""The ``xformers`` kernel: honest reasons without CUDA/xformers; its mapping, via a stand-in module."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from attn import create_attention
+from attn.kernels import get_kernel
+from attn.kernels.xformers import attn_bias_for
+
+
+def test_reasons_without_cuda() -> None:
+    kernel = get_kernel("xformers")
+    module = create_attention("sliding_window", window=4)
+    reasons = kernel.supports(module, torch.device("cpu"), torch.float32, False, False)
+    assert any("CUDA only" in r for r in reasons)
+    reasons = kernel.supports(create_attention("dilated"), torch.device("cuda"), torch.float64,
+                              False, False)
+    assert any("float64" in r for r in reasons) and any("dilated" in r for r in reasons)
+    assert module.supports("cpu", torch.float32, False, False, kernel="xformers")
+
+
+def test_reason_without_xformers(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "xformers", None)  # import fails like a missing package
+    monkeypatch.setitem(sys.modules, "xformers.ops", None)
+    kernel = get_kernel("xformers")
+    reasons = kernel.supports(create_attention("full"), torch.device("cuda"), torch.float16,
+                              False, False)
+    if torch.cuda.is_available():  # pragma: no cover - GPU machines
+        assert any("not importable" in r for r in reasons)
+    else:
+        assert reasons
+
+
+class _Bias:
+    def __init__(self, *args, **kwargs) -> None:
+        self.args, self.kwargs = args, kwargs
+
+
+def _fake_ops(calls: list) -> types.SimpleNamespace:
+    names = ["LowerTriangularFromBottomRightMask", "LocalAttentionFromBottomRightMask",
+             "LowerTriangularFromBottomRightLocalAttentionMask"]
+    bias_mod = types.SimpleNamespace(**{n: type(n, (_Bias,), {}) for n in names})
+
+    def memory_efficient_attention(q, k, v, attn_bias=None):
+        calls.append((q.shape, attn_bias))
+        return torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+    return types.SimpleNamespace(fmha=types.SimpleNamespace(attn_bias=bias_mod),
+                                 memory_efficient_attention=memory_efficient_attention)
+
+
+def test_bias_mapping_and_layout(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list = []
+    ops = _fake_ops(calls)
+    bias, _ = attn_bias_for(ops, create_attention("full"), causal=False)
+    assert bias is None
+    bias, _ = attn_bias_for(ops, create_attention("causal"), causal=True)
+    assert type(bias).__name__ == "LowerTriangularFromBottomRightMask"
+    bias, _ = attn_bias_for(ops, create_attention("sliding_window", window=7), causal=False)
+    assert type(bias).__name__ == "LocalAttentionFromBottomRightMask"
+    assert bias.kwargs == {"window_left": 7, "window_right": 7}
+    bias, _ = attn_bias_for(ops, create_attention("sliding_window", window=7), causal=True)
+    assert bias.args == (8,)  # the diagonal plus w keys to the left
+    # run(): (B, H, N, D) <-> (B, N, H, D) and the path, with the stand-in ops
+    import attn.kernels.xformers as xmod
+
+    monkeypatch.setattr(xmod, "load_xformers", lambda: (ops, None))
+    q = torch.randn(2, 3, 10, 8)
+    out, path = get_kernel("xformers").run(create_attention("full"), q, q, q, False, None)
+    assert calls[-1][0] == (2, 10, 3, 8)
+    torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, q, q))
+    assert path.kernel == "xformers"
+    with pytest.raises(NotImplementedError, match="key_mask"):
+        get_kernel("xformers").run(create_attention("full"), q, q, q, False,
+                                   torch.ones(2, 10, dtype=torch.bool))
+
+
+@pytest.mark.gpu
+def test_matches_reference_on_cuda() -> None:  # pragma: no cover - needs a GPU and xformers
+    pytest.importorskip("xformers")
+    for name, params in [("full", {}), ("sliding_window", {"window": 16})]:
+        module = create_attention(name, kernel="xformers", **params)
+        ref = create_attention(name, kernel="reference", **params)
+        q = torch.randn(1, 2, 100, 32, device="cuda", dtype=torch.float16)
+        for causal in (False, True):
+            torch.testing.assert_close(module(q, q, q, causal=causal),
+                                       ref(q, q, q, causal=causal), atol=2e-3, rtol=0)
