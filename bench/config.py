@@ -71,7 +71,7 @@ class SweepConfig:
     warmup: int = 1
     causal: bool = False
     timeout_s: float = 300.0
-    max_memory_gb: float | None = 20.0
+    max_memory_gb: float | None = 20.0  # CPU cases only (RLIMIT_AS); ignored on CUDA
     threads: int | None = None
     time_budget_s: float = 20.0
     plugins: tuple[str, ...] = ()

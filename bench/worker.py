@@ -57,6 +57,7 @@ def is_oom(err: BaseException) -> bool:
 
 
 def _limit_memory(max_memory_gb: float | None) -> None:
+    """Cap this process's address space (RLIMIT_AS) so a huge CPU case fails as oom."""
     if max_memory_gb is None:
         return
     cap = int(max_memory_gb * 2**30)
@@ -138,7 +139,8 @@ def worker_main(case_dict: dict[str, Any], conn: Connection) -> None:
 
     case = Case(**{k: tuple(map(tuple, v)) if k == "params" else
                    (tuple(v) if isinstance(v, list) else v) for k, v in case_dict.items()})
-    _limit_memory(case.max_memory_gb)
+    if case.device == "cpu":  # CUDA reserves huge address space: never cap it there
+        _limit_memory(case.max_memory_gb)
     import torch
 
     from attn import create_attention
