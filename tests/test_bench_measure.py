@@ -38,7 +38,8 @@ def run(tmp_path_factory):
             {"name": "bench_alloc", "nbytes": ALLOC},
             {"name": "bench_sleep", "seconds": SLEEP},
             {"name": "full", "kernels": ["reference"], "seq_len": [N_REF]},
-            {"name": "bench_alloc", "nbytes": 40 * 2**30},  # over the 3 GiB cap: oom
+            # over the 3 GiB cap: oom at N=64, then N=128 is skipped without running
+            {"name": "bench_alloc", "nbytes": 40 * 2**30, "seq_len": [64, 128]},
             {"name": "bench_crash", "how": "abort"},
             {"name": "bench_crash", "how": "kill"},
             {"name": "bench_sleep", "seconds": 60},  # over timeout_s: timeout
@@ -62,7 +63,7 @@ def run(tmp_path_factory):
 
 def test_one_row_per_case_and_pass(run):
     _, df = run
-    assert len(df) == 8 * 2
+    assert len(df) == 9 * 2
     assert not df.duplicated(["case_id", "pass"]).any()
 
 
@@ -109,9 +110,13 @@ def test_a_known_sleep_is_timed_within_tolerance(run):
 
 def test_failures_become_rows_and_the_sweep_goes_on(run):
     _, df = run
-    oom = df[(df.variant == "bench_alloc") & (df.nbytes > ALLOC)]
+    huge = df[(df.variant == "bench_alloc") & (df.nbytes > ALLOC)]
+    oom = huge[huge.seq_len == 64]
     assert (oom.status == "oom").all(), oom.reason.tolist()
     assert oom.reason.str.contains("alloc").all()
+    skipped = huge[huge.seq_len == 128]
+    assert (skipped.status == "skipped").all()
+    assert skipped.reason.str.contains("N=64 already hit oom").all()
     abort = df[df.how == "abort"]
     assert (abort.status == "error").all() and abort.reason.str.contains("SIGABRT").all()
     killed = df[df.how == "kill"]
