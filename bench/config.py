@@ -250,9 +250,16 @@ def load_config(config: str | Path) -> SweepConfig:
 
 
 def with_overrides(config: SweepConfig, **overrides: Any) -> SweepConfig:
-    """A copy of ``config`` with the non-None overrides applied (CLI options)."""
+    """A copy of ``config`` with the non-None overrides applied (CLI options).
+
+    ``seq_len`` and ``kernels`` given here also replace the per-variant lists.
+    """
     changes = {k: v for k, v in overrides.items() if v is not None}
-    if "variants" in changes:
+    if "variants" not in changes:
+        cleared = {k: None for k in ("seq_len", "kernels") if k in changes}
+        if cleared:
+            changes["variants"] = tuple(replace(s, **cleared) for s in config.variants)
+    if "variants" in changes and not isinstance(changes["variants"][0], VariantSpec):
         from attn import list_attention
 
         known = list_attention()

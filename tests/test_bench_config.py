@@ -90,3 +90,16 @@ def test_case_id_is_stable_and_ignores_run_limits():
 ])
 def test_safe_name_stays_inside_out(text, expected):
     assert safe_name(text) == expected
+
+
+def test_cli_overrides_replace_per_variant_lists():
+    from bench.config import with_overrides
+
+    config = load_config("scaling-cpu")
+    tiny = with_overrides(config, seq_len=(128, 256), kernels=("auto",))
+    cases = expand_cases(tiny)
+    assert {c.seq_len for c in cases} == {128, 256}
+    assert {c.kernel for c in cases} == {"auto"}
+    assert len(cases) == 2 * len(config.variants)
+    only = with_overrides(config, variants=("nystrom",), seq_len=(64,))
+    assert [(c.variant, c.seq_len) for c in expand_cases(only)] == [("nystrom", 64)]
