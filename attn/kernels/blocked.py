@@ -36,7 +36,7 @@ from attn.kernels.base import Kernel
 from attn.mods import ScoreMod
 
 #: target size of one chunk of scores (elements); keeps the softmax passes in cache
-CHUNK_ELEMENTS = 1 << 19
+CHUNK_ELEMENTS = 1 << 21
 
 
 def block_size(window: int) -> int:

@@ -5,7 +5,9 @@ FlexAttention passes row indices, so both are wrapped with ``i = row + (Nk - Nq)
 and ``key_mask`` are folded into the mask_mod.
 
 Caching (so a sweep never hits dynamo's recompile limit): one entry per (attention module,
-B, H, Nq, Nk, D, Dv, dtype, device, causal, key_mask present), holding the wrapped mods,
+B, H, Nq, Nk, D, Dv, dtype, device, causal, key_mask present), where modules without
+parameters or buffers are identified by their class and hyper-parameters (so copies share
+compiled code) and the others by identity (their mods close over their tensors), holding the wrapped mods,
 the block mask (rebuilt only when a ``key_mask`` is given, since it depends on the data),
 and a compiled function with its *own code object*: dynamo keys its cache and recompile
 limit on the code object, so each entry compiles once and never evicts another. Compiles
@@ -78,6 +80,7 @@ class FlexKernel(Kernel):
         self._cache: weakref.WeakKeyDictionary[Attention, dict[tuple, _Entry]] = (
             weakref.WeakKeyDictionary()
         )
+        self._shared: dict[tuple[type, str], dict[tuple, _Entry]] = {}
 
     def supports(self, attention, device, dtype, causal, requires_grad) -> list[str]:
         reasons = []
@@ -96,7 +99,10 @@ class FlexKernel(Kernel):
         k_len = k.shape[2]
         key = (batch, heads, q_len, k_len, dim, v.shape[-1], q.dtype, q.device, causal,
                key_mask is not None)
-        per_module = self._cache.setdefault(attention, {})
+        if any(True for _ in attention.parameters()) or any(True for _ in attention.buffers()):
+            per_module = self._cache.setdefault(attention, {})  # mods close over its tensors
+        else:  # pure hyper-parameters: copies of the module share compiled entries
+            per_module = self._shared.setdefault((type(attention), attention.extra_repr()), {})
         if key in per_module:
             return per_module[key]
         offset = k_len - q_len
