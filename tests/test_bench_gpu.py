@@ -1,0 +1,31 @@
+"""The CUDA measuring path (events, L2 flush, max_memory_allocated); skipped without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.config import parse_config
+from bench.results import load_results
+from bench.sweep import run_sweep
+
+pytestmark = pytest.mark.gpu
+
+
+def test_cuda_reference_attention_memory_and_flops(tmp_path):
+    n, heads, dim = 4096, 4, 64
+    config = parse_config({
+        "name": "gpu", "device": "cuda", "dtype": "float32", "passes": ["fwd", "fwd_bwd"],
+        "seq_len": [n], "heads": heads, "head_dim": dim, "repeats": 5,
+        "variants": [{"name": "full", "kernels": ["reference", "sdpa"]}],
+    })
+    run_sweep(config, tmp_path)
+    df = load_results(tmp_path)
+    assert (df.status == "ok").all(), df.reason.tolist()
+    ref = df[(df.kernel == "reference") & (df["pass"] == "fwd")].iloc[0]
+    assert ref.peak_mem_bytes >= heads * n * n * 4  # the score matrix, allocated on the GPU
+    assert ref.flops == 4 * heads * n * n * dim
+    sdpa = df[(df.kernel == "sdpa") & (df["pass"] == "fwd")].iloc[0]
+    assert sdpa.peak_mem_bytes < heads * n * n * 4  # fused: no score matrix
+    assert 0 < sdpa.peak_fraction < 1.5
+    assert torch.cuda.get_device_name() in set(df.device_name)
