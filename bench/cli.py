@@ -111,6 +111,7 @@ def sweep(
 ) -> None:
     """Run a sweep into a run directory (resumable: finished cases are skipped)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -159,12 +160,17 @@ def sweep(
 
         def on_start(case, index, total):
             progress.update(task, total=total, completed=index,
-                            description=f"[cyan]{case.describe()}")
+                            description=f"[cyan]{escape(case.describe())}")
 
         def on_done(case, rows):
             progress.advance(task)
             for row in rows:
                 statuses[row["status"]] = statuses.get(row["status"], 0) + 1
+            if not console.is_terminal:  # logs (CI): one line per finished case
+                done_n = int(progress.tasks[0].completed)
+                states = ", ".join(f"{r['pass']} {r['status']}" for r in rows)
+                console.print(f"[{done_n}/{progress.tasks[0].total}] {case.describe()}: {states}",
+                              markup=False, highlight=False)
 
         run_sweep(cfg, run_dir, on_start=on_start, on_done=on_done)
         progress.update(task, description="done")
