@@ -36,6 +36,7 @@ class AttentionInfo:
     exact: bool
     source: str
     example_params: tuple[dict[str, Any], ...] = field(default=({},))
+    forces_causal: bool = False
 
 
 @dataclass
@@ -195,4 +196,5 @@ def attention_info(name: str) -> AttentionInfo:
         exact=bool(getattr(probe, "exact", True)),
         source=_registry.sources.get(name, "?"),
         example_params=tuple(getattr(probe, "example_params", ({},))),
+        forces_causal=bool(getattr(probe, "forces_causal", False)),
     )
