@@ -288,5 +288,15 @@ def check(
         raise typer.Exit(1)
 
 
+def _mount_decoding() -> None:
+    """``attn-bench decoding``: the KV-cache decoding and streaming benchmark (bench.decoding)."""
+    from bench.decoding import main as decoding_main
+
+    app.command("decoding")(decoding_main)
+
+
+_mount_decoding()
+
+
 if __name__ == "__main__":
     sys.exit(app())
