@@ -37,6 +37,9 @@ from attn.mods import ScoreMod
 
 #: target size of one chunk of scores (elements); keeps the softmax passes in cache
 CHUNK_ELEMENTS = 1 << 21
+#: cap on the number of chunks: every op is an OpenMP region, and on a shared CPU a region
+#: waits for its slowest thread, so fewer, larger ops are faster (memory stays O(N*w / 16))
+MAX_CHUNKS = 16
 
 
 def block_size(window: int) -> int:
@@ -69,7 +72,8 @@ def band_edges(s: int, nl: int, nr: int, window: int, causal: bool, dtype: torch
 
 
 def _chunks(nb: int, per_block: int) -> list[tuple[int, int]]:
-    step = max(1, CHUNK_ELEMENTS // max(per_block, 1))
+    """Block ranges of about ``CHUNK_ELEMENTS`` scores, at most ``MAX_CHUNKS`` of them."""
+    step = max(1, CHUNK_ELEMENTS // max(per_block, 1), math.ceil(nb / MAX_CHUNKS))
     return [(t, min(t + step, nb)) for t in range(0, nb, step)]
 
 
@@ -352,7 +356,10 @@ def _dense_part(
     score_mod: ScoreMod | None,
 ) -> tuple[Tensor, Tensor]:
     """Dense softmax of ``q (B, H, n, D)`` over ``k (B, H, m, D)`` at positions ``i (n,)``,
-    ``j (m,)`` with ``allowed (B|1, 1, n, m)``; returns ``(out, lse)`` (lse -inf, out 0 if none)."""
+    ``j (m,)`` with ``allowed (B|1, 1, n, m)``; returns ``(out, lse)``.
+
+    A row with no allowed key gets out 0 and lse -inf, with finite (zero) gradients.
+    """
     batch, heads = q.shape[:2]
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B, H, n, m)
     if score_mod is not None:
@@ -364,8 +371,10 @@ def _dense_part(
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     p = torch.exp(scores - m)
     den = p.sum(dim=-1, keepdim=True)
-    out = torch.matmul(p, v) / den.clamp_min(torch.finfo(den.dtype).tiny)
-    return out, (m + den.log()).squeeze(-1)
+    safe = den.clamp_min(torch.finfo(den.dtype).tiny)
+    out = torch.matmul(p, v) / safe  # empty rows: 0
+    lse = torch.where(den > 0, m + safe.log(), torch.full_like(m, float("-inf")))
+    return out, lse.squeeze(-1)
 
 
 def _merge(o1: Tensor, l1: Tensor, o2: Tensor, l2: Tensor) -> Tensor:
