@@ -30,7 +30,9 @@ approximate       native                                       native
   variants on CPU in both passes and ``flex`` stays selectable by name for forward-only
   sweeps. ``sdpa`` unmasked / ``is_causal`` is PyTorch's fused flash path (O(N) memory) for
   full and causal. ``chunked`` computes a score_mod per query chunk in O(chunk*N) memory,
-  where ``sdpa`` must materialise an N x N float bias, at the same O(N^2) time.
+  where ``sdpa`` must materialise an N x N float bias (0.5 GB at 4K for H=8, 32 GB at
+  32K); measured at 4K (relative, alibi) chunked / sdpa = 3.1 / 2.3 s forward and
+  2.2 / 2.0 s fwd+bwd, a small price for memory that stays O(chunk*N).
 * On CUDA flex has a backward pass and is the block-sparse kernel of choice; xformers'
   local/causal biases follow; the rule there is by design, not yet measured here.
 """
