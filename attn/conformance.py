@@ -39,12 +39,14 @@ from attn.base import Attention
 from attn.kernels.reference import dense_attention
 from attn.registry import attention_info, create_attention
 
-#: (B, H, Nq, Nk, D, Dv) shapes: odd lengths, B > 1, H > 1, Nq < Nk (decode), Nq > Nk
+#: (B, H, Nq, Nk, D, Dv) shapes: odd lengths, B > 1, H > 1, Nq < Nk (decode), Nq > Nk, and
+#: lengths that are multiples of typical block sizes (no padding path in blocked kernels)
 SHAPES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (2, 3, 37, 37, 16, 16),
     (2, 3, 13, 37, 16, 8),
     (1, 3, 1, 29, 16, 16),
     (2, 3, 41, 23, 16, 16),
+    (2, 3, 32, 96, 16, 16),
 )
 ATOL = {torch.float64: 1e-10, torch.float32: 1e-5}
 PROBE_LEN = 13  # sequence length of the pattern probe
