@@ -222,7 +222,7 @@ def band_attention(
     bh = batch * heads
 
     def blocks(x: Tensor, start: int, length: int) -> Tensor:  # (B, H, N, D) -> (n, BH, S, D)
-        x = _span(x, start, length).view(bh, length // s, s, x.shape[-1])
+        x = _span(x, start, length).reshape(bh, length // s, s, x.shape[-1])
         return x.transpose(0, 1).contiguous()
 
     qb = blocks(q * (1.0 / math.sqrt(dim)), 0, nb * s)  # (nb, BH, S, D), pre-scaled
