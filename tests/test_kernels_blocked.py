@@ -142,3 +142,15 @@ def test_no_n_by_n_tensor_at_300k() -> None:
             s = (q[0, 0, row] @ k[0, 0, lo:hi].T) / 4.0
             torch.testing.assert_close(out[0, 0, row], torch.softmax(s, -1) @ v[0, 0, lo:hi],
                                        atol=1e-5, rtol=0)
+
+
+def test_non_contiguous_head_split_inputs() -> None:
+    """Models split heads with a transpose: (B, N, H, D) -> (B, H, N, D), not contiguous."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 70, 3, 8, generator=gen, dtype=torch.float64)  # (B, N, H, D)
+    q = k = v = x.transpose(1, 2)
+    for band in (Band(5), Band(2, dilation=2), Band(3, num_global=2)):
+        for nq in (70, 1):
+            out = blocked_attention(q[:, :, -nq:], k, v, band, causal=True)
+            ref = dense_attention(q[:, :, -nq:], k, v, mask_mod=mask_of(band), causal=True)
+            torch.testing.assert_close(out, ref, atol=1e-10, rtol=0)
