@@ -29,6 +29,7 @@ from __future__ import annotations
 import copy
 import itertools
 from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,7 +49,12 @@ SHAPES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (2, 3, 41, 23, 16, 16),
     (2, 3, 32, 96, 16, 16),
 )
+#: the quick profile (compile-per-shape kernels): one square and one decode-like shape
+QUICK_SHAPES = SHAPES[:2]
 ATOL = {torch.float64: 1e-10, torch.float32: 1e-5}
+GRAD_ATOL = {torch.float64: 1e-9, torch.float32: 1e-4}
+PROBE_EPS = {torch.float64: 1e-12, torch.float32: 1e-6}  # "this key moved this output"
+_shapes: ContextVar[tuple[tuple[int, int, int, int, int, int], ...]] = ContextVar("shapes", default=SHAPES)
 PROBE_LEN = 13  # sequence length of the pattern probe
 
 
@@ -116,13 +122,23 @@ def check_attention(
     kernels: Sequence[str] | None = None,
     device: str | torch.device = "cpu",
     seed: int = 0,
+    quick: bool = False,
 ) -> ConformanceReport:
     """Run the conformance checks on a registered name or a factory/class.
 
     ``params``: one dict or several (default: the variant's ``example_params``).
     ``kernels``: which kernels to check (default: every kernel the variant declares).
+    ``quick``: the first parameter set and two shapes only (for kernels that compile per
+    shape, e.g. ``flex`` on CPU); every check still runs.
     """
-    device = torch.device(device)
+    token = _shapes.set(QUICK_SHAPES if quick else SHAPES)
+    try:
+        return _check_all(attention, params, kernels, torch.device(device), seed, quick)
+    finally:
+        _shapes.reset(token)
+
+
+def _check_all(attention, params, kernels, device: torch.device, seed: int, quick: bool) -> ConformanceReport:
     if isinstance(attention, str):
         name = attention
         param_sets = list(attention_info(name).example_params)
@@ -139,6 +155,8 @@ def check_attention(
 
     if params is not None:
         param_sets = [params] if isinstance(params, dict) else list(params)
+    if quick:
+        param_sets = param_sets[:1]
     report = ConformanceReport(name)
     for p in param_sets:
         heads, dim = SHAPES[0][1], SHAPES[0][4]
@@ -196,6 +214,15 @@ def _supported(module: Attention, kernel: str, device, dtype, causal, grad) -> l
     return module.supports(device, dtype, causal, grad, kernel=kernel)
 
 
+def _precision(module: Attention, kernel: str, device, grad: bool) -> torch.dtype | None:
+    """float64 where the kernel supports it (tightest checks), else float32, else None."""
+    causal = _causal_options(module)[0]
+    for dtype in (torch.float64, torch.float32):
+        if not _supported(module, kernel, device, dtype, causal, grad):
+            return dtype
+    return None
+
+
 def _causal_options(module: Attention) -> tuple[bool, ...]:
     if module.forces_causal:
         return (True,)
@@ -228,7 +255,7 @@ def _where_differs(diff: Tensor, q_len: int, k_len: int) -> str:
 
 
 def _cases(module: Attention, device: torch.device) -> Iterator[tuple]:
-    for shape in SHAPES:
+    for shape in _shapes.get():
         batch, _, q_len, k_len = shape[:4]
         for causal in _causal_options(module):
             for masked in (False, True):
@@ -339,13 +366,16 @@ def _check_reference(module, kernel, device, seed) -> str | None:
 
 @_check("gradients")
 def _check_gradients(module, kernel, device, seed) -> str | None:
-    module = copy.deepcopy(module).to(torch.float64)
+    dtype = _precision(module, kernel, device, grad=True)
+    if dtype is None:
+        return "kernel supports neither float64 nor float32 here"
+    module = copy.deepcopy(module).to(dtype)
 
     def body(shape, causal, key_mask) -> None:
-        where = _describe(shape, torch.float64, causal, key_mask)
-        q, k, v = (t.requires_grad_() for t in _inputs(shape, torch.float64, device, seed))
+        where = _describe(shape, dtype, causal, key_mask)
+        q, k, v = (t.requires_grad_() for t in _inputs(shape, dtype, device, seed))
         gen = torch.Generator().manual_seed(seed + 3)
-        weight = torch.randn(shape[0], shape[1], shape[2], shape[5], generator=gen, dtype=torch.float64)
+        weight = torch.randn(shape[0], shape[1], shape[2], shape[5], generator=gen, dtype=dtype)
         module.zero_grad(set_to_none=True)
         (_run(module, q, k, v, causal, key_mask) * weight.to(device)).sum().backward()
         grads = [("q", q.grad), ("k", k.grad), ("v", v.grad)] + [
@@ -369,10 +399,12 @@ def _check_gradients(module, kernel, device, seed) -> str | None:
         ]
         for (label, grad), ref_grad in zip(grads, ref_grads):
             err = float((grad - ref_grad).abs().max())
-            if not err <= 1e-9:
-                raise _Failure(f"gradient of {label} differs from the reference by {err:.3g} > 1e-9 [{where}]")
+            if not err <= GRAD_ATOL[dtype]:
+                raise _Failure(
+                    f"gradient of {label} differs from the reference by {err:.3g} > {GRAD_ATOL[dtype]:g} [{where}]"
+                )
 
-    ran = _for_cases(module, kernel, device, torch.float64, True, body)
+    ran = _for_cases(module, kernel, device, dtype, True, body)
     return None if ran else "kernel supports no backward pass on this device"
 
 
@@ -380,14 +412,17 @@ def _check_gradients(module, kernel, device, seed) -> str | None:
 def _check_pattern(module, kernel, device, seed) -> str | None:
     if not module.exact:
         return "approximate variant: no exact pattern"
-    module = copy.deepcopy(module).to(torch.float64)
+    dtype = _precision(module, kernel, device, grad=False)
+    if dtype is None:
+        return "kernel supports neither float64 nor float32 here"
+    module = copy.deepcopy(module).to(dtype)
     ran = False
     shape = (1, 3, PROBE_LEN, PROBE_LEN, 16, 16)
     for causal in _causal_options(module):
-        if _supported(module, kernel, device, torch.float64, causal, False):
+        if _supported(module, kernel, device, dtype, causal, False):
             continue
         ran = True
-        q, k, v = _inputs(shape, torch.float64, device, seed)
+        q, k, v = _inputs(shape, dtype, device, seed)
         effective = _effective_pattern(module, q, k, v, causal)  # (H, N, N)
         from attn.mods import dense_allowed
 
@@ -423,7 +458,7 @@ def _effective_pattern(module: Attention, q, k, v, causal) -> Tensor:
             v2 = v.clone()
             v2[:, :, j] += 1.0
             moved = (_run(module, q, k, v2, causal, None) - base).abs().amax(-1)[0]  # (H, N)
-            cols.append(moved > 1e-12)
+            cols.append(moved > PROBE_EPS[q.dtype])
     return torch.stack(cols, dim=-1)  # (H, Nq, Nk)
 
 
@@ -431,13 +466,16 @@ def _effective_pattern(module: Attention, q, k, v, causal) -> Tensor:
 def _check_causal(module, kernel, device, seed) -> str | None:
     if not (module.supports_causal or module.forces_causal):
         return "variant has no causal form"
-    module = copy.deepcopy(module).to(torch.float64)
+    dtype = _precision(module, kernel, device, grad=False)
+    if dtype is None:
+        return "kernel supports neither float64 nor float32 here"
+    module = copy.deepcopy(module).to(dtype)
     ran = False
     for shape in ((2, 3, 37, 37, 16, 16), (2, 3, 13, 37, 16, 16)):
-        if _supported(module, kernel, device, torch.float64, True, False):
+        if _supported(module, kernel, device, dtype, True, False):
             continue
         ran = True
-        q, k, v = _inputs(shape, torch.float64, device, seed)
+        q, k, v = _inputs(shape, dtype, device, seed)
         q_len, k_len = shape[2], shape[3]
         with torch.no_grad():
             base = _run(module, q, k, v, True, None)
@@ -450,7 +488,7 @@ def _check_causal(module, kernel, device, seed) -> str | None:
                 if rows <= 0:
                     continue
                 moved = float((out[:, :, :rows] - base[:, :, :rows]).abs().max())
-                if moved > 1e-10:
+                if moved > ATOL[dtype]:
                     raise _Failure(
                         f"future leakage under causal=True: outputs at positions <= {t} changed by "
                         f"{moved:.3g} when keys/values at positions > {t} were perturbed "
@@ -461,20 +499,23 @@ def _check_causal(module, kernel, device, seed) -> str | None:
 
 @_check("key_mask")
 def _check_key_mask(module, kernel, device, seed) -> str | None:
-    module = copy.deepcopy(module).to(torch.float64)
+    dtype = _precision(module, kernel, device, grad=False)
+    if dtype is None:
+        return "kernel supports neither float64 nor float32 here"
+    module = copy.deepcopy(module).to(dtype)
 
     def body(shape, causal, _unused) -> None:
         batch, _, _, k_len = shape[:4]
         key_mask = _key_mask(batch, k_len, device, seed)
-        q, k, v = _inputs(shape, torch.float64, device, seed)
-        where = _describe(shape, torch.float64, causal, key_mask)
+        q, k, v = _inputs(shape, dtype, device, seed)
+        where = _describe(shape, dtype, causal, key_mask)
         with torch.no_grad():
             base = _run(module, q, k, v, causal, key_mask)
             pad = ~key_mask[:, None, :, None]  # (B, 1, Nk, 1)
             k2 = torch.where(pad, torch.randn_like(k) * 5, k)
             v2 = torch.where(pad, torch.randn_like(v) * 5, v)
             moved = float((_run(module, q, k2, v2, causal, key_mask) - base).abs().max())
-            if moved > 1e-10:
+            if moved > ATOL[dtype]:
                 raise _Failure(
                     f"key_mask ignored: output changed by {moved:.3g} when padded keys/values "
                     f"(key_mask=False) were perturbed [{where}]"
@@ -490,24 +531,27 @@ def _check_key_mask(module, kernel, device, seed) -> str | None:
                     f"{float(out[0].abs().max()):.3g} [{where}]"
                 )
 
-    return None if _for_cases(module, kernel, device, torch.float64, False, body) else NONE_RAN
+    return None if _for_cases(module, kernel, device, dtype, False, body) else NONE_RAN
 
 
 @_check("batch_independence")
 def _check_batch(module, kernel, device, seed) -> str | None:
-    module = copy.deepcopy(module).to(torch.float64)
+    dtype = _precision(module, kernel, device, grad=False)
+    if dtype is None:
+        return "kernel supports neither float64 nor float32 here"
+    module = copy.deepcopy(module).to(dtype)
     shape = (3, 3, 21, 21, 16, 16)
     causal = _causal_options(module)[-1]
-    if reasons := _supported(module, kernel, device, torch.float64, causal, False):
+    if reasons := _supported(module, kernel, device, dtype, causal, False):
         return "; ".join(reasons)
-    q, k, v = _inputs(shape, torch.float64, device, seed)
+    q, k, v = _inputs(shape, dtype, device, seed)
     key_mask = _key_mask(3, 21, device, seed)
     with torch.no_grad():
         together = _run(module, q, k, v, causal, key_mask)
         for b in range(3):
             alone = _run(module, q[b:b + 1], k[b:b + 1], v[b:b + 1], causal, key_mask[b:b + 1])
             moved = float((alone - together[b:b + 1]).abs().max())
-            if moved > 1e-10:
+            if moved > ATOL[dtype]:
                 raise _Failure(
                     f"batch element {b} differs by {moved:.3g} when run alone: outputs depend on "
                     "other batch elements"

@@ -16,6 +16,8 @@ class Kernel:
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    #: True when every new call shape costs a compilation (tests use the kit's quick profile)
+    compiles_per_shape: ClassVar[bool] = False
 
     def supports(
         self,

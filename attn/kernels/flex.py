@@ -73,6 +73,7 @@ class _Entry:
 class FlexKernel(Kernel):
     """Compiled FlexAttention with cached block masks and per-shape compiled functions."""
 
+    compiles_per_shape = True
     name = "flex"
     description = "torch flex_attention compiled (block-sparse), block masks cached per shape"
 
