@@ -27,6 +27,7 @@ does not support a call is reported as skipped with its reason):
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 from collections.abc import Callable, Iterator, Sequence
 from contextvars import ContextVar
@@ -316,52 +317,53 @@ def _for_cases(module: Attention, kernel: str, device, dtype, grad: bool, body) 
 NONE_RAN = "kernel supports none of the cases on this device"
 
 
-@_check("shape_dtype_finite")
-def _check_shape(module, kernel, device, seed) -> str | None:
+def _for_both_precisions(module: Attention, kernel: str, device, body) -> bool:
+    """``_for_cases`` in float64 and float32 on a copy of ``module`` in each precision;
+    ``body(typed_module, dtype, shape, causal, key_mask)``."""
     ran = False
     for dtype in (torch.float64, torch.float32):
         typed = copy.deepcopy(module).to(dtype)
+        ran |= _for_cases(typed, kernel, device, dtype, False, functools.partial(body, typed, dtype))
+    return ran
 
-        def body(shape, causal, key_mask, typed=typed, dtype=dtype) -> None:
-            q, k, v = _inputs(shape, dtype, device, seed)
-            with torch.no_grad():
-                out = _run(typed, q, k, v, causal, key_mask)
-            b, h, nq, _, _, dv = shape
-            where = _describe(shape, dtype, causal, key_mask)
-            if tuple(out.shape) != (b, h, nq, dv):
-                raise _Failure(f"output shape {tuple(out.shape)} != (B, H, Nq, Dv) {(b, h, nq, dv)} [{where}]")
-            if out.dtype != dtype:
-                raise _Failure(f"output dtype {out.dtype} != input dtype {dtype} [{where}]")
-            if not torch.isfinite(out).all():
-                raise _Failure(f"output has NaN/inf [{where}]")
 
-        ran |= _for_cases(typed, kernel, device, dtype, False, body)
-    return None if ran else NONE_RAN
+@_check("shape_dtype_finite")
+def _check_shape(module, kernel, device, seed) -> str | None:
+    def body(typed, dtype, shape, causal, key_mask) -> None:
+        q, k, v = _inputs(shape, dtype, device, seed)
+        with torch.no_grad():
+            out = _run(typed, q, k, v, causal, key_mask)
+        b, h, nq, _, _, dv = shape
+        where = _describe(shape, dtype, causal, key_mask)
+        if tuple(out.shape) != (b, h, nq, dv):
+            raise _Failure(f"output shape {tuple(out.shape)} != (B, H, Nq, Dv) {(b, h, nq, dv)} [{where}]")
+        if out.dtype != dtype:
+            raise _Failure(f"output dtype {out.dtype} != input dtype {dtype} [{where}]")
+        if not torch.isfinite(out).all():
+            raise _Failure(f"output has NaN/inf [{where}]")
+
+    return None if _for_both_precisions(module, kernel, device, body) else NONE_RAN
 
 
 @_check("matches_reference")
 def _check_reference(module, kernel, device, seed) -> str | None:
     if not module.exact:
         return "approximate variant: compared with full attention by 'converges'"
-    ran = False
-    for dtype in (torch.float64, torch.float32):
-        typed = copy.deepcopy(module).to(dtype)
 
-        def body(shape, causal, key_mask, typed=typed, dtype=dtype) -> None:
-            q, k, v = _inputs(shape, dtype, device, seed)
-            with torch.no_grad():
-                out = _run(typed, q, k, v, causal, key_mask)
-                ref = _reference(module, q, k, v, causal, key_mask)
-            diff = (out.double() - ref).abs()
-            if not float(diff.max()) <= ATOL[dtype]:
-                raise _Failure(
-                    f"differs from the dense reference of its own mask_mod/score_mod: max |out - ref| = "
-                    f"{float(diff.max()):.3g} > atol {ATOL[dtype]:g} "
-                    f"{_where_differs(diff, shape[2], shape[3])} [{_describe(shape, dtype, causal, key_mask)}]"
-                )
+    def body(typed, dtype, shape, causal, key_mask) -> None:
+        q, k, v = _inputs(shape, dtype, device, seed)
+        with torch.no_grad():
+            out = _run(typed, q, k, v, causal, key_mask)
+            ref = _reference(module, q, k, v, causal, key_mask)
+        diff = (out.double() - ref).abs()
+        if not float(diff.max()) <= ATOL[dtype]:
+            raise _Failure(
+                f"differs from the dense reference of its own mask_mod/score_mod: max |out - ref| = "
+                f"{float(diff.max()):.3g} > atol {ATOL[dtype]:g} "
+                f"{_where_differs(diff, shape[2], shape[3])} [{_describe(shape, dtype, causal, key_mask)}]"
+            )
 
-        ran |= _for_cases(typed, kernel, device, dtype, False, body)
-    return None if ran else NONE_RAN
+    return None if _for_both_precisions(module, kernel, device, body) else NONE_RAN
 
 
 @_check("gradients")
