@@ -12,6 +12,7 @@ tokens up to and including EOS. ``alpha = 0`` (the default) ranks by plain log-p
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -29,14 +30,18 @@ def length_penalty(length: Tensor, alpha: float) -> Tensor:
     return ((5.0 + length.to(torch.float32)) / 6.0) ** alpha
 
 
-@torch.no_grad()
-def greedy_search(
-    session: DecodeSession, tokens: Tensor, max_new_tokens: int, eos_id: int | None = None
+def _extend(
+    session: DecodeSession,
+    tokens: Tensor,
+    max_new_tokens: int,
+    eos_id: int | None,
+    pick: Callable[[Tensor], Tensor],
 ) -> Tensor:
-    """Append the argmax token ``max_new_tokens`` times; after EOS a row repeats EOS."""
+    """Append ``pick(next_logits) -> (B,)`` tokens ``max_new_tokens`` times; after EOS a row
+    repeats EOS, and decoding stops once every row has ended."""
     done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     for _ in range(max_new_tokens):
-        nxt = session.next_logits(tokens).argmax(dim=-1)  # (B,)
+        nxt = pick(session.next_logits(tokens))  # (B,)
         if eos_id is not None:
             nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
             done |= nxt == eos_id
@@ -44,6 +49,14 @@ def greedy_search(
         if eos_id is not None and bool(done.all()):
             break
     return tokens
+
+
+@torch.no_grad()
+def greedy_search(
+    session: DecodeSession, tokens: Tensor, max_new_tokens: int, eos_id: int | None = None
+) -> Tensor:
+    """Append the argmax token ``max_new_tokens`` times; after EOS a row repeats EOS."""
+    return _extend(session, tokens, max_new_tokens, eos_id, lambda logits: logits.argmax(dim=-1))
 
 
 @torch.no_grad()
@@ -59,20 +72,15 @@ def sample(
     """Ancestral sampling with temperature and optional top-k truncation."""
     if temperature <= 0:
         raise ValueError(f"temperature: must be > 0; got {temperature}")
-    done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
-    for _ in range(max_new_tokens):
-        logits = session.next_logits(tokens).float() / temperature  # (B, V)
+
+    def pick(logits: Tensor) -> Tensor:
+        logits = logits.float() / temperature  # (B, V)
         if top_k is not None:
             kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
             logits = logits.masked_fill(logits < kth, float("-inf"))
-        nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)[:, 0]
-        if eos_id is not None:
-            nxt = torch.where(done, torch.full_like(nxt, eos_id), nxt)
-            done |= nxt == eos_id
-        tokens = torch.cat([tokens, nxt[:, None]], dim=1)
-        if eos_id is not None and bool(done.all()):
-            break
-    return tokens
+        return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)[:, 0]
+
+    return _extend(session, tokens, max_new_tokens, eos_id, pick)
 
 
 @torch.no_grad()
