@@ -19,8 +19,10 @@ module = create_attention("full", kernel="reference")
 q, k, v = (torch.randn(1, {HEADS}, {N}, {DIM}) for _ in range(3))
 rss = lambda: int(open("/proc/self/status").read().split("VmRSS:")[1].split()[0]) * 1024
 with torch.no_grad():
+    small = q[:, :, :16].contiguous()
+    module(small, small, small)  # load kernels, start the thread pool: not part of the case
     before = rss()
-    module(q, k, v)  # first call: its peak is the process's peak so far
+    module(q, k, v)  # first full-size call: its peak is the process's peak so far
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     times = []
     for _ in range(7):
