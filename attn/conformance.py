@@ -215,13 +215,18 @@ def _supported(module: Attention, kernel: str, device, dtype, causal, grad) -> l
     return module.supports(device, dtype, causal, grad, kernel=kernel)
 
 
-def _precision(module: Attention, kernel: str, device, grad: bool) -> torch.dtype | None:
-    """float64 where the kernel supports it (tightest checks), else float32, else None."""
+class _Skip(Exception):
+    """Raised inside a check to skip it with a reason."""
+
+
+def _in_precision(module: Attention, kernel: str, device, grad: bool) -> tuple[Attention, torch.dtype]:
+    """A copy of ``module`` in float64 where the kernel supports it (tightest checks), else
+    float32; the check is skipped when the kernel supports neither."""
     causal = _causal_options(module)[0]
     for dtype in (torch.float64, torch.float32):
         if not _supported(module, kernel, device, dtype, causal, grad):
-            return dtype
-    return None
+            return copy.deepcopy(module).to(dtype), dtype
+    raise _Skip("kernel supports neither float64 nor float32 here")
 
 
 def _causal_options(module: Attention) -> tuple[bool, ...]:
@@ -282,6 +287,8 @@ def _check(name: str):
                 skipped = body(module, kernel, device, seed)
             except _NotSupported as err:
                 return [CheckResult(name, kernel, params, "skip", f"refused: {err}")]
+            except _Skip as err:
+                return [CheckResult(name, kernel, params, "skip", str(err))]
             except _Failure as fail:
                 return [CheckResult(name, kernel, params, "fail", str(fail))]
             except Exception as err:
@@ -368,10 +375,7 @@ def _check_reference(module, kernel, device, seed) -> str | None:
 
 @_check("gradients")
 def _check_gradients(module, kernel, device, seed) -> str | None:
-    dtype = _precision(module, kernel, device, grad=True)
-    if dtype is None:
-        return "kernel supports neither float64 nor float32 here"
-    module = copy.deepcopy(module).to(dtype)
+    module, dtype = _in_precision(module, kernel, device, grad=True)
 
     def body(shape, causal, key_mask) -> None:
         where = _describe(shape, dtype, causal, key_mask)
@@ -414,10 +418,7 @@ def _check_gradients(module, kernel, device, seed) -> str | None:
 def _check_pattern(module, kernel, device, seed) -> str | None:
     if not module.exact:
         return "approximate variant: no exact pattern"
-    dtype = _precision(module, kernel, device, grad=False)
-    if dtype is None:
-        return "kernel supports neither float64 nor float32 here"
-    module = copy.deepcopy(module).to(dtype)
+    module, dtype = _in_precision(module, kernel, device, grad=False)
     ran = False
     shape = (1, 3, PROBE_LEN, PROBE_LEN, 16, 16)
     for causal in _causal_options(module):
@@ -468,10 +469,7 @@ def _effective_pattern(module: Attention, q, k, v, causal) -> Tensor:
 def _check_causal(module, kernel, device, seed) -> str | None:
     if not (module.supports_causal or module.forces_causal):
         return "variant has no causal form"
-    dtype = _precision(module, kernel, device, grad=False)
-    if dtype is None:
-        return "kernel supports neither float64 nor float32 here"
-    module = copy.deepcopy(module).to(dtype)
+    module, dtype = _in_precision(module, kernel, device, grad=False)
     ran = False
     for shape in ((2, 3, 37, 37, 16, 16), (2, 3, 13, 37, 16, 16)):
         if _supported(module, kernel, device, dtype, True, False):
@@ -501,10 +499,7 @@ def _check_causal(module, kernel, device, seed) -> str | None:
 
 @_check("key_mask")
 def _check_key_mask(module, kernel, device, seed) -> str | None:
-    dtype = _precision(module, kernel, device, grad=False)
-    if dtype is None:
-        return "kernel supports neither float64 nor float32 here"
-    module = copy.deepcopy(module).to(dtype)
+    module, dtype = _in_precision(module, kernel, device, grad=False)
 
     def body(shape, causal, _unused) -> None:
         batch, _, _, k_len = shape[:4]
@@ -538,10 +533,7 @@ def _check_key_mask(module, kernel, device, seed) -> str | None:
 
 @_check("batch_independence")
 def _check_batch(module, kernel, device, seed) -> str | None:
-    dtype = _precision(module, kernel, device, grad=False)
-    if dtype is None:
-        return "kernel supports neither float64 nor float32 here"
-    module = copy.deepcopy(module).to(dtype)
+    module, dtype = _in_precision(module, kernel, device, grad=False)
     shape = (3, 3, 21, 21, 16, 16)
     causal = _causal_options(module)[-1]
     if reasons := _supported(module, kernel, device, dtype, causal, False):

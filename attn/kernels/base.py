@@ -30,6 +30,12 @@ class Kernel:
         """Reasons this kernel cannot run ``attention`` for such a call; [] = supported."""
         return []
 
+    def exactness_reasons(self, attention: Attention) -> list[str]:
+        """[] for an exact variant; else the reason this (exact-attention) kernel cannot run it."""
+        if attention.exact:
+            return []
+        return [f"{attention.name} is approximate; {self.name} computes exact attention only"]
+
     def run(
         self,
         attention: Attention,

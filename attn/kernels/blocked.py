@@ -448,8 +448,8 @@ class BlockedKernel(Kernel):
     description = "banded query/key blocks (sliding window, dilated, global tokens), O(N*w)"
 
     def supports(self, attention, device, dtype, causal, requires_grad) -> list[str]:
-        if not attention.exact:
-            return [f"{attention.name} is approximate; blocked computes exact banded attention"]
+        if reasons := self.exactness_reasons(attention):
+            return reasons
         if attention.band() is None:
             return [f"{attention.name} has no banded structure (band() is None)"]
         return []

@@ -105,9 +105,7 @@ class ChunkedKernel(Kernel):
     description = "dense attention over query chunks with per-chunk checkpointing, O(chunk*N) memory"
 
     def supports(self, attention, device, dtype, causal, requires_grad) -> list[str]:
-        if not attention.exact:
-            return [f"{attention.name} is approximate; chunked computes exact attention only"]
-        return []
+        return self.exactness_reasons(attention)
 
     def run(self, attention: Attention, q, k, v, causal, key_mask):
         params = tuple(attention.parameters())

@@ -84,9 +84,7 @@ class FlexKernel(Kernel):
         self._shared: dict[tuple[type, str], dict[tuple, _Entry]] = {}
 
     def supports(self, attention, device, dtype, causal, requires_grad) -> list[str]:
-        reasons = []
-        if not attention.exact:
-            reasons.append(f"{attention.name} is approximate; flex computes exact attention only")
+        reasons = self.exactness_reasons(attention)
         if torch.device(device).type == "cpu":
             if requires_grad:
                 reasons.append("flex has no backward on CPU in this torch (forward only)")

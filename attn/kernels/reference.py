@@ -48,9 +48,7 @@ class ReferenceKernel(Kernel):
     description = "dense materialised attention from the mask_mod/score_mod (ground truth)"
 
     def supports(self, attention, device, dtype, causal, requires_grad) -> list[str]:
-        if not attention.exact:
-            return [f"{attention.name} is approximate; it has no dense reference"]
-        return []
+        return self.exactness_reasons(attention)
 
     def run(self, attention: Attention, q, k, v, causal, key_mask):
         out = dense_attention(

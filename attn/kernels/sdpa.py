@@ -23,9 +23,7 @@ class SdpaKernel(Kernel):
     description = "torch scaled_dot_product_attention (is_causal or a materialised mask)"
 
     def supports(self, attention, device, dtype, causal, requires_grad) -> list[str]:
-        if not attention.exact:
-            return [f"{attention.name} is approximate; sdpa computes exact attention only"]
-        return []
+        return self.exactness_reasons(attention)
 
     def run(self, attention: Attention, q, k, v, causal, key_mask):
         batch, heads, q_len, _ = q.shape

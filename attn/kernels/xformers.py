@@ -61,8 +61,7 @@ class XformersKernel(Kernel):
             reasons.append("CUDA is not available")
         if dtype not in (torch.float16, torch.bfloat16, torch.float32):
             reasons.append(f"xformers supports float16/bfloat16/float32, not {dtype}")
-        if not attention.exact:
-            reasons.append(f"{attention.name} is approximate; xformers computes exact attention")
+        reasons += self.exactness_reasons(attention)
         band = attention.band()
         if band is None and attention.mask_mod() is not None:
             reasons.append(f"{attention.name}: its mask has no xformers attn_bias form")
