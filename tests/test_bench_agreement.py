@@ -40,13 +40,19 @@ print(json.dumps({{"time_ms": statistics.median(times) * 1e3, "peak": peak}}))
 
 @pytest.mark.slow
 def test_harness_matches_an_independent_reading():
-    plain = json.loads(subprocess.run([sys.executable, "-c", PLAIN], capture_output=True,
-                                      text=True, check=True).stdout)
+    """Up to three tries: a neighbour on this shared CPU can slow one reading of the pair; a
+    harness that is biased (warm-up timed, wrong units, inputs counted) misses every try."""
     case = Case(variant="full", label="full", params=(), kernel="reference", seq_len=N, batch=1,
                 heads=HEADS, head_dim=DIM, dtype="float32", device="cpu", causal=False,
                 passes=("fwd",), repeats=7, warmup=1, timeout_s=120, max_memory_gb=None,
                 threads=None, time_budget_s=60, plugins=())
-    (row,) = run_case(case)
-    assert row["status"] == "ok", row["reason"]
+    for _ in range(3):
+        plain = json.loads(subprocess.run([sys.executable, "-c", PLAIN], capture_output=True,
+                                          text=True, check=True).stdout)
+        (row,) = run_case(case)
+        assert row["status"] == "ok", row["reason"]
+        if (row["time_ms"] == pytest.approx(plain["time_ms"], rel=0.2)
+                and row["peak_mem_bytes"] == pytest.approx(plain["peak"], rel=0.2)):
+            return
     assert row["time_ms"] == pytest.approx(plain["time_ms"], rel=0.2)
     assert row["peak_mem_bytes"] == pytest.approx(plain["peak"], rel=0.2)

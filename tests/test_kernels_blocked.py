@@ -38,10 +38,10 @@ def inputs(nq: int, nk: int, dtype=torch.float64, batch=2, heads=3, dim=8, seed=
 
 
 def compare(band, nq, nk, causal, key_mask, score_mod=None, params=(), dtype=torch.float64,
-            atol=1e-10, block=None):
+            atol=1e-10, block=None, chunk=None):
     q, k, v = inputs(nq, nk, dtype)
     out = blocked_attention(q, k, v, band, causal=causal, key_mask=key_mask, score_mod=score_mod,
-                            block=block)
+                            block=block, chunk=chunk)
     ref = dense_attention(q, k, v, mask_mod=mask_of(band), score_mod=score_mod, causal=causal,
                           key_mask=key_mask)
     assert torch.isfinite(out).all()
@@ -86,6 +86,22 @@ def test_block_sizes_and_float32(block: int) -> None:
     for nq in (100, 129, 257):
         compare(Band(20), nq, nq, False, None, dtype=torch.float32, atol=1e-5, block=block)
         compare(Band(33), nq, nq, True, None, dtype=torch.float32, atol=1e-5, block=block)
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+@pytest.mark.parametrize("band", [Band(5), Band(3, dilation=3), Band(4, num_global=3)], ids=str)
+def test_many_chunks_interior_views_and_local_key_masks(band: Band, chunk: int) -> None:
+    """Long enough for interior blocks (read through strided views) between the padded end
+    blocks, cut into several chunks; masked keys in one region only, so some chunks carry the
+    key bias and others skip it."""
+    key_mask = torch.ones(2, 230, dtype=torch.bool)
+    key_mask[0, 100:111] = False
+    key_mask[1, 7] = False
+    bias = RelativePositionBias("learned", 3, 9).double()
+    for causal in (False, True):
+        compare(band, 230, 230, causal, key_mask, block=16, chunk=chunk)
+        compare(band, 150, 230, causal, None, bias.score_mod(), tuple(bias.parameters()), block=16,
+                chunk=chunk)
 
 
 def test_window_boundary_is_inclusive() -> None:

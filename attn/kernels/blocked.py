@@ -1,59 +1,49 @@
-"""The ``blocked`` kernel: banded attention in O(N*w) time and O(N) extra memory, any device.
+"""The ``blocked`` kernel: banded attention in O(N*w) time and memory, any device, autograd.
 
-Queries are cut into blocks of ``S`` rows; block ``t`` attends to the ``nw`` key blocks
-around it (``nl`` to the left, ``nr`` to the right, ``L = nw * S`` keys), read as a strided
-*view* of the zero-padded keys (``unfold``, no copy). Band edges are one additive
-``(S, L)`` mask shared by every block; padding and ``key_mask`` are one additive bias per key.
-Blocks are processed in chunks (a few MB of scores each, so the softmax stays in cache) and
-the backward pass recomputes scores from the saved log-sum-exp (as flash attention does):
-no ``N x N`` and no ``N x L`` tensor is ever stored, forward or backward.
+Queries are cut into blocks of ``S`` rows; block ``t`` attends to the ``L = nw * S`` keys
+around it (``nl`` blocks to the left, ``nr`` to the right). The work is done per *stream*
+(one batch element, head and, for dilated patterns, residue class) on plain 2-D views of the
+caller's tensors: the key windows of a run of blocks are one strided view (``as_strided``,
+no copy), so each chunk of blocks is one ``baddbmm`` for the scores (scale and band edges
+fused in), one softmax and one ``bmm`` for the output, written straight into the output.
+Only the blocks at the ends of a stream, whose window leaves ``[0, Nk)``, go through small
+zero-padded copies. The backward pass recomputes the scores from the saved log-sum-exp (as
+flash attention does). No ``N x N``, no ``N x L`` tensor and no padded copy of the inputs is
+made, forward or backward: on CPU every large allocation costs page faults, so the kernel
+allocates the output (and the three input gradients) and nothing else of size ``N``.
 
 Patterns (:class:`attn.Band`):
 
 * sliding window ``|i - j| <= w``: the band itself;
-* dilated ``(i - j) % r == 0 and |i - j| <= r*w``: positions are regrouped by residue mod
-  ``r`` (a free reshape after padding), which turns the pattern into a plain window ``w`` on
-  each of the ``r`` subsequences, folded into the head dimension;
+* dilated ``(i - j) % r == 0 and |i - j| <= r*w``: each residue class ``c`` of positions
+  (rows ``c::r``, a strided view) is a plain window ``w`` over its own keys;
 * global tokens ``i < g or j < g or band``: rows ``i < g`` are dense (O(g*N)); the other rows
-  combine the band (keys ``j < g`` removed from it) with ``g`` dense global columns through
-  their log-sum-exps, which is the same softmax over the union.
+  take the band (keys ``j < g`` removed from it) and the ``g`` global columns in one softmax.
 
-A position bias (score_mod) is evaluated on the band only (``(B|1, H, nb, S, L)``, O(N*w))
-and receives gradients. Rows with no allowed key give zeros, forward and backward.
+A position bias (score_mod) is evaluated on the computed blocks only (O(N*L)) and receives
+gradients. Rows with no allowed key give zeros, forward and backward.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from attn.base import Attention, Band, KernelPath
 from attn.kernels.base import Kernel
 from attn.mods import ScoreMod
 
-#: target size of one chunk of scores (elements); keeps the softmax passes in cache
-CHUNK_ELEMENTS = 1 << 21
-#: cap on the number of chunks: every op is an OpenMP region, and on a shared CPU a region
-#: waits for its slowest thread, so fewer, larger ops are faster (memory stays O(N*w / 16))
-MAX_CHUNKS = 16
+#: scores per chunk of blocks (elements): ~4 MB in fp32, so the softmax passes stay in cache
+CHUNK_ELEMENTS = 1 << 20
 
 
 def block_size(window: int) -> int:
     """Query block size for a window: about ``w/2`` (so ``L = S + 2w`` wastes ~25%), 16..64."""
     return max(16, min(64, window // 2 if window >= 32 else window))
-
-
-def _span(x: Tensor, start: int, length: int) -> Tensor:
-    """Rows ``[start, start + length)`` of ``x (..., N, D)`` along dim -2, zero outside ``[0, N)``."""
-    n = x.shape[-2]
-    lo, hi = max(start, 0), min(start + length, n)
-    if hi <= lo:
-        return x.new_zeros(*x.shape[:-2], length, x.shape[-1])
-    return F.pad(x[..., lo:hi, :], (0, 0, lo - start, start + length - hi))
 
 
 def band_edges(s: int, nl: int, nr: int, window: int, causal: bool, dtype: torch.dtype,
@@ -71,284 +61,357 @@ def band_edges(s: int, nl: int, nr: int, window: int, causal: bool, dtype: torch
     return torch.zeros(ok.shape, dtype=dtype, device=device).masked_fill_(~ok, float("-inf"))
 
 
-def _chunks(nb: int, per_block: int) -> list[tuple[int, int]]:
-    """Block ranges of about ``CHUNK_ELEMENTS`` scores, at most ``MAX_CHUNKS`` of them."""
-    step = max(1, CHUNK_ELEMENTS // max(per_block, 1), math.ceil(nb / MAX_CHUNKS))
-    return [(t, min(t + step, nb)) for t in range(0, nb, step)]
+@dataclass(frozen=True)
+class _Geometry:
+    """Block layout of one call: block ``S``, ``nl``/``nr`` key blocks left/right, chunking."""
+
+    s: int
+    nl: int
+    nr: int
+    chunk: int  # blocks per chunk
+
+    @property
+    def nw(self) -> int:
+        return self.nl + 1 + self.nr
+
+    @property
+    def length(self) -> int:  # L, keys per query block
+        return self.nw * self.s
 
 
-def _bmm_into(out: Tensor, a: Tensor, b: Tensor, accumulate: bool) -> None:
-    """``out (c, BH, m, n) (+)= a (c, BH, m, k) @ b (c, BH, k, n)`` with no copies."""
-    o3 = out.view(-1, *out.shape[-2:])
-    a3, b3 = a.reshape(-1, *a.shape[-2:]), b.reshape(-1, *b.shape[-2:])
-    if accumulate:
-        o3.baddbmm_(a3, b3)
-    else:
-        torch.bmm(a3, b3, out=o3)
+@dataclass(frozen=True)
+class _Stream:
+    """One (batch, head, residue class): rows ``q_rows`` of the queries, ``k_rows`` of the keys.
+
+    In the stream's own coordinates query row ``m`` sits at position ``q_offset + m`` and key
+    row ``n`` at ``n``; absolute positions are ``r * position + residue``. ``block0`` numbers
+    the stream's first query block among all streams (the score-bias layout).
+    """
+
+    b: int
+    h: int
+    residue: int
+    q_rows: slice
+    k_rows: slice
+    nq: int
+    nk: int
+    q_offset: int
+    block0: int
+
+    def view(self, x: Tensor, rows: slice) -> Tensor:
+        """The stream's 2-D (or 1-D) view of ``x (B|1, H|1, N, ...)``: no copy."""
+        return x[min(self.b, x.shape[0] - 1), min(self.h, x.shape[1] - 1), rows]
+
+    def chunks(self, geo: _Geometry) -> list[tuple[int, int, bool]]:
+        """Block ranges ``(t0, t1, interior)``; interior blocks are full and their window lies
+        inside ``[0, nk)``, so they read the inputs through views; the rest are padded copies."""
+        s = geo.s
+        a0 = self.q_offset - geo.nl * s  # position of block 0's first window key
+        nb = -(-self.nq // s)
+        first = min(nb, max(0, -(a0 // s)))
+        last = max(first, min(self.nq // s, (self.nk - a0 - geo.length) // s + 1))
+        out = []
+        for lo, hi, interior in ((0, first, False), (first, last, True), (last, nb, False)):
+            out += [(t, min(t + geo.chunk, hi), interior) for t in range(lo, hi, geo.chunk)]
+        return out
+
+
+def _streams(batch: int, heads: int, q_len: int, k_len: int, q_offset: int, r: int,
+             s: int) -> list[_Stream]:
+    """Streams in (b, h, residue) order; residue ``c`` holds positions ``i % r == c``."""
+    streams, block0 = [], 0
+    for b in range(batch):
+        for h in range(heads):
+            for c in range(r):
+                row0 = (c - q_offset) % r  # first query row whose position is in class c
+                nq = len(range(row0, q_len, r))
+                if nq == 0:
+                    continue
+                streams.append(_Stream(b, h, c, slice(row0, None, r), slice(c, None, r), nq,
+                                       len(range(c, k_len, r)), (q_offset + row0) // r, block0))
+                block0 += -(-nq // s)
+    return streams
+
+
+def _span(x: Tensor, start: int, length: int, fill: float = 0.0) -> Tensor:
+    """Rows ``[start, start + length)`` of ``x (N, ...)`` as a new tensor, ``fill`` outside."""
+    out = x.new_full((length, *x.shape[1:]), fill)
+    lo, hi = max(start, 0), min(start + length, x.shape[0])
+    if hi > lo:
+        out[lo - start : hi - start] = x[lo:hi]
+    return out
+
+
+def _windows(x: Tensor, start: int, count: int, step: int, length: int) -> Tensor:
+    """View ``(count, length, ...)``: rows ``start + t*step + [0, length)`` of ``x (N, ...)``."""
+    stride = x.stride()
+    return x.as_strided((count, length, *x.shape[1:]), (step * stride[0], *stride),
+                        x.storage_offset() + start * stride[0])
+
+
+class _Chunk:
+    """Operands of one chunk of blocks ``[t0, t1)`` of a stream, views or padded copies.
+
+    ``q (c*S, D)``, ``k, v`` windows ``(c, L, D|Dv)``, ``key_bias (c, 1, L)`` or None; ``lo, hi``
+    the valid query rows of the chunk (``hi - lo < c*S`` only for a partial last block).
+    """
+
+    def __init__(self, st: _Stream, geo: _Geometry, t0: int, t1: int, interior: bool,
+                 q2: Tensor, k2: Tensor, v2: Tensor, kb1: Tensor | None, kb_prefix: Tensor | None):
+        s, length = geo.s, geo.length
+        self.s, self.c = s, t1 - t0
+        c = self.c
+        self.interior = interior
+        self.lo, self.hi = t0 * s, min(t1 * s, st.nq)
+        self.k_start = st.q_offset - geo.nl * s + t0 * s  # first window key of block t0
+        self.span = (c + geo.nw - 1) * s  # keys covered by the chunk's windows
+        if interior:
+            self.q = q2[self.lo : self.hi]
+            self.k = _windows(k2, self.k_start, c, s, length)
+            self.v = _windows(v2, self.k_start, c, s, length)
+            self.key_bias = None
+            if kb1 is not None and kb_prefix is not None:
+                a, b = self.k_start, self.k_start + self.span
+                if int(kb_prefix[b]) > int(kb_prefix[a]):  # a masked key in these windows
+                    self.key_bias = _windows(kb1, self.k_start, c, s, length).unsqueeze(1)
+        else:
+            self.q = _span(q2, self.lo, c * s)
+            self.k_span, self.v_span = _span(k2, self.k_start, self.span), _span(v2, self.k_start, self.span)
+            self.k = _windows(self.k_span, 0, c, s, length)
+            self.v = _windows(self.v_span, 0, c, s, length)
+            bias = torch.zeros(st.nk, dtype=q2.dtype, device=q2.device) if kb1 is None else kb1
+            self.key_bias = _windows(_span(bias, self.k_start, self.span, float("-inf")), 0, c, s,
+                                     length).unsqueeze(1)
+
+    def rows(self, x: Tensor, fill: float = 0.0) -> Tensor:
+        """The chunk's query rows of a per-query stream view ``x (nq, ...)``, ``fill`` on padding."""
+        return x[self.lo : self.hi] if self.interior else _span(x, self.lo, self.c * self.s, fill)
+
+    def scatter_keys(self, dst: Tensor, grad_windows: Tensor, geo: _Geometry) -> None:
+        """``dst (nk, D) +=`` the window gradients ``(c, L, D)``, overlapping windows summed."""
+        s = geo.s
+        if self.interior:
+            for u in range(geo.nw):
+                a = self.k_start + u * s
+                dst[a : a + self.c * s].unflatten(0, (self.c, s)).add_(grad_windows[:, u * s : (u + 1) * s])
+            return
+        acc = dst.new_zeros(self.span, dst.shape[-1])
+        for u in range(geo.nw):
+            acc[u * s : (u + self.c) * s].unflatten(0, (self.c, s)).add_(grad_windows[:, u * s : (u + 1) * s])
+        lo, hi = max(self.k_start, 0), min(self.k_start + self.span, dst.shape[0])
+        if hi > lo:
+            dst[lo:hi].add_(acc[lo - self.k_start : hi - self.k_start])
+
+
+class _Keys:
+    """Per-stream inputs of the core: the stream views and the optional global columns."""
+
+    def __init__(self, st: _Stream, q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor | None,
+                 num_global: int, global_bias: Tensor | None):
+        self.q2, self.k2, self.v2 = st.view(q, st.q_rows), st.view(k, st.k_rows), st.view(v, st.k_rows)
+        self.kb1 = None if key_bias is None else st.view(key_bias, st.k_rows)
+        self.kb_prefix = None
+        if self.kb1 is not None:
+            masked = torch.isneginf(self.kb1).to("cpu", torch.int64)
+            self.kb_prefix = torch.cat([masked.new_zeros(1), masked.cumsum(0)])
+        g = num_global
+        self.kx = k[st.b, st.h, :g] if g else None  # (g, D) global keys (all residues)
+        self.vx = v[st.b, st.h, :g] if g else None
+        self.gb = None if global_bias is None else global_bias[min(st.b, global_bias.shape[0] - 1)]
+
+
+def _chunk_scores(ch: _Chunk, keys: _Keys, edges: Tensor, buf: Tensor, scale: float,
+                  score_bias: Tensor | None, global_score_bias: Tensor | None, blocks: slice):
+    """Scores of a chunk: band ``(c, S, L)`` (into ``buf``) and global columns ``(c*S, g)``."""
+    c, s = ch.c, ch.s
+    sc = torch.baddbmm(edges, ch.q.unflatten(0, (c, s)), ch.k.transpose(1, 2), alpha=scale,
+                       out=buf[:c])  # (c, S, L)
+    if ch.key_bias is not None:
+        sc.add_(ch.key_bias)
+    if score_bias is not None:
+        sc.add_(score_bias[blocks])
+    sg = None
+    if keys.kx is not None:
+        sg = torch.mm(ch.q, keys.kx.t()).mul_(scale)  # (c*S, g)
+        if keys.gb is not None:
+            sg.add_(keys.gb)
+        if global_score_bias is not None:
+            sg.add_(global_score_bias[blocks].flatten(0, 1))
+    return sc, sg
 
 
 class _BandCore(torch.autograd.Function):
-    """Softmax attention of query blocks over their ``nw`` neighbouring key blocks.
+    """Band (+ global columns) softmax attention over all streams; see the module docstring.
 
-    Blocks-major layout, so that key block ``t + u`` of every query block ``t`` in a chunk is
-    one contiguous slice and every product is a plain ``bmm`` (no window copies): ``qb (nb,
-    BH, S, D)`` (already scaled by 1/sqrt(D)); ``kg, vg (nb+nw-1, BH, S, D|Dv)`` the padded
-    keys/values as blocks; ``key_bias (nb+nw-1, BH|1, S)`` additive (0 / -inf) or None, with
-    ``bias_blocks (nb+nw-1,)`` True where a block holds a -inf; ``edges (nw, S, S)`` the band
-    edges per window slab, applied on slabs ``edge_slabs``; ``score_bias (nw, nb, BH|1, S,
-    S)`` or None. Scores of a chunk are slabs ``(nw, c, BH, S, S)``; the softmax runs over
-    (slab, column). Returns ``out (nb, BH, S, Dv)`` and ``lse (nb, BH, S)``, -inf (and out 0)
-    on rows with no allowed key.
+    ``q (B, H, Nq, D)``, ``k (B, H, Nk, D)``, ``v (B, H, Nk, Dv)`` with unit last stride;
+    ``key_bias (B|1, H|1, Nk)`` additive (0 / -inf) or None; ``global_bias (B|1, g)`` additive
+    or None; ``score_bias (T|1, S, L)`` and ``global_score_bias (T|1, S, g)`` per query block
+    (``T`` blocks over all streams) or None. Returns ``out (B, H, Nq, Dv)``.
     """
 
     @staticmethod
-    def _scores(qb, kg, key_bias, bias_blocks, edges, edge_slabs, score_bias, nw, t0, t1):
-        c, bh, s, _ = qb[t0:t1].shape
-        sc = qb.new_empty(nw, c, bh, s, s)  # (nw, c, BH, S, S)
-        q = qb[t0:t1]
-        for u in range(nw):
-            _bmm_into(sc[u], q, kg[t0 + u : t1 + u].transpose(-1, -2), accumulate=False)
-        for u in edge_slabs:
-            sc[u].add_(edges[u])
-        if key_bias is not None and bool(bias_blocks[t0 : t1 + nw - 1].any()):
-            for u in range(nw):
-                sc[u].add_(key_bias[t0 + u : t1 + u].unsqueeze(-2))  # (c, BH|1, 1, S)
-        if score_bias is not None:
-            sc.add_(score_bias[:, t0:t1])
-        return sc
+    def forward(ctx: Any, q, k, v, key_bias, global_bias, score_bias, global_score_bias, edges,
+                geo: _Geometry, streams: list[_Stream], num_global: int):
+        batch, heads, q_len, dim = q.shape
+        scale = 1.0 / math.sqrt(dim)
+        out = q.new_empty(batch, heads, q_len, v.shape[-1])  # (B, H, Nq, Dv)
+        lse = q.new_empty(batch, heads, q_len)  # (B, H, Nq)
+        buf = q.new_empty(geo.chunk, geo.s, geo.length)  # (chunk, S, L) scores
+        tiny = torch.finfo(q.dtype).tiny
+        for st in streams:
+            keys = _Keys(st, q, k, v, key_bias, num_global, global_bias)
+            o2, l1 = st.view(out, st.q_rows), st.view(lse, st.q_rows)
+            for t0, t1, interior in st.chunks(geo):
+                ch = _Chunk(st, geo, t0, t1, interior, keys.q2, keys.k2, keys.v2, keys.kb1,
+                            keys.kb_prefix)
+                blocks = slice(st.block0 + t0, st.block0 + t1)
+                sc, sg = _chunk_scores(ch, keys, edges, buf, scale, score_bias, global_score_bias, blocks)
+                m = sc.amax(dim=-1)  # (c, S)
+                if sg is not None:
+                    m = torch.maximum(m, sg.amax(dim=-1).view_as(m))
+                m.masked_fill_(torch.isneginf(m), 0.0)
+                sc.sub_(m.unsqueeze(-1)).exp_()
+                den = sc.sum(dim=-1)  # (c, S)
+                o = o2[ch.lo : ch.hi] if interior else o2.new_empty(ch.c * ch.s, o2.shape[-1])
+                torch.bmm(sc, ch.v, out=o.unflatten(0, (ch.c, ch.s)))  # (c, S, Dv)
+                if sg is not None:
+                    sg.sub_(m.view(-1, 1)).exp_()
+                    den += sg.sum(dim=-1).view_as(den)
+                    o.addmm_(sg, keys.vx)
+                den = den.flatten()
+                o.div_(den.clamp_min(tiny).unsqueeze(-1))
+                row_lse = m.flatten().add_(den.log())  # -inf where no key
+                if not interior:
+                    n = ch.hi - ch.lo
+                    o2[ch.lo : ch.hi] = o[:n]
+                    row_lse = row_lse[:n]
+                l1[ch.lo : ch.hi] = row_lse
+        ctx.save_for_backward(q, k, v, key_bias, global_bias, score_bias, global_score_bias, edges,
+                              out, lse)
+        ctx.geo, ctx.streams, ctx.num_global = geo, streams, num_global
+        return out
 
     @staticmethod
-    def forward(ctx: Any, qb, kg, vg, key_bias, bias_blocks, edges, score_bias, nw: int,
-                edge_slabs: tuple[int, ...]):
-        nb, bh, s, _ = qb.shape
-        out = qb.new_empty(nb, bh, s, vg.shape[-1])  # (nb, BH, S, Dv)
-        lse = qb.new_empty(nb, bh, s)
-        tiny = torch.finfo(qb.dtype).tiny
-        for t0, t1 in _chunks(nb, bh * s * nw * s):
-            p = _BandCore._scores(qb, kg, key_bias, bias_blocks, edges, edge_slabs, score_bias,
-                                  nw, t0, t1)
-            m = p.amax(dim=(0, -1))  # (c, BH, S)
-            m = torch.where(torch.isneginf(m), torch.zeros_like(m), m)
-            p.sub_(m.unsqueeze(-1)).exp_()
-            den = p.sum(dim=(0, -1))  # (c, BH, S)
-            o = out[t0:t1]
-            for u in range(nw):
-                _bmm_into(o, p[u], vg[t0 + u : t1 + u], accumulate=u > 0)
-            o.div_(den.clamp_min(tiny).unsqueeze(-1))
-            torch.add(m, den.log(), out=lse[t0:t1])  # -inf where no key
-        ctx.save_for_backward(qb, kg, vg, key_bias, bias_blocks, edges, score_bias, out, lse)
-        ctx.nw, ctx.edge_slabs = nw, edge_slabs
-        return out, lse
-
-    @staticmethod
-    def backward(ctx: Any, d_out, d_lse):
-        qb, kg, vg, key_bias, bias_blocks, edges, score_bias, out, lse = ctx.saved_tensors
-        nw, edge_slabs = ctx.nw, ctx.edge_slabs
-        nb, bh, s, _ = qb.shape
-        if d_out is None:
-            d_out = torch.zeros_like(out)
+    def backward(ctx: Any, d_out):
+        q, k, v, key_bias, global_bias, score_bias, global_score_bias, edges, out, lse = ctx.saved_tensors
+        geo, streams, num_global = ctx.geo, ctx.streams, ctx.num_global
+        scale = 1.0 / math.sqrt(q.shape[-1])
         d_out = d_out.contiguous()
-        delta = (d_out * out).sum(dim=-1)  # (nb, BH, S)
-        if d_lse is not None:
-            delta = delta - d_lse
-        lse_safe = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
-        dq = torch.empty_like(qb)
-        dkg = torch.zeros_like(kg)
-        dvg = torch.zeros_like(vg)
-        d_bias = None
-        if score_bias is not None and ctx.needs_input_grad[6]:
-            d_bias = qb.new_empty(nw, nb, bh, s, s)
-        for t0, t1 in _chunks(nb, bh * s * nw * s):
-            p = _BandCore._scores(qb, kg, key_bias, bias_blocks, edges, edge_slabs, score_bias,
-                                  nw, t0, t1)
-            p.sub_(lse_safe[t0:t1].unsqueeze(-1)).exp_()  # probabilities (nw, c, BH, S, S)
-            do = d_out[t0:t1]  # (c, BH, S, Dv)
-            ds = torch.empty_like(p)
-            for u in range(nw):
-                _bmm_into(dvg[t0 + u : t1 + u], p[u].transpose(-1, -2), do, accumulate=True)
-                _bmm_into(ds[u], do, vg[t0 + u : t1 + u].transpose(-1, -2), accumulate=False)
-            ds.sub_(delta[t0:t1].unsqueeze(-1)).mul_(p)  # dS = P * (dP - delta)
-            if d_bias is not None:
-                d_bias[:, t0:t1] = ds
-            q = qb[t0:t1]
-            for u in range(nw):
-                _bmm_into(dq[t0:t1], ds[u], kg[t0 + u : t1 + u], accumulate=u > 0)
-                _bmm_into(dkg[t0 + u : t1 + u], ds[u].transpose(-1, -2), q, accumulate=True)
+        delta = (d_out * out).sum(dim=-1)  # (B, H, Nq)
+        lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)
+        dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # every row written once
+        dk = torch.zeros(k.shape, dtype=k.dtype, device=k.device)
+        dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+        want_bias = score_bias is not None and ctx.needs_input_grad[5]
+        want_gbias = global_score_bias is not None and ctx.needs_input_grad[6]
+        n_blocks = sum(-(-st.nq // geo.s) for st in streams)
+        d_bias = q.new_empty(n_blocks, geo.s, geo.length) if want_bias else None
+        d_gbias = q.new_empty(n_blocks, geo.s, num_global) if want_gbias else None
+        buf = q.new_empty(geo.chunk, geo.s, geo.length)  # probabilities
+        buf_ds = torch.empty_like(buf)  # dP, then dS
+        buf_dk = q.new_empty(geo.chunk, geo.length, q.shape[-1])  # window gradients
+        buf_dv = q.new_empty(geo.chunk, geo.length, v.shape[-1])
+        for st in streams:
+            keys = _Keys(st, q, k, v, key_bias, num_global, global_bias)
+            do2, dl1, ls1 = st.view(d_out, st.q_rows), st.view(delta, st.q_rows), st.view(lse, st.q_rows)
+            dq2, dk2, dv2 = st.view(dq, st.q_rows), st.view(dk, st.k_rows), st.view(dv, st.k_rows)
+            for t0, t1, interior in st.chunks(geo):
+                ch = _Chunk(st, geo, t0, t1, interior, keys.q2, keys.k2, keys.v2, keys.kb1,
+                            keys.kb_prefix)
+                c, s = ch.c, ch.s
+                blocks = slice(st.block0 + t0, st.block0 + t1)
+                p, pg = _chunk_scores(ch, keys, edges, buf, scale, score_bias, global_score_bias, blocks)
+                ls = ch.rows(ls1, float("inf")).view(c, s, 1)  # padding rows: P = 0
+                p.sub_(ls).exp_()  # (c, S, L) probabilities
+                do = ch.rows(do2)  # (c*S, Dv), zero on padding rows
+                dow = do.unflatten(0, (c, s))
+                dl = ch.rows(dl1).view(c, s, 1)
+                dvw = torch.bmm(p.transpose(1, 2), dow, out=buf_dv[:c])  # (c, L, Dv)
+                ds = torch.bmm(dow, ch.v.transpose(1, 2), out=buf_ds[:c])  # dP (c, S, L)
+                ds.sub_(dl).mul_(p)  # dS = P * (dP - delta)
+                if d_bias is not None:
+                    d_bias[blocks] = ds
+                dqc = dq2[ch.lo : ch.hi] if interior else q.new_empty(c * s, q.shape[-1])
+                torch.bmm(ds, ch.k, out=dqc.unflatten(0, (c, s))).mul_(scale)  # (c, S, D)
+                dkw = buf_dk[:c].baddbmm_(ds.transpose(1, 2), ch.q.unflatten(0, (c, s)), beta=0.0,
+                                          alpha=scale)  # (c, L, D)
+                if pg is not None:
+                    pg.sub_(ls.view(-1, 1)).exp_()  # (c*S, g)
+                    dsg = torch.mm(do, keys.vx.t()).sub_(dl.view(-1, 1)).mul_(pg)
+                    if d_gbias is not None:
+                        d_gbias[blocks] = dsg.view(c, s, -1)
+                    dqc.addmm_(dsg, keys.kx, alpha=scale)
+                    dk[st.b, st.h, :num_global].addmm_(dsg.t(), ch.q, alpha=scale)
+                    dv[st.b, st.h, :num_global].addmm_(pg.t(), do)
+                if not interior:
+                    dq2[ch.lo : ch.hi] = dqc[: ch.hi - ch.lo]
+                ch.scatter_keys(dk2, dkw, geo)
+                ch.scatter_keys(dv2, dvw, geo)
         if d_bias is not None and d_bias.shape != score_bias.shape:
             d_bias = d_bias.sum_to_size(score_bias.shape)
-        return dq, dkg, dvg, None, None, None, d_bias, None, None
+        if d_gbias is not None and d_gbias.shape != global_score_bias.shape:
+            d_gbias = d_gbias.sum_to_size(global_score_bias.shape)
+        return dq, dk, dv, None, None, d_bias, d_gbias, None, None, None, None
 
 
-def _edge_slabs(s: int, nl: int, nr: int, window: int, causal: bool) -> tuple[int, ...]:
-    """Window slabs (key blocks ``u``) where the band edge masks something."""
-    slabs = []
-    for u in range(nl + 1 + nr):
-        d = nl - u  # block distance: i - j = a - c' + d*S, a, c' in [0, S)
-        lo, hi = d * s - (s - 1), d * s + (s - 1)
-        if hi > window or lo < -window or (causal and lo < 0):
-            slabs.append(u)
-    return tuple(slabs)
+def _score_biases(score_mod: ScoreMod, streams: list[_Stream], geo: _Geometry, dilation: int,
+                  num_global: int, dtype: torch.dtype, device: torch.device
+                  ) -> tuple[Tensor, Tensor | None]:
+    """A score_mod evaluated on every computed block: ``(T, S, L)`` and ``(T, S, g)`` or None.
 
-
-
-def band_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    *,
-    window: int,
-    causal: bool,
-    q_offset: int,
-    key_valid: Tensor | None,
-    bias_fn: Any = None,
-    block: int | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Attention of ``q (B, H, Nq, D)`` at positions ``q_offset + row`` over ``k, v (B, H, Nk, .)``
-    at positions ``0..Nk-1``, allowed ``|i - j| <= window`` (``j <= i`` if causal).
-
-    ``key_valid (B|1, H|1, Nk)`` bool removes keys. ``bias_fn(i (nb, S, 1), j (nb, 1, L))``
-    returns an additive score bias ``(B|1, H|1, nb, S, L)`` for positions in this coordinate
-    system. Returns ``out (B, H, Nq, Dv)`` and ``lse (B, H, Nq)`` (-inf on rows with no key).
+    Block ``t`` of a stream holds queries at sub-positions ``q_offset + t*S + a`` and window
+    keys at ``q_offset - nl*S + t*S + col``; absolute positions are ``r * sub + residue``.
     """
-    batch, heads, q_len, dim = q.shape
-    k_len = k.shape[2]
-    s = block or block_size(window)
-    nl = math.ceil(window / s)
-    nr = 0 if causal else nl
-    nw = nl + 1 + nr
-    nb = math.ceil(q_len / s)
-    a0 = q_offset - nl * s  # absolute position of the first padded key
-    g_len = (nb + nw - 1) * s
-    bh = batch * heads
-
-    def blocks(x: Tensor, start: int, length: int) -> Tensor:  # (B, H, N, D) -> (n, BH, S, D)
-        x = _span(x, start, length).reshape(bh, length // s, s, x.shape[-1])
-        return x.transpose(0, 1).contiguous()
-
-    qb = blocks(q * (1.0 / math.sqrt(dim)), 0, nb * s)  # (nb, BH, S, D), pre-scaled
-    kg = blocks(k, a0, g_len)  # (nb+nw-1, BH, S, D)
-    vg = blocks(v, a0, g_len)
-    pos = torch.arange(a0, a0 + g_len, device=q.device)  # key positions of the padded span
-    valid = ((pos >= 0) & (pos < k_len)).view(1, 1, g_len)
-    key_bias = bias_blocks = None
-    if a0 < 0 or a0 + g_len > k_len or key_valid is not None:
-        if key_valid is not None:
-            kv = _span(key_valid.unsqueeze(-1).to(q.dtype), a0, g_len).squeeze(-1) > 0
-            valid = valid & kv  # (B|1, H|1, g_len)
-        if valid.shape[0] * valid.shape[1] > 1:
-            valid = valid.expand(batch, heads, g_len)
-        valid = valid.reshape(-1, nb + nw - 1, s).transpose(0, 1)  # (nb+nw-1, BH|1, S)
-        key_bias = torch.zeros(valid.shape, dtype=q.dtype, device=q.device)
-        key_bias = key_bias.masked_fill_(~valid, float("-inf")).contiguous()
-        bias_blocks = (~valid).flatten(1).any(dim=1)  # (nb+nw-1,)
-    edges = band_edges(s, nl, nr, window, causal, q.dtype, q.device)
-    score_bias = None
-    if bias_fn is not None:
-        i = (q_offset + torch.arange(nb * s, device=q.device)).view(nb, s, 1)
-        j = (a0 + torch.arange(nb, device=q.device) * s).view(nb, 1, 1) + torch.arange(
-            nw * s, device=q.device
-        ).view(1, 1, nw * s)
-        sb = bias_fn(i, j).to(q.dtype)  # (B|1, H|1, nb, S, L)
-        if sb.shape[0] * sb.shape[1] > 1:
-            sb = sb.expand(batch, heads, *sb.shape[2:])
-        sb = sb.flatten(0, 1).unflatten(-1, (nw, s))  # (BH|1, nb, S, nw, S)
-        score_bias = sb.permute(3, 1, 0, 2, 4).contiguous()  # (nw, nb, BH|1, S, S)
-    edges = edges.view(s, nw, s).transpose(0, 1).contiguous()  # (nw, S, S)
-    slabs = _edge_slabs(s, nl, nr, window, causal)
-    out, lse = _BandCore.apply(qb, kg, vg, key_bias, bias_blocks, edges, score_bias, nw, slabs)
-    out = out.transpose(0, 1).reshape(batch, heads, nb * s, -1)[:, :, :q_len]  # (B, H, Nq, Dv)
-    lse = lse.transpose(0, 1).reshape(batch, heads, nb * s)[:, :, :q_len]  # (B, H, Nq)
-    return out, lse
+    s, r = geo.s, dilation
+    per_stream = [(st, torch.arange(-(-st.nq // s), device=device)) for st in streams]
+    t_pos = torch.cat([r * (st.q_offset + t * s) + st.residue for st, t in per_stream])  # (T,)
+    b = torch.cat([torch.full_like(t, st.b) for st, t in per_stream]).view(-1, 1, 1)
+    h = torch.cat([torch.full_like(t, st.h) for st, t in per_stream]).view(-1, 1, 1)
+    i = t_pos.view(-1, 1, 1) + r * torch.arange(s, device=device).view(1, s, 1)  # (T, S, 1)
+    cols = r * (torch.arange(geo.length, device=device) - geo.nl * s)
+    j = t_pos.view(-1, 1, 1) + cols.view(1, 1, -1)  # (T, 1, L)
+    zero = torch.zeros((), dtype=dtype, device=device)
+    band = score_mod(zero, b, h, i, j).to(dtype).expand(len(t_pos), s, geo.length)
+    if not num_global:
+        return band, None
+    jg = torch.arange(num_global, device=device).view(1, 1, -1)
+    return band, score_mod(zero, b, h, i, jg).to(dtype).expand(len(t_pos), s, num_global)
 
 
-def _bias_fn(score_mod: ScoreMod | None, batch: int, heads: int, dilation: int, device):
-    """Score bias on band positions, mapped back from residue subsequences (``h' = h*r + c``)."""
-    if score_mod is None:
-        return None
-
-    def fn(i_sub: Tensor, j_sub: Tensor) -> Tensor:
-        r = dilation
-        b = torch.arange(batch, device=device).view(batch, 1, 1, 1, 1, 1)
-        h = torch.arange(heads, device=device).view(1, heads, 1, 1, 1, 1)
-        c = torch.arange(r, device=device).view(1, 1, r, 1, 1, 1)
-        i = c + r * i_sub.view(1, 1, 1, *i_sub.shape)
-        j = c + r * j_sub.view(1, 1, 1, *j_sub.shape)
-        zero = torch.zeros((), device=device)
-        bias = score_mod(zero, b, h, i, j)  # (B|1, H|1, r|1, nb, S, L)
-        shape = torch.broadcast_shapes(bias.shape, (1, heads, r, 1, 1, 1))
-        bias = bias.expand(bias.shape[0], *shape[1:])
-        return bias.flatten(1, 2)  # (B|1, H*r, nb, S, L)
-
-    return fn
-
-
-def _fold(x: Tensor, r: int) -> Tensor:
-    """``(B, H, M*r, D)`` -> ``(B, H*r, M, D)``: row ``m*r + c`` goes to head ``h*r + c``, row m."""
-    batch, heads, n, dim = x.shape
-    return x.view(batch, heads, n // r, r, dim).transpose(2, 3).reshape(batch, heads * r, n // r, dim)
-
-
-def _unfold_heads(x: Tensor, r: int) -> Tensor:
-    """Inverse of :func:`_fold` for ``(B, H*r, M, D)`` -> ``(B, H, M*r, D)``."""
-    batch, hr, m, dim = x.shape
-    return x.view(batch, hr // r, r, m, dim).transpose(2, 3).reshape(batch, hr // r, m * r, dim)
-
-
-def banded_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    band: Band,
-    *,
-    causal: bool,
-    key_mask: Tensor | None,
-    score_mod: ScoreMod | None = None,
-    block: int | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Exact attention for a :class:`Band` pattern (no global part); returns ``(out, lse)``.
-
-    ``key_mask (B, Nk)`` and, for global tokens, the exclusion of keys ``j < g`` from the band
-    are applied here. Positions are bottom-right aligned.
-    """
+def _banded(q: Tensor, k: Tensor, v: Tensor, band: Band, *, causal: bool, q_offset: int,
+            key_mask: Tensor | None, score_mod: ScoreMod | None, block: int | None,
+            chunk: int | None) -> Tensor:
+    """Rows of ``q (B, H, Nq, D)`` at positions ``q_offset + row`` (none of them global rows)
+    over ``k, v (B, H, Nk, .)``: the band (keys ``j < g`` removed) plus the global columns."""
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
     r, g = band.dilation, band.num_global
-    offset = k_len - q_len
-    valid = None  # (B|1, 1, Nk)
+    s = block or block_size(band.window)
+    nl = math.ceil(band.window / s)
+    nr = 0 if causal else nl
+    geo = _Geometry(s, nl, nr, chunk or max(1, CHUNK_ELEMENTS // (s * (nl + 1 + nr) * s)))
+    key_bias = None  # (B|1, 1, Nk)
     if key_mask is not None or g > 0:
         valid = torch.ones(1, 1, k_len, dtype=torch.bool, device=q.device)
         if key_mask is not None:
             valid = valid & key_mask.view(batch, 1, k_len)
         if g > 0:
             valid = valid & (torch.arange(k_len, device=q.device) >= g)
-    if r == 1:
-        return band_attention(
-            q, k, v, window=band.window, causal=causal, q_offset=offset, key_valid=valid,
-            bias_fn=_bias_fn(score_mod, batch, heads, 1, q.device), block=block,
-        )
-    # regroup by residue: key j -> (c = j % r, j // r); query i likewise (front-padded so the
-    # first query row's residue lines up with its absolute position)
-    q_start = (offset // r) * r  # a multiple of r at or before the first query position
-    q_front = offset - q_start
-    mq = math.ceil((q_front + q_len) / r)
-    mk = math.ceil(k_len / r)
-    qf = _fold(_span(q, -q_front, mq * r), r)  # (B, H*r, mq, D)
-    kf = _fold(_span(k, 0, mk * r), r)  # (B, H*r, mk, D)
-    vf = _fold(_span(v, 0, mk * r), r)
-    kvalid = torch.arange(mk * r, device=q.device) < k_len
-    kvalid = kvalid.view(1, 1, mk * r)
-    if valid is not None:
-        pad = valid.new_zeros(*valid.shape[:-1], mk * r - k_len)
-        kvalid = kvalid & torch.cat([valid, pad], dim=-1)
-    kvalid = kvalid.view(kvalid.shape[0], 1, mk, r).transpose(-1, -2)  # (B|1, 1, r, mk)
-    kvalid = kvalid.expand(kvalid.shape[0], heads, r, mk).reshape(kvalid.shape[0], heads * r, mk)
-    out, lse = band_attention(
-        qf, kf, vf, window=band.window, causal=causal, q_offset=q_start // r, key_valid=kvalid,
-        bias_fn=_bias_fn(score_mod, batch, heads, r, q.device), block=block,
-    )
-    out = _unfold_heads(out, r)[:, :, q_front : q_front + q_len]  # (B, H, Nq, Dv)
-    lse = _unfold_heads(lse.unsqueeze(-1), r)[:, :, q_front : q_front + q_len, 0]
-    return out, lse
+        key_bias = torch.zeros(valid.shape, dtype=q.dtype, device=q.device)
+        key_bias.masked_fill_(~valid, float("-inf"))
+    gk = min(g, k_len)
+    global_bias = None  # (B, g)
+    if gk and key_mask is not None:
+        global_bias = torch.zeros(batch, gk, dtype=q.dtype, device=q.device)
+        global_bias.masked_fill_(~key_mask[:, :gk], float("-inf"))
+    streams = _streams(batch, heads, q_len, k_len, q_offset, r, s)
+    edges = band_edges(s, nl, nr, band.window, causal, q.dtype, q.device)
+    score_bias = global_score_bias = None
+    if score_mod is not None:
+        score_bias, global_score_bias = _score_biases(score_mod, streams, geo, r, gk, q.dtype, q.device)
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    return _BandCore.apply(q, k, v, key_bias, global_bias, score_bias, global_score_bias, edges,
+                           geo, streams, gk)
 
 
 def _dense_part(
@@ -377,15 +440,6 @@ def _dense_part(
     return out, lse.squeeze(-1)
 
 
-def _merge(o1: Tensor, l1: Tensor, o2: Tensor, l2: Tensor) -> Tensor:
-    """Combine two softmax parts over disjoint key sets by their log-sum-exps ``(B, H, n)``."""
-    m = torch.maximum(l1, l2).detach()
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    w1, w2 = torch.exp(l1 - m).unsqueeze(-1), torch.exp(l2 - m).unsqueeze(-1)
-    den = (w1 + w2).clamp_min(torch.finfo(o1.dtype).tiny)
-    return (o1 * w1 + o2 * w2) / den
-
-
 def blocked_attention(
     q: Tensor,
     k: Tensor,
@@ -396,39 +450,30 @@ def blocked_attention(
     key_mask: Tensor | None = None,
     score_mod: ScoreMod | None = None,
     block: int | None = None,
+    chunk: int | None = None,
 ) -> Tensor:
     """Exact banded attention (sliding window, dilated, global tokens) in O(N*w) time.
 
-    ``q (B, H, Nq, D)``, ``k (B, H, Nk, D)``, ``v (B, H, Nk, Dv)`` -> ``(B, H, Nq, Dv)``.
+    ``q (B, H, Nq, D)``, ``k (B, H, Nk, D)``, ``v (B, H, Nk, Dv)`` -> ``(B, H, Nq, Dv)``;
+    positions bottom-right aligned. ``block`` (query rows per block) and ``chunk`` (blocks per
+    chunk) override the tuned defaults.
     """
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     dtype = q.dtype
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
-    batch, _, q_len, _ = q.shape
-    k_len = k.shape[2]
+    q_len, k_len = q.shape[2], k.shape[2]
     g = band.num_global
     offset = k_len - q_len
     n_glob_rows = min(max(g - offset, 0), q_len) if g > 0 else 0  # query rows with i < g
-    if n_glob_rows == q_len:
-        band_out = None
-    else:
-        qs = q[:, :, n_glob_rows:]
-        out, lse = banded_attention(
-            qs, k, v, band, causal=causal, key_mask=key_mask, score_mod=score_mod, block=block
-        )
-        if g > 0:  # dense global columns j < g for the non-global rows (all have i >= g > j)
-            gk = min(g, k_len)
-            i = torch.arange(offset + n_glob_rows, k_len, device=q.device)
-            j = torch.arange(gk, device=q.device)
-            allowed = torch.ones(1, 1, 1, gk, dtype=torch.bool, device=q.device)
-            if key_mask is not None:
-                allowed = allowed & key_mask[:, :gk].view(batch, 1, 1, gk)
-            o2, l2 = _dense_part(qs, k[:, :, :gk], v[:, :, :gk], i, j, allowed, score_mod)
-            out = _merge(out, lse, o2, l2)
-        band_out = out
+    band_out = None
+    if n_glob_rows < q_len:
+        band_out = _banded(q[:, :, n_glob_rows:], k, v, band, causal=causal,
+                           q_offset=offset + n_glob_rows, key_mask=key_mask, score_mod=score_mod,
+                           block=block, chunk=chunk)
     if n_glob_rows == 0:
         result = band_out
     else:  # global rows: dense over every key (causal: j <= i)
+        batch = q.shape[0]
         i = torch.arange(offset, offset + n_glob_rows, device=q.device)
         j = torch.arange(k_len, device=q.device)
         allowed = torch.ones(1, 1, n_glob_rows, k_len, dtype=torch.bool, device=q.device)
