@@ -38,6 +38,38 @@ def test_error_falls_as_landmarks_grow_and_is_exact_at_n(n: int) -> None:
     assert errors[-2] < 0.5 * errors[0], errors
 
 
+def textbook_nystrom(q, k, v, m: int, iters: int = 6):
+    """The paper's formula written out with materialised matrices (equal segments, no mask)."""
+    b, h, n, d = q.shape
+    q, k = q * d**-0.25, k * d**-0.25
+    q_land = q.view(b, h, m, n // m, d).mean(3)
+    k_land = k.view(b, h, m, n // m, d).mean(3)
+    kernel_1 = torch.softmax(q @ k_land.transpose(-1, -2), -1)
+    kernel_2 = torch.softmax(q_land @ k_land.transpose(-1, -2), -1)
+    kernel_3 = torch.softmax(q_land @ k.transpose(-1, -2), -1)
+    return kernel_1 @ iterative_pinv(kernel_2, iters) @ kernel_3 @ v
+
+
+@pytest.mark.parametrize("n", [48, 61])  # equal segments (reshape means) and uneven ones (scatter)
+def test_fused_and_masked_paths_agree_with_the_formula(n: int) -> None:
+    """Unmasked calls take the fused path (SDPA over m keys / m queries); an all-True key_mask
+    takes the materialised one. Both give the paper's formula, values and gradients."""
+    q, k, v = (x.requires_grad_() for x in inputs(n))
+    att = create_attention("nystrom", num_landmarks=8).double()
+    fused = att(q, k, v)
+    assert "fused" in att.last_path.path
+    masked = att(q, k, v, key_mask=torch.ones(2, n, dtype=torch.bool))
+    assert "materialised" in att.last_path.path
+    torch.testing.assert_close(fused, masked, atol=1e-12, rtol=0)
+    if n % 8 == 0:
+        torch.testing.assert_close(fused, textbook_nystrom(q, k, v, 8), atol=1e-12, rtol=0)
+    weight = torch.randn_like(fused)
+    grads = torch.autograd.grad((fused * weight).sum(), (q, k, v))
+    ref_grads = torch.autograd.grad((masked * weight).sum(), (q, k, v))
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=0)
+
+
 def test_exact_when_n_smaller_than_landmarks() -> None:
     q, k, v = inputs(10)
     key_mask = torch.ones(2, 10, dtype=torch.bool)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attn.base import Attention, KernelPath
@@ -33,6 +34,9 @@ def segment_means(x: Tensor, num_segments: int, valid: Tensor | None) -> tuple[T
     which segments hold at least one real position ``(B|1, 1, m)``.
     """
     batch, heads, length, dim = x.shape
+    if valid is None and length % num_segments == 0:  # equal segments: a reshape, no scatter
+        means = x.unflatten(2, (num_segments, length // num_segments)).mean(dim=3)  # (B, H, m, D)
+        return means, torch.ones(1, 1, num_segments, dtype=torch.bool, device=x.device)
     segment = torch.arange(length, device=x.device) * num_segments // length  # (N,)
     if valid is None:
         weight = x.new_ones(1, 1, length)  # (1, 1, N)
@@ -59,6 +63,13 @@ def iterative_pinv(a: Tensor, iters: int) -> Tensor:
         az = a @ z
         z = 0.25 * z @ (13 * eye - az @ (15 * eye - az @ (7 * eye - az)))
     return z
+
+
+def _both(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    """``a & b`` for optional boolean masks (None = all allowed)."""
+    if a is None or b is None:
+        return b if a is None else a
+    return a & b
 
 
 @register_attention("nystrom")
@@ -93,12 +104,18 @@ class NystromAttention(Attention):
                 bias=False, groups=heads,
             )
         self._exact_last = False
+        self._fused_last = False
 
     def native_supports(self, device, dtype, causal, requires_grad) -> list[str]:
         return ["nystrom has no causal form (landmarks mix all positions)"] if causal else []
 
     def native_path(self) -> KernelPath:
-        path = "exact softmax (N <= num_landmarks)" if self._exact_last else "nystrom landmarks"
+        if self._exact_last:
+            path = "exact softmax (N <= num_landmarks)"
+        elif self._fused_last:
+            path = "nystrom landmarks (softmax products fused by sdpa)"
+        else:
+            path = "nystrom landmarks (masked, materialised (N, m) softmax)"
         return KernelPath("native", path)
 
     def native_forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:
@@ -127,22 +144,33 @@ class NystromAttention(Attention):
     ) -> Tensor:
         m = self.num_landmarks
         compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-        scale = dim**-0.25
-        q = q.to(compute) * scale  # (B, H, Nq, D)
-        k = k.to(compute) * scale  # (B, H, Nk, D)
+        scale = dim**-0.25  # applied on the landmark side of every product: no scaled copy of Q, K
+        q, k, v = q.to(compute), k.to(compute), v.to(compute)
+        q_len, k_len = q.shape[2], k.shape[2]
         # self-attention padding: masked positions are padding as queries too
-        q_valid = key_mask if key_mask is not None and q.shape[2] == k.shape[2] else None
+        q_valid = key_mask if key_mask is not None and q_len == k_len else None
         q_land, q_land_ok = segment_means(q, m, q_valid)  # (B, H, m, D), (B|1, 1, m)
         k_land, k_land_ok = segment_means(k, m, key_mask)
-        k_land_cols = k_land_ok.unsqueeze(-2)  # (B|1, 1, 1, m)
-        kernel_1 = masked_softmax(q @ k_land.transpose(-2, -1), k_land_cols)  # (B, H, Nq, m)
-        allowed_2 = k_land_cols & q_land_ok.unsqueeze(-1)  # (B|1, 1, m, m)
-        kernel_2 = masked_softmax(q_land @ k_land.transpose(-2, -1), allowed_2)  # (B, H, m, m)
+        q_land, k_land = q_land * scale, k_land * scale  # landmarks of the scaled Q, K
+        # a segment is empty only under a mask or when the sequence is shorter than m
+        k_cols = None if key_mask is None and k_len >= m else k_land_ok.unsqueeze(-2)  # (B|1, 1, 1, m)
+        q_rows = None if q_valid is None and q_len >= m else q_land_ok.unsqueeze(-1)  # (B|1, 1, m, 1)
         key_cols = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Nk)
-        allowed_3 = q_land_ok.unsqueeze(-1) if key_cols is None else key_cols & q_land_ok.unsqueeze(-1)
-        kernel_3 = masked_softmax(q_land @ k.transpose(-2, -1), allowed_3)  # (B, H, m, Nk)
-        z = iterative_pinv(kernel_2, self.pinv_iters)  # (B, H, m, m)
-        out = (kernel_1 @ z) @ (kernel_3 @ v.to(compute))  # (B, H, Nq, Dv)
+        z = iterative_pinv(
+            masked_softmax(q_land @ k_land.transpose(-2, -1), _both(q_rows, k_cols)), self.pinv_iters
+        )  # (B, H, m, m)
+        allowed_3 = _both(q_rows, key_cols)
+        self._fused_last = k_cols is None and allowed_3 is None
+        if self._fused_last:
+            # unmasked: both N-sized softmax products are attention calls over m keys or m
+            # queries, which SDPA fuses (no (N, m) matrix, forward or backward)
+            kernel_3_v = F.scaled_dot_product_attention(q_land, k, v, scale=scale)  # (B, H, m, Dv)
+            out = F.scaled_dot_product_attention(q, k_land, z @ kernel_3_v, scale=scale)  # (B, H, Nq, Dv)
+        else:
+            kernel_1 = masked_softmax(q @ (k_land * scale).transpose(-2, -1), k_cols)  # (B, H, Nq, m)
+            kernel_3 = masked_softmax((q_land * scale) @ k.transpose(-2, -1), allowed_3)  # (B, H, m, Nk)
+            # associate to the right: the only N-sized products are kernel_3 @ V and the last one
+            out = kernel_1 @ (z @ (kernel_3 @ v))  # (B, H, Nq, Dv)
         return out.to(v.dtype)
 
     def extra_repr(self) -> str:
