@@ -162,3 +162,22 @@ def test_pairs_of_full_and_causal():
                                 n=16, head_dim=2, causal=False)
     assert kind == "nystrom_actual"
     assert flops["fwd"] == (2 * 16 * 4 * 2) * 4 + 2 * 4 * 4 * 2 + 8 * 4**3 * 6 + 2 * 16 * 4 * 4
+
+
+@pytest.mark.slow
+def test_fwd_bwd_memory_counts_the_gradients_of_the_call():
+    """fwd_bwd peak includes the call's output and its q, k, v gradients: the previous call's
+    gradients are dropped before the baseline is read, not inside the measured call (where
+    their freed pages would be reused unseen)."""
+    from bench.cases import Case
+    from bench.worker import run_case
+
+    n, heads, dim = 16384, 8, 64
+    case = Case(variant="sliding_window", label="sliding_window", params=(("window", 128),),
+                kernel="blocked", seq_len=n, batch=1, heads=heads, head_dim=dim, dtype="float32",
+                device="cpu", causal=False, passes=("fwd_bwd",), repeats=3, warmup=1,
+                timeout_s=120, max_memory_gb=None, threads=None, time_budget_s=30, plugins=())
+    (row,) = run_case(case)
+    assert row["status"] == "ok", row["reason"]
+    tensor = heads * n * dim * 4  # one (1, H, N, D) fp32 tensor
+    assert row["peak_mem_bytes"] >= 4 * tensor - RSS_PRECISION  # out, dq, dk, dv
