@@ -220,6 +220,11 @@ class _Keys:
         self.gb = None if global_bias is None else global_bias[min(st.b, global_bias.shape[0] - 1)]
 
 
+def _chunk_rows(geo: _Geometry, streams: list[_Stream]) -> int:
+    """Blocks in the largest chunk of any stream (the size of the score buffers)."""
+    return min(geo.chunk, max(-(-st.nq // geo.s) for st in streams))
+
+
 def _chunk_scores(ch: _Chunk, keys: _Keys, edges: Tensor, buf: Tensor, scale: float,
                   score_bias: Tensor | None, global_score_bias: Tensor | None, blocks: slice):
     """Scores of a chunk: band ``(c, S, L)`` (into ``buf``) and global columns ``(c*S, g)``."""
@@ -256,7 +261,7 @@ class _BandCore(torch.autograd.Function):
         scale = 1.0 / math.sqrt(dim)
         out = q.new_empty(batch, heads, q_len, v.shape[-1])  # (B, H, Nq, Dv)
         lse = q.new_empty(batch, heads, q_len)  # (B, H, Nq)
-        buf = q.new_empty(geo.chunk, geo.s, geo.length)  # (chunk, S, L) scores
+        buf = q.new_empty(_chunk_rows(geo, streams), geo.s, geo.length)  # (chunk, S, L) scores
         tiny = torch.finfo(q.dtype).tiny
         for st in streams:
             keys = _Keys(st, q, k, v, key_bias, num_global, global_bias)
@@ -307,10 +312,11 @@ class _BandCore(torch.autograd.Function):
         n_blocks = sum(-(-st.nq // geo.s) for st in streams)
         d_bias = q.new_empty(n_blocks, geo.s, geo.length) if want_bias else None
         d_gbias = q.new_empty(n_blocks, geo.s, num_global) if want_gbias else None
-        buf = q.new_empty(geo.chunk, geo.s, geo.length)  # probabilities
+        rows = _chunk_rows(geo, streams)
+        buf = q.new_empty(rows, geo.s, geo.length)  # probabilities
         buf_ds = torch.empty_like(buf)  # dP, then dS
-        buf_dk = q.new_empty(geo.chunk, geo.length, q.shape[-1])  # window gradients
-        buf_dv = q.new_empty(geo.chunk, geo.length, v.shape[-1])
+        buf_dk = q.new_empty(rows, geo.length, q.shape[-1])  # window gradients
+        buf_dv = q.new_empty(rows, geo.length, v.shape[-1])
         for st in streams:
             keys = _Keys(st, q, k, v, key_bias, num_global, global_bias)
             do2, dl1, ls1 = st.view(d_out, st.q_rows), st.view(delta, st.q_rows), st.view(lse, st.q_rows)
