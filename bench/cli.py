@@ -219,11 +219,20 @@ def plot(run_dir: Annotated[Path, typer.Argument(help="Run directory written by 
 def report(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by sweep.")],
     points: Annotated[int, typer.Option(help="Fit exponents over this many largest ok N.")] = 4,
+    fit_range: Annotated[list[str] | None, typer.Option(
+        help="Also fit exponents over every N in LO:HI (repeatable), e.g. 4096:32768.",
+        metavar="LO:HI")] = None,
 ) -> None:
     """Print scaling exponents, crossover lengths and largest N as markdown (also report.md)."""
     from bench.report import build_report
 
-    typer.echo(build_report(_run_dir(run_dir), points))
+    ranges = []
+    for text in fit_range or []:
+        lo, _, hi = text.partition(":")
+        if not (lo.isdigit() and hi.isdigit() and 0 < int(lo) < int(hi)):
+            _fail(f"--fit-range must be LO:HI with integers 0 < LO < HI (e.g. 4096:32768); got {text!r}", 2)
+        ranges.append((int(lo), int(hi)))
+    typer.echo(build_report(_run_dir(run_dir), points, tuple(ranges)))
 
 
 @app.command()

@@ -23,6 +23,7 @@ _TOP_KEYS = {
     "name", "description", "device", "dtype", "passes", "batch", "heads", "head_dim", "seq_len",
     "variants", "kernels", "repeats", "warmup", "causal", "timeout_s", "max_memory_gb",
     "threads", "time_budget_s", "plugins", "skip_larger_after_failure", "peak_matmul_size",
+    "fit_ranges",
 }
 _VARIANT_KEYS = {"name", "causal", "seq_len", "kernels"}
 
@@ -77,6 +78,7 @@ class SweepConfig:
     plugins: tuple[str, ...] = ()
     skip_larger_after_failure: bool = True
     peak_matmul_size: int | None = None  # side of the square matmul giving the FLOP/s peak
+    fit_ranges: tuple[tuple[int, int], ...] = ()  # extra exponent fits in the report, [lo, hi] N
     description: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -113,6 +115,19 @@ def _number(key: str, value: Any, minimum: float, integer: bool = False) -> Any:
         kind = "an integer" if integer else "a number"
         raise _fail(key, f"must be {kind} >= {minimum}; got {value!r}")
     return value
+
+
+def _fit_ranges(key: str, value: Any) -> tuple[tuple[int, int], ...]:
+    if not isinstance(value, list):
+        raise _fail(key, f"must be a list of [lo, hi] sequence lengths; got {value!r}")
+    out = []
+    for item in value:
+        if (not isinstance(item, list) or len(item) != 2
+                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in item)
+                or item[0] >= item[1]):
+            raise _fail(key, f"each range must be [lo, hi] with integers 1 <= lo < hi; got {item!r}")
+        out.append((item[0], item[1]))
+    return tuple(out)
 
 
 def _bool(key: str, value: Any) -> bool:
@@ -218,6 +233,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
         skip_larger_after_failure=_bool(
             "skip_larger_after_failure", raw.get("skip_larger_after_failure", True)
         ),
+        fit_ranges=_fit_ranges("fit_ranges", raw.get("fit_ranges", [])),
     )
 
 

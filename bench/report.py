@@ -41,8 +41,23 @@ def _pivot(df: pd.DataFrame, value: str, scale: float) -> pd.DataFrame:
     return table.reset_index()
 
 
-def build_report(run_dir: str | Path, points: int = 4) -> str:
-    """The report of ``run_dir`` as markdown (also written to ``report.md`` there)."""
+def _config_fit_ranges(run_dir: Path) -> tuple[tuple[int, int], ...]:
+    """``fit_ranges`` of the sweep config saved in the run (``sweep.json``), if any."""
+    import json
+
+    saved = run_dir / "sweep.json"
+    if not saved.exists():
+        return ()
+    return tuple((int(lo), int(hi)) for lo, hi in json.loads(saved.read_text()).get("fit_ranges", []))
+
+
+def build_report(run_dir: str | Path, points: int = 4,
+                 fit_ranges: tuple[tuple[int, int], ...] = ()) -> str:
+    """The report of ``run_dir`` as markdown (also written to ``report.md`` there).
+
+    Besides the fit over the ``points`` largest N, exponents are fitted over each ``[lo, hi]``
+    of ``fit_ranges`` and of the run's config (``fit_ranges:`` in the YAML).
+    """
     run_dir = Path(run_dir)
     df = load_results(run_dir)
     parts = [f"# Benchmark report: {run_dir.name}", ""]
@@ -58,12 +73,21 @@ def build_report(run_dir: str | Path, points: int = 4) -> str:
     columns = ["label", "kernel_requested", "kernel", "causal", "time_exponent",
                "memory_exponent", "fit_range", "max_n", "time_ms_at_max_n", "peak_fraction_at_max_n",
                "first_failure", "crossover_vs_full", "mask_emulated"]
+    ranges = tuple(dict.fromkeys((*_config_fit_ranges(run_dir), *fit_ranges)))
     for pass_name in ("fwd", "bwd", "fwd_bwd"):
         part = table[table["pass"] == pass_name]
         if part.empty:
             continue
         parts += [f"## Scaling, pass `{pass_name}` (fit over the {points} largest ok N)", "",
                   markdown_table(part[columns]), ""]
+        for lo, hi in ranges:
+            ranged = scaling_table(df[df["pass"] == pass_name], n_range=(lo, hi))
+            ranged = ranged[ranged.fit_points >= 2]
+            if len(ranged):
+                parts += [f"### Exponents over N = {lo}..{hi}, `{pass_name}`", "",
+                          markdown_table(ranged[["label", "kernel_requested", "kernel", "causal",
+                                                 "time_exponent", "memory_exponent", "fit_range",
+                                                 "fit_points"]]), ""]
         rows = df[df["pass"] == pass_name]
         parts += [f"### Median time (ms), `{pass_name}`", "", markdown_table(_pivot(rows, "time_ms", 1)), ""]
         parts += [f"### Peak memory above inputs (MiB), `{pass_name}`", "",

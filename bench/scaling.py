@@ -52,20 +52,30 @@ def crossover(curve: pd.DataFrame, baseline: pd.Series) -> float:
     return float(lengths[index])
 
 
-def scaling_table(df: pd.DataFrame, points: int = 4) -> pd.DataFrame:
-    """One row per curve: exponents, fitted range, largest N reached, first failure, crossover."""
+def scaling_table(df: pd.DataFrame, points: int = 4,
+                  n_range: tuple[int, int] | None = None) -> pd.DataFrame:
+    """One row per curve: exponents, fitted range, largest N reached, first failure, crossover.
+
+    Exponents are fitted over the ``points`` largest ok N, or, with ``n_range = (lo, hi)``,
+    over every ok N with ``lo <= N <= hi``.
+    """
     baseline = full_baseline(df)
     rows = []
     for key, curve in df.groupby(CURVE, dropna=False, sort=True):
         ok = curve[curve.status == "ok"].sort_values("seq_len")
         failed = curve[curve.status.isin(FAILED)]
-        fitted = ok.tail(points)
+        if n_range is None:
+            fitted = ok.tail(points)
+        else:
+            fitted = ok[(ok.seq_len >= n_range[0]) & (ok.seq_len <= n_range[1])]
+        count = max(len(fitted), 1)
         rows.append({
             **dict(zip(CURVE, key)),
             "kernel": ",".join(sorted(set(ok.kernel) - {""})) or "-",
-            "time_exponent": fit_exponent(ok.seq_len, ok.time_ms, points),
-            "memory_exponent": fit_exponent(ok.seq_len, ok.peak_mem_bytes, points),
-            "fit_range": f"{fitted.seq_len.min()}-{fitted.seq_len.max()}" if len(ok) else "-",
+            "time_exponent": fit_exponent(fitted.seq_len, fitted.time_ms, count),
+            "memory_exponent": fit_exponent(fitted.seq_len, fitted.peak_mem_bytes, count),
+            "fit_points": len(fitted),
+            "fit_range": f"{fitted.seq_len.min()}-{fitted.seq_len.max()}" if len(fitted) else "-",
             "max_n": int(ok.seq_len.max()) if len(ok) else None,
             "time_ms_at_max_n": float(ok.time_ms.iloc[-1]) if len(ok) else math.nan,
             "peak_fraction_at_max_n": float(ok.peak_fraction.iloc[-1]) if len(ok) else math.nan,

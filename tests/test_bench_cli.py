@@ -53,6 +53,10 @@ def test_report_plot_and_compare_commands(tmp_path):
     assert ok.exit_code == 0 and "no regression" in ok.output
     bad = runner.invoke(app, ["compare", str(base), str(slower), "--fail-if-regression", "10"])
     assert bad.exit_code == 1
+    ranged = runner.invoke(app, ["report", str(base), "--fit-range", "512:2048"])
+    assert ranged.exit_code == 0 and "Exponents over N = 512..2048" in ranged.output
+    bad_range = runner.invoke(app, ["report", str(base), "--fit-range", "2048-512"])
+    assert bad_range.exit_code == 2 and "--fit-range must be LO:HI" in bad_range.output
     missing = runner.invoke(app, ["report", str(tmp_path / "nothing")])
     assert missing.exit_code == 2 and "not a run directory" in missing.output
 

@@ -74,6 +74,27 @@ def test_report_prints_markdown_tables(run):
     assert "4096 (oom)" in text and (run / "report.md").read_text().strip() == text.strip()
 
 
+def test_exponents_over_a_chosen_range(tmp_path):
+    """A curve linear up to 2048 and quadratic above: the range fit sees only its own part."""
+    path = tmp_path / "r"
+    path.mkdir()
+    rows = [_row("bend", "sliding_window", n, "fwd", 1e-3 * n if n <= 2048 else 1e-3 * n * n / 2048,
+                 10 * n) for n in LENGTHS]
+    ResultsWriter(path).append(rows)
+    df = load_results(path)
+    low = scaling_table(df, n_range=(512, 2048)).iloc[0]
+    high = scaling_table(df, n_range=(2048, 8192)).iloc[0]
+    assert low.time_exponent == pytest.approx(1.0) and low.fit_points == 3
+    assert low.fit_range == "512-2048"
+    assert high.time_exponent == pytest.approx(2.0) and high.memory_exponent == pytest.approx(1.0)
+    text = build_report(path, fit_ranges=((512, 2048),))
+    assert "### Exponents over N = 512..2048, `fwd`" in text
+    assert "| bend | auto | sdpa | False | 1 | 1 | 512-2048 | 3 |" in text
+    # the range written in the sweep config (saved as sweep.json) is reported too
+    (path / "sweep.json").write_text('{"name": "r", "fit_ranges": [[2048, 8192]]}')
+    assert "| bend | auto | sdpa | False | 2 | 1 | 2048-8192 | 3 |" in build_report(path)
+
+
 def test_plots_are_written(run):
     paths = plot_run(run)
     assert {p.name for p in paths} == {"scaling.png", "scaling.svg"}
