@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attn.base import Attention, KernelPath
@@ -22,6 +21,7 @@ from attn.contract import require_int, require_optional_int
 from attn.kernels.reference import dense_attention
 from attn.mods import masked_softmax
 from attn.registry import register_attention
+from attn.short_side import short_side_attention
 
 
 def segment_means(x: Tensor, num_segments: int, valid: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -113,7 +113,7 @@ class NystromAttention(Attention):
         if self._exact_last:
             path = "exact softmax (N <= num_landmarks)"
         elif self._fused_last:
-            path = "nystrom landmarks (softmax products fused by sdpa)"
+            path = "nystrom landmarks (softmax products fused, streamed along N)"
         else:
             path = "nystrom landmarks (masked, materialised (N, m) softmax)"
         return KernelPath("native", path)
@@ -162,10 +162,10 @@ class NystromAttention(Attention):
         allowed_3 = _both(q_rows, key_cols)
         self._fused_last = k_cols is None and allowed_3 is None
         if self._fused_last:
-            # unmasked: both N-sized softmax products are attention calls over m keys or m
-            # queries, which SDPA fuses (no (N, m) matrix, forward or backward)
-            kernel_3_v = F.scaled_dot_product_attention(q_land, k, v, scale=scale)  # (B, H, m, Dv)
-            out = F.scaled_dot_product_attention(q, k_land, z @ kernel_3_v, scale=scale)  # (B, H, Nq, Dv)
+            # unmasked: both N-sized softmax products are attention over m keys or m queries,
+            # streamed along N (no (N, m) matrix, forward or backward)
+            kernel_3_v = short_side_attention(q_land, k, v, scale)  # (B, H, m, Dv)
+            out = short_side_attention(q, k_land, z @ kernel_3_v, scale)  # (B, H, Nq, Dv)
         else:
             kernel_1 = masked_softmax(q @ (k_land * scale).transpose(-2, -1), k_cols)  # (B, H, Nq, m)
             kernel_3 = masked_softmax((q_land * scale) @ k.transpose(-2, -1), allowed_3)  # (B, H, m, Nk)
