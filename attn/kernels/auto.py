@@ -17,22 +17,19 @@ approximate       native                                       native
 * *banded*: ``band()`` is not None (sliding_window, dilated, global_tokens, with or without
   a position bias). *plain*: no mask_mod and no score_mod (full, causal). *biased /
   masked*: any other exact variant (``relative``, plug-ins with a mask_mod).
-* Why, on CPU. Measured side by side in one process (fp32, B=1, H=8, D=64, w=128,
-  2 threads, forward, best of 2-3; the 2-core machine was shared and loaded, so only
-  ratios mean anything): at N=4096 blocked / flex / sdpa-with-mask = 0.18 / 0.058 /
-  0.69 s (sliding), 0.22 / 0.11 / 0.76 s (dilated r=2), 0.20 / 0.095 / 0.75 s (global);
-  at N=16384 3.98 / 0.29 / 11.2 s (sliding), 3.77 / 0.66 / 37.3 s (dilated); fwd+bwd at
-  16K blocked 7.5 s vs sdpa 67.4 s (flex: no CPU backward). Peak RSS above the inputs at
-  16K forward: blocked 201 MB, flex 186 MB, sdpa 4139 MB. So compiled ``flex`` is the
-  faster CPU *forward* at a fixed shape, but it compiles for 8-17 s per new shape (and per
-  module with parameters), has no CPU backward and cannot train; models and KV-cache
-  decoding (a new Nk every step) call ``auto``, so ``auto`` takes ``blocked`` for banded
-  variants on CPU in both passes and ``flex`` stays selectable by name for forward-only
-  sweeps. ``sdpa`` unmasked / ``is_causal`` is PyTorch's fused flash path (O(N) memory) for
-  full and causal. ``chunked`` computes a score_mod per query chunk in O(chunk*N) memory,
-  where ``sdpa`` must materialise an N x N float bias (0.5 GB at 4K for H=8, 32 GB at
-  32K); measured at 4K (relative, alibi) chunked / sdpa = 3.1 / 2.3 s forward and
-  2.2 / 2.0 s fwd+bwd, a small price for memory that stays O(chunk*N).
+* Why, on CPU. ``results/linear-cpu`` (``attn-bench sweep linear-cpu``: fp32, B=1, H=8,
+  D=64, w=128, 2 threads, side by side in one run) at N=16384, forward: blocked / compiled
+  flex / sdpa-with-mask = 148 / 152 / 7755 ms (sliding), 184 / 498 / 9850 ms (dilated r=2),
+  213 / 412 / 9160 ms (global g=16); peak memory above the inputs 37 / 32 / 4100 MiB
+  (sliding). Forward+backward at 16K: blocked 462 ms against sdpa 20.7 s (flex has no CPU
+  backward). So ``blocked`` is the fastest CPU kernel for banded variants in both passes,
+  and it needs no compilation (flex compiles for seconds per new shape, which models and
+  KV-cache decoding, with a new Nk every step, would pay on every call); ``flex`` stays
+  selectable by name. ``sdpa`` unmasked / ``is_causal`` is PyTorch's fused flash path (O(N)
+  memory) for full and causal. ``chunked`` computes a score_mod per query chunk in
+  O(chunk*N) memory, where ``sdpa`` must materialise an N x N float bias (0.5 GB at 4K for
+  H=8, 32 GB at 32K); measured at 4K (relative, alibi) chunked / sdpa = 3.1 / 2.3 s forward
+  and 2.2 / 2.0 s fwd+bwd, a small price for memory that stays O(chunk*N).
 * On CUDA flex has a backward pass and is the block-sparse kernel of choice; xformers'
   local/causal biases follow; the rule there is by design, not yet measured here.
 """
