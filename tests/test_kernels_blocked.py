@@ -104,6 +104,38 @@ def test_many_chunks_interior_views_and_local_key_masks(band: Band, chunk: int) 
                 chunk=chunk)
 
 
+@pytest.mark.parametrize("band", [Band(3), Band(2, dilation=3), Band(3, num_global=2)], ids=str)
+@pytest.mark.parametrize("causal", [False, True])
+def test_few_rows_take_the_key_span_and_both_paths_agree(band: Band, causal: bool) -> None:
+    """Rows that fit in one block (KV-cache decoding) use one dense product over the keys the
+    band reaches; the per-stream block path gives the same values and gradients."""
+    from attn.kernels import blocked
+
+    gen = torch.Generator().manual_seed(4)
+    key_mask = torch.rand(2, 41, generator=gen) > 0.3
+    bias = RelativePositionBias("alibi", 3, 6).double()
+    for nq in (1, 5):
+        q, k, v = inputs(nq, 41)
+        assert blocked.uses_key_span(nq, band)
+        span = blocked_attention(q, k, v, band, causal=causal, key_mask=key_mask,
+                                 score_mod=bias.score_mod())
+        rows = blocked.global_rows(nq, 41, band.num_global)
+        assert rows == 0  # positions 36..40 are past the global tokens
+        streamed = blocked._banded(q, k, v, band, causal=causal, q_offset=41 - nq,
+                                   key_mask=key_mask, score_mod=bias.score_mod(), block=None,
+                                   chunk=None)
+        ref = dense_attention(q, k, v, mask_mod=mask_of(band), score_mod=bias.score_mod(),
+                              causal=causal, key_mask=key_mask)
+        torch.testing.assert_close(span, ref, atol=1e-10, rtol=0)
+        torch.testing.assert_close(streamed, ref, atol=1e-10, rtol=0)
+        weight = torch.randn_like(ref)
+        ref_grads = torch.autograd.grad((ref * weight).sum(), (q, k, v))
+        for out in (span, streamed):
+            grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
+            for got, want in zip(grads, ref_grads):
+                torch.testing.assert_close(got, want, atol=1e-9, rtol=0)
+
+
 def test_window_boundary_is_inclusive() -> None:
     """|i - j| == w is allowed, w + 1 is not (DESIGN 3.2), probed with one-hot values."""
     w, n = 5, 40
@@ -128,6 +160,7 @@ def test_kernel_through_registry_and_decoding() -> None:
                                    atol=1e-10, rtol=0)
         assert module.last_path.kernel == "blocked"
         assert not module.last_path.mask_emulated and module.last_path.fallback is None
+        assert "key span" in module.last_path.path
 
 
 def test_more_queries_than_keys_falls_back_exactly() -> None:

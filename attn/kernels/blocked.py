@@ -446,6 +446,42 @@ def _dense_part(
     return out, lse.squeeze(-1)
 
 
+def global_rows(q_len: int, k_len: int, num_global: int) -> int:
+    """How many of the (bottom-right aligned) query rows are global rows (``i < g``)."""
+    return min(max(num_global - (k_len - q_len), 0), q_len) if num_global > 0 else 0
+
+
+def uses_key_span(q_len: int, band: Band, block: int | None = None) -> bool:
+    """True when the rows fit in one query block (KV-cache decoding): then one dense product
+    over the keys the band can reach beats the per-stream block loop."""
+    return q_len <= (block or block_size(band.window))
+
+
+def _key_span_attention(q: Tensor, k: Tensor, v: Tensor, band: Band, *, causal: bool,
+                        q_offset: int, key_mask: Tensor | None, score_mod: ScoreMod | None) -> Tensor:
+    """Non-global rows ``q (B, H, Nq, D)`` at positions ``q_offset + row``, few of them: dense
+    attention over the only keys they can reach (the band's span and the global columns),
+    ``O(Nq * (Nq + 2*r*w + g))``."""
+    q_len, k_len = q.shape[2], k.shape[2]
+    reach = band.dilation * band.window
+    lo = max(q_offset - reach, 0)
+    hi = min(q_offset + q_len + (0 if causal else reach), k_len)  # exclusive
+    g = min(band.num_global, k_len)
+    j = torch.arange(min(g, lo), device=q.device)  # global columns left of the span
+    j = torch.cat([j, torch.arange(lo, max(hi, lo), device=q.device)])  # (n,)
+    i = torch.arange(q_offset, q_offset + q_len, device=q.device)  # (Nq,)
+    diff = i.view(-1, 1) - j.view(1, -1)  # (Nq, n) = i - j
+    allowed = (diff.abs() <= reach) & (diff % band.dilation == 0)
+    if causal:
+        allowed &= diff >= 0
+    allowed |= j.view(1, -1) < band.num_global  # global columns (every row here has i >= g)
+    allowed = allowed.view(1, 1, q_len, -1)
+    if key_mask is not None:
+        allowed = allowed & key_mask[:, j].view(key_mask.shape[0], 1, 1, -1)
+    out, _ = _dense_part(q, k[:, :, j], v[:, :, j], i, j, allowed, score_mod)
+    return out  # (B, H, Nq, Dv)
+
+
 def blocked_attention(
     q: Tensor,
     k: Tensor,
@@ -470,12 +506,16 @@ def blocked_attention(
     q_len, k_len = q.shape[2], k.shape[2]
     g = band.num_global
     offset = k_len - q_len
-    n_glob_rows = min(max(g - offset, 0), q_len) if g > 0 else 0  # query rows with i < g
+    n_glob_rows = global_rows(q_len, k_len, g)
     band_out = None
     if n_glob_rows < q_len:
-        band_out = _banded(q[:, :, n_glob_rows:], k, v, band, causal=causal,
-                           q_offset=offset + n_glob_rows, key_mask=key_mask, score_mod=score_mod,
-                           block=block, chunk=chunk)
+        rows, row_offset = q[:, :, n_glob_rows:], offset + n_glob_rows
+        if uses_key_span(q_len - n_glob_rows, band, block):
+            band_out = _key_span_attention(rows, k, v, band, causal=causal, q_offset=row_offset,
+                                           key_mask=key_mask, score_mod=score_mod)
+        else:
+            band_out = _banded(rows, k, v, band, causal=causal, q_offset=row_offset,
+                               key_mask=key_mask, score_mod=score_mod, block=block, chunk=chunk)
     if n_glob_rows == 0:
         result = band_out
     else:  # global rows: dense over every key (causal: j <= i)
@@ -531,5 +571,9 @@ class BlockedKernel(Kernel):
             parts.append(f"residues r={band.dilation}")
         if band.num_global:
             parts.append(f"g={band.num_global} dense rows/cols")
-        path = f"banded blocks ({', '.join(parts)})"
+        band_rows = q_len - n_neg - global_rows(q_len - n_neg, k_len, band.num_global)
+        if uses_key_span(band_rows, band):
+            path = f"dense over the band's key span, Nq <= one block ({', '.join(parts)})"
+        else:
+            path = f"banded blocks ({', '.join(parts)})"
         return out, KernelPath(self.name, path, fallback=fallback)
