@@ -21,7 +21,9 @@ Patterns (:class:`attn.Band`):
   take the band (keys ``j < g`` removed from it) and the ``g`` global columns in one softmax.
 
 A position bias (score_mod) is evaluated on the computed blocks only (O(N*L)) and receives
-gradients. Rows with no allowed key give zeros, forward and backward.
+gradients. Rows with no allowed key give zeros, forward and backward. Rows that fit in one
+block (KV-cache decoding) skip the stream loop: one dense product over the keys the band can
+reach (``_key_span_attention``).
 """
 
 from __future__ import annotations
