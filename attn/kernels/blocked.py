@@ -100,6 +100,10 @@ class _Stream:
     q_offset: int
     block0: int
 
+    def n_blocks(self, s: int) -> int:
+        """Query blocks of ``s`` rows covering the stream (the last one may be partial)."""
+        return -(-self.nq // s)
+
     def view(self, x: Tensor, rows: slice) -> Tensor:
         """The stream's 2-D (or 1-D) view of ``x (B|1, H|1, N, ...)``: no copy."""
         return x[min(self.b, x.shape[0] - 1), min(self.h, x.shape[1] - 1), rows]
@@ -109,7 +113,7 @@ class _Stream:
         inside ``[0, nk)``, so they read the inputs through views; the rest are padded copies."""
         s = geo.s
         a0 = self.q_offset - geo.nl * s  # position of block 0's first window key
-        nb = -(-self.nq // s)
+        nb = self.n_blocks(s)
         first = min(nb, max(0, -(a0 // s)))
         last = max(first, min(self.nq // s, (self.nk - a0 - geo.length) // s + 1))
         out = []
@@ -129,9 +133,10 @@ def _streams(batch: int, heads: int, q_len: int, k_len: int, q_offset: int, r: i
                 nq = len(range(row0, q_len, r))
                 if nq == 0:
                     continue
-                streams.append(_Stream(b, h, c, slice(row0, None, r), slice(c, None, r), nq,
-                                       len(range(c, k_len, r)), (q_offset + row0) // r, block0))
-                block0 += -(-nq // s)
+                st = _Stream(b, h, c, slice(row0, None, r), slice(c, None, r), nq,
+                             len(range(c, k_len, r)), (q_offset + row0) // r, block0)
+                streams.append(st)
+                block0 += st.n_blocks(s)
     return streams
 
 
@@ -141,6 +146,18 @@ def _span(x: Tensor, start: int, length: int, fill: float = 0.0) -> Tensor:
     lo, hi = max(start, 0), min(start + length, x.shape[0])
     if hi > lo:
         out[lo - start : hi - start] = x[lo:hi]
+    return out
+
+
+def _span_bias(key_bias: Tensor | None, n: int, start: int, length: int, like: Tensor) -> Tensor:
+    """Additive key bias ``(length,)`` for keys ``[start, start + length)`` of ``n``: -inf
+    outside ``[0, n)``, ``key_bias (n,)`` (or 0) inside; only the span is allocated."""
+    if key_bias is not None:
+        return _span(key_bias, start, length, float("-inf"))
+    out = like.new_full((length,), float("-inf"))
+    lo, hi = max(start, 0), min(start + length, n)
+    if hi > lo:
+        out[lo - start : hi - start] = 0.0
     return out
 
 
@@ -159,8 +176,9 @@ class _Chunk:
     """
 
     def __init__(self, st: _Stream, geo: _Geometry, t0: int, t1: int, interior: bool,
-                 q2: Tensor, k2: Tensor, v2: Tensor, kb1: Tensor | None, kb_prefix: Tensor | None):
+                 keys: _Keys):
         s, length = geo.s, geo.length
+        q2, k2, v2, kb1 = keys.q2, keys.k2, keys.v2, keys.kb1
         self.s, self.c = s, t1 - t0
         c = self.c
         self.interior = interior
@@ -172,17 +190,16 @@ class _Chunk:
             self.k = _windows(k2, self.k_start, c, s, length)
             self.v = _windows(v2, self.k_start, c, s, length)
             self.key_bias = None
-            if kb1 is not None and kb_prefix is not None:
+            if kb1 is not None:
                 a, b = self.k_start, self.k_start + self.span
-                if int(kb_prefix[b]) > int(kb_prefix[a]):  # a masked key in these windows
+                if int(keys.kb_prefix[b]) > int(keys.kb_prefix[a]):  # a masked key in these windows
                     self.key_bias = _windows(kb1, self.k_start, c, s, length).unsqueeze(1)
         else:
             self.q = _span(q2, self.lo, c * s)
             self.k_span, self.v_span = _span(k2, self.k_start, self.span), _span(v2, self.k_start, self.span)
             self.k = _windows(self.k_span, 0, c, s, length)
             self.v = _windows(self.v_span, 0, c, s, length)
-            bias = torch.zeros(st.nk, dtype=q2.dtype, device=q2.device) if kb1 is None else kb1
-            self.key_bias = _windows(_span(bias, self.k_start, self.span, float("-inf")), 0, c, s,
+            self.key_bias = _windows(_span_bias(kb1, st.nk, self.k_start, self.span, q2), 0, c, s,
                                      length).unsqueeze(1)
 
     def rows(self, x: Tensor, fill: float = 0.0) -> Tensor:
@@ -209,12 +226,12 @@ class _Keys:
     """Per-stream inputs of the core: the stream views and the optional global columns."""
 
     def __init__(self, st: _Stream, q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor | None,
-                 num_global: int, global_bias: Tensor | None):
+                 key_masked: Tensor | None, num_global: int, global_bias: Tensor | None):
         self.q2, self.k2, self.v2 = st.view(q, st.q_rows), st.view(k, st.k_rows), st.view(v, st.k_rows)
         self.kb1 = None if key_bias is None else st.view(key_bias, st.k_rows)
-        self.kb_prefix = None
-        if self.kb1 is not None:
-            masked = torch.isneginf(self.kb1).to("cpu", torch.int64)
+        self.kb_prefix = None  # (nk + 1,) on the host: masked keys before each position
+        if key_masked is not None:
+            masked = st.view(key_masked, st.k_rows).to(torch.int64)
             self.kb_prefix = torch.cat([masked.new_zeros(1), masked.cumsum(0)])
         g = num_global
         self.kx = k[st.b, st.h, :g] if g else None  # (g, D) global keys (all residues)
@@ -224,7 +241,7 @@ class _Keys:
 
 def _chunk_rows(geo: _Geometry, streams: list[_Stream]) -> int:
     """Blocks in the largest chunk of any stream (the size of the score buffers)."""
-    return min(geo.chunk, max(-(-st.nq // geo.s) for st in streams))
+    return min(geo.chunk, max(st.n_blocks(geo.s) for st in streams))
 
 
 def _chunk_scores(ch: _Chunk, keys: _Keys, edges: Tensor, buf: Tensor, scale: float,
@@ -265,12 +282,13 @@ class _BandCore(torch.autograd.Function):
         lse = q.new_empty(batch, heads, q_len)  # (B, H, Nq)
         buf = q.new_empty(_chunk_rows(geo, streams), geo.s, geo.length)  # (chunk, S, L) scores
         tiny = torch.finfo(q.dtype).tiny
+        # masked keys, on the host once: each chunk checks its windows without a device sync
+        key_masked = None if key_bias is None else torch.isneginf(key_bias).cpu()
         for st in streams:
-            keys = _Keys(st, q, k, v, key_bias, num_global, global_bias)
+            keys = _Keys(st, q, k, v, key_bias, key_masked, num_global, global_bias)
             o2, l1 = st.view(out, st.q_rows), st.view(lse, st.q_rows)
             for t0, t1, interior in st.chunks(geo):
-                ch = _Chunk(st, geo, t0, t1, interior, keys.q2, keys.k2, keys.v2, keys.kb1,
-                            keys.kb_prefix)
+                ch = _Chunk(st, geo, t0, t1, interior, keys)
                 blocks = slice(st.block0 + t0, st.block0 + t1)
                 sc, sg = _chunk_scores(ch, keys, edges, buf, scale, score_bias, global_score_bias, blocks)
                 m = sc.amax(dim=-1)  # (c, S)
@@ -295,13 +313,13 @@ class _BandCore(torch.autograd.Function):
                 l1[ch.lo : ch.hi] = row_lse
         ctx.save_for_backward(q, k, v, key_bias, global_bias, score_bias, global_score_bias, edges,
                               out, lse)
-        ctx.geo, ctx.streams, ctx.num_global = geo, streams, num_global
+        ctx.geo, ctx.streams, ctx.num_global, ctx.key_masked = geo, streams, num_global, key_masked
         return out
 
     @staticmethod
     def backward(ctx: Any, d_out):
         q, k, v, key_bias, global_bias, score_bias, global_score_bias, edges, out, lse = ctx.saved_tensors
-        geo, streams, num_global = ctx.geo, ctx.streams, ctx.num_global
+        geo, streams, num_global, key_masked = ctx.geo, ctx.streams, ctx.num_global, ctx.key_masked
         scale = 1.0 / math.sqrt(q.shape[-1])
         d_out = d_out.contiguous()
         delta = (d_out * out).sum(dim=-1)  # (B, H, Nq)
@@ -311,7 +329,7 @@ class _BandCore(torch.autograd.Function):
         dv = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
         want_bias = score_bias is not None and ctx.needs_input_grad[5]
         want_gbias = global_score_bias is not None and ctx.needs_input_grad[6]
-        n_blocks = sum(-(-st.nq // geo.s) for st in streams)
+        n_blocks = sum(st.n_blocks(geo.s) for st in streams)
         d_bias = q.new_empty(n_blocks, geo.s, geo.length) if want_bias else None
         d_gbias = q.new_empty(n_blocks, geo.s, num_global) if want_gbias else None
         rows = _chunk_rows(geo, streams)
@@ -320,12 +338,11 @@ class _BandCore(torch.autograd.Function):
         buf_dk = q.new_empty(rows, geo.length, q.shape[-1])  # window gradients
         buf_dv = q.new_empty(rows, geo.length, v.shape[-1])
         for st in streams:
-            keys = _Keys(st, q, k, v, key_bias, num_global, global_bias)
+            keys = _Keys(st, q, k, v, key_bias, key_masked, num_global, global_bias)
             do2, dl1, ls1 = st.view(d_out, st.q_rows), st.view(delta, st.q_rows), st.view(lse, st.q_rows)
             dq2, dk2, dv2 = st.view(dq, st.q_rows), st.view(dk, st.k_rows), st.view(dv, st.k_rows)
             for t0, t1, interior in st.chunks(geo):
-                ch = _Chunk(st, geo, t0, t1, interior, keys.q2, keys.k2, keys.v2, keys.kb1,
-                            keys.kb_prefix)
+                ch = _Chunk(st, geo, t0, t1, interior, keys)
                 c, s = ch.c, ch.s
                 blocks = slice(st.block0 + t0, st.block0 + t1)
                 p, pg = _chunk_scores(ch, keys, edges, buf, scale, score_bias, global_score_bias, blocks)
@@ -371,7 +388,7 @@ def _score_biases(score_mod: ScoreMod, streams: list[_Stream], geo: _Geometry, d
     keys at ``q_offset - nl*S + t*S + col``; absolute positions are ``r * sub + residue``.
     """
     s, r = geo.s, dilation
-    per_stream = [(st, torch.arange(-(-st.nq // s), device=device)) for st in streams]
+    per_stream = [(st, torch.arange(st.n_blocks(s), device=device)) for st in streams]
     t_pos = torch.cat([r * (st.q_offset + t * s) + st.residue for st, t in per_stream])  # (T,)
     b = torch.cat([torch.full_like(t, st.b) for st, t in per_stream]).view(-1, 1, 1)
     h = torch.cat([torch.full_like(t, st.h) for st, t in per_stream]).view(-1, 1, 1)
