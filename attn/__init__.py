@@ -3,17 +3,21 @@
 Public interface (DESIGN 3): :func:`register_attention`, :func:`create_attention`,
 :func:`list_attention`, :func:`attention_info`; every module follows the tensor contract
 ``forward(q, k, v, *, causal=False, key_mask=None)`` with ``(B, H, N, D)`` tensors.
+A plain ``nn.Module`` with that forward can be registered as it is (see :mod:`attn.plain_module`).
 """
 
 from attn.base import Attention, Band, ExactAttention, KernelPath
 from attn.kernels import get_kernel, list_kernels
 from attn.mods import MaskMod, ScoreMod
+from attn.plain_module import PlainModuleAttention
 from attn.registry import (
     AttentionInfo,
     attention_info,
+    build_attention,
     create_attention,
     list_attention,
     load_plugins,
+    plugin_errors,
     register_attention,
 )
 
@@ -24,12 +28,15 @@ __all__ = [
     "ExactAttention",
     "KernelPath",
     "MaskMod",
+    "PlainModuleAttention",
     "ScoreMod",
     "attention_info",
+    "build_attention",
     "create_attention",
     "get_kernel",
     "list_attention",
     "list_kernels",
     "load_plugins",
+    "plugin_errors",
     "register_attention",
 ]

@@ -2,13 +2,24 @@
 
 Built-in variants live in :mod:`attn.variants` (imported on first use); third-party
 packages register through the entry-point group ``attn_bench.attention`` with
-``name = "module:object"``, where the object is an :class:`~attn.base.Attention` subclass or
-a factory returning an attention module.
+``name = "module:object"``, where the object is one of
+
+- an :class:`~attn.base.Attention` subclass;
+- a plain ``nn.Module`` subclass whose ``forward(q, k, v, *, causal=False, key_mask=None)``
+  follows the tensor contract: it is built with its own parameters (plus ``num_heads`` /
+  ``head_dim`` if its ``__init__`` asks for them or takes ``**kwargs``) and wrapped in
+  :class:`~attn.plain_module.PlainModuleAttention`;
+- a factory returning either.
+
+A plug-in that cannot be loaded (invalid name, import error, not callable, a name already
+taken) is skipped and its error kept in :func:`plugin_errors`; the built-ins and the other
+plug-ins keep working.
 """
 
 from __future__ import annotations
 
 import inspect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import import_module, metadata
@@ -17,6 +28,14 @@ from typing import Any, TypeVar
 from torch import nn
 
 from attn.base import Attention
+from attn.contract import require_choice
+from attn.plain_module import (
+    CONTRACT,
+    PlainModuleAttention,
+    contract_problem,
+    is_plain_module_class,
+    plain_traits,
+)
 
 ENTRY_POINT_GROUP = "attn_bench.attention"
 _RESERVED = ("kernel", "num_heads", "head_dim")
@@ -52,13 +71,16 @@ _registry = _Registry()
 
 
 def register_attention(name: str, *, overwrite: bool = False) -> Callable[[T], T]:
-    """Decorator registering an :class:`Attention` subclass or a factory under ``name``."""
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"register_attention: 'name' must be an identifier string; got {name!r}")
+    """Decorator registering an :class:`Attention` subclass, a plain module class or a factory.
+
+    A plain module class (an ``nn.Module`` that is not an Attention) must have a forward
+    callable as ``forward(q, k, v, *, causal=False, key_mask=None)``; the object itself is
+    returned unchanged.
+    """
+    _require_name(name)
 
     def decorator(obj: T) -> T:
-        if not callable(obj):
-            raise ValueError(f"register_attention({name!r}): expected a class or factory; got {obj!r}")
+        _require_registrable(name, obj)
         existing = _registry.entries.get(name)
         if existing is not None and existing is not obj and not overwrite:
             raise ValueError(
@@ -72,6 +94,38 @@ def register_attention(name: str, *, overwrite: bool = False) -> Callable[[T], T
         return obj
 
     return decorator
+
+
+def _require_name(name: Any) -> None:
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(
+            "register_attention: 'name' must be an identifier string (letters, digits and "
+            f"underscores, e.g. {_identifier_like(str(name))!r}); got {name!r}"
+        )
+
+
+def _identifier_like(name: str) -> str:
+    """A valid attention name close to ``name`` (for error messages)."""
+    fixed = re.sub(r"\W", "_", name) or "my_attention"
+    return f"_{fixed}" if fixed[0].isdigit() else fixed
+
+
+def _require_registrable(name: str, obj: Any) -> None:
+    """Raise ``ValueError`` unless ``obj`` is an Attention subclass, a plain module class
+    following the contract, or a (non-class) factory."""
+    allowed = "an attn.Attention subclass, an nn.Module subclass with the contract's forward, or a factory"
+    if not callable(obj):
+        raise ValueError(f"register_attention({name!r}): expected {allowed}; got {obj!r}, which is not callable")
+    if not inspect.isclass(obj) or issubclass(obj, Attention):
+        return
+    if not issubclass(obj, nn.Module):
+        raise ValueError(
+            f"register_attention({name!r}): expected {allowed}; got class {obj.__qualname__}, "
+            "which is not an nn.Module"
+        )
+    problem = contract_problem(obj)
+    if problem is not None:
+        raise ValueError(f"register_attention({name!r}): a plain module must follow {CONTRACT}; {problem}")
 
 
 def unregister_attention(name: str) -> None:
@@ -92,27 +146,60 @@ def _ensure_loaded() -> None:
 def load_plugins(*, reload: bool = False) -> dict[str, str]:
     """Load entry points of group ``attn_bench.attention``; returns {name: error} for failures.
 
-    A broken plug-in never breaks the built-ins: its error is kept and shown by
-    ``attn-bench list``.
+    A broken plug-in never breaks the built-ins: an entry point whose name is not an
+    identifier, whose module fails to import, whose object cannot be registered, or whose
+    name is already taken (by a built-in or another plug-in, which is kept) is skipped and
+    its one-line error kept for ``attn-bench list``. ``reload=True`` forgets old errors and
+    registers every entry point again.
     """
     if reload:
         _registry.plugin_errors.clear()
-    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in _registry.entries and not reload:
-            continue
-        try:
-            obj = ep.load()
-        except Exception as err:  # a plug-in's own bug must not hide the others
-            _registry.plugin_errors[ep.name] = f"{type(err).__name__}: {err}"
-            continue
-        if _registry.entries.get(ep.name) is not obj:
-            register_attention(ep.name, overwrite=reload)(obj)
-        _registry.sources[ep.name] = f"entry point {ep.value}"
+    try:
+        entry_points = list(metadata.entry_points(group=ENTRY_POINT_GROUP))
+    except Exception as err:  # unreadable installed metadata must not break the built-ins
+        _registry.plugin_errors[ENTRY_POINT_GROUP] = f"cannot list entry points: {_one_line(err)}"
+        return dict(_registry.plugin_errors)
+    for ep in entry_points:
+        error = _load_entry_point(ep, reload=reload)
+        if error is None:
+            _registry.plugin_errors.pop(ep.name, None)
+        else:
+            _registry.plugin_errors[ep.name] = error
     return dict(_registry.plugin_errors)
 
 
+def _load_entry_point(ep: metadata.EntryPoint, *, reload: bool) -> str | None:
+    """Register one entry point; the one-line reason it was skipped, or None."""
+    where = f"entry point {ep.name} = {ep.value}"
+    if not ep.name.isidentifier():
+        return (
+            f"{where}: the name {ep.name!r} is not a valid attention name; it must be an identifier "
+            f"(letters, digits and underscores, e.g. {_identifier_like(ep.name)!r})"
+        )
+    source = f"entry point {ep.value}"
+    current = _registry.sources.get(ep.name)
+    # current == ep.value: the entry point's own module registered the same object by decorator
+    if current is not None and current not in (source, ep.value):
+        return f"{where}: the name {ep.name!r} is already registered by {current}; the plug-in was not loaded"
+    if current is not None and not reload:
+        _registry.sources[ep.name] = source
+        return None
+    try:
+        obj = ep.load()
+        register_attention(ep.name, overwrite=True)(obj)  # replaces only this entry point's own earlier load
+    except Exception as err:  # a plug-in's own bug must not hide the others
+        return f"{where}: {_one_line(err)}"
+    _registry.sources[ep.name] = source
+    return None
+
+
+def _one_line(err: BaseException) -> str:
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0]}" if lines else type(err).__name__
+
+
 def plugin_errors() -> dict[str, str]:
-    """Errors raised while loading plug-ins, by entry-point name."""
+    """Errors raised while loading plug-ins, by entry-point name (one line each)."""
     _ensure_loaded()
     return dict(_registry.plugin_errors)
 
@@ -162,7 +249,8 @@ def create_attention(
 ) -> Attention:
     """Build the attention registered as ``name`` with ``params``; the kernel may be ``"auto"``.
 
-    Unknown names and parameters raise ``ValueError`` listing what is allowed.
+    Unknown names and parameters raise ``ValueError`` listing what is allowed. A plain
+    module is returned wrapped in :class:`~attn.plain_module.PlainModuleAttention`.
     """
     factory = _lookup(name)
     allowed = constructor_params(factory)
@@ -172,18 +260,93 @@ def create_attention(
             f"{name}: unknown parameter(s) {', '.join(map(repr, unknown))}; allowed parameters "
             f"are {', '.join(map(repr, sorted(allowed))) or 'none'}"
         )
-    module = factory(kernel=kernel, num_heads=num_heads, head_dim=head_dim, **params)
-    if not isinstance(module, Attention):
+    return build_attention(factory, name=name, kernel=kernel, num_heads=num_heads, head_dim=head_dim, **params)
+
+
+def build_attention(
+    obj: Callable[..., nn.Module],
+    *,
+    name: str | None = None,
+    kernel: str = "auto",
+    num_heads: int | None = None,
+    head_dim: int | None = None,
+    **params: Any,
+) -> Attention:
+    """Build an attention from a class or factory directly (what ``create_attention`` does after the lookup).
+
+    ``obj`` may be an :class:`Attention` subclass (called with every argument), a plain
+    module class (called with ``params``, plus ``num_heads`` / ``head_dim`` when given and
+    its ``__init__`` names them or takes ``**kwargs``; ``kernel`` must be ``"auto"`` or
+    ``"native"``) or a factory (called likewise, plus ``kernel`` when it accepts it) that
+    returns an Attention or a plain module. ``name`` (default: ``obj``'s name) names a
+    wrapped plain module.
+    """
+    name = name if isinstance(name, str) and name else _default_name(obj)
+    if inspect.isclass(obj) and issubclass(obj, Attention):
+        return obj(kernel=kernel, num_heads=num_heads, head_dim=head_dim, **params)
+    if is_plain_module_class(obj):
+        require_choice(name, "kernel", kernel, ("auto", *PlainModuleAttention.kernels))
+        inner = obj(**params, **_reserved_arguments(name, obj, num_heads=num_heads, head_dim=head_dim))
+        return PlainModuleAttention(inner, name=name, kernel=kernel, num_heads=num_heads, head_dim=head_dim)
+    reserved = _reserved_arguments(name, obj, kernel=kernel, num_heads=num_heads, head_dim=head_dim)
+    built = obj(**params, **reserved)
+    if isinstance(built, Attention):
+        if "kernel" not in reserved and kernel != built.kernel:
+            built.kernel = require_choice(name, "kernel", kernel, ("auto", *built.kernels))
+        return built
+    problem = contract_problem(built) if isinstance(built, nn.Module) else "it is not an nn.Module"
+    if problem is not None:
         raise TypeError(
-            f"{name}: the registered factory returned {type(module).__name__}; it must return an "
-            "attn.Attention (subclass Attention and implement native_forward, or ExactAttention)"
+            f"{name}: the registered factory returned {type(built).__name__}; it must return an "
+            "attn.Attention (subclass Attention and implement native_forward, or ExactAttention) or "
+            f"an nn.Module with {CONTRACT} ({problem})"
         )
-    return module
+    return PlainModuleAttention(built, name=name, kernel=kernel, num_heads=num_heads, head_dim=head_dim)
+
+
+def _default_name(obj: Any) -> str:
+    name = getattr(obj, "name", None)
+    return name if isinstance(name, str) else getattr(obj, "__name__", type(obj).__name__)
+
+
+def _init_signature(obj: Callable[..., Any]) -> inspect.Signature | None:
+    """The signature a class's own ``__init__`` (or a factory) is called with; None if it takes nothing."""
+    if not inspect.isclass(obj):
+        return inspect.signature(obj)
+    init = next(c.__init__ for c in obj.__mro__ if "__init__" in vars(c))
+    if init is object.__init__ or init is nn.Module.__init__:
+        return None
+    return inspect.signature(init)
+
+
+def _reserved_arguments(name: str, obj: Callable[..., Any], **values: Any) -> dict[str, Any]:
+    """The reserved arguments (kernel, num_heads, head_dim) that ``obj`` accepts, from ``values``.
+
+    A value of None is left out (the callable's default applies); ``ValueError`` when the
+    callable requires such an argument and none was given.
+    """
+    try:
+        signature = _init_signature(obj)
+    except (TypeError, ValueError):  # not introspectable: pass what was given, as before
+        return {arg: value for arg, value in values.items() if value is not None}
+    if signature is None:
+        return {}
+    named = {p.name: p for p in signature.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    arguments = {}
+    for arg, value in values.items():
+        if value is None and arg in named and named[arg].default is inspect.Parameter.empty:
+            raise ValueError(f"{name}: parameter {arg!r} is required (its constructor asks for it); got None")
+        if value is not None and (arg in named or takes_any):
+            arguments[arg] = value
+    return arguments
 
 
 def attention_info(name: str) -> AttentionInfo:
     """Description, parameters with defaults, kernels and causal support of ``name``."""
     factory = _lookup(name)
+    if is_plain_module_class(factory):
+        return _plain_info(name, factory)
     cls = factory if inspect.isclass(factory) else None
     probe = cls or Attention
     doc = inspect.getdoc(factory) or ""
@@ -197,4 +360,21 @@ def attention_info(name: str) -> AttentionInfo:
         source=_registry.sources.get(name, "?"),
         example_params=tuple(getattr(probe, "example_params", ({},))),
         forces_causal=bool(getattr(probe, "forces_causal", False)),
+    )
+
+
+def _plain_info(name: str, cls: type[nn.Module]) -> AttentionInfo:
+    """Info of a plain module class: its own parameters and declared traits (see plain_traits)."""
+    traits = plain_traits(cls)
+    doc = inspect.cleandoc(cls.__doc__ or "")  # the class's own docstring, not nn.Module's
+    return AttentionInfo(
+        name=name,
+        description=doc.split("\n\n")[0].replace("\n", " "),
+        params=constructor_params(cls),
+        kernels=PlainModuleAttention.kernels,
+        supports_causal=traits.supports_causal,
+        exact=traits.exact,
+        source=_registry.sources.get(name, "?"),
+        example_params=traits.example_params,
+        forces_causal=traits.forces_causal,
     )
