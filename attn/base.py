@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from attn.contract import check_qkv, require_choice, require_int, require_optional_int
+from attn.cost import Cost, CostQuery, exact_cost, pairs_cost
 from attn.mods import MaskMod, ScoreMod
 
 
@@ -18,7 +19,9 @@ class KernelPath:
 
     ``mask_emulated`` is True when a sparse pattern was computed through a dense
     materialised mask (the cost of full attention); ``fallback`` names a known slow path;
-    ``compile_s`` is the compilation time spent inside this call, if any.
+    ``compile_s`` is the compilation time spent inside this call, if any; ``setup_s`` and
+    ``setup_bytes`` are the time and bytes of cached structures this call built (a dense
+    mask, a block mask), which later calls of the same shape reuse.
     """
 
     kernel: str
@@ -26,6 +29,8 @@ class KernelPath:
     mask_emulated: bool = False
     fallback: str | None = None
     compile_s: float | None = None  # time spent compiling in this call (first call of a shape)
+    setup_s: float | None = None  # time building a cached mask in this call
+    setup_bytes: int | None = None  # bytes of the cached mask built in this call
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,13 @@ class Attention(nn.Module):
     #: for approximate variants: the parameter whose growth must converge to full attention
     convergence_param: ClassVar[str | None] = None
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Attention:
+        """Record the constructor arguments in ``_init_args``: compiled-kernel caches share code
+        between tensor-free modules only when they were built with equal arguments."""
+        module = super().__new__(cls)
+        module.__dict__["_init_args"] = (args, dict(kwargs))
+        return module
+
     def __init__(
         self, *, kernel: str = "auto", num_heads: int | None = None, head_dim: int | None = None
     ) -> None:
@@ -88,6 +100,17 @@ class Attention(nn.Module):
     ) -> Tensor:
         """The variant's own implementation (kernel ``native``)."""
         raise NotImplementedError(f"{self.name}: no native implementation; use kernels {self.kernels}")
+
+    def cost(self, query: CostQuery) -> Cost:
+        """FLOPs of a call of this shape (see :mod:`attn.cost`).
+
+        Exact variants: useful FLOPs of their allowed pairs. An approximation should
+        override this with the matmuls it performs; until it does, it is counted as full
+        attention and labelled ``full_equivalent``.
+        """
+        if self.exact:
+            return exact_cost(self, query)
+        return pairs_cost(query.q_len * query.k_len, query, kind="full_equivalent")
 
     # dispatch
     def supports(

@@ -1,4 +1,12 @@
-"""Expanding a sweep config into cases: one case = one (variant, kernel, shape) measured on all passes."""
+"""Expanding a sweep config into cases, and cases into chains of same-length groups.
+
+A *case* is one (variant, params, kernel, shape, length) measured on some passes. A *group*
+holds the cases of one variant and shape at one length that differ only in their kernel:
+they are timed together, in interleaved rounds (see :mod:`bench.rounds`). A *chain* is the
+sequence of groups of one variant and shape over increasing lengths; its groups run in
+order, so that a length that fails (timeout, out of memory) can skip the larger lengths of
+its curve and pass (see :mod:`bench.schedule`).
+"""
 
 from __future__ import annotations
 
@@ -34,6 +42,7 @@ class Case:
     threads: int | None
     time_budget_s: float
     plugins: tuple[str, ...]
+    min_repeats: int = 5
 
     @property
     def params_dict(self) -> dict[str, Any]:
@@ -48,6 +57,12 @@ class Case:
         """Cases that differ only in ``seq_len`` (a scaling curve)."""
         return (self.variant, self.params, self.kernel, self.batch, self.heads, self.head_dim,
                 self.dtype, self.device, self.causal)
+
+    @property
+    def comparison(self) -> tuple[Any, ...]:
+        """Cases that differ only in ``kernel`` and ``seq_len`` (compared side by side)."""
+        return (self.variant, self.params, self.batch, self.heads, self.head_dim, self.dtype,
+                self.device, self.causal)
 
     @property
     def case_id(self) -> str:
@@ -69,16 +84,22 @@ class Case:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Case:
+        """Inverse of :meth:`to_dict` (lists back to tuples)."""
+        fixed = {k: tuple(map(tuple, v)) if k == "params" else
+                 (tuple(v) if isinstance(v, list) else v) for k, v in data.items()}
+        return cls(**fixed)
+
 
 def expand_cases(config: SweepConfig) -> list[Case]:
     """Every case of a sweep, grouped by curve and in increasing ``seq_len`` inside a curve.
 
     A (variant, kernel) pair is a case when the variant has that kernel (or it is ``auto``;
-    ``all`` stands for every kernel of the variant);
-    whether the kernel supports the device/dtype/pass is decided in the worker (a row
-    ``unsupported`` with the reason).
+    ``all`` stands for every kernel of the variant); whether the kernel supports the
+    device/dtype/pass is decided in the worker (a row ``unsupported`` with the reason).
     """
-    from attn import attention_info, create_attention
+    from attn import attention_info
 
     cases: list[Case] = []
     for spec in config.variants:
@@ -88,9 +109,7 @@ def expand_cases(config: SweepConfig) -> list[Case]:
             requested = (*(k for k in requested if k != "all"), *info.kernels)
         kernels = [k for k in dict.fromkeys(requested) if k == "auto" or k in info.kernels]
         causal = config.causal if spec.causal is None else spec.causal
-        causal = causal or create_attention(spec.name, num_heads=config.heads[0],
-                                            head_dim=config.head_dim[0],
-                                            **spec.params_dict).forces_causal
+        causal = causal or info.forces_causal
         lengths = sorted(set(spec.seq_len or config.seq_len))
         for kernel, batch, heads, head_dim in product(
             kernels, config.batch, config.heads, config.head_dim
@@ -103,5 +122,19 @@ def expand_cases(config: SweepConfig) -> list[Case]:
                     repeats=config.repeats, warmup=config.warmup, timeout_s=config.timeout_s,
                     max_memory_gb=config.max_memory_gb, threads=config.threads,
                     time_budget_s=config.time_budget_s, plugins=config.plugins,
+                    min_repeats=config.min_repeats,
                 ))
     return cases
+
+
+def chains(cases: list[Case], interleave: bool) -> list[list[list[Case]]]:
+    """Cases as chains of same-length groups, in config order and increasing length.
+
+    With ``interleave`` the kernels of one variant and shape share a chain (their cases at
+    one length form one group); without it each curve is a chain of single cases.
+    """
+    by_chain: dict[tuple[Any, ...], dict[int, list[Case]]] = {}
+    for case in cases:
+        key = case.comparison if interleave else case.group
+        by_chain.setdefault(key, {}).setdefault(case.seq_len, []).append(case)
+    return [[groups[n] for n in sorted(groups)] for groups in by_chain.values()]

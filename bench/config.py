@@ -1,14 +1,18 @@
 """Sweep configs: YAML (``yaml.safe_load``) into frozen dataclasses, validated on load.
 
 Every error is a :class:`ConfigError` (a ``ValueError``) whose message names the key and the
-allowed values, so the CLI prints one line instead of a traceback.
+allowed values, so the CLI prints one line instead of a traceback. Command-line overrides go
+through the same validation (:func:`with_overrides` re-parses the config with them applied).
+
+``plugins:`` imports the named modules: a config is as trusted as a script.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +22,15 @@ PRESET_DIR = Path(__file__).parent / "configs"
 PASSES = ("fwd", "bwd", "fwd_bwd")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
-
-_TOP_KEYS = {
-    "name", "description", "device", "dtype", "passes", "batch", "heads", "head_dim", "seq_len",
-    "variants", "kernels", "repeats", "warmup", "causal", "timeout_s", "max_memory_gb",
-    "threads", "time_budget_s", "plugins", "skip_larger_after_failure", "peak_matmul_size",
-    "fit_ranges",
-}
 _VARIANT_KEYS = {"name", "causal", "seq_len", "kernels"}
 
 
 class ConfigError(ValueError):
-    """An invalid sweep config; the message names the offending key."""
+    """An invalid sweep config; the message names the offending key (also in ``key``)."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,11 @@ class VariantSpec:
 
 @dataclass(frozen=True)
 class SweepConfig:
-    """A whole sweep; ``cases(config)`` in :mod:`bench.cases` expands it."""
+    """A whole sweep; :func:`bench.cases.expand_cases` expands it into cases.
+
+    The field defaults are the only place sweep defaults are written: a key the YAML leaves
+    out takes its field's default. ``raw`` keeps the validated mapping (for overrides).
+    """
 
     name: str
     variants: tuple[VariantSpec, ...]
@@ -68,27 +73,36 @@ class SweepConfig:
     heads: tuple[int, ...] = (8,)
     head_dim: tuple[int, ...] = (64,)
     kernels: tuple[str, ...] = ("auto",)
-    repeats: int = 5
+    repeats: int = 10  # at most this many timed repeats per pass
+    min_repeats: int = 5  # at least this many, even past time_budget_s
     warmup: int = 1
     causal: bool = False
-    timeout_s: float = 300.0
+    timeout_s: float = 300.0  # per case and pass
     max_memory_gb: float | None = 20.0  # CPU cases only (RLIMIT_AS); ignored on CUDA
     threads: int | None = None
-    time_budget_s: float = 20.0
+    time_budget_s: float = 20.0  # the timed repeats of one pass aim to fit in this
+    interleave: bool = True  # kernels of one variant at one length timed in rounds
     plugins: tuple[str, ...] = ()
     skip_larger_after_failure: bool = True
     peak_matmul_size: int | None = None  # side of the square matmul giving the FLOP/s peak
     fit_ranges: tuple[tuple[int, int], ...] = ()  # extra exponent fits in the report, [lo, hi] N
     description: str = ""
-    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+_TOP_KEYS = {f.name for f in fields(SweepConfig)} - {"raw"}
+
+
+def _default(key: str) -> Any:
+    return SweepConfig.__dataclass_fields__[key].default
 
 
 def _fail(key: str, message: str) -> ConfigError:
-    return ConfigError(f"config key {key!r}: {message}")
+    return ConfigError(f"config key {key!r}: {message}", key)
 
 
 def _int_list(key: str, value: Any, minimum: int = 1) -> tuple[int, ...]:
-    values = value if isinstance(value, list) else [value]
+    values = value if isinstance(value, (list, tuple)) else [value]
     if not values:
         raise _fail(key, "must not be empty")
     out = []
@@ -100,7 +114,7 @@ def _int_list(key: str, value: Any, minimum: int = 1) -> tuple[int, ...]:
 
 
 def _choices(key: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
-    values = value if isinstance(value, list) else [value]
+    values = value if isinstance(value, (list, tuple)) else [value]
     if not values:
         raise _fail(key, f"must not be empty; allowed values are {list(allowed)}")
     for v in values:
@@ -117,12 +131,16 @@ def _number(key: str, value: Any, minimum: float, integer: bool = False) -> Any:
     return value
 
 
+def _optional_number(key: str, value: Any, minimum: float, integer: bool = False) -> Any:
+    return None if value is None else _number(key, value, minimum, integer)
+
+
 def _fit_ranges(key: str, value: Any) -> tuple[tuple[int, int], ...]:
-    if not isinstance(value, list):
+    if not isinstance(value, (list, tuple)):
         raise _fail(key, f"must be a list of [lo, hi] sequence lengths; got {value!r}")
     out = []
     for item in value:
-        if (not isinstance(item, list) or len(item) != 2
+        if (not isinstance(item, (list, tuple)) or len(item) != 2
                 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in item)
                 or item[0] >= item[1]):
             raise _fail(key, f"each range must be [lo, hi] with integers 1 <= lo < hi; got {item!r}")
@@ -137,16 +155,19 @@ def _bool(key: str, value: Any) -> bool:
 
 
 def import_plugins(modules: tuple[str, ...]) -> None:
-    """Import plug-in modules (which register attentions by decorator)."""
+    """Import plug-in modules (which register attentions by decorator); importing runs their
+    code, so a config that names plug-ins is as trusted as a script."""
     for module in modules:
         try:
             importlib.import_module(module)
-        except ImportError as err:
-            raise _fail("plugins", f"cannot import module {module!r}: {err}") from None
+        except Exception as err:  # ImportError, SyntaxError, or the module's own failure
+            detail = str(err).splitlines()[0] if str(err) else ""
+            raise _fail("plugins", f"cannot import module {module!r}: "
+                                   f"{type(err).__name__}: {detail}") from None
 
 
 def _variant(index: int, raw: Any, kernel_names: tuple[str, ...]) -> VariantSpec:
-    from attn import attention_info, list_attention
+    from attn import attention_info, create_attention, list_attention
 
     key = f"variants[{index}]"
     if isinstance(raw, str):
@@ -170,8 +191,6 @@ def _variant(index: int, raw: Any, kernel_names: tuple[str, ...]) -> VariantSpec
         if not isinstance(pval, (int, float, str, bool, type(None))):
             raise _fail(f"{key}.{pkey}", f"must be a number, string, bool or null; got {pval!r}")
     try:  # let the variant's own validation speak (bad window, bad bias, ...)
-        from attn import create_attention
-
         create_attention(name, num_heads=8, head_dim=64, **params)
     except (ValueError, TypeError) as err:
         raise _fail(f"{key}", str(err)) from None
@@ -195,8 +214,12 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
     for required in ("name", "variants", "seq_len"):
         if required not in raw:
             raise _fail(required, "is required")
-    plugins = raw.get("plugins", [])
-    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+
+    def get(key: str) -> Any:
+        return raw.get(key, _default(key))
+
+    plugins = get("plugins")
+    if not isinstance(plugins, (list, tuple)) or not all(isinstance(p, str) for p in plugins):
         raise _fail("plugins", f"must be a list of importable module names; got {plugins!r}")
     import_plugins(tuple(plugins))
     name = raw["name"]
@@ -204,36 +227,42 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
         raise _fail("name", f"must be a non-empty string; got {name!r}")
     kernel_names = ("auto", "all", *list_kernels())
     variants = raw["variants"]
-    if not isinstance(variants, list) or not variants:
+    if not isinstance(variants, (list, tuple)) or not variants:
         raise _fail("variants", "must be a non-empty list like [{name: full}]")
-    threads = raw.get("threads")
-    max_mem = raw.get("max_memory_gb", 20.0)
+    repeats = _number("repeats", get("repeats"), 1, integer=True)
+    min_repeats = _number("min_repeats", get("min_repeats"), 1, integer=True)
+    if "min_repeats" not in raw:
+        min_repeats = min(min_repeats, repeats)
+    if min_repeats > repeats:
+        raise _fail("min_repeats", f"must be <= repeats={repeats}; got {min_repeats}")
     return SweepConfig(
         name=name,
-        description=str(raw.get("description", "")),
+        description=str(get("description")),
         variants=tuple(_variant(i, v, kernel_names) for i, v in enumerate(variants)),
         seq_len=_int_list("seq_len", raw["seq_len"]),
-        device=_choices("device", raw.get("device", "cpu"), DEVICES)[0],
-        dtype=_choices("dtype", raw.get("dtype", "float32"), DTYPES)[0],
-        passes=_choices("passes", raw.get("passes", list(PASSES)), PASSES),
-        batch=_int_list("batch", raw.get("batch", 1)),
-        heads=_int_list("heads", raw.get("heads", 8)),
-        head_dim=_int_list("head_dim", raw.get("head_dim", 64)),
-        kernels=_choices("kernels", raw.get("kernels", ["auto"]), kernel_names),
-        repeats=_number("repeats", raw.get("repeats", 5), 1, integer=True),
-        warmup=_number("warmup", raw.get("warmup", 1), 1, integer=True),
-        causal=_bool("causal", raw.get("causal", False)),
-        timeout_s=float(_number("timeout_s", raw.get("timeout_s", 300.0), 0.1)),
-        max_memory_gb=None if max_mem is None else float(_number("max_memory_gb", max_mem, 0.1)),
-        threads=None if threads is None else _number("threads", threads, 1, integer=True),
-        time_budget_s=float(_number("time_budget_s", raw.get("time_budget_s", 20.0), 0.0)),
+        device=_choices("device", get("device"), DEVICES)[0],
+        dtype=_choices("dtype", get("dtype"), DTYPES)[0],
+        passes=_choices("passes", get("passes"), PASSES),
+        batch=_int_list("batch", get("batch")),
+        heads=_int_list("heads", get("heads")),
+        head_dim=_int_list("head_dim", get("head_dim")),
+        kernels=_choices("kernels", get("kernels"), kernel_names),
+        repeats=repeats,
+        min_repeats=min_repeats,
+        warmup=_number("warmup", get("warmup"), 1, integer=True),
+        causal=_bool("causal", get("causal")),
+        timeout_s=float(_number("timeout_s", get("timeout_s"), 0.1)),
+        max_memory_gb=_optional_number("max_memory_gb", get("max_memory_gb"), 0.1),
+        threads=_optional_number("threads", get("threads"), 1, integer=True),
+        time_budget_s=float(_number("time_budget_s", get("time_budget_s"), 0.0)),
+        interleave=_bool("interleave", get("interleave")),
         plugins=tuple(plugins),
-        peak_matmul_size=(None if raw.get("peak_matmul_size") is None
-                          else _number("peak_matmul_size", raw["peak_matmul_size"], 64, integer=True)),
-        skip_larger_after_failure=_bool(
-            "skip_larger_after_failure", raw.get("skip_larger_after_failure", True)
-        ),
-        fit_ranges=_fit_ranges("fit_ranges", raw.get("fit_ranges", [])),
+        peak_matmul_size=_optional_number("peak_matmul_size", get("peak_matmul_size"), 64,
+                                          integer=True),
+        skip_larger_after_failure=_bool("skip_larger_after_failure",
+                                        get("skip_larger_after_failure")),
+        fit_ranges=_fit_ranges("fit_ranges", get("fit_ranges")),
+        raw=copy.deepcopy(raw),
     )
 
 
@@ -255,37 +284,44 @@ def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
+def load_yaml(path: Path) -> Any:
+    """``yaml.safe_load`` of a file; ``ConfigError`` naming the file when it is not YAML."""
+    try:
+        return yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: invalid YAML: {err}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read the config: {err}") from None
+
+
 def load_config(config: str | Path) -> SweepConfig:
     """Load and validate a sweep config from a YAML file or a preset name."""
     path = resolve_config_path(str(config))
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: invalid YAML: {err}") from None
-    return parse_config(raw, source=str(path))
+    return parse_config(load_yaml(path), source=str(path))
 
 
 def with_overrides(config: SweepConfig, **overrides: Any) -> SweepConfig:
-    """A copy of ``config`` with the non-None overrides applied (CLI options).
+    """``config`` re-validated with the non-None overrides (config keys) applied.
 
-    ``seq_len`` and ``kernels`` given here also replace the per-variant lists.
+    ``variants`` is a list of names (default parameters); ``seq_len`` and ``kernels`` given
+    here also replace the per-variant lists. Errors are :class:`ConfigError` naming the key.
     """
-    changes = {k: v for k, v in overrides.items() if v is not None}
-    if "variants" not in changes:
-        cleared = {k: None for k in ("seq_len", "kernels") if k in changes}
-        if cleared:
-            changes["variants"] = tuple(replace(s, **cleared) for s in config.variants)
-    if "variants" in changes and not isinstance(changes["variants"][0], VariantSpec):
-        from attn import list_attention
-
-        known = list_attention()
-        specs = []
-        for name in changes["variants"]:
-            if name not in known:
-                raise _fail("variant", f"unknown variant {name!r}; registered variants are {known}")
-            specs.append(VariantSpec(name))
-        changes["variants"] = tuple(specs)
-    return replace(config, **changes)
+    changes = {k: list(v) if isinstance(v, tuple) else v
+               for k, v in overrides.items() if v is not None}
+    unknown = sorted(set(changes) - _TOP_KEYS)
+    if unknown:
+        raise _fail(unknown[0], f"unknown key; allowed keys are {sorted(_TOP_KEYS)}")
+    raw = copy.deepcopy(config.raw) or {"name": config.name, "seq_len": list(config.seq_len)}
+    if "variants" in changes:
+        raw["variants"] = [{"name": name} for name in changes.pop("variants")]
+    elif not raw.get("variants"):
+        raw["variants"] = [{"name": v.name, **v.params_dict} for v in config.variants]
+    for key in ("seq_len", "kernels"):
+        if key in changes:
+            raw["variants"] = [{k: v for k, v in (item if isinstance(item, dict) else {"name": item})
+                                .items() if k != key} for item in raw["variants"]]
+    raw.update(changes)
+    return parse_config(raw, source=f"{config.name} with overrides")
 
 
 def safe_name(text: str) -> str:

@@ -1,4 +1,4 @@
-"""Decoding and streaming benchmarks for the shared models (issue 6, item 6).
+"""Decoding and streaming benchmarks for the shared models (``attn-bench decoding``).
 
 1. Decoding: ``decoder_lm.generate`` tokens/s with and without the KV cache at long
    contexts (default 1K and 4K), greedy, ``--new-tokens`` new tokens after a random prompt.
@@ -8,7 +8,7 @@
    on the whole window each step (the batch forward), per window size and depth.
 
 Writes ``results.csv`` (one row per measurement, column ``benchmark``), ``summary.md``
-and ``env.json`` into ``--out``. Run: ``python -m bench.decoding --out results/decoding``.
+and ``env.json`` into ``--out``. Run: ``attn-bench decoding --out results/decoding``.
 """
 
 from __future__ import annotations
@@ -17,13 +17,10 @@ import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import pandas as pd
 import torch
-import typer
-
-app = typer.Typer(help="Decoding (KV cache) and streaming benchmarks.", pretty_exceptions_enable=False)
 
 SPEEDUP_GOAL = 5.0  # the cache must be at least this much faster at the longest context
 
@@ -157,35 +154,100 @@ def summary_markdown(decoding: pd.DataFrame, streaming: pd.DataFrame, env: dict[
     return "\n".join(lines) + "\n"
 
 
-@app.command()
-def main(
-    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("results/decoding"),
-    context: Annotated[
-        list[int] | None, typer.Option("--context", help="Prompt lengths (repeatable; default 1024 and 4096).")
-    ] = None,
-    new_tokens: Annotated[int, typer.Option(help="Tokens generated per call.")] = 32,
-    attention: Annotated[
-        list[str] | None, typer.Option("--attention", help="Decoder attentions (repeatable; default full).")
-    ] = None,
-    window: Annotated[int, typer.Option(help="Window of banded attentions.")] = 256,
+def _at_least(option: str, values: Any, minimum: int) -> None:
+    """Each of ``values`` (one value or a list; None: the default) is an integer >= minimum."""
+    if values is None:
+        return
+    for value in values if isinstance(values, (list, tuple)) else [values]:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{option}: must be an integer >= {minimum}; got {value!r}")
+
+
+def _decoder_attention(spec: str, window: int, max_len: int, sizes: dict[str, int]) -> None:
+    """``--attention spec`` can run in ``decoder_lm`` (registered, causal, buildable)."""
+    import attn
+    from models.registry import model_config
+
+    known = attn.list_attention()
+    causal = [n for n in known if attn.attention_info(n).supports_causal]
+    if spec not in known:
+        raise ValueError(f"--attention: unknown attention {spec!r}; allowed values are {causal}")
+    if spec not in causal:
+        raise ValueError(f"--attention: {spec!r} has no causal form, so a decoder cannot use it; "
+                         f"allowed values are {causal}")
+    name, params = _attention_spec(spec, window)
+    try:
+        model_config("decoder_lm", "lra", name, params, max_len=max_len, **sizes)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"--attention {spec}: {err}") from None
+
+
+def check_arguments(
+    *,
+    context: list[int] | None = None,
+    new_tokens: int = 32,
+    attention: list[str] | None = None,
+    window: int = 256,
     d_model: int = 256,
     num_heads: int = 4,
     num_layers: int = 4,
     d_ff: int = 1024,
     vocab_size: int = 256,
-    stream_window: Annotated[
-        list[int] | None, typer.Option("--stream-window", help="Streaming windows (repeatable; default 256, 1024).")
-    ] = None,
-    stream_layers: Annotated[
-        list[int] | None, typer.Option("--stream-layers", help="Streaming encoder depths (repeatable; default 1, 2).")
-    ] = None,
+    stream_window: list[int] | None = None,
+    stream_layers: list[int] | None = None,
     stream_steps: int = 32,
-    repeats: Annotated[int, typer.Option(help="Timed repeats (median).")] = 3,
-    threads: Annotated[int | None, typer.Option(help="torch threads (default: torch's).")] = None,
+    repeats: int = 3,
+    threads: int | None = None,
+) -> None:
+    """``ValueError`` naming the option and the allowed values for any argument of
+    :func:`run_decoding_benchmark` (except ``out``) that cannot run."""
+    for option, value, minimum in (
+        ("--context", context, 1), ("--new-tokens", new_tokens, 1), ("--window", window, 0),
+        ("--d-model", d_model, 1), ("--num-heads", num_heads, 1), ("--num-layers", num_layers, 1),
+        ("--d-ff", d_ff, 1), ("--vocab-size", vocab_size, 2),
+        ("--stream-window", stream_window, 1), ("--stream-layers", stream_layers, 1),
+        ("--stream-steps", stream_steps, 1), ("--repeats", repeats, 1), ("--threads", threads, 1),
+    ):
+        _at_least(option, value, minimum)
+    if d_model % num_heads:
+        raise ValueError(f"--d-model: must be divisible by --num-heads={num_heads}; got {d_model}")
+    sizes = dict(d_model=d_model, num_heads=num_heads, num_layers=num_layers, d_ff=d_ff,
+                 vocab_size=vocab_size)
+    max_len = max(context or [1024, 4096]) + new_tokens
+    for spec in attention or ["full"]:
+        _decoder_attention(spec, window, max_len, sizes)
+
+
+def run_decoding_benchmark(
+    *,
+    out: Path,
+    context: list[int] | None = None,
+    new_tokens: int = 32,
+    attention: list[str] | None = None,
+    window: int = 256,
+    d_model: int = 256,
+    num_heads: int = 4,
+    num_layers: int = 4,
+    d_ff: int = 1024,
+    vocab_size: int = 256,
+    stream_window: list[int] | None = None,
+    stream_layers: list[int] | None = None,
+    stream_steps: int = 32,
+    repeats: int = 3,
+    threads: int | None = None,
 ) -> None:
     """Measure decoding tokens/s with and without the KV cache, and streaming step time."""
-    from bench.results import environment, write_env
+    from bench.fsutil import atomic_write_text
+    from bench.provenance import environment
+    from bench.results import write_env
 
+    check_arguments(context=context, new_tokens=new_tokens, attention=attention, window=window,
+                    d_model=d_model, num_heads=num_heads, num_layers=num_layers, d_ff=d_ff,
+                    vocab_size=vocab_size, stream_window=stream_window,
+                    stream_layers=stream_layers, stream_steps=stream_steps, repeats=repeats,
+                    threads=threads)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out: {out} is a file; give a directory (it is created if missing)")
     if threads:
         torch.set_num_threads(threads)
     sizes = dict(d_model=d_model, num_heads=num_heads, num_layers=num_layers, d_ff=d_ff,
@@ -197,11 +259,11 @@ def main(
         for spec in attention or ["full"]:
             name, params = _attention_spec(spec, window)
             for ctx in context or [1024, 4096]:
-                typer.echo(f"decoding {name} context={ctx} ...")
+                print(f"decoding {name} context={ctx} ...", flush=True)
                 decoding_rows += bench_decoding(name, params, ctx, new_tokens, sizes, repeats)
         for n in stream_window or [256, 1024]:
             for layers in stream_layers or [1, 2]:
-                typer.echo(f"streaming window={n} layers={layers} ...")
+                print(f"streaming window={n} layers={layers} ...", flush=True)
                 streaming_rows.append(bench_streaming(n, layers, stream_steps, sizes, repeats))
     env = environment("cpu", threads)
     decoding, streaming = pd.DataFrame(decoding_rows), pd.DataFrame(streaming_rows)
@@ -209,11 +271,7 @@ def main(
     table = table.assign(git_sha=env["git_sha"], torch_version=env["torch_version"],
                          threads=env["threads"], timestamp=env["timestamp"])
     table.to_csv(out / "results.csv", index=False)
-    write_env(out, env)
+    write_env(out, [env])
     summary = summary_markdown(decoding, streaming, env)
-    (out / "summary.md").write_text(summary)
-    typer.echo(summary)
-
-
-if __name__ == "__main__":
-    app()
+    atomic_write_text(out / "summary.md", summary)
+    print(summary)

@@ -1,50 +1,55 @@
-"""Measuring one callable: time (median, IQR over repeats) and peak memory above a baseline.
+"""Measuring one call: its time, its tensor-level peak memory and its resident-memory peak.
 
-CPU: a ``time.perf_counter`` loop around each call with the thread count set by the worker
-(``torch.set_num_threads``); peak memory is the process high-water mark ``VmHWM`` after
-resetting it through ``/proc/self/clear_refs``, minus the resident size at the reset (the
-inputs and anything else alive). GPU: CUDA events with a 256 MiB L2 flush between repeats;
-``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats`` minus the allocated
-bytes at the reset. Setup (e.g. the forward before a timed backward) runs outside the timer.
+Time. CPU: ``time.perf_counter`` around the call, with the thread count set by the worker
+(``torch.set_num_threads``). CUDA: events, with a 256 MiB write between calls that evicts the
+L2 cache (as ``triton.testing.do_bench`` does). An untimed ``setup`` (e.g. the forward before
+a timed backward) runs before each call.
+
+Memory, the peak above what was alive when the call started (its inputs):
+
+- ``peak_bytes``, the number plots and fits use: the live peak of tensor allocations during
+  the call. CUDA: ``max_memory_allocated`` after ``reset_peak_memory_stats``. CPU: the same
+  quantity from the PyTorch profiler's allocation events (every CPU tensor allocation and
+  free goes through the c10 allocator, which reports them with their sizes): the largest
+  running sum of the sizes, in time order. Blocks that the C library keeps after a free are
+  not counted: they are not the call's memory.
+- ``rss_peak_bytes`` (CPU only), the process's resident high-water mark ``VmHWM`` after
+  ``malloc_trim(0)`` and a reset through ``/proc/self/clear_refs``, minus the resident size
+  then: what the operating system saw, freed-but-kept heap pages and library workspaces
+  included. Kernel RSS counters are exact to about 1 MiB.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-import math
+import os
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import torch
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
+Call = Callable[[], Any]
+
 
 @dataclass(frozen=True)
-class Measurement:
-    """Times in seconds of each timed repeat, the first (warm-up) call and the peak bytes."""
+class MemoryReading:
+    """Peak bytes above the call's start: tensor-level and (CPU) resident."""
 
-    times_s: tuple[float, ...]
-    first_call_s: float
     peak_bytes: int | None
-
-    @property
-    def median_ms(self) -> float:
-        return float(np.median(self.times_s)) * 1e3
-
-    @property
-    def iqr_ms(self) -> float:
-        q75, q25 = np.percentile(self.times_s, [75, 25])
-        return float(q75 - q25) * 1e3
+    rss_peak_bytes: int | None
 
 
 def release_free_memory() -> None:
     """Return glibc's free heap pages to the OS (``malloc_trim(0)``), so that VmHWM counts
-    every page the next call touches (otherwise freed tensors kept in the heap hide a peak)."""
+    every page the next call touches."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -58,94 +63,122 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"{field} not in /proc/self/status")
 
 
-class CpuMemory:
-    """Peak resident memory of this process above the resident size at ``reset()``."""
-
-    available = _CLEAR_REFS.exists()
-
-    def reset(self) -> None:
-        release_free_memory()
-        _CLEAR_REFS.write_text("5")  # reset VmHWM to the current VmRSS
-        self.baseline = _status_kib("VmRSS")
-
-    def peak_bytes(self) -> int:
-        return max(0, _status_kib("VmHWM") - self.baseline) * 1024
+def rss_peak_bytes(call: Call) -> int | None:
+    """Resident high-water mark of ``call()`` above the resident size before it (None where
+    the kernel has no ``clear_refs``)."""
+    if not _CLEAR_REFS.exists():
+        return None
+    release_free_memory()
+    _CLEAR_REFS.write_text("5")  # reset VmHWM to the current VmRSS
+    baseline = _status_kib("VmRSS")
+    call()
+    return max(0, _status_kib("VmHWM") - baseline) * 1024
 
 
-class CudaMemory:
-    """Peak allocated CUDA memory above the allocated bytes at ``reset()``."""
-
-    available = True
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    def reset(self) -> None:
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        self.baseline = torch.cuda.memory_allocated(self.device)
-
-    def peak_bytes(self) -> int:
-        torch.cuda.synchronize(self.device)
-        return max(0, torch.cuda.max_memory_allocated(self.device) - self.baseline)
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 (the profiler's C++ log lines) for a moment."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
-def measure(
-    fn: Callable[[], object],
-    *,
-    device: torch.device,
-    repeats: int,
-    warmup: int = 1,
-    time_budget_s: float = float("inf"),
-    setup: Callable[[], object] | None = None,
-) -> Measurement:
-    """Time ``fn`` (after ``setup``, untimed) ``repeats`` times after ``warmup`` calls.
+def _allocation_events(call: Call) -> list[tuple[int, int, int]]:
+    """``(time_us, order, signed bytes)`` of every CPU allocation and free during ``call()``.
 
-    ``setup()``'s result is passed to ``fn`` if ``setup`` is given. Repeats are cut down to
-    fit ``time_budget_s`` (at least one); the measurement keeps the actual count. Peak
-    memory comes from one extra untimed call after the warm-up (free heap pages released
-    first), so the timed calls run on a warm allocator; when the first call alone exceeds
-    the budget, the single timed call also gives the memory.
+    Read with the profiler's legacy (non-kineto) recorder: the same allocator events as the
+    kineto profiler, started in milliseconds instead of seconds (a fresh worker process per
+    case pays the start every time).
     """
-    cuda = device.type == "cuda"
-    memory = CudaMemory(device) if cuda else CpuMemory()
-    flush = torch.empty(64 * 1024 * 1024, dtype=torch.int32, device=device) if cuda else None
+    from torch.autograd import profiler_legacy
 
-    def call(track_memory: bool) -> float:
+    config = profiler_legacy.profile(profile_memory=True).config()
+    # quiet: the profiler warns about frees of blocks allocated before it started (inputs);
+    # the same call's own messages show in the timed calls
+    with _quiet_stderr():
+        profiler_legacy._enable_profiler_legacy(config)
+        try:
+            call()
+        finally:
+            records = profiler_legacy._disable_profiler_legacy()
+    return sorted((r.start_us(), order, r.cpu_memory_usage())
+                  for thread in records for order, r in enumerate(thread)
+                  if r.kind() == "memory_alloc")
+
+
+def tensor_peak_bytes_cpu(call: Call) -> int:
+    """Live peak of CPU tensor allocations made by ``call()`` above those alive before it."""
+    live = peak = 0
+    for _, _, size in _allocation_events(call):
+        live += size
+        peak = max(peak, live)
+    return peak
+
+
+def tensor_peak_bytes_cuda(call: Call, device: torch.device) -> int:
+    """``max_memory_allocated`` during ``call()`` above the allocated bytes before it."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    baseline = torch.cuda.memory_allocated(device)
+    call()
+    torch.cuda.synchronize(device)
+    return max(0, torch.cuda.max_memory_allocated(device) - baseline)
+
+
+def measure_memory(fn: Callable[..., Any], setup: Callable[[], Any] | None,
+                   device: torch.device) -> MemoryReading:
+    """Tensor-level and resident peaks of one call each (``setup`` untimed and unmeasured)."""
+
+    def once(reader: Callable[[Call], int | None]) -> int | None:
         arg = setup() if setup is not None else None
-        if cuda:
-            flush.zero_()  # evict L2 between repeats (as triton.testing.do_bench does)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            if track_memory:
-                memory.reset()
-            start.record()
-            fn(arg) if setup is not None else fn()
-            end.record()
-            torch.cuda.synchronize(device)
-            return start.elapsed_time(end) / 1e3
-        if track_memory:
-            memory.reset()
-        t0 = time.perf_counter()
-        fn(arg) if setup is not None else fn()
-        return time.perf_counter() - t0
+        return reader(lambda: fn(arg) if setup is not None else fn())
 
-    first = call(False)
-    for _ in range(warmup - 1):
-        call(False)
-    n = repeats if first <= 0 or math.isinf(time_budget_s) else max(
-        1, min(repeats, int(time_budget_s / first)))
-    peak = None
-    separate = memory.available and (n > 1 or first <= time_budget_s / 2)
-    if separate:
-        call(True)
-        peak = memory.peak_bytes()
-    times = []
-    for index in range(n):
-        track = memory.available and not separate and index == 0
-        times.append(call(track))
-        if track:
-            peak = memory.peak_bytes()
-    return Measurement(tuple(times), first, peak)
+    if device.type == "cuda":
+        return MemoryReading(once(lambda c: tensor_peak_bytes_cuda(c, device)), None)
+    return MemoryReading(once(tensor_peak_bytes_cpu), once(rss_peak_bytes))
+
+
+class CallTimer:
+    """Times single calls on one device; ``setup()``'s result is passed to ``fn``."""
+
+    def __init__(self, fn: Callable[..., Any], setup: Callable[[], Any] | None,
+                 device: torch.device) -> None:
+        self.fn, self.setup, self.device = fn, setup, device
+        self.cuda = device.type == "cuda"
+        # evicts the L2 cache between CUDA calls
+        self._flush = torch.empty(64 * 2**20, dtype=torch.int32, device=device) if self.cuda else None
+
+    def _invoke(self, arg: Any) -> None:
+        self.fn(arg) if self.setup is not None else self.fn()
+
+    def time_once(self) -> float:
+        """Seconds of one call (after its untimed setup)."""
+        arg = self.setup() if self.setup is not None else None
+        if not self.cuda:
+            start = time.perf_counter()
+            self._invoke(arg)
+            return time.perf_counter() - start
+        self._flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        self._invoke(arg)
+        end.record()
+        torch.cuda.synchronize(self.device)
+        return start.elapsed_time(end) / 1e3
+
+
+def planned_repeats(estimate_s: float, *, budget_s: float, minimum: int, maximum: int) -> int:
+    """Timed repeats for a call that took ``estimate_s`` after warm-up: as many as fit in
+    ``budget_s``, never fewer than ``minimum`` (the budget is lengthened) nor more than
+    ``maximum``."""
+    fit = int(budget_s / estimate_s) if estimate_s > 0 else maximum
+    return max(minimum, min(maximum, fit))
 
 
 def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int | None = None,
@@ -154,5 +187,6 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int | None
     size = size or (8192 if device.type == "cuda" else 4096)
     a = torch.randn(size, size, device=device, dtype=dtype)  # (S, S)
     b = torch.randn(size, size, device=device, dtype=dtype)
-    m = measure(lambda: torch.matmul(a, b), device=device, repeats=repeats, warmup=1)
-    return 2 * size**3 / min(m.times_s)
+    timer = CallTimer(lambda: torch.matmul(a, b), None, device)
+    timer.time_once()  # warm-up
+    return 2 * size**3 / min(timer.time_once() for _ in range(repeats))

@@ -1,11 +1,14 @@
 """Scaling plots: log-log time and memory against N, one panel per pass, one colour per variant.
 
-Dashed slope-1 and slope-2 guides are anchored at the smallest N of each panel.
-Written as ``scaling.png`` and ``scaling.svg`` into the run directory.
+Time curves are medians with a band from the 25th to the 75th percentile of the repeats;
+memory is the tensor-level peak. Dashed slope-1 and slope-2 guides are anchored at the
+smallest N of each panel. Written as ``scaling.png`` and ``scaling.svg`` into the run
+directory.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +17,24 @@ import pandas as pd
 from bench.results import load_results
 
 PLOT_STEM = "scaling"
-_METRICS = (("time_ms", "median time (ms)"), ("peak_mem_mib", "peak memory above inputs (MiB)"))
+_METRICS = (("time_ms", "median time (ms), band: IQR of repeats"),
+            ("peak_mem_mib", "peak tensor memory above inputs (MiB)"))
+
+
+def _quartiles(times_ms: str, median: float) -> tuple[float, float]:
+    values = json.loads(times_ms) if times_ms else []
+    if not values:
+        return median, median
+    q25, q75 = np.percentile(values, [25, 75])
+    return float(q25), float(q75)
+
+
+def _bands(ax, data: pd.DataFrame, palette: dict) -> None:
+    """A translucent IQR band around each time curve."""
+    for (label, _kernel), curve in data.groupby(["label", "kernel"]):
+        curve = curve.sort_values("seq_len")
+        ax.fill_between(curve.seq_len, curve.time_q25, curve.time_q75, color=palette[label],
+                        alpha=0.2, linewidth=0)
 
 
 def _guides(ax, data: pd.DataFrame, column: str) -> None:
@@ -45,6 +65,9 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     ok["peak_mem_mib"] = ok.peak_mem_bytes / 2**20
     ok["seq_len"] = ok.seq_len.astype(float)
     ok["kernel"] = ok.kernel_requested
+    quartiles = [_quartiles(t, m) for t, m in zip(ok.times_ms, ok.time_ms)]
+    ok["time_q25"] = [q[0] for q in quartiles]
+    ok["time_q75"] = [q[1] for q in quartiles]
     passes = [p for p in ("fwd", "bwd", "fwd_bwd") if p in set(ok["pass"])]
     labels = sorted(ok.label.unique())
     palette = dict(zip(labels, sns.color_palette("tab10", len(labels))))
@@ -58,6 +81,8 @@ def plot_run(run_dir: str | Path) -> list[Path]:
             sns.lineplot(data=data, x="seq_len", y=metric, hue="label", style="kernel",
                          markers=True, dashes=False, palette=palette, ax=ax,
                          legend=(row == 0 and col == len(passes) - 1), errorbar=None)
+            if metric == "time_ms":
+                _bands(ax, data, palette)
             _guides(ax, data, metric)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")

@@ -1,134 +1,124 @@
-"""The run directory: ``results.csv`` (one row per (case, pass), appended and flushed per
-case), ``env.json`` (the environment) and a loader returning a pandas DataFrame.
+"""The run directory of a speed sweep: ``results.csv`` (one row per (case, pass), appended and
+fsynced per unit), ``env.json`` (the environment of each run segment) and a loader returning
+a pandas DataFrame.
 
-Rows of one case are written together, so a killed sweep leaves whole cases; a torn last
-line (killed mid-write) is dropped by :func:`read_rows` and the file rewritten on resume.
+Rows of one unit are written together, so a killed sweep leaves whole units. On resume the
+file is read back leniently and rewritten atomically with only whole rows: a torn last line,
+a torn first line, a missing or torn header, or an empty file are all repaired.
 """
 
 from __future__ import annotations
 
 import csv
-import datetime as dt
-import json
+import io
 import os
-import platform
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from bench.fsutil import atomic_write_json, atomic_write_text, read_json
+from bench.provenance import ROW_FIELDS
+
 RESULTS_FILE = "results.csv"
 ENV_FILE = "env.json"
-STATUSES = ("ok", "oom", "unsupported", "timeout", "error", "skipped")
+STATUSES = ("ok", "oom", "killed", "unsupported", "timeout", "error", "skipped")
+#: statuses that ``--retry-failed`` measures again
+RETRY_STATUSES = ("oom", "killed", "timeout", "error", "skipped")
 COLUMNS = [
     "case_id", "label", "variant", "kernel_requested", "kernel", "kernel_path", "params",
     "seq_len", "batch", "heads", "head_dim", "dtype", "device", "causal", "pass", "status",
-    "reason", "time_ms", "time_iqr_ms", "repeats", "first_call_ms", "compile_ms",
-    "peak_mem_bytes", "flops", "flops_kind", "density", "tflops", "peak_fraction",
-    "mask_emulated", "fallback", "threads", "device_name", "torch_version", "xformers_version",
-    "git_sha", "timestamp",
+    "reason", "time_ms", "time_iqr_ms", "repeats", "times_ms", "estimate_ms", "first_call_ms",
+    "compile_ms", "setup_ms", "setup_mem_bytes", "peak_mem_bytes", "rss_peak_bytes", "flops",
+    "flops_kind", "density", "tflops", "peak_fraction", "mask_emulated", "fallback",
+    "interleave_id", "interleaved", "threads", *ROW_FIELDS,
 ]
+NUMERIC = ("time_ms", "time_iqr_ms", "repeats", "estimate_ms", "first_call_ms", "compile_ms",
+           "setup_ms", "setup_mem_bytes", "peak_mem_bytes", "rss_peak_bytes", "flops", "density",
+           "tflops", "peak_fraction", "interleaved")
 
 
-def git_sha() -> str:
-    """The commit of the working tree (``+dirty`` when it has changes), or ``unknown``."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                             text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=root, capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return (sha + ("+dirty" if dirty.strip() else "")) if sha else "unknown"
-
-
-def environment(device: str, threads: int | None) -> dict[str, Any]:
-    """Versions, device name, threads and time stamp of this run."""
-    import torch
-
-    try:
-        from importlib.metadata import version
-
-        xformers = version("xformers")
-    except Exception:
-        xformers = ""
-    if device == "cuda" and torch.cuda.is_available():
-        device_name = torch.cuda.get_device_name()
-    else:
-        device_name = platform.processor() or platform.machine()
-        try:
-            for line in Path("/proc/cpuinfo").read_text().splitlines():
-                if line.startswith("model name"):
-                    device_name = line.split(":", 1)[1].strip()
-                    break
-        except OSError:
-            pass
-    return {
-        "git_sha": git_sha(), "torch_version": torch.__version__, "xformers_version": xformers,
-        "device": device, "device_name": device_name,
-        "threads": threads or torch.get_num_threads(), "cpu_count": os.cpu_count(),
-        "python": platform.python_version(), "platform": platform.platform(),
-        "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def write_env(run_dir: Path, env: dict[str, Any]) -> None:
-    (run_dir / ENV_FILE).write_text(json.dumps(env, indent=2) + "\n")
-
-
-def read_rows(run_dir: Path) -> list[dict[str, str]]:
-    """Complete rows of ``results.csv`` (a torn last line is dropped)."""
-    path = Path(run_dir) / RESULTS_FILE
+def read_rows(run_dir: str | Path, file: str = RESULTS_FILE,
+              columns: list[str] = COLUMNS) -> list[dict[str, str]]:
+    """Whole rows of a results file: torn or foreign lines are dropped, never glued."""
+    path = Path(run_dir) / file
     if not path.exists():
         return []
-    text = path.read_text()
+    text = path.read_text(errors="replace")
     lines = text.splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines = lines[:-1]  # killed mid-write
-    rows = list(csv.DictReader(lines))
-    return [r for r in rows if r.get("timestamp")]  # the last column: the row is whole
+    if not lines or lines[0].rstrip("\r\n").split(",")[0] != columns[0]:
+        return []  # no usable header (empty or torn file): nothing whole to keep
+    header = next(csv.reader(io.StringIO(lines[0])))
+    rows = []
+    for record in csv.reader(io.StringIO("".join(lines[1:]))):
+        if len(record) != len(header):
+            continue  # torn row (or a row glued to a torn one)
+        row = dict(zip(header, record))
+        if row.get("timestamp") and row.get("status") in STATUSES:
+            rows.append(row)
+    return rows
+
+
+def _csv_text(rows: list[dict[str, Any]], header: bool, columns: list[str]) -> str:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
+    if header:
+        writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
 
 
 class ResultsWriter:
-    """Appends rows to ``results.csv``, flushing and fsyncing after each case."""
+    """Appends rows to a results file, flushing and fsyncing after each unit.
 
-    def __init__(self, run_dir: Path, rows: list[dict[str, Any]] | None = None) -> None:
-        self.path = Path(run_dir) / RESULTS_FILE
-        if rows is not None:  # rewrite (resume): keep only whole cases, atomically
-            tmp = self.path.with_suffix(".tmp")
-            with tmp.open("w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-                writer.writeheader()
-                writer.writerows(rows)
-            os.replace(tmp, self.path)
-        elif not self.path.exists():
-            with self.path.open("w", newline="") as f:
-                csv.DictWriter(f, fieldnames=COLUMNS).writeheader()
+    ``rows`` given: the file is first rewritten atomically with exactly those rows (resume).
+    """
+
+    def __init__(self, run_dir: str | Path, rows: list[dict[str, Any]] | None = None,
+                 file: str = RESULTS_FILE, columns: list[str] = COLUMNS) -> None:
+        self.path = Path(run_dir) / file
+        self.columns = columns
+        if rows is not None or not self.path.exists() or self.path.stat().st_size == 0:
+            atomic_write_text(self.path, _csv_text(rows or [], True, columns))
 
     def append(self, rows: list[dict[str, Any]]) -> None:
         with self.path.open("a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-            writer.writerows(rows)
+            f.write(_csv_text(rows, False, self.columns))
             f.flush()
             os.fsync(f.fileno())
+
+
+def read_env(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The environment of every run segment (one per sweep invocation that wrote rows)."""
+    path = Path(run_dir) / ENV_FILE
+    if not path.exists():
+        return []
+    data = read_json(path, what="environment file")
+    if isinstance(data, dict) and "segments" in data:
+        return list(data["segments"])
+    return [data] if isinstance(data, dict) else []
+
+
+def write_env(run_dir: str | Path, segments: list[dict[str, Any]]) -> None:
+    """Write every segment's environment (atomically)."""
+    atomic_write_json(Path(run_dir) / ENV_FILE, {"segments": segments})
 
 
 def load_results(run_dir: str | Path) -> pd.DataFrame:
     """The results of a run directory as a DataFrame (typed columns, one row per case and pass)."""
     run_dir = Path(run_dir)
-    rows = read_rows(run_dir)
-    if not rows and not (run_dir / RESULTS_FILE).exists():
+    if not (run_dir / RESULTS_FILE).exists():
         raise FileNotFoundError(f"no {RESULTS_FILE} in {run_dir}")
-    df = pd.DataFrame(rows, columns=COLUMNS)
+    df = pd.DataFrame(read_rows(run_dir), columns=COLUMNS)
     for col in ("seq_len", "batch", "heads", "head_dim", "threads"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
-    for col in ("time_ms", "time_iqr_ms", "repeats", "first_call_ms", "compile_ms",
-                "peak_mem_bytes", "flops", "density", "tflops", "peak_fraction"):
+    for col in NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce")
     for col in ("causal", "mask_emulated"):
         df[col] = df[col].map({"True": True, "False": False, True: True, False: False})
-    for col in ("reason", "fallback", "kernel_path", "flops_kind", "xformers_version"):
+    for col in ("reason", "fallback", "kernel_path", "flops_kind", "xformers_version", "times_ms",
+                "interleave_id"):
         df[col] = df[col].fillna("")
     return df

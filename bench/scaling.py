@@ -1,5 +1,7 @@
 """Scaling analysis: fitted exponents of time and memory against N, crossover against full
-attention, and the largest N reached, per (variant, kernel, pass) curve."""
+attention of the same kind (causal with causal), and the largest N reached, per curve.
+
+Memory exponents use the tensor-level peak (``peak_mem_bytes``), not the resident peak."""
 
 from __future__ import annotations
 
@@ -24,32 +26,41 @@ def fit_exponent(n: pd.Series, y: pd.Series, points: int = 4) -> float:
     return float(np.polyfit(np.log(data.n), np.log(data.y), 1)[0])
 
 
-def full_baseline(df: pd.DataFrame) -> pd.DataFrame:
-    """Fastest ok full-attention time per shape and N (over its kernels): the crossover baseline."""
-    full = df[(df.variant == "full") & (df.status == "ok")]
+#: variants whose curves are the full-attention baseline (non-causal and causal)
+BASELINES = ("full", "causal")
+
+
+def full_baseline(df: pd.DataFrame) -> pd.Series:
+    """Fastest ok full-attention time per shape and N (over its kernels): the crossover
+    baseline. Causal rows (``causal``, or ``full`` run causally) are the causal baseline."""
+    full = df[df.variant.isin(BASELINES) & (df.status == "ok")]
     return full.groupby([*SHAPE, "seq_len"], dropna=False)["time_ms"].min().rename("full_ms")
 
 
-def crossover(curve: pd.DataFrame, baseline: pd.Series) -> float:
-    """Smallest N from which the curve stays faster than full attention (NaN: never/unknown).
+def crossover(curve: pd.DataFrame, baseline: pd.Series) -> str:
+    """From which N the curve stays faster than full attention of the same kind.
 
-    Compared at the lengths both measured, against the fastest kernel of full attention.
+    A causal curve is compared with causal full attention, a non-causal one with non-causal
+    full attention, at the lengths both measured. Returns the length as text, ``"< N0 (below
+    the range)"`` when the curve is faster at every common length N0..., ``"none up to N1"``
+    when it is slower at the largest common length, ``"-"`` without a common length.
     """
     ok = curve[curve.status == "ok"].sort_values("seq_len")
-    full = []
+    pairs = []
     for _, row in ok.iterrows():
-        key = (*(row[c] for c in SHAPE), row.seq_len)
-        # a causal curve is compared with causal full attention, else with (non-causal) full
-        fallback = (False, *key[1:])
-        full.append(baseline.get(key, baseline.get(fallback, math.nan)))
-    faster = [(t < f) for t, f in zip(ok.time_ms, full) if not math.isnan(f)]
-    lengths = [n for n, f in zip(ok.seq_len, full) if not math.isnan(f)]
-    if not faster or not faster[-1]:
-        return math.nan
-    index = len(faster) - 1
-    while index > 0 and faster[index - 1]:
+        full = baseline.get((*(row[c] for c in SHAPE), row.seq_len), math.nan)
+        if not math.isnan(full):
+            pairs.append((int(row.seq_len), row.time_ms < full))
+    if not pairs:
+        return "-"
+    if not pairs[-1][1]:
+        return f"none up to {pairs[-1][0]}"
+    index = len(pairs) - 1
+    while index > 0 and pairs[index - 1][1]:
         index -= 1
-    return float(lengths[index])
+    if index == 0:
+        return f"< {pairs[0][0]} (below the range)"
+    return str(pairs[index][0])
 
 
 def scaling_table(df: pd.DataFrame, points: int = 4,
@@ -81,7 +92,7 @@ def scaling_table(df: pd.DataFrame, points: int = 4,
             "peak_fraction_at_max_n": float(ok.peak_fraction.iloc[-1]) if len(ok) else math.nan,
             "first_failure": (f"{failed.seq_len.min()} ({failed.sort_values('seq_len').status.iloc[0]})"
                               if len(failed) else ""),
-            "crossover_vs_full": (math.nan if key[1] == "full" else crossover(curve, baseline)),
+            "crossover_vs_full": ("-" if key[1] in BASELINES else crossover(curve, baseline)),
             "mask_emulated": bool(ok.mask_emulated.any()) if len(ok) else False,
         })
     return pd.DataFrame(rows)

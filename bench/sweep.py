@@ -1,35 +1,45 @@
-"""Running a sweep into a run directory: resumable, isolated, one flushed record per case."""
+"""Running a speed sweep into a run directory: locked, resumable, isolated, one flushed record
+per unit, every row carrying the environment that measured it.
+
+Resume: rows already in ``results.csv`` are kept (whole rows only) and their (case, pass)
+is not measured again; ``retry_failed`` measures failed, timed-out and skipped ones again.
+Rows measured under another code version, device, dtype or thread count are never silently
+mixed with new ones: the sweep refuses unless ``allow_mixed``, and the report then lists
+which rows came from where.
+"""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bench.cases import Case, expand_cases
-from bench.config import SweepConfig
-from bench.results import ResultsWriter, environment, read_rows, write_env
-from bench.worker import failure_rows, measure_peak, run_case
+from bench.cases import chains as make_chains
+from bench.cases import expand_cases
+from bench.config import ConfigError, SweepConfig
+from bench.executors import Executor, LocalExecutor
+from bench.fsutil import RunLock, atomic_write_json, read_json
+from bench.provenance import environment
+from bench.results import COLUMNS, RESULTS_FILE
+from bench.rounds import measure_peak
+from bench.rundir import MixedEnvironmentError, RunRecorder
+from bench.schedule import FATAL, drive, record_failure, speed_chain
 
 PEAK_FILE = "peak.json"
-_FATAL = ("timeout", "oom")
+__all__ = ["MixedEnvironmentError", "check_device", "matmul_peak", "run_sweep"]
 
 
-def complete_rows(rows: list[dict[str, str]], cases: list[Case]) -> list[dict[str, str]]:
-    """Rows of cases that finished every pass, each (case, pass) once (first record wins)."""
-    by_case: dict[str, dict[str, dict[str, str]]] = {}
-    for row in rows:
-        by_case.setdefault(row["case_id"], {}).setdefault(row["pass"], row)
-    expected = {c.case_id: c.passes for c in cases}
-    keep = []
-    for case_id, passes in by_case.items():
-        need = expected.get(case_id, tuple(passes))  # rows of other configs are kept as they are
-        if all(p in passes for p in need):
-            keep.extend(passes[p] for p in need)
-    return keep
+def check_device(device: str) -> None:
+    """``ConfigError`` before any case runs when the config's device is not available here."""
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("config key 'device': cuda is not available on this machine "
+                              "(torch.cuda.is_available() is False); allowed here: ['cpu']",
+                              "device")
 
 
 def matmul_peak(run_dir: Path, config: SweepConfig) -> float:
@@ -37,71 +47,81 @@ def matmul_peak(run_dir: Path, config: SweepConfig) -> float:
     path = run_dir / PEAK_FILE
     size = config.peak_matmul_size or "default"
     key = f"{config.device}/{config.dtype}/{config.threads or 'default'}/matmul{size}"
-    cache = json.loads(path.read_text()) if path.exists() else {}
+    cache = read_json(path, what="matmul peak cache") if path.exists() else {}
     if key not in cache or not math.isfinite(cache[key]):
         cache[key] = measure_peak(config.device, config.dtype, config.threads,
                                   config.peak_matmul_size)
-        path.write_text(json.dumps(cache, indent=2) + "\n")
+        atomic_write_json(path, cache)
     return cache[key]
 
 
-def _skip_reason(case: Case, failures: dict[tuple, tuple[int, str]]) -> str | None:
-    failed = failures.get(case.group)
-    if failed and failed[0] < case.seq_len:
-        return f"skipped: N={failed[0]} already hit {failed[1]}"
-    return None
+def _peak_fraction(row: dict[str, Any], peak: float, host: str) -> None:
+    """The row's FLOP/s over the same-run matmul peak, measured on the driver's machine: rows
+    from other machines (cluster nodes) have none."""
+    tflops = row.get("tflops")
+    if (row["status"] == "ok" and tflops is not None and math.isfinite(peak)
+            and row.get("hostname", host) == host):
+        row["peak_fraction"] = tflops * 1e12 / peak
 
 
 def run_sweep(
     config: SweepConfig,
     run_dir: Path,
     *,
-    on_start: Callable[[Case, int, int], None] | None = None,
-    on_done: Callable[[Case, list[dict[str, Any]]], None] | None = None,
+    executor: Executor | None = None,
+    allow_mixed: bool = False,
+    retry_failed: bool = False,
+    overwrite: bool = False,
+    on_start: Callable[[Any], None] | None = None,
+    on_done: Callable[[Any, list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Measure every unfinished case of ``config`` into ``run_dir``; returns the new rows.
+    """Measure every unfinished (case, pass) of ``config`` into ``run_dir``; returns new rows.
 
-    Finished cases (all passes recorded) are skipped, so rerunning into the same directory
-    resumes. With ``skip_larger_after_failure``, once a length times out or runs out of
-    memory, the larger lengths of that curve become ``skipped`` rows with the reason.
+    Finished passes are skipped, so rerunning into the same directory resumes. With
+    ``skip_larger_after_failure``, once a length of a curve times out or runs out of memory
+    in a pass, the larger lengths of that curve and pass become ``skipped`` rows.
     """
-    run_dir.mkdir(parents=True, exist_ok=True)
+    check_device(config.device)
     cases = expand_cases(config)
-    existing = read_rows(run_dir)
-    kept = complete_rows(existing, cases)
-    writer = ResultsWriter(run_dir, kept if len(kept) != len(existing) or existing else None)
-    done = {r["case_id"] for r in kept}
-    env = environment(config.device, config.threads)
-    write_env(run_dir, env)
-    (run_dir / "sweep.json").write_text(json.dumps(asdict(config), indent=2, default=str) + "\n")
-    by_id = {c.case_id: c for c in cases}
-    failures: dict[tuple, tuple[int, str]] = {}
-    for row in kept:
-        case = by_id.get(row["case_id"])
-        if case is not None and row["status"] in _FATAL:
-            prev = failures.get(case.group)
-            if prev is None or case.seq_len < prev[0]:
-                failures[case.group] = (case.seq_len, row["status"])
-    todo = [c for c in cases if c.case_id not in done]
-    peak = matmul_peak(run_dir, config) if todo else math.nan
-    env_cols = {k: env[k] for k in ("device_name", "torch_version", "xformers_version",
-                                    "git_sha", "timestamp")}
-    new_rows: list[dict[str, Any]] = []
-    for index, case in enumerate(todo):
-        if on_start is not None:
-            on_start(case, index, len(todo))
-        reason = _skip_reason(case, failures) if config.skip_larger_after_failure else None
-        rows = failure_rows(case, list(case.passes), "skipped", reason) if reason else run_case(case)
-        for row in rows:
-            row.update(env_cols)
-            row.setdefault("threads", env["threads"])
-            tflops = row.get("tflops")
-            if row["status"] == "ok" and tflops is not None and math.isfinite(peak):
-                row["peak_fraction"] = tflops * 1e12 / peak
-            if row["status"] in _FATAL and case.group not in failures:
-                failures[case.group] = (case.seq_len, row["status"])
-        writer.append(rows)
-        new_rows.extend(rows)
-        if on_done is not None:
-            on_done(case, rows)
-    return new_rows
+    if not cases:
+        raise ConfigError("the sweep has no cases: no variant has any of the requested kernels "
+                          f"{list(config.kernels)}", "kernels")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with RunLock(run_dir):
+        recorder = RunRecorder(run_dir, file=RESULTS_FILE, columns=COLUMNS,
+                               key=lambda r: (r["case_id"], r["pass"]), overwrite=overwrite,
+                               retry_failed=retry_failed)
+        done = {(r["case_id"], r["pass"]) for r in recorder.kept}
+        todo = [c for c in cases if any((c.case_id, p) not in done for p in c.passes)]
+        env = environment(config.device, config.threads)
+        executor = executor or LocalExecutor(config.device)
+        recorder.start(env, dtype=config.dtype, allow_mixed=allow_mixed, has_work=bool(todo),
+                       config={k: v for k, v in asdict(config).items() if k != "raw"},
+                       config_file="sweep.json", local=isinstance(executor, LocalExecutor))
+        if not todo:
+            executor.shutdown()
+            return []
+        failures: dict[tuple[Any, str], tuple[int, str]] = {}
+        by_id = {c.case_id: c for c in cases}
+        for row in recorder.kept:
+            if row["case_id"] in by_id and row["status"] in FATAL:
+                record_failure(failures, by_id[row["case_id"]], row["pass"], row["status"])
+        peak = matmul_peak(run_dir, config)
+        new_rows: list[dict[str, Any]] = []
+
+        def done_unit(unit: Any, rows: list[dict[str, Any]]) -> None:
+            for row in rows:
+                _peak_fraction(row, peak, env["hostname"])
+            recorder.record(rows)
+            new_rows.extend(rows)
+            if on_done is not None:
+                on_done(unit, rows)
+
+        chains = [speed_chain(groups, done, failures, config.skip_larger_after_failure)
+                  for groups in make_chains(cases, config.interleave)]
+        try:
+            drive(chains, executor, on_start=on_start, on_done=done_unit)
+        finally:
+            executor.shutdown()
+        return new_rows

@@ -4,16 +4,27 @@ Import this module (config key ``plugins: [bench.testing]``) to register:
 
 - ``bench_sleep(seconds)``: sleeps ``seconds`` per forward (known time);
 - ``bench_alloc(nbytes)``: allocates and touches ``nbytes`` per forward (known memory);
-- ``bench_crash(how)``: dies in the forward: ``abort`` (SIGABRT), ``kill`` (SIGKILL, as the
-  OOM killer does) or ``exit`` (exit code 3).
+- ``bench_fragment(mib)``: frees a temporary and allocates a larger one, so the C library
+  keeps the freed block resident: live tensor peak ``(2 * mib + 4) MiB`` while the resident
+  peak is about ``(3 * mib + 4) MiB`` (``mib`` below glibc's 32 MiB mmap ceiling);
+- ``bench_phases(first_s, fwd_s, bwd_s, bwd_nbytes)``: a first call that is slower by
+  ``first_s`` (lazy start-up), then ``fwd_s`` per forward and ``bwd_s`` per backward, and a
+  ``bwd_nbytes`` temporary in the backward (known time and memory per pass);
+- ``bench_crash(how)``: dies in the forward: ``abort`` (SIGABRT), ``kill`` (SIGKILL, as a
+  user or the OOM killer does), ``rt`` (a real-time signal, SIGRTMIN+6), ``exit`` (exit
+  code 3), ``hang`` (sleeps in C, ignoring SIGTERM, until killed) or ``spawn`` (starts a
+  child process, then hangs); ``pidfile`` records the pids of a hanging worker;
+- ``bench_wrong``: declares a window of 1 but computes full attention (a conformance bug).
 
 The output is ``v`` (plus ``0 * q`` so gradients flow). Never imported by the harness itself.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
+import subprocess
 import time
 from typing import ClassVar
 
@@ -62,19 +73,92 @@ class AllocAttention(_Trivial):
         return out
 
 
+@register_attention("bench_fragment", overwrite=True)
+class FragmentAttention(_Trivial):
+    """Test variant: frees a temporary and reallocates a larger one (a fragmenting call)."""
+
+    def __init__(self, mib: int = 24, **common) -> None:
+        super().__init__(**common)
+        self.mib = int(mib)
+
+    def native_forward(self, q, k, v, causal, key_mask):
+        size = self.mib * 2**20
+        first = torch.ones(size, dtype=torch.uint8, device=q.device)
+        second = torch.ones(size, dtype=torch.uint8, device=q.device)
+        del first  # a hole below `second`: glibc keeps it resident
+        third = torch.ones(size + 4 * 2**20, dtype=torch.uint8, device=q.device)
+        out = self._output(q, v) + 0.0 * (second[0] + third[0])
+        del second, third
+        return out
+
+
+class _SleepyBackward(torch.autograd.Function):
+    """Identity whose backward sleeps and holds a temporary of a known size."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, seconds: float, nbytes: int) -> Tensor:
+        ctx.seconds, ctx.nbytes = seconds, nbytes
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        block = torch.empty(ctx.nbytes, dtype=torch.uint8, device=grad.device)  # no page touched
+        time.sleep(ctx.seconds)
+        return grad + 0.0 * block[0], None, None
+
+
+@register_attention("bench_phases", overwrite=True)
+class PhasesAttention(_Trivial):
+    """Test variant: known first-call, forward and backward times, and backward memory."""
+
+    def __init__(self, first_s: float = 0.3, fwd_s: float = 0.05, bwd_s: float = 0.08,
+                 bwd_nbytes: int = 32 * 2**20, **common) -> None:
+        super().__init__(**common)
+        self.first_s, self.fwd_s, self.bwd_s = float(first_s), float(fwd_s), float(bwd_s)
+        self.bwd_nbytes = int(bwd_nbytes)
+        self.calls = 0
+
+    def native_forward(self, q, k, v, causal, key_mask):
+        self.calls += 1
+        time.sleep(self.fwd_s + (self.first_s if self.calls == 1 else 0.0))
+        return _SleepyBackward.apply(self._output(q, v), self.bwd_s, self.bwd_nbytes)
+
+
 @register_attention("bench_crash", overwrite=True)
 class CrashAttention(_Trivial):
-    """Test variant: the process dies during the forward."""
+    """Test variant: the process dies (or hangs) during the forward.
 
-    def __init__(self, how: str = "abort", **common) -> None:
+    With ``pidfile``, a hanging worker first writes its pid and, for ``how="spawn"``, the
+    pid of a child process it started (``sleep``), one per line, so tests can check that
+    nothing survives the sweep.
+    """
+
+    def __init__(self, how: str = "abort", pidfile: str | None = None, **common) -> None:
         super().__init__(**common)
         self.how = how
+        self.pidfile = pidfile
+
+    def _hang(self) -> None:
+        pids = [os.getpid()]
+        if self.how == "spawn":
+            pids.append(subprocess.Popen(["sleep", "1000"]).pid)
+        if self.pidfile:
+            with open(self.pidfile, "w") as f:
+                f.write("\n".join(map(str, pids)) + "\n")
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        libc = ctypes.CDLL("libc.so.6")
+        while True:
+            libc.sleep(3600)  # in C: no Python signal handler runs
 
     def native_forward(self, q, k, v, causal, key_mask):
         if self.how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        elif self.how == "rt":
+            os.kill(os.getpid(), signal.SIGRTMIN + 6)
         elif self.how == "exit":
             os._exit(3)
+        elif self.how in ("hang", "spawn"):
+            self._hang()
         os.abort()
 
 
@@ -91,3 +175,18 @@ class WrongAttention(Attention):
         from attn.kernels.reference import dense_attention
 
         return dense_attention(q, k, v, causal=causal, key_mask=key_mask)  # ignores the window
+
+
+TEST_VARIANTS = ("bench_sleep", "bench_alloc", "bench_fragment", "bench_phases", "bench_crash",
+                 "bench_wrong")
+
+
+def unregister_test_variants() -> None:
+    """Remove the test-only variants from the registry (and forget this module)."""
+    import sys
+
+    from attn.registry import unregister_attention
+
+    for name in TEST_VARIANTS:
+        unregister_attention(name)
+    sys.modules.pop(__name__, None)

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from bench.cli import app
 
 runner = CliRunner()
-COMMANDS = ["list", "sweep", "plot", "report", "compare", "check"]
+COMMANDS = ["list", "sweep", "plot", "report", "compare", "check", "decoding"]
 
 
 @pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)])
@@ -53,6 +53,9 @@ def test_report_plot_and_compare_commands(tmp_path):
     assert ok.exit_code == 0 and "no regression" in ok.output
     bad = runner.invoke(app, ["compare", str(base), str(slower), "--fail-if-regression", "10"])
     assert bad.exit_code == 1
+    # full is 30% slower; from N=2048 on that is also more than the 1 ms floor (fwd, fwd_bwd)
+    assert "worse 6" in bad.output and "regression gate failed: 6 worse" in bad.output
+    assert bad.output.count("| worse | full | auto |") == 6
     ranged = runner.invoke(app, ["report", str(base), "--fit-range", "512:2048"])
     assert ranged.exit_code == 0 and "Exponents over N = 512..2048" in ranged.output
     bad_range = runner.invoke(app, ["report", str(base), "--fit-range", "2048-512"])

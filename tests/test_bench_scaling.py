@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from bench.compare import compare_runs, regressions
@@ -59,12 +57,34 @@ def test_exponents_crossover_and_largest_n(run):
     assert window.time_exponent == pytest.approx(1.0)
     assert ref.memory_exponent == pytest.approx(2.0)
     # window 2e-3*N < 1e-6*N^2  <=>  N > 2000: faster from 2048 on
-    assert window.crossover_vs_full == 2048
-    assert math.isnan(full.crossover_vs_full)
+    assert window.crossover_vs_full == "2048"
+    assert full.crossover_vs_full == "-"
     assert ref.max_n == 2048 and ref.first_failure == "4096 (oom)"
     assert window.max_n == 8192
-    # a causal curve falls back to non-causal full: faster everywhere
-    assert table.loc[("causal", "auto", "fwd")].crossover_vs_full == 512
+    # causal attention is itself a baseline, never compared with non-causal full
+    assert table.loc[("causal", "auto", "fwd")].crossover_vs_full == "-"
+
+
+def test_crossover_compares_like_with_like_and_says_below_the_range(tmp_path):
+    """A causal window is compared with causal attention, not with (twice as slow)
+    non-causal full; a curve faster at every length crosses below the range."""
+    path = tmp_path / "c"
+    path.mkdir()
+    rows = []
+    for n in LENGTHS:
+        rows.append(_row("full", "full", n, "fwd", 1e-6 * n * n, 100 * n))
+        rows.append({**_row("causal", "causal", n, "fwd", 0.5e-6 * n * n, 100 * n), "causal": True})
+        # 0.8e-6 N^2 at small N (slower than causal, faster than full), linear at large N
+        t = 0.8e-6 * n * n if n <= 1024 else 4e-4 * n
+        rows.append({**_row("cwin", "sliding_window", n, "fwd", t, 50 * n), "causal": True})
+        rows.append(_row("win", "sliding_window", n, "fwd", 1e-4 * n, 50 * n))
+        rows.append(_row("slow", "dilated", n, "fwd", 1e-2 * n * n, 50 * n))
+    ResultsWriter(path).append(rows)
+    table = scaling_table(load_results(path)).set_index("label")
+    # vs causal: 0.8e-6 N^2 > 0.5e-6 N^2 up to 1024; 4e-4 N < 0.5e-6 N^2 from N > 800 -> 2048
+    assert table.loc["cwin", "crossover_vs_full"] == "2048"
+    assert table.loc["win", "crossover_vs_full"] == "< 512 (below the range)"
+    assert table.loc["slow", "crossover_vs_full"] == "none up to 8192"
 
 
 def test_report_prints_markdown_tables(run):

@@ -7,12 +7,12 @@ import json
 import pandas as pd
 from typer.testing import CliRunner
 
-from bench.decoding import app
+from bench.cli import app
 
 
 def test_decoding_benchmark_writes_results(tmp_path):
     args = [
-        "--out", str(tmp_path), "--context", "64", "--context", "128", "--new-tokens", "4",
+        "decoding", "--out", str(tmp_path), "--context", "64", "--context", "128", "--new-tokens", "4",
         "--attention", "full", "--attention", "sliding_window", "--window", "8",
         "--d-model", "32", "--num-heads", "2", "--num-layers", "1", "--d-ff", "64",
         "--vocab-size", "32", "--stream-window", "16", "--stream-layers", "1",
@@ -29,5 +29,5 @@ def test_decoding_benchmark_writes_results(tmp_path):
     assert sorted(streaming.num_layers) == [1, 2] and (streaming.step_ms > 0).all()
     summary = (tmp_path / "summary.md").read_text()
     assert "| full | 128 |" in summary and "goal >= 5x" in summary and "## Streaming" in summary
-    env = json.loads((tmp_path / "env.json").read_text())
+    (env,) = json.loads((tmp_path / "env.json").read_text())["segments"]
     assert {"torch_version", "threads", "git_sha", "timestamp"} <= set(env)

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from attn.base import Attention, KernelPath
 from attn.contract import require_int, require_optional_int
+from attn.cost import Cost, CostQuery, matmul_flops, pairs_cost
 from attn.kernels.reference import dense_attention
 from attn.mods import masked_softmax
 from attn.registry import register_attention
@@ -172,6 +173,35 @@ class NystromAttention(Attention):
             # associate to the right: the only N-sized products are kernel_3 @ V and the last one
             out = kernel_1 @ (z @ (kernel_3 @ v))  # (B, H, Nq, Dv)
         return out.to(v.dtype)
+
+    def cost(self, query: CostQuery) -> Cost:
+        """The matmuls this code performs for a call of this shape (``kind="performed"``).
+
+        Per (batch, head), with ``m`` landmarks and ``t`` pseudo-inverse iterations: landmark
+        scores ``m x D x m``; the iteration's four ``m x m x m`` products per step; the two
+        N-sized softmax products (``m`` queries over ``Nk`` keys and ``Nq`` queries over ``m``
+        keys, scores and values each); ``Z @ (kernel_3 V)``. The products associate to the
+        right, so no ``Nq x m x m`` product exists. Backward: the streamed softmax products
+        recompute their scores (``3 D + 2 Dv`` per pair instead of ``2 (D + Dv)``), every
+        other matmul costs twice its forward (autograd). The depthwise convolution skip adds
+        ``2 * N * Dv * kernel`` forward and twice that backward. Counted with every input
+        requiring grad, as the harness measures. Below ``m`` tokens the call is exact
+        attention, counted as useful FLOPs.
+        """
+        q_len, k_len, d, dv = query.q_len, query.k_len, query.head_dim, query.v_dim
+        m, iters = self.num_landmarks, self.pinv_iters
+        if max(q_len, k_len) <= m:
+            return pairs_cost(q_len * k_len, query)
+        small = matmul_flops(m, d, m) + 4 * iters * matmul_flops(m, m, m) + matmul_flops(m, m, dv)
+        long_fwd = (matmul_flops(m, d, k_len) + matmul_flops(m, k_len, dv)
+                    + matmul_flops(q_len, d, m) + matmul_flops(q_len, m, dv))
+        streamed = not query.has_key_mask and q_len >= m and k_len >= m
+        long_bwd = 2 * m * (q_len + k_len) * (3 * d + 2 * dv) if streamed else 2 * long_fwd
+        conv = 0 if self.conv_kernel is None else 2 * k_len * dv * self.conv_kernel
+        per_head_fwd = small + long_fwd + conv
+        per_head_bwd = 2 * small + long_bwd + 2 * conv
+        heads = query.batch * query.heads
+        return Cost(heads * per_head_fwd, heads * per_head_bwd, "performed")
 
     def extra_repr(self) -> str:
         return (

@@ -1,0 +1,5 @@
+"""``python -m bench.cli``: the same as the ``attn-bench`` command."""
+
+from bench.cli import main
+
+main()

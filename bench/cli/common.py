@@ -1,0 +1,121 @@
+"""Helpers every command shares: one-line input errors, options, run directories."""
+
+from __future__ import annotations
+
+import functools
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+from bench.cli.app import debug_enabled
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+PluginOpt = Annotated[
+    list[str] | None,
+    typer.Option("--plugin", help="Import this module first (it registers attentions); repeatable."),
+]
+
+
+class UsageError(ValueError):
+    """Bad command-line input; the message names the option and the allowed values."""
+
+
+def fail(message: str, code: int = 2) -> None:
+    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+#: what ``user_errors`` turns into one line: input errors, not bugs
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError, FileNotFoundError, FileExistsError, NotADirectoryError, IsADirectoryError,
+    PermissionError)
+
+
+def user_errors(fn: F) -> F:
+    """Turn the suite's input errors raised by a command into one line and exit code 2
+    (``ValueError`` and its kin, a locked run directory, a bad path); ``--debug`` re-raises."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from bench.fsutil import RunLockedError
+
+        try:
+            return fn(*args, **kwargs)
+        except (*USER_ERRORS, RunLockedError) as err:
+            if debug_enabled():
+                raise
+            message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            fail(f"{message} (--debug shows the traceback)")
+
+    return wrapper  # type: ignore[return-value]
+
+
+def as_option(err: Any, option: str) -> UsageError:
+    """A :class:`bench.config.ConfigError` about a config key, reworded for the option that
+    set it (``config key 'device': ...`` -> ``--device: ...``)."""
+    return UsageError(str(err).replace(f"config key {err.key!r}", option, 1))
+
+
+def import_plugin_options(modules: list[str] | None) -> None:
+    """Import the ``--plugin`` modules; a module that fails to import is a ``--plugin`` error."""
+    from bench.config import ConfigError, import_plugins
+
+    try:
+        import_plugins(tuple(modules or ()))
+    except ConfigError as err:
+        raise as_option(err, "--plugin") from None
+
+
+def require_run_dir(path: Path, argument: str = "RUN_DIR", *, quality: bool = True) -> Path:
+    """``path`` if it is a run directory (``results.csv`` of a sweep, or ``quality.csv`` of a
+    training grid when ``quality``), else a ``UsageError`` naming ``argument``."""
+    files = ("results.csv", "quality.csv") if quality else ("results.csv",)
+    if not any((path / f).is_file() for f in files):
+        why = f"no {' or '.join(files)} in it" if path.is_dir() else "no such directory"
+        raise UsageError(f"{argument} {path} is not a run directory ({why}); give a run "
+                         "directory written by `attn-bench sweep`")
+    return path
+
+
+def choice(option: str, value: str, allowed: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``allowed``, else a ``UsageError`` naming ``option``."""
+    if value not in allowed:
+        raise UsageError(f"{option}: unknown value {value!r}; allowed values are {list(allowed)}")
+    return value
+
+
+def check_device_option(device: str, option: str | None = "--device") -> None:
+    """``device`` is usable here (cuda needs CUDA); ``option``: what set it (None: the config)."""
+    from bench.config import ConfigError
+    from bench.sweep import check_device
+
+    try:
+        check_device(device)
+    except ConfigError as err:
+        raise (as_option(err, option) if option else err) from None
+
+
+def check_writable(directory: Path, option: str = "--out") -> None:
+    """``directory`` exists (created if needed) and accepts files, else a ``UsageError``."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise UsageError(f"{option}: cannot write to {directory} ({err.strerror or err}); choose "
+                         "a writable directory") from None
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP stop a sweep cleanly, as Ctrl-C does."""
+
+    def interrupt(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, interrupt)

@@ -1,0 +1,286 @@
+"""``attn-bench sweep``: speed sweeps and training grids, resumable, with a progress bar."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from bench.cli.app import app
+from bench.cli.common import (
+    PluginOpt,
+    UsageError,
+    as_option,
+    check_device_option,
+    check_writable,
+    choice,
+    import_plugin_options,
+    stop_on_signals,
+    user_errors,
+)
+
+#: sweep options that override config keys, by option name
+_OVERRIDES = {"variant": "variants", "kernel": "kernels", "seq_len": "seq_len", "pass_": "passes",
+              "repeats": "repeats", "timeout_s": "timeout_s", "device": "device", "dtype": "dtype",
+              "threads": "threads"}
+_OPTION_NAMES = {"variants": "--variant", "kernels": "--kernel", "seq_len": "--seq-len",
+                 "passes": "--pass", "repeats": "--repeats", "timeout_s": "--timeout-s",
+                 "device": "--device", "dtype": "--dtype", "threads": "--threads"}
+
+
+def _load_with_overrides(config: str, options: dict[str, Any], plugin: list[str] | None):
+    """The config with CLI overrides, validated like the YAML (errors name the option)."""
+    from bench.config import ConfigError, load_config, with_overrides
+
+    cfg = load_config(config)
+    overrides = {_OVERRIDES[k]: v for k, v in options.items() if v is not None}
+    if plugin:
+        overrides["plugins"] = list(dict.fromkeys((*cfg.plugins, *plugin)))
+    try:
+        return with_overrides(cfg, **overrides)
+    except ConfigError as err:
+        key = (err.key or "").split("[")[0].split(".")[0]
+        if key in overrides and key in _OPTION_NAMES:
+            raise as_option(err, _OPTION_NAMES[key]) from None
+        raise
+
+
+def _no_cases(cfg: Any, kernel_option: bool) -> UsageError:
+    """The error for a sweep without cases: no variant has any of the requested kernels."""
+    from attn import attention_info
+
+    requested = sorted({k for v in cfg.variants for k in (v.kernels or cfg.kernels)})
+    have = "; ".join(f"{v.label} has {['auto', 'all', *attention_info(v.name).kernels]}"
+                     for v in cfg.variants)
+    where = "--kernel" if kernel_option else "config key 'kernels'"
+    return UsageError(f"{where}: the sweep has no cases: no variant has any of the requested "
+                      f"kernels {requested}; allowed values: {have}")
+
+
+def _check_executor(executor: str, address: str | None) -> None:
+    """``--executor`` is known and ``--address`` goes only with ``ray``."""
+    from bench.executors import EXECUTORS
+
+    choice("--executor", executor, EXECUTORS)
+    if address is not None and executor != "ray":
+        raise UsageError(f"--address: only the 'ray' executor takes an address; got --executor "
+                         f"{executor}; allowed: --executor ray --address HOST:PORT, or no --address")
+
+
+@app.command()
+@user_errors
+def sweep(
+    config: Annotated[str, typer.Argument(help="YAML file or preset name (quick, scaling-cpu, ...).")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory (default runs/<name>).")] = None,
+    variant: Annotated[list[str] | None, typer.Option(
+        help="Run only these variants (default params); repeatable; plug-ins welcome.")] = None,
+    kernel: Annotated[list[str] | None, typer.Option(help="Kernels to run (auto or names); repeatable.")] = None,
+    seq_len: Annotated[list[int] | None, typer.Option(help="Sequence lengths; repeatable.")] = None,
+    pass_: Annotated[list[str] | None, typer.Option("--pass", help="Passes: fwd, bwd, fwd_bwd; repeatable.")] = None,
+    repeats: Annotated[int | None, typer.Option(help="At most this many timed repeats per pass.")] = None,
+    timeout_s: Annotated[float | None, typer.Option(help="Time limit per case and pass (s).")] = None,
+    device: Annotated[str | None, typer.Option(help="cpu or cuda.")] = None,
+    dtype: Annotated[str | None, typer.Option(help="float32, float16, bfloat16, float64.")] = None,
+    threads: Annotated[int | None, typer.Option(help="CPU threads per case.")] = None,
+    plugin: PluginOpt = None,
+    executor: Annotated[str, typer.Option(help="Where cases run: local or ray.")] = "local",
+    address: Annotated[str | None, typer.Option(
+        help="Ray cluster address HOST:PORT (ray executor; default: start a local Ray).")] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Skip finished cases (the default; kept for clarity).")] = True,
+    retry_failed: Annotated[bool, typer.Option(
+        "--retry-failed", help="Measure failed, timed-out and skipped cases again; keep the rest.")] = False,
+    allow_mixed: Annotated[bool, typer.Option(
+        "--allow-mixed", help="Add rows to a run measured on another commit, device, dtype or "
+                              "thread count (the report lists where each row came from).")] = False,
+    overwrite: Annotated[bool, typer.Option(help="Discard previous results in --out first.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the cases and exit.")] = False,
+    plots: Annotated[bool, typer.Option(help="Write report.md and plots at the end.")] = True,
+) -> None:
+    """Run a speed sweep, or a training grid (a config with ``kind: quality``), into a run
+    directory; resumable: finished cases and training runs are kept."""
+    from rich.console import Console
+
+    from bench.cases import expand_cases
+    from bench.config import safe_name
+    from bench.results import read_rows
+
+    import_plugin_options(plugin)
+    _check_executor(executor, address)
+    options = {"variant": variant, "kernel": kernel, "seq_len": seq_len, "pass_": pass_,
+               "repeats": repeats, "timeout_s": timeout_s, "device": device, "dtype": dtype,
+               "threads": threads}
+    run_options = {"executor": executor, "address": address, "allow_mixed": allow_mixed,
+                   "retry_failed": retry_failed, "overwrite": overwrite}
+    raw = _raw_config(config)
+    if _is_grid(raw):
+        if plugin:
+            raw = {**raw, "plugins": list(dict.fromkeys((*raw.get("plugins", []), *plugin)))}
+        _sweep_grid(raw, out, options, run_options, dry_run=dry_run, plots=plots)
+        return
+    cfg = _load_with_overrides(config, options, plugin)
+    run_dir = out or Path("runs") / safe_name(cfg.name)
+    cases = expand_cases(cfg)
+    if not cases:
+        raise _no_cases(cfg, kernel_option=kernel is not None)
+    console = Console(stderr=True)
+    if dry_run:
+        done = {(r["case_id"], r["pass"]) for r in read_rows(run_dir)} if resume else set()
+        finished = [all((c.case_id, p) in done for p in c.passes) for c in cases]
+        for i, (case, mark) in enumerate(zip(cases, finished)):
+            typer.echo(f"{i + 1:4d} {case.case_id} {'done' if mark else 'todo'} {case.describe()}")
+        typer.echo(f"{len(cases)} cases, {sum(finished)} already done in {run_dir}")
+        return
+    check_device_option(cfg.device, "--device" if device is not None else None)
+    check_writable(run_dir)
+    from bench.sweep import run_sweep
+
+    statuses = _run_with_progress(run_sweep, cfg, run_dir, console, _speed_states, **run_options)
+    summary = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())) or "nothing new"
+    console.print(f"{run_dir}: {summary} rows this run ({len(cases)} cases in the config)")
+    if plots:
+        _report_and_plot(run_dir, console)
+
+
+def _speed_states(rows: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{r['kernel_requested']} {r['pass']} {r['status']}" for r in rows)
+
+
+def _grid_states(rows: list[dict[str, Any]]) -> str:
+    found = [r for r in rows if r.get("split") == "test" and not r.get("condition")]
+    return ", ".join(f"{r['metric']} {r['value']:.4g}" for r in found) or rows[0]["status"]
+
+
+def _raw_config(config: str) -> Any:
+    from bench.config import load_yaml, resolve_config_path
+
+    return load_yaml(resolve_config_path(config))
+
+
+def _is_grid(raw: Any) -> bool:
+    from bench.quality.grid import is_grid
+
+    return is_grid(raw)
+
+
+#: speed-sweep options a training grid does not take
+_SPEED_ONLY = {"kernel": "--kernel", "seq_len": "--seq-len", "pass_": "--pass",
+               "repeats": "--repeats", "timeout_s": "--timeout-s", "dtype": "--dtype"}
+
+
+def _sweep_grid(raw: dict[str, Any], out: Path | None, options: dict[str, Any],
+                run_options: dict[str, Any], *, dry_run: bool, plots: bool) -> None:
+    """``attn-bench sweep`` of a training grid (``kind: quality``)."""
+    from rich.console import Console
+
+    from bench.config import safe_name
+    from bench.quality.grid import QUALITY_COLUMNS, QUALITY_FILE, parse_grid, run_grid, units
+    from bench.results import read_rows
+
+    for key, option in _SPEED_ONLY.items():
+        if options.get(key) is not None:
+            raise UsageError(f"{option}: a speed-sweep option; a training grid (kind: quality) "
+                             "takes --variant, --device, --threads and the run options")
+    if options.get("variant"):
+        raw = {**raw, "variants": [v for v in raw.get("variants", [])
+                                   if (v if isinstance(v, str) else v.get("name")) in options["variant"]]}
+    for key in ("device", "threads"):
+        if options.get(key) is not None:
+            raw = {**raw, key: options[key]}
+    grid = parse_grid(raw)
+    run_dir = out or Path("runs") / safe_name(grid.name)
+    todo = units(grid, run_dir)
+    if dry_run:
+        done = {r["unit_id"] for r in read_rows(run_dir, QUALITY_FILE, QUALITY_COLUMNS)}
+        for i, unit in enumerate(todo):
+            typer.echo(f"{i + 1:4d} {unit.unit_id} {'done' if unit.unit_id in done else 'todo'} "
+                       f"{unit.describe()}")
+        typer.echo(f"{len(todo)} training runs, {sum(u.unit_id in done for u in todo)} already "
+                   f"done in {run_dir}")
+        return
+    check_device_option(grid.device, "--device" if options.get("device") else None)
+    check_writable(run_dir)
+    console = Console(stderr=True)
+    statuses = _run_with_progress(run_grid, grid, run_dir, console, _grid_states, **run_options)
+    summary = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())) or "nothing new"
+    console.print(f"{run_dir}: {summary} rows this run ({len(todo)} training runs in the grid)")
+    if plots:
+        _report_and_plot(run_dir, console)
+
+
+def _run_with_progress(run: Any, cfg: Any, run_dir: Path, console: Any,
+                       states: Any, **options: Any) -> dict[str, int]:
+    """``run(cfg, run_dir, ...)`` (a sweep or a grid) under a progress bar; Ctrl-C, SIGTERM and
+    SIGHUP stop it cleanly; ``states(rows)`` is the one-line log of a unit (CI logs)."""
+    from rich.markup import escape
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from bench.executors import make_executor
+    from bench.process import kill_all_workers
+
+    executor = make_executor(options.pop("executor"), device=cfg.device,
+                             address=options.pop("address"))
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    statuses: dict[str, int] = {}
+    stop_on_signals()
+    # started at the first unit, so that an error before any case runs (a locked or mixed
+    # run directory, a corrupt file in it) prints its one line and no progress bar
+    progress = Progress(*columns, console=console, transient=False)
+    task = progress.add_task("starting", total=None)
+
+    def on_start(unit: Any) -> None:
+        if not progress.live.is_started:
+            progress.start()
+        progress.update(task, description=f"[cyan]{escape(unit.describe())}")
+
+    def on_done(unit: Any, rows: list[dict[str, Any]]) -> None:
+        progress.advance(task)
+        for row in rows:
+            statuses[row["status"]] = statuses.get(row["status"], 0) + 1
+        if not console.is_terminal:  # logs (CI): one line per finished unit
+            console.print(f"{unit.describe()}: {states(rows)}", markup=False, highlight=False)
+
+    try:
+        run(cfg, run_dir, executor=executor, on_start=on_start, on_done=on_done, **options)
+        progress.update(task, description="done")
+    except KeyboardInterrupt as stop:
+        kill_all_workers()
+        _stop_progress(progress)
+        how = str(stop) or "Ctrl-C"
+        console.print(f"stopped by {how}: every finished unit is in {run_dir / 'results.csv'}; "
+                      "rerun the same command to resume")
+        raise typer.Exit(130) from None
+    finally:
+        _stop_progress(progress)
+    return statuses
+
+
+def _stop_progress(progress: Any) -> None:
+    """Stop a progress display if it was started (stopping an unstarted one prints a line)."""
+    if progress.live.is_started:
+        progress.stop()
+
+
+def _report_and_plot(run_dir: Path, console: Any) -> None:
+    from bench.plots import plot_run
+    from bench.quality.plots import plot_quality_run
+    from bench.quality.report import build_quality_report, is_quality_run
+    from bench.report import build_report
+
+    quality = is_quality_run(run_dir)
+    (build_quality_report if quality else build_report)(run_dir)
+    try:
+        paths = plot_quality_run(run_dir) if quality else plot_run(run_dir)
+    except ValueError as err:
+        console.print(f"no plots: {err}")
+        return
+    console.print(f"wrote {run_dir / 'report.md'}, " + ", ".join(str(p) for p in paths))

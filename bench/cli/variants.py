@@ -1,0 +1,142 @@
+"""``attn-bench list`` and ``check``: the registered variants and the conformance kit."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from bench.cli.app import app
+from bench.cli.common import (
+    PluginOpt,
+    UsageError,
+    check_device_option,
+    choice,
+    import_plugin_options,
+    user_errors,
+)
+
+
+@app.command("list")
+@user_errors
+def list_command(
+    plugin: PluginOpt = None,
+    device: Annotated[str, typer.Option(help="Device to check support on (cpu, cuda).")] = "cpu",
+    dtype: Annotated[str, typer.Option(help="Dtype to check support with.")] = "float32",
+) -> None:
+    """List registered attention variants, their kernels and support on this machine."""
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from attn import attention_info, create_attention, list_attention, list_kernels
+    from attn.registry import plugin_errors
+    from bench.config import DEVICES, DTYPES, list_presets
+
+    choice("--device", device, DEVICES)
+    choice("--dtype", dtype, DTYPES)
+    import_plugin_options(plugin)
+    table = Table(title=f"attention variants (support on {device}, {dtype}: fwd / bwd)")
+    for column in ("variant", "params (defaults)", "kernels: fwd/bwd support", "causal", "description"):
+        table.add_column(column, overflow="fold")
+    torch_dtype = getattr(torch, dtype)
+    for name in list_attention():
+        info = attention_info(name)
+        cells = []
+        try:
+            module = create_attention(name, num_heads=8, head_dim=64)
+            for kernel in info.kernels:
+                marks = []
+                for grad in (False, True):
+                    why = module.supports(device, torch_dtype, False, grad, kernel=kernel)
+                    marks.append("yes" if not why else "no")
+                cells.append(f"{kernel}: {'/'.join(marks)}")
+            try:
+                cells.append(f"auto -> {module.resolve_kernel(torch.device(device), torch_dtype, False, False)}")
+            except NotImplementedError as err:
+                cells.append(f"auto -> none ({err})")
+        except Exception as err:
+            cells.append(f"cannot build: {type(err).__name__}: {err}")
+        params = ", ".join(f"{k}={v}" for k, v in info.params.items())
+        table.add_row(name, params, "\n".join(cells), "yes" if info.supports_causal else "no",
+                      info.description)
+    console = Console()
+    console.print(table)
+    console.print(f"kernels: {', '.join(list_kernels())}")
+    console.print(f"presets: {', '.join(list_presets())}")
+    for name, err in plugin_errors().items():
+        console.print(f"[red]plug-in {name} failed to load: {err}[/red]")
+
+
+def _attention_info(name: str) -> Any:
+    """The registry entry of attention ``name``; ``UsageError`` naming ``NAME`` if unknown."""
+    from attn import attention_info, list_attention
+
+    known = list_attention()
+    if name not in known:
+        raise UsageError(f"NAME: unknown attention {name!r}; registered attentions are {known} "
+                         "(a plug-in's attention needs --plugin MODULE)")
+    return attention_info(name)
+
+
+def _check_params(name: str, info: Any, items: list[str] | None) -> dict[str, Any] | None:
+    """``--param KEY=VALUE`` items as variant parameters, validated by building the variant."""
+    import yaml
+
+    from attn import create_attention
+
+    if not items:
+        return None
+    params: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--param must be KEY=VALUE with KEY one of {sorted(info.params)}; "
+                             f"got {item!r}")
+        if key not in info.params:
+            raise UsageError(f"--param {key}: unknown parameter of {name!r}; allowed keys are "
+                             f"{sorted(info.params)}")
+        try:
+            params[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise UsageError(f"--param {key}: the value {value!r} is not a YAML value "
+                             "(e.g. 128, 0.5, alibi, null)") from None
+    try:
+        create_attention(name, num_heads=8, head_dim=64, **params)
+    except (ValueError, TypeError) as err:
+        raise UsageError(f"--param: {err}") from None
+    return params
+
+
+@app.command()
+@user_errors
+def check(
+    name: Annotated[str, typer.Argument(help="Registered or plug-in attention name.")],
+    kernel: Annotated[list[str] | None, typer.Option(help="Kernels to check; repeatable (default all).")] = None,
+    param: Annotated[list[str] | None, typer.Option(
+        help="Variant parameter KEY=VALUE (YAML value); repeatable.")] = None,
+    device: Annotated[str, typer.Option(help="Device (cpu, cuda).")] = "cpu",
+    plugin: PluginOpt = None,
+) -> None:
+    """Run the conformance kit on a variant; non-zero exit with the reasons when it fails."""
+    from bench.config import DEVICES
+
+    import_plugin_options(plugin)
+    choice("--device", device, DEVICES)
+    check_device_option(device)
+    info = _attention_info(name)
+    for k in kernel or []:
+        if k not in info.kernels:
+            raise UsageError(f"--kernel: {name!r} has no kernel {k!r}; allowed values are "
+                             f"{list(info.kernels)}")
+    params = _check_params(name, info, param)
+    from attn.conformance import check_attention
+
+    result = check_attention(name, params=params, kernels=kernel, device=device)
+    typer.echo(str(result))
+    if not result.passed:
+        for failure in result.failures:
+            typer.secho(f"FAIL: {failure}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1)
+
+

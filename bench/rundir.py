@@ -1,0 +1,87 @@
+"""The driver's side of a run directory, for speed sweeps and training grids alike.
+
+:class:`RunRecorder` keeps the whole rows of an earlier run (one per key, first record wins;
+with ``retry_failed`` failed, timed-out and skipped ones are dropped to be measured again),
+refuses to mix environments on resume unless allowed, records each run segment's
+environment in ``env.json`` and appends new rows as units finish. Everything is written
+atomically or appended and fsynced; the caller holds the directory's lock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from bench.fsutil import atomic_write_json
+from bench.provenance import RESUME_FIELDS, ROW_FIELDS
+from bench.results import RETRY_STATUSES, ResultsWriter, read_env, read_rows, write_env
+
+Row = dict[str, Any]
+
+
+class MixedEnvironmentError(ValueError):
+    """Resuming would mix rows measured in different environments."""
+
+
+def check_resume_environment(rows: list[dict[str, str]], env: dict[str, Any], dtype: str,
+                             fields: tuple[str, ...] = RESUME_FIELDS) -> None:
+    """``MixedEnvironmentError`` naming what differs between existing rows and this run."""
+    current = {**{k: str(env[k]) for k in fields}, "dtype": dtype}
+    differences: dict[str, set[str]] = {}
+    for row in rows:
+        for key, value in current.items():
+            if row.get(key) and row[key] != value:
+                differences.setdefault(key, set()).add(row[key])
+    if differences:
+        said = "; ".join(f"{k} {', '.join(sorted(v))} -> {current[k]}" for k, v in differences.items())
+        raise MixedEnvironmentError(
+            f"the run directory holds rows from another environment ({said}); rerun with "
+            "--allow-mixed to add rows anyway (the report then says which rows came from where), "
+            "or use another --out")
+
+
+class RunRecorder:
+    """Kept rows, environment segments and the results writer of one run directory."""
+
+    def __init__(self, run_dir: Path, *, file: str, columns: list[str],
+                 key: Callable[[Row], tuple], overwrite: bool = False,
+                 retry_failed: bool = False) -> None:
+        self.run_dir, self.file, self.columns = Path(run_dir), file, columns
+        self.overwrite = overwrite
+        existing = [] if overwrite else read_rows(self.run_dir, file, columns)
+        seen: set[tuple] = set()
+        self.kept: list[Row] = []
+        for row in existing:
+            k = key(row)
+            if k in seen or (retry_failed and row["status"] in RETRY_STATUSES):
+                continue
+            seen.add(k)
+            self.kept.append(row)
+        self.writer: ResultsWriter | None = None
+        self.env: dict[str, Any] = {}
+
+    def start(self, env: dict[str, Any], *, dtype: str, allow_mixed: bool, has_work: bool,
+              config: dict[str, Any], config_file: str, local: bool = True) -> None:
+        """Check the environment, rewrite the kept rows and record this segment. On a cluster
+        (``local`` False) the driver's device and threads say nothing of the nodes', so only
+        the code version and the dtype are compared."""
+        if has_work and not allow_mixed:
+            fields = RESUME_FIELDS if local else ("git_sha",)
+            check_resume_environment(self.kept, env, dtype, fields)
+        self.writer = ResultsWriter(self.run_dir, self.kept, self.file, self.columns)
+        self.env = env
+        if has_work:
+            segments = [] if self.overwrite else read_env(self.run_dir)
+            write_env(self.run_dir, [*segments, env])
+            atomic_write_json(self.run_dir / config_file, config)
+
+    def record(self, rows: list[Row]) -> None:
+        """Append ``rows`` (environment columns the machine that ran them did not set come
+        from the driver)."""
+        assert self.writer is not None, "start() first"
+        for row in rows:
+            for key in ROW_FIELDS:
+                row.setdefault(key, self.env[key])
+            row.setdefault("threads", self.env["threads"])
+        self.writer.append(rows)

@@ -1,0 +1,105 @@
+"""FLOPs come from the variant's cost hook: allowed pairs for exact variants (closed forms
+checked against counting the mask), performed matmuls for Nystrom (checked against
+PyTorch's FLOP counter on the real forward and backward)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from attn import Attention, create_attention, register_attention
+from attn.cost import CostQuery, allowed_pairs, band_pairs, counted_pairs
+from attn.registry import unregister_attention
+from bench.flops import case_flops
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("name", "params"), [
+    ("sliding_window", {"window": 3}), ("sliding_window", {"window": 40}),
+    ("dilated", {"window": 2, "dilation": 3}), ("dilated", {"window": 20, "dilation": 2}),
+    ("global_tokens", {"num_global": 2, "window": 1}),
+    ("global_tokens", {"num_global": 50, "window": 5}),
+])
+@pytest.mark.parametrize("n", [1, 7, 33, 64])
+def test_closed_form_pairs_match_counting_the_mask(name, params, causal, n):
+    module = create_attention(name, **params)
+    assert band_pairs(module.band(), n, causal) == counted_pairs(module, n, n, causal)
+
+
+@pytest.mark.parametrize(("q_len", "k_len"), [(1, 9), (5, 9), (9, 9), (12, 9)])
+def test_causal_pairs_are_bottom_right_aligned(q_len, k_len):
+    full = create_attention("full")
+    assert allowed_pairs(full, q_len, k_len, True) == counted_pairs(full, q_len, k_len, True)
+
+
+def test_useful_flops_of_exact_variants():
+    assert allowed_pairs(create_attention("full"), 100, 100, False) == 100 * 100
+    assert allowed_pairs(create_attention("causal"), 100, 100, False) == 100 * 101 // 2
+    flops, kind, density = case_flops(create_attention("sliding_window", window=1), batch=2,
+                                      heads=3, n=10, head_dim=8, causal=False)
+    assert flops["fwd"] == 4 * 2 * 3 * (3 * 10 - 2) * 8 and kind == "useful"
+    assert flops["bwd"] == 2.5 * flops["fwd"] and density == pytest.approx(28 / 100)
+    cost = create_attention("full").cost(CostQuery(1, 2, 5, 7, 8, 4))
+    assert cost.fwd == 2 * 2 * 5 * 7 * (8 + 4)  # Dv != D: 2 * P * (D + Dv)
+
+
+def _counted(module, q, k, v, key_mask=None) -> tuple[int, int]:
+    with FlopCounterMode(display=False) as forward:
+        out = module(q, k, v, key_mask=key_mask)
+    with FlopCounterMode(display=False) as backward:
+        out.backward(torch.randn_like(out))
+    return forward.get_total_flops(), backward.get_total_flops()
+
+
+@pytest.mark.parametrize(("q_len", "k_len", "dim", "v_dim", "masked"), [
+    (200, 200, 16, 16, False),  # the benchmarked path: softmax products streamed along N
+    (96, 130, 8, 12, False),  # cross-attention shape, Dv != D
+    (120, 120, 16, 8, True),  # key_mask: the materialised (N, m) path
+])
+def test_nystrom_flops_equal_a_flop_counter_on_forward_and_backward(q_len, k_len, dim, v_dim,
+                                                                    masked):
+    module = create_attention("nystrom", num_landmarks=16, num_heads=2, head_dim=dim)
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 2, q_len, dim, generator=gen, requires_grad=True)
+    k = torch.randn(2, 2, k_len, dim, generator=gen, requires_grad=True)
+    v = torch.randn(2, 2, k_len, v_dim, generator=gen, requires_grad=True)
+    key_mask = torch.rand(2, k_len, generator=gen) > 0.2 if masked else None
+    fwd, bwd = _counted(module, q, k, v, key_mask)
+    cost = module.cost(CostQuery(2, 2, q_len, k_len, dim, v_dim, has_key_mask=masked))
+    assert (cost.fwd, cost.bwd, cost.kind) == (fwd, bwd, "performed")
+
+
+def test_nystrom_has_no_n_m_m_product():
+    """The products associate to the right: doubling m at fixed N must not add an N*m^2 term."""
+    def fwd(n, m):
+        module = create_attention("nystrom", num_landmarks=m)
+        return module.cost(CostQuery.self_attention(1, 1, n, 64)).fwd
+
+    n = 16384
+    linear_in_n = fwd(2 * n, 64) - fwd(n, 64)  # the N-proportional part for m = 64
+    assert linear_in_n == 8 * n * 64 * 64  # 8 N m D: two products of two matmuls each
+
+
+def test_a_plug_in_approximation_is_measured_by_its_own_cost_hook():
+    @register_attention("halved_attention", overwrite=True)
+    class Halved(Attention):
+        """Test approximation that declares its own cost."""
+
+        exact = False
+
+        def native_forward(self, q, k, v, causal, key_mask):
+            return v
+
+        def cost(self, query):
+            from attn.cost import Cost
+
+            return Cost(fwd=123, bwd=456, kind="performed")
+
+    try:
+        flops, kind, density = case_flops(create_attention("halved_attention"), batch=1, heads=1,
+                                          n=8, head_dim=4, causal=False)
+    finally:
+        unregister_attention("halved_attention")
+    assert flops == {"fwd": 123, "bwd": 456, "fwd_bwd": 579} and kind == "performed"
+    assert density == 1.0
