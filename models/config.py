@@ -16,7 +16,7 @@ import attn
 ACTIVATIONS = ("relu", "gelu")
 NORMS = ("post", "pre")
 POSITIONS = ("auto", "sinusoidal", "learned", "none")
-POOLINGS = ("cls", "mean")
+POOLINGS = ("cls", "mean", "last")
 
 #: shared size presets; kind-specific extras live on each config class (``kind_presets``)
 PRESETS: dict[str, dict[str, Any]] = {
@@ -133,7 +133,9 @@ class EncoderClassifierConfig(ModelConfig):
     """BERT-style encoder with a classification head; ``dual=True`` encodes two inputs (retrieval)."""
 
     num_classes: int = 2
-    pooling: str = "cls"  # "cls": a learned CLS vector at position 0; "mean": mean over real tokens
+    # "cls": a learned CLS vector at position 0; "mean": mean over real tokens; "last": the
+    # last real token (what a query at the end of the sequence gathered)
+    pooling: str = "cls"
     num_extra_global: int = 0  # learned global tokens prepended after CLS (for global_tokens)
     dual: bool = False
 

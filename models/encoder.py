@@ -60,13 +60,21 @@ def masked_mean(x: Tensor, key_mask: Tensor | None) -> Tensor:
     return (x * weight).sum(dim=1) / weight.sum(dim=1).clamp(min=1.0)
 
 
+def last_real(x: Tensor, key_mask: Tensor | None) -> Tensor:
+    """The last real position of ``x (B, N, D)`` (``key_mask (B, N)``, real tokens first) -> ``(B, D)``."""
+    if key_mask is None:
+        return x[:, -1]
+    last = key_mask.long().sum(dim=1).clamp(min=1) - 1  # (B,)
+    return x[torch.arange(x.shape[0], device=x.device), last]
+
+
 @register_model("encoder_classifier", EncoderClassifierConfig)
 class EncoderClassifier(nn.Module):
     """Encoder + pooling + linear classifier: ``model(ids, key_mask) -> logits (B, C)``.
 
     The input is ``[CLS?][extra global tokens][tokens]``; CLS and global tokens are learned
     vectors (no vocabulary id needed). ``pooling="cls"`` reads position 0, ``"mean"``
-    averages the real tokens only. With ``dual=True`` the model is a dual encoder for
+    averages the real tokens only, ``"last"`` reads the last real token (right padding). With ``dual=True`` the model is a dual encoder for
     retrieval: both inputs are encoded by the same weights and the head sees
     ``[u, v, u * v, u - v]`` (LRA retrieval); :meth:`embed` gives the pooled vectors.
     With an attention that forces causal (``causal``) CLS at position 0 sees only itself:
@@ -97,6 +105,8 @@ class EncoderClassifier(nn.Module):
         if self.config.pooling == "cls":
             return h[:, 0]
         start = self.prefix.count
+        if self.config.pooling == "last":
+            return last_real(h, key_mask)
         return masked_mean(h[:, start:], None if key_mask is None else key_mask[:, start:])
 
     def forward(

@@ -34,5 +34,10 @@ class ViT(nn.Module):
         x = self.patch_emb(images)  # (B, P, D)
         x, _ = self.prefix(x, None)  # (B, G + P, D)
         h = self.encoder(self.drop(self.pos_emb(x)))  # (B, G + P, D)
-        pooled = h[:, 0] if self.config.pooling == "cls" else masked_mean(h[:, self.prefix.count :], None)
+        if self.config.pooling == "cls":
+            pooled = h[:, 0]
+        elif self.config.pooling == "last":
+            pooled = h[:, -1]
+        else:
+            pooled = masked_mean(h[:, self.prefix.count :], None)
         return self.head(pooled)  # (B, C)

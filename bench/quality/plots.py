@@ -1,0 +1,201 @@
+"""Quality figures: the quality/speed Pareto front per task, recall accuracy against distance
+(with the windowed variants' reach marked), bits per byte against evaluation length, and the
+attention-pattern figure of every registered variant."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bench.quality.report import condition_table, headline, load_quality, task_order
+
+PARETO, RECALL, LENGTH, PATTERNS = "pareto", "recall_distance", "bytelm_length", "patterns"
+
+
+def _save(fig: Any, run_dir: Path, stem: str) -> list[Path]:
+    import matplotlib.pyplot as plt
+
+    paths = [run_dir / f"{stem}.png", run_dir / f"{stem}.svg"]
+    for path in paths:
+        fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    return paths
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    return plt
+
+
+def _front(points: pd.DataFrame, higher: bool) -> pd.DataFrame:
+    """The points no other point beats in both throughput and quality."""
+    ordered = points.sort_values("speed", ascending=False)
+    best, keep = -np.inf if higher else np.inf, []
+    for row in ordered.itertuples():
+        if (row.quality > best) if higher else (row.quality < best):
+            keep.append(row.Index)
+            best = row.quality
+    return points.loc[keep].sort_values("speed")
+
+
+def plot_pareto(df: pd.DataFrame, run_dir: Path) -> list[Path]:
+    """Test quality against training throughput, one panel per task (mean +- std over seeds)."""
+    plt = _pyplot()
+    top, tasks = headline(df), task_order(headline(df))
+    labels = sorted(set(top.label))
+    colours = dict(zip(labels, plt.get_cmap("tab10").colors))
+    cols = min(4, len(tasks))
+    rows = -(-len(tasks) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False)
+    for ax, task in zip(axes.flat, tasks):
+        part = top[top.task == task]
+        metric = part.metric.iloc[0]
+        higher = metric != "bits_per_byte"
+        points = part.groupby("label").agg(speed=("train_tokens_per_s", "median"),
+                                           quality=("value", "mean"), spread=("value", "std"))
+        for name, p in points.iterrows():
+            ax.errorbar(p.speed, p.quality, yerr=0 if np.isnan(p.spread) else p.spread, fmt="o",
+                        color=colours[name], label=name, capsize=3)
+        front = _front(points, higher)
+        ax.plot(front.speed, front.quality, "--", color="grey", linewidth=1)
+        ax.set_xscale("log")
+        ax.set_title(task)
+        ax.set_xlabel("training tokens/s")
+        ax.set_ylabel(metric.replace("_", " "))
+    for ax in list(axes.flat)[len(tasks):]:
+        ax.axis("off")
+    handles, names = axes.flat[0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    fig.suptitle(f"{run_dir.name}: quality against training throughput (dashed: Pareto front)")
+    fig.tight_layout()
+    return _save(fig, run_dir, PARETO)
+
+
+def _reach(row: pd.Series) -> float | None:
+    """How far back the last position can see: layers x (dilation x) window, None if all."""
+    params = json.loads(row.params or "{}")
+    settings = json.loads(row.settings or "{}")
+    layers = int(settings.get("model", {}).get("num_layers", 1))
+    if row.variant in ("sliding_window", "global_tokens"):
+        return layers * params["window"]
+    if row.variant == "dilated":
+        return layers * params["window"] * params["dilation"]
+    return None
+
+
+def plot_recall(df: pd.DataFrame, run_dir: Path) -> list[Path]:
+    """Recall accuracy against the key's distance, windows' reach marked, chance line."""
+    plt = _pyplot()
+    table = condition_table(df, "recall", "accuracy", "distance=")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    rows = df[(df.task == "recall") & (df.status == "ok")].drop_duplicates("label")
+    colours = dict(zip(sorted(table.label), plt.get_cmap("tab10").colors))
+    for _, row in table.iterrows():
+        distances = [float(c.split("=")[1]) for c in table.columns[1:]]
+        ax.plot(distances, row.values[1:].astype(float), "o-", label=row.label,
+                color=colours[row.label])
+        reach = _reach(rows[rows.label == row.label].iloc[0])
+        if reach is not None:
+            ax.axvline(reach, color=colours[row.label], linestyle=":", linewidth=1)
+    chance = df[(df.task == "recall") & (df.metric == "majority_accuracy") & (df.split == "test")]
+    if len(chance):
+        ax.axhline(chance.value.mean(), color="grey", linestyle="--", linewidth=1, label="chance")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("distance from the query back to its key (tokens)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title("recall: dotted lines mark each windowed variant's reach (layers x window)")
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    fig.tight_layout()
+    return _save(fig, run_dir, RECALL)
+
+
+def plot_length(df: pd.DataFrame, run_dir: Path) -> list[Path]:
+    """Bits per byte against evaluation length (training length marked)."""
+    plt = _pyplot()
+    table = condition_table(df, "bytelm", "bits_per_byte", "length=")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    lengths = [float(c.split("=")[1]) for c in table.columns[1:]]
+    for _, row in table.iterrows():
+        ax.plot(lengths, row.values[1:].astype(float), "o-", label=row.label)
+    ax.axvline(min(lengths), color="grey", linestyle=":", linewidth=1, label="training length")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("evaluation length (bytes)")
+    ax.set_ylabel("test bits per byte (lower is better)")
+    ax.set_title("bytelm: evaluated past the training length")
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    fig.tight_layout()
+    return _save(fig, run_dir, LENGTH)
+
+
+def plot_quality_run(run_dir: str | Path) -> list[Path]:
+    """Every quality figure the run's data allows."""
+    run_dir = Path(run_dir)
+    df = load_quality(run_dir)
+    if headline(df).empty:
+        raise ValueError(f"RUN_DIR {run_dir}: no finished training run to plot")
+    paths = plot_pareto(df, run_dir)
+    if len(condition_table(df, "recall", "accuracy", "distance=")):
+        paths += plot_recall(df, run_dir)
+    if len(condition_table(df, "bytelm", "bits_per_byte", "length=")):
+        paths += plot_length(df, run_dir)
+    return paths
+
+
+def _pattern(name: str, params: dict[str, Any], n: int) -> np.ndarray:
+    """The allowed pairs ``(n, n)`` of ``name(params)`` (all pairs without a mask_mod)."""
+    from attn import create_attention
+    from attn.mods import dense_allowed
+
+    module = create_attention(name, num_heads=1, head_dim=8, **params)
+    allowed = dense_allowed(module.mask_mod(), batch=1, heads=1, q_len=n, k_len=n,
+                            causal=module.forces_causal, key_mask=None, device="cpu")
+    return np.ones((n, n)) if allowed is None else allowed[0, 0].numpy().astype(float)
+
+
+def _illustrative_pattern(name: str, examples: tuple[dict[str, Any], ...], n: int
+                          ) -> tuple[dict[str, Any], np.ndarray]:
+    """Of the variant's example parameter sets (position biases left out), the one whose
+    pattern is closest to a third of the pairs: sparse enough to show its shape."""
+    candidates = [{k: v for k, v in p.items() if k != "position_bias"} for p in examples or ({},)]
+    patterns = [(params, _pattern(name, params, n)) for params in candidates]
+    return min(patterns, key=lambda item: abs(item[1].mean() - 0.3))
+
+
+def plot_patterns(out_dir: str | Path, n: int = 24) -> list[Path]:
+    """Allowed (query, key) pairs of every registered variant at length ``n`` (non-causal;
+    approximations show the pairs they approximate), the figure attention papers open with."""
+    from attn import attention_info, list_attention
+
+    plt = _pyplot()
+    names = [name for name in list_attention() if not name.startswith("bench_")]
+    cols = min(4, len(names))
+    rows = -(-len(names) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.8 * cols, 3.4 * rows), squeeze=False)
+    for ax, name in zip(axes.flat, names):
+        info = attention_info(name)
+        params, grid = _illustrative_pattern(name, info.example_params, n)
+        ax.imshow(grid, cmap="Blues", vmin=0, vmax=1.3, interpolation="nearest")
+        ax.grid(False)
+        shown = ", ".join(f"{k}={v}" for k, v in params.items())
+        note = "" if info.exact else "\n(approximates all pairs)"
+        ax.set_title(f"{name}\n{shown}{note}", fontsize=8)
+        ax.set_xlabel("key j", fontsize=7)
+        ax.set_ylabel("query i", fontsize=7)
+        ax.tick_params(labelsize=6)
+    for ax in list(axes.flat)[len(names):]:
+        ax.axis("off")
+    fig.suptitle(f"allowed (query, key) pairs at N={n}")
+    fig.tight_layout()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return _save(fig, out_dir, PATTERNS)

@@ -1,0 +1,134 @@
+"""Task presets: the data, model and training settings of every quality task, from YAML.
+
+A preset file (``bench/configs/tasks/<preset>.yaml``) has ``defaults`` (``model``, ``train``,
+``attention``) and one section per task overriding any of them and giving its ``data``
+settings. Within a task every variant gets the same settings: the same model size, the same
+hyper-parameters, the same step budget, and the same attention parameters (``attention``:
+e.g. ``window``, ``num_landmarks``, applied to every variant that has such a parameter).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from bench.config import ConfigError, load_yaml
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "tasks"
+SCHEDULES = ("cosine", "linear")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Optimisation and evaluation schedule of one training run."""
+
+    steps: int = 500
+    batch_size: int = 16
+    lr: float = 1e-3
+    weight_decay: float = 0.01
+    warmup_steps: int = 50
+    schedule: str = "cosine"  # decay after warm-up, to min_lr_ratio * lr
+    min_lr_ratio: float = 0.1
+    grad_clip: float = 1.0
+    eval_every: int = 100  # validation (and a best-checkpoint candidate) every this many steps
+    eval_examples: int = 512  # validation examples (or byte windows) per evaluation
+    checkpoint_every: int = 50  # resumable checkpoint every this many steps
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "eval_every", "eval_examples", "checkpoint_every"):
+            _positive(f"train.{name}", getattr(self, name))
+        _positive("train.warmup_steps", self.warmup_steps, minimum=0)
+        for name in ("lr", "weight_decay", "grad_clip"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ConfigError(f"train.{name}: must be a number >= 0; got {value!r}", f"train.{name}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"train.min_lr_ratio: must be in [0, 1]; got {self.min_lr_ratio!r}",
+                              "train.min_lr_ratio")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"train.schedule: must be one of {list(SCHEDULES)}; got "
+                              f"{self.schedule!r}", "train.schedule")
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """Everything one (task, preset) fixes; identical for every variant of the task."""
+
+    task: str
+    preset: str
+    data: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)
+    attention: dict[str, Any] = field(default_factory=dict)
+    train: TrainSettings = field(default_factory=TrainSettings)
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (for JSON files and rows)."""
+        return asdict(self)
+
+
+def _positive(key: str, value: Any, minimum: int = 1) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{key}: must be an integer >= {minimum}; got {value!r}", key)
+
+
+def list_presets() -> list[str]:
+    """Preset names shipped in ``bench/configs/tasks``."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _load_preset(preset: str) -> dict[str, Any]:
+    path = PRESET_DIR / f"{preset}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"--preset: unknown preset {preset!r}; presets are {list_presets()}",
+                          "preset")
+    raw = load_yaml(path)
+    if not isinstance(raw, dict) or "tasks" not in raw:
+        raise ConfigError(f"{path}: a task preset needs 'defaults' and 'tasks' sections", "tasks")
+    return raw
+
+
+def _merged(base: dict[str, Any], override: dict[str, Any] | None, where: str) -> dict[str, Any]:
+    if override is not None and not isinstance(override, dict):
+        raise ConfigError(f"{where}: must be a mapping; got {override!r}", where)
+    return {**base, **(override or {})}
+
+
+def task_settings(task: str, preset: str, overrides: dict[str, Any] | None = None) -> TaskSettings:
+    """The settings of ``task`` in ``preset``, with optional ``overrides`` of the same shape
+    (``{"train": {"steps": 10}, "data": {...}, "model": {...}, "attention": {...}}``)."""
+    raw = _load_preset(preset)
+    tasks = raw["tasks"]
+    if task not in tasks:
+        raise ConfigError(f"TASK: unknown task {task!r} in preset {preset!r}; tasks are "
+                          f"{sorted(tasks)}", "task")
+    defaults, section, overrides = raw.get("defaults", {}), tasks[task] or {}, overrides or {}
+    unknown = sorted(set(overrides) - {"data", "model", "attention", "train"})
+    if unknown:
+        raise ConfigError(f"overrides: unknown section {unknown[0]!r}; sections are "
+                          "['attention', 'data', 'model', 'train']", unknown[0])
+    merged = {}
+    for part in ("data", "model", "attention", "train"):
+        value = _merged(defaults.get(part, {}), section.get(part), f"tasks.{task}.{part}")
+        merged[part] = _merged(value, overrides.get(part), f"overrides.{part}")
+    train_keys = {f.name for f in fields(TrainSettings)}
+    unknown = sorted(set(merged["train"]) - train_keys)
+    if unknown:
+        raise ConfigError(f"train.{unknown[0]}: unknown setting; settings are {sorted(train_keys)}",
+                          f"train.{unknown[0]}")
+    return TaskSettings(task=task, preset=preset, data=copy.deepcopy(merged["data"]),
+                        model=copy.deepcopy(merged["model"]),
+                        attention=copy.deepcopy(merged["attention"]),
+                        train=TrainSettings(**merged["train"]), note=str(section.get("note", "")))
+
+
+def attention_params(variant: str, params: dict[str, Any], settings: TaskSettings) -> dict[str, Any]:
+    """The variant's parameters for this task: the task's attention settings for every
+    parameter the variant has, then the explicitly given ``params``."""
+    from attn import attention_info
+
+    allowed = attention_info(variant).params
+    shared = {k: v for k, v in settings.attention.items() if k in allowed}
+    return {**shared, **params}

@@ -1,0 +1,181 @@
+"""The interface every quality task implements, and the classification tasks' shared core.
+
+A task turns its offline data into fixed, seeded splits (``train``, ``val``, ``test``) of
+tensors, says which model kind it trains and with which model settings, gives the training
+batch of a step (a pure function of the seed and the step, so a resumed run sees exactly the
+batches an uninterrupted one would), the loss of a batch, and its metrics on a split. Model
+selection uses ``val`` only; ``test`` is evaluated once, at the end, on the best checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+Split = dict[str, Tensor]
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One measured number: ``name`` (e.g. ``accuracy``), ``condition`` (e.g. ``distance=64``,
+    empty for the headline number), the value and how many tokens the evaluation read."""
+
+    name: str
+    value: float
+    condition: str = ""
+    tokens: int = 0
+    seconds: float = 0.0
+
+
+class Task(ABC):
+    """A quality task (see the module docstring)."""
+
+    name: ClassVar[str] = ""
+    model_kind: ClassVar[str] = "encoder_classifier"
+    #: the headline metric and whether larger is better
+    metric: ClassVar[str] = "accuracy"
+    higher_is_better: ClassVar[bool] = True
+    #: what model selection on ``val`` compares (defaults to the headline metric)
+    selection_metric: ClassVar[str | None] = None
+    #: True when the model's self-attention must be causal (a decoder)
+    causal_self_attention: ClassVar[bool] = False
+
+    def __init__(self, data: dict[str, Any], seed: int) -> None:
+        self.data = dict(data)
+        self.seed = seed
+        self.splits: dict[str, Split] = {}
+
+    @property
+    def selection(self) -> tuple[str, bool]:
+        """``(metric name, higher is better)`` used to pick the best checkpoint."""
+        if self.selection_metric is None:
+            return self.metric, self.higher_is_better
+        return self.selection_metric, False
+
+    @abstractmethod
+    def prepare(self) -> None:
+        """Load or generate the data and fill ``self.splits`` (seeded, deterministic)."""
+
+    @abstractmethod
+    def model_overrides(self) -> dict[str, Any]:
+        """Model settings the data dictates (vocabulary, classes, maximum length, ...)."""
+
+    @property
+    @abstractmethod
+    def seq_len(self) -> int:
+        """Input length of one example (the length the attention sees)."""
+
+    def num_examples(self, split: str) -> int:
+        first = next(iter(self.splits[split].values()))
+        return int(first.shape[0])
+
+    def train_batch(self, step: int, batch_size: int) -> Split:
+        """The training batch of ``step``: a pure function of (seed, step)."""
+        gen = np.random.default_rng([self.seed, step, 0x7A5C])
+        index = torch.from_numpy(gen.integers(0, self.num_examples("train"), batch_size))
+        return {k: v[index] for k, v in self.splits["train"].items()}
+
+    def batches(self, split: str, batch_size: int, limit: int | None = None) -> Iterator[Split]:
+        """The first ``limit`` examples of ``split`` (all by default), in order."""
+        total = self.num_examples(split) if limit is None else min(limit, self.num_examples(split))
+        for start in range(0, total, batch_size):
+            stop = min(start + batch_size, total)
+            yield {k: v[start:stop] for k, v in self.splits[split].items()}
+
+    @abstractmethod
+    def loss(self, model: nn.Module, batch: Split) -> tuple[Tensor, int]:
+        """Training loss of a batch and the number of input tokens it holds."""
+
+    @abstractmethod
+    def evaluate(self, model: nn.Module, split: str, *, limit: int | None, batch_size: int,
+                 final: bool) -> list[Metric]:
+        """Metrics on ``split`` (``limit`` examples; ``final``: the one test evaluation,
+        which may add per-condition metrics and slower decodes)."""
+
+
+def tokens_of(batch: Split, key: str = "ids", mask: str = "key_mask") -> int:
+    """Real input tokens in a batch (padding excluded)."""
+    if mask in batch:
+        return int(batch[mask].sum())
+    return int(batch[key].numel())
+
+
+class ClassificationTask(Task):
+    """Splits with ``ids`` (and ``key_mask``) and ``labels``; ``encoder_classifier``; accuracy.
+
+    A subclass fills ``self.splits`` in :meth:`prepare` and says its vocabulary and classes.
+    """
+
+    vocab_size: int = 0
+    num_classes: int = 2
+    pooling: ClassVar[str] = "mean"
+
+    def model_overrides(self) -> dict[str, Any]:
+        return {"vocab_size": self.vocab_size, "num_classes": self.num_classes,
+                "max_len": self.seq_len + 8, "pooling": self.pooling}
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.splits["train"]["ids"].shape[1])
+
+    def logits(self, model: nn.Module, batch: Split) -> Tensor:
+        return model(batch["ids"], batch.get("key_mask"))  # (B, C)
+
+    def batch_tokens(self, batch: Split) -> int:
+        """Input tokens of a batch (padding excluded)."""
+        return tokens_of(batch)
+
+    def loss(self, model: nn.Module, batch: Split) -> tuple[Tensor, int]:
+        return F.cross_entropy(self.logits(model, batch), batch["labels"]), self.batch_tokens(batch)
+
+    @torch.no_grad()
+    def predictions(self, model: nn.Module, split: str, limit: int | None,
+                    batch_size: int) -> tuple[Tensor, Tensor, int, float]:
+        """Predicted and true labels of the first ``limit`` examples, tokens read, seconds."""
+        preds, labels, tokens = [], [], 0
+        start = time.perf_counter()
+        for batch in self.batches(split, batch_size, limit):
+            preds.append(self.logits(model, batch).argmax(dim=-1))
+            labels.append(batch["labels"])
+            tokens += self.batch_tokens(batch)
+        return torch.cat(preds), torch.cat(labels), tokens, time.perf_counter() - start
+
+    def majority_accuracy(self, split: str, count: int) -> Metric:
+        """Accuracy of always answering the most frequent training label (the chance level)."""
+        train = self.splits["train"]["labels"]
+        common = int(torch.bincount(train).argmax())
+        labels = self.splits[split]["labels"][:count]
+        return Metric("majority_accuracy", float((labels == common).float().mean()))
+
+    def evaluate(self, model: nn.Module, split: str, *, limit: int | None, batch_size: int,
+                 final: bool) -> list[Metric]:
+        preds, labels, tokens, seconds = self.predictions(model, split, limit, batch_size)
+        accuracy = float((preds == labels).float().mean()) if len(labels) else math.nan
+        metrics = [Metric("accuracy", accuracy, "", tokens, seconds)]
+        if final:
+            metrics.append(self.majority_accuracy(split, len(labels)))
+        return metrics
+
+
+def as_tensors(arrays: dict[str, np.ndarray], index: np.ndarray) -> Split:
+    """Rows ``index`` of each array, as torch tensors (int64 ids, bool masks)."""
+    out = {}
+    for key, array in arrays.items():
+        part = array[index]
+        if part.dtype == np.bool_:
+            out[key] = torch.from_numpy(np.ascontiguousarray(part))
+        elif np.issubdtype(part.dtype, np.integer):
+            out[key] = torch.from_numpy(np.ascontiguousarray(part).astype(np.int64))
+        else:
+            out[key] = torch.from_numpy(np.ascontiguousarray(part).astype(np.float32))
+    return out

@@ -1,0 +1,89 @@
+"""``bytelm``: byte-level language modelling of Wikipedia XML (the enwiki excerpt shipped in
+gensim's test data), split by position; bits per byte. The test split is also read at 2x, 4x
+and 8x the training length, to show which attention generalises past its training length."""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bench.data import enwiki
+from bench.quality.tasks.base import Metric, Split, Task
+
+LN2 = math.log(2.0)
+
+
+class ByteLM(Task):
+    """Data settings: ``seq_len`` (training length), ``eval_bytes`` (bytes of a split read per
+    evaluation length), ``extrapolation`` (multipliers of ``seq_len`` for the final test
+    evaluation, e.g. ``[1, 2, 4, 8]``), ``fractions`` (train/val/test by position)."""
+
+    name = "bytelm"
+    model_kind = "decoder_lm"
+    metric = "bits_per_byte"
+    higher_is_better = False
+    causal_self_attention = True
+
+    def prepare(self) -> None:
+        data = enwiki.load_bytes()
+        parts = enwiki.split_by_position(data, tuple(self.data.get("fractions", (0.9, 0.05, 0.05))))
+        self.splits = {k: {"bytes": torch.from_numpy(np.ascontiguousarray(v).astype(np.int64))}
+                       for k, v in parts.items()}
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.data["seq_len"])
+
+    def model_overrides(self) -> dict[str, Any]:
+        longest = self.seq_len * max(self.data.get("extrapolation", [1]))
+        return {"vocab_size": 256, "max_len": longest + 8}
+
+    def train_batch(self, step: int, batch_size: int) -> Split:
+        stream = self.splits["train"]["bytes"]
+        gen = np.random.default_rng([self.seed, step, 0xB17E])
+        starts = torch.from_numpy(gen.integers(0, len(stream) - self.seq_len - 1, batch_size))
+        offsets = torch.arange(self.seq_len + 1)
+        return {"window": stream[starts[:, None] + offsets]}  # (B, L + 1)
+
+    def loss(self, model: nn.Module, batch: Split) -> tuple[Tensor, int]:
+        window = batch["window"]
+        logits = model(window[:, :-1])  # (B, L, 256)
+        loss = F.cross_entropy(logits.flatten(0, 1), window[:, 1:].flatten())
+        return loss, int(window[:, :-1].numel())
+
+    @torch.no_grad()
+    def bits_per_byte(self, model: nn.Module, split: str, length: int, budget: int,
+                      batch_size: int) -> Metric:
+        """Mean bits per predicted byte over non-overlapping windows of ``length`` bytes
+        covering the first ``budget`` bytes of ``split`` (each window predicts its own bytes
+        from the ones before it in the window)."""
+        stream = self.splits[split]["bytes"]
+        count = max(1, min(budget, len(stream) - 1) // length)
+        windows = stream[: count * length + 1].unfold(0, length + 1, length)  # (W, length + 1)
+        total, predicted = 0.0, 0
+        start = time.perf_counter()
+        for first in range(0, len(windows), batch_size):
+            chunk = windows[first:first + batch_size]
+            logits = model(chunk[:, :-1])  # (b, length, 256)
+            nats = F.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum")
+            total += float(nats)
+            predicted += chunk[:, 1:].numel()
+        return Metric("bits_per_byte", total / predicted / LN2, "", predicted,
+                      time.perf_counter() - start)
+
+    def evaluate(self, model: nn.Module, split: str, *, limit: int | None, batch_size: int,
+                 final: bool) -> list[Metric]:
+        budget = int(self.data.get("eval_bytes", 65536))
+        metrics = [self.bits_per_byte(model, split, self.seq_len, budget, batch_size)]
+        if final:
+            for factor in self.data.get("extrapolation", [1, 2, 4, 8]):
+                length = self.seq_len * int(factor)
+                m = self.bits_per_byte(model, split, length, budget, max(1, batch_size // factor))
+                metrics.append(Metric(m.name, m.value, f"length={length}", m.tokens, m.seconds))
+        return metrics

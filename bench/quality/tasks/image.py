@@ -1,0 +1,72 @@
+"""``image`` and ``image_vit``: Fashion-MNIST (10 classes of 28x28 grey images).
+
+``image`` reads the pixels as a sequence of 784 tokens (grey level = token id), the LRA
+"Image" protocol; ``image_vit`` cuts the image into patches for the ``vit`` model. Training
+and validation come from the 60,000 training images (a seeded subset and a disjoint held-out
+part); the test split comes from the 10,000 test images only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from torch import Tensor, nn
+
+from bench.data import fashion_mnist
+from bench.quality.tasks.base import ClassificationTask, Split, as_tensors
+
+
+def _subsets(data: dict[str, Any]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Seeded, disjoint train / val subsets of the training images and a test subset."""
+    rng = np.random.default_rng(int(data.get("data_seed", 0)))
+    images, labels = fashion_mnist.load("train")
+    order = rng.permutation(len(labels))
+    n_train, n_val = int(data["train_examples"]), int(data["val_examples"])
+    train, val = order[:n_train], order[n_train:n_train + n_val]
+    test_images, test_labels = fashion_mnist.load("test")
+    test = rng.permutation(len(test_labels))[: int(data["test_examples"])]
+    return {"train": (images[train], labels[train]), "val": (images[val], labels[val]),
+            "test": (test_images[test], test_labels[test])}
+
+
+class ImagePixels(ClassificationTask):
+    """Data settings: ``train_examples``, ``val_examples``, ``test_examples``, ``data_seed``.
+    Each pixel is a token (ids 0..255); ``seq_len`` is 784."""
+
+    name = "image"
+    num_classes = 10
+    vocab_size = 256
+
+    def prepare(self) -> None:
+        for split, (images, labels) in _subsets(self.data).items():
+            arrays = {"ids": fashion_mnist.to_sequences(images), "labels": labels}
+            self.splits[split] = as_tensors(arrays, np.arange(len(labels)))
+
+
+class ImagePatches(ClassificationTask):
+    """Data settings as ``image`` plus the model's ``patch_size`` (model settings). The
+    ``vit`` model reads ``images (B, 1, 28, 28)`` scaled to [0, 1]."""
+
+    name = "image_vit"
+    model_kind = "vit"
+    num_classes = 10
+
+    def prepare(self) -> None:
+        for split, (images, labels) in _subsets(self.data).items():
+            arrays = {"images": images[:, None].astype(np.float32) / 255.0, "labels": labels}
+            self.splits[split] = as_tensors(arrays, np.arange(len(labels)))
+
+    def model_overrides(self) -> dict[str, Any]:
+        return {"image_size": 28, "in_channels": 1, "num_classes": self.num_classes,
+                "pooling": self.pooling}
+
+    @property
+    def seq_len(self) -> int:
+        patch = int(self.data.get("patch_size", 4))
+        return (28 // patch) ** 2
+
+    def logits(self, model: nn.Module, batch: Split) -> Tensor:
+        return model(batch["images"])  # (B, C)
+
+    def batch_tokens(self, batch: Split) -> int:
+        return int(batch["labels"].numel()) * self.seq_len

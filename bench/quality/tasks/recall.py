@@ -1,0 +1,52 @@
+"""``recall``: associative recall at controlled distances. The last token queries a key
+written ``d`` tokens earlier; the answer is the value stored with it. Accuracy is reported
+overall and per distance, so a window that cannot reach ``d`` shows as chance there."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from bench.data import recall
+from bench.quality.tasks.base import ClassificationTask, Metric, as_tensors
+
+
+class Recall(ClassificationTask):
+    """Data settings: ``seq_len``, ``distances`` (list), ``num_keys``, ``num_values``,
+    ``num_pairs``, ``num_fillers``, ``train_examples``, ``val_examples``, ``test_examples``,
+    ``data_seed``. The classifier reads the last position (``pooling="last"``)."""
+
+    name = "recall"
+    pooling = "last"
+
+    def _layout(self) -> dict[str, int]:
+        d = self.data
+        return {"num_keys": int(d.get("num_keys", 16)), "num_values": int(d.get("num_values", 8)),
+                "num_pairs": int(d.get("num_pairs", 4)), "num_fillers": int(d.get("num_fillers", 16))}
+
+    def prepare(self) -> None:
+        d, layout = self.data, self._layout()
+        self.num_classes = layout["num_values"]
+        self.vocab_size = recall.vocab_size(layout["num_keys"], layout["num_values"],
+                                            layout["num_fillers"])
+        base = int(d.get("data_seed", 0))
+        for offset, split in enumerate(("train", "val", "test")):
+            arrays = recall.generate(int(d[f"{split}_examples"]), seq_len=int(d["seq_len"]),
+                                     distances=tuple(d["distances"]), seed=base * 3 + offset,
+                                     **layout)
+            keep = {"ids": arrays["ids"], "labels": arrays["labels"], "distance": arrays["distance"]}
+            self.splits[split] = as_tensors(keep, np.arange(len(arrays["labels"])))
+
+    def evaluate(self, model: nn.Module, split: str, *, limit: int | None, batch_size: int,
+                 final: bool) -> list[Metric]:
+        preds, labels, tokens, seconds = self.predictions(model, split, limit, batch_size)
+        metrics = [Metric("accuracy", float((preds == labels).float().mean()), "", tokens, seconds)]
+        if final:
+            metrics.append(self.majority_accuracy(split, len(labels)))
+            distance = self.splits[split]["distance"][: len(labels)]
+            for d in torch.unique(distance).tolist():
+                hit = distance == d
+                metrics.append(Metric("accuracy", float((preds[hit] == labels[hit]).float().mean()),
+                                      f"distance={d}"))
+        return metrics

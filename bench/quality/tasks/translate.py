@@ -1,0 +1,131 @@
+"""``translate``: English to Spanish, King James against Reina-Valera 1909, aligned by verse
+reference (Debian's sword-text-kjv and sword-text-sparv, read with pysword). An example is a
+passage of consecutive verses of one chapter; chapters never straddle splits. Subwords: a
+shared byte-level BPE trained on the training passages only. Model selection uses the
+validation loss; the test split reports BLEU (sacrebleu) of greedy and beam-search decoding.
+
+Both languages are cleaned the same way for training and evaluation
+(:func:`bench.data.bible.clean`: markup and pilcrows removed, whitespace normalised, the old
+Spanish one-letter accented words such as "á" written as "a")."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bench.data import bible
+from bench.data.splits import split_indices
+from bench.quality.tasks.base import Metric, Split, Task, as_tensors
+
+PAD, BOS, EOS = 0, 1, 2
+
+
+def passages(verses: list[tuple[str, str, str]], size: int) -> list[tuple[str, str, str]]:
+    """Consecutive verses of one chapter joined ``size`` at a time: ``(first ref, en, es)``."""
+    out, group = [], []
+    for ref, en, es in verses:
+        if group and group[0][0].rsplit(":", 1)[0] != ref.rsplit(":", 1)[0]:
+            group = []  # a new chapter: drop the unfinished passage of the last one
+        group.append((ref, bible.clean(en, "en"), bible.clean(es, "es")))
+        if len(group) == size:
+            out.append((group[0][0], " ".join(g[1] for g in group), " ".join(g[2] for g in group)))
+            group = []
+    return out
+
+
+class Translate(Task):
+    """Data settings: ``passage_verses``, ``max_passages`` (first passages in canon order),
+    ``bpe_vocab``, ``src_len``, ``tgt_len``, ``bleu_examples`` (test passages decoded),
+    ``beam_width``, ``length_penalty``, ``data_seed``."""
+
+    name = "translate"
+    model_kind = "encoder_decoder"
+    metric = "bleu"
+    selection_metric = "loss"
+    causal_self_attention = True
+
+    def prepare(self) -> None:
+        d = self.data
+        items = passages(bible.load_parallel(), int(d.get("passage_verses", 4)))
+        items = items[: int(d["max_passages"])] if d.get("max_passages") else items
+        refs = [ref for ref, _, _ in items]
+        parts = split_indices(len(items), seed=int(d.get("data_seed", 0)),
+                              groups=bible.chapter_groups(refs))
+        train_text = [text for i in parts["train"] for text in items[i][1:]]
+        self.tokenizer = bible.train_bpe(train_text, int(d.get("bpe_vocab", 2000)))
+        self.references: dict[str, list[str]] = {}
+        self.verse_refs: dict[str, list[str]] = {}  # the first verse of each passage
+        for split, index in parts.items():
+            chosen = [items[i] for i in index]
+            self.verse_refs[split] = [c[0] for c in chosen]
+            arrays = bible.encode_pairs(self.tokenizer, [c[1] for c in chosen], [c[2] for c in chosen],
+                                        int(d["src_len"]), int(d["tgt_len"]))
+            keep = {k: arrays[k] for k in ("src_ids", "src_mask", "tgt_ids", "tgt_mask")}
+            self.splits[split] = as_tensors(keep, np.arange(len(chosen)))
+            self.references[split] = [c[2] for c in chosen]
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.data["src_len"])
+
+    def model_overrides(self) -> dict[str, Any]:
+        return {"vocab_size": self.tokenizer.get_vocab_size(), "bos_id": BOS,
+                "max_len": max(int(self.data["src_len"]), int(self.data["tgt_len"])) + 8}
+
+    def _nll(self, model: nn.Module, batch: Split, reduction: str) -> tuple[Tensor, int]:
+        tgt, mask = batch["tgt_ids"], batch["tgt_mask"]
+        logits = model(batch["src_ids"], tgt[:, :-1], batch["src_mask"], mask[:, :-1])  # (B, T-1, V)
+        labels = tgt[:, 1:].masked_fill(~mask[:, 1:], -100)  # padding ignored
+        nll = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100,
+                              reduction=reduction)
+        return nll, int(mask[:, 1:].sum())
+
+    def loss(self, model: nn.Module, batch: Split) -> tuple[Tensor, int]:
+        loss, _ = self._nll(model, batch, "mean")
+        return loss, int(batch["src_mask"].sum() + batch["tgt_mask"].sum())
+
+    @torch.no_grad()
+    def _loss_metric(self, model: nn.Module, split: str, limit: int | None,
+                     batch_size: int) -> Metric:
+        total, count, tokens = 0.0, 0, 0
+        start = time.perf_counter()
+        for batch in self.batches(split, batch_size, limit):
+            nll, n = self._nll(model, batch, "sum")
+            total, count = total + float(nll), count + n
+            tokens += int(batch["src_mask"].sum() + batch["tgt_mask"].sum())
+        return Metric("loss", total / max(count, 1), "", tokens, time.perf_counter() - start)
+
+    @torch.no_grad()
+    def bleu(self, model: nn.Module, split: str, strategy: str, batch_size: int) -> Metric:
+        """Corpus BLEU of decoded test passages against the cleaned references."""
+        import sacrebleu
+
+        limit = int(self.data.get("bleu_examples", 64))
+        hypotheses, start = [], time.perf_counter()
+        tokens = 0
+        for batch in self.batches(split, batch_size, limit):
+            out = model.generate(batch["src_ids"], int(self.data["tgt_len"]) - 1, strategy=strategy,
+                                 beam_width=int(self.data.get("beam_width", 4)),
+                                 length_penalty=float(self.data.get("length_penalty", 0.6)),
+                                 eos_id=EOS, src_key_mask=batch["src_mask"])
+            hypotheses += [bible.clean(bible.decode(self.tokenizer, row[1:].tolist()), "es")
+                           for row in out]
+            tokens += int(batch["src_mask"].sum()) + int(out.numel())
+        references = self.references[split][: len(hypotheses)]
+        score = sacrebleu.corpus_bleu(hypotheses, [references]).score
+        return Metric("bleu", score, f"decoding={strategy}", tokens, time.perf_counter() - start)
+
+    def evaluate(self, model: nn.Module, split: str, *, limit: int | None, batch_size: int,
+                 final: bool) -> list[Metric]:
+        metrics = [self._loss_metric(model, split, limit, batch_size)]
+        if final:
+            greedy = self.bleu(model, split, "greedy", batch_size)
+            beam = self.bleu(model, split, "beam", max(1, batch_size // 4))
+            headline = Metric("bleu", beam.value, "", beam.tokens, beam.seconds)
+            metrics += [headline, greedy, beam]
+        return metrics

@@ -1,0 +1,312 @@
+"""One training run: a variant on a task with a preset and a seed, resumable after a kill.
+
+AdamW (no decay on biases and norms), linear warm-up then cosine (or linear) decay, gradient
+clipping, bf16 autocast on CUDA, validation every ``eval_every`` steps with the best-
+validation weights kept as ``best.safetensors``, a resumable ``last.safetensors`` (weights,
+optimizer state, RNG state, counters) every ``checkpoint_every`` steps, and one evaluation of
+the test split at the end, on the best checkpoint. Batches are a pure function of (seed,
+step), so a resumed run takes exactly the path of an uninterrupted one.
+
+The run directory holds ``settings.json`` (the full configuration), the checkpoints and
+``metrics.json`` (the result rows); :func:`train_run` returns the rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from bench.fsutil import atomic_write_json
+from bench.quality.checkpoint import (
+    load_checkpoint,
+    load_model_state,
+    load_optimizer_state,
+    model_state,
+    optimizer_state,
+    save_checkpoint,
+)
+from bench.quality.model_parts import label, model_parts
+from bench.quality.settings import TaskSettings, TrainSettings, attention_params, task_settings
+from bench.quality.tasks import Metric, Task, get_task
+
+LAST, BEST, METRICS, SETTINGS = "last.safetensors", "best.safetensors", "metrics.json", "settings.json"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What to train: task, variant and its explicit parameters, preset, seed, where."""
+
+    task: str
+    variant: str
+    preset: str
+    seed: int
+    out: str
+    params: dict[str, Any] = field(default_factory=dict)
+    device: str = "cpu"
+    threads: int | None = None
+    kernel: str = "auto"
+    overrides: dict[str, Any] = field(default_factory=dict)  # settings overrides (tests, sweeps)
+    plugins: tuple[str, ...] = ()  # modules imported first (they register attentions)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def learning_rate(step: int, train: TrainSettings) -> float:
+    """Linear warm-up to ``lr``, then cosine or linear decay to ``min_lr_ratio * lr``."""
+    if step < train.warmup_steps:
+        return train.lr * (step + 1) / train.warmup_steps
+    span = max(1, train.steps - train.warmup_steps)
+    progress = min(1.0, (step - train.warmup_steps) / span)
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if train.schedule == "cosine" else 1 - progress
+    return train.lr * (train.min_lr_ratio + (1 - train.min_lr_ratio) * shape)
+
+
+def make_optimizer(model: nn.Module, train: TrainSettings) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not on biases, norms, bias tables)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": train.weight_decay},
+              {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=train.lr)
+
+
+def _fingerprint(settings: TaskSettings, spec: RunSpec, params: dict[str, Any]) -> str:
+    """What a checkpoint must match to be resumed (not where it lives or how many threads)."""
+    key = {"settings": settings.to_dict(), "task": spec.task, "variant": spec.variant,
+           "params": params, "seed": spec.seed, "kernel": spec.kernel}
+    return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+@dataclass
+class _Progress:
+    """Counters a resumed run continues from."""
+
+    step: int = 0
+    tokens: int = 0
+    train_time_s: float = 0.0
+    best_value: float | None = None
+    best_step: int | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    peak_mem_bytes: int | None = None
+
+
+class Trainer:
+    """The training loop of one run (see the module docstring)."""
+
+    def __init__(self, spec: RunSpec, settings: TaskSettings, task: Task, model: nn.Module,
+                 fingerprint: str, log: Callable[[str], None]) -> None:
+        self.spec, self.settings, self.task, self.model = spec, settings, task, model
+        self.train = settings.train
+        self.out = Path(spec.out)
+        self.device = torch.device(spec.device)
+        self.optimizer = make_optimizer(model, self.train)
+        self.fingerprint = fingerprint
+        self.progress = _Progress()
+        self.log = log
+
+    # checkpoints
+    def save_last(self) -> None:
+        tensors, optim_meta = optimizer_state(self.optimizer)
+        tensors = {**model_state(self.model), **tensors, "rng.torch": torch.get_rng_state()}
+        meta = {"fingerprint": self.fingerprint, "optimizer": optim_meta,
+                "progress": asdict(self.progress)}
+        save_checkpoint(self.out / LAST, tensors, meta)
+
+    def resume(self) -> bool:
+        """Continue from ``last.safetensors`` when it belongs to this run."""
+        path = self.out / LAST
+        if not path.exists():
+            return False
+        tensors, meta = load_checkpoint(path)
+        if meta.get("fingerprint") != self.fingerprint:
+            self.log(f"{path}: a checkpoint of another configuration; starting over")
+            return False
+        load_model_state(self.model, tensors)
+        load_optimizer_state(self.optimizer, tensors, meta["optimizer"])
+        torch.set_rng_state(tensors["rng.torch"])
+        self.progress = _Progress(**meta["progress"])
+        self.log(f"resumed from step {self.progress.step}")
+        return True
+
+    # one step
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _step(self, step: int) -> tuple[float, int]:
+        self.model.train()
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate(step, self.train)
+        batch = {k: v.to(self.device) for k, v in self.task.train_batch(step, self.train.batch_size).items()}
+        with self._autocast():
+            loss, tokens = self.task.loss(self.model, batch)
+        loss.backward()
+        if self.train.grad_clip > 0:
+            nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach()), tokens
+
+    def _measured_step(self, step: int) -> tuple[float, int]:
+        """A step whose tensor-level peak memory is read (its time is not counted)."""
+        from bench.measure import tensor_peak_bytes_cpu, tensor_peak_bytes_cuda
+
+        result: list[tuple[float, int]] = []
+        if self.device.type == "cuda":
+            peak = tensor_peak_bytes_cuda(lambda: result.append(self._step(step)), self.device)
+        else:
+            peak = tensor_peak_bytes_cpu(lambda: result.append(self._step(step)))
+        self.progress.peak_mem_bytes = peak
+        return result[0]
+
+    # validation
+    def validate(self, step: int) -> None:
+        name, higher = self.task.selection
+        self.model.eval()
+        with torch.no_grad(), self._autocast():
+            metrics = self.task.evaluate(self.model, "val", limit=self.train.eval_examples,
+                                         batch_size=self.train.batch_size, final=False)
+        value = next(m.value for m in metrics if m.name == name and not m.condition)
+        self.progress.history.append({"step": step + 1, name: value})
+        best = self.progress.best_value
+        if best is None or (value > best if higher else value < best):
+            self.progress.best_value, self.progress.best_step = value, step + 1
+            save_checkpoint(self.out / BEST, model_state(self.model),
+                            {"fingerprint": self.fingerprint, "step": step + 1, name: value})
+        self.log(f"step {step + 1}: val {name} {value:.4f} (best {self.progress.best_value:.4f} "
+                 f"at step {self.progress.best_step})")
+
+    def run(self, on_step: Callable[[int, float, float], None] | None = None) -> None:
+        """Train from the current step to ``steps`` (validating and checkpointing on the way)."""
+        first = self.progress.step
+        for step in range(first, self.train.steps):
+            if step == first:
+                loss, _ = self._measured_step(step)
+            else:
+                start = time.perf_counter()
+                loss, tokens = self._step(step)
+                self.progress.train_time_s += time.perf_counter() - start
+                self.progress.tokens += tokens
+            self.progress.step = step + 1
+            last = step + 1 == self.train.steps
+            if (step + 1) % self.train.eval_every == 0 or last:
+                self.validate(step)
+            if (step + 1) % self.train.checkpoint_every == 0 or last:
+                self.save_last()
+            if on_step is not None:
+                rate = self.progress.tokens / max(self.progress.train_time_s, 1e-9)
+                on_step(step + 1, loss, rate)
+
+
+def _param_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def _rows(spec: RunSpec, settings: TaskSettings, task: Task, params: dict[str, Any], parts: Any,
+          progress: _Progress, metrics: dict[str, list[Metric]], model: nn.Module) -> list[dict]:
+    common = {
+        "task": spec.task, "variant": spec.variant, "label": label(spec.variant, params),
+        "params": json.dumps(params, sort_keys=True), "seed": spec.seed, "preset": spec.preset,
+        "model_kind": task.model_kind, "seq_len": task.seq_len,
+        "attention_parts": parts.description, "status": "ok", "reason": "",
+        "steps": progress.step, "best_step": progress.best_step,
+        "train_time_s": progress.train_time_s,
+        "train_tokens_per_s": progress.tokens / progress.train_time_s if progress.train_time_s else None,
+        "peak_mem_bytes": progress.peak_mem_bytes, "param_count": _param_count(model),
+        "kernel_path": _kernel_paths(model),
+        "settings": json.dumps(settings.to_dict(), sort_keys=True, default=str),
+    }
+    rows = []
+    for split, found in metrics.items():
+        tokens = sum(m.tokens for m in found)
+        seconds = sum(m.seconds for m in found)
+        for m in found:
+            rows.append({**common, "split": split, "metric": m.name, "condition": m.condition,
+                         "value": m.value,
+                         "eval_tokens_per_s": tokens / seconds if seconds else None})
+    return rows
+
+
+def _kernel_paths(model: nn.Module) -> str:
+    """What the model's attention modules last ran (kernel and path), de-duplicated."""
+    from attn import Attention
+
+    seen = []
+    for module in model.modules():
+        if isinstance(module, Attention) and module.last_path is not None:
+            text = f"{module.last_path.kernel}: {module.last_path.path}"
+            if text not in seen:
+                seen.append(text)
+    return "; ".join(seen)
+
+
+def build(spec: RunSpec) -> tuple[TaskSettings, Task, dict[str, Any], Any]:
+    """Settings, the prepared task, the variant's parameters and the model parts."""
+    settings = task_settings(spec.task, spec.preset, spec.overrides)
+    task = get_task(spec.task, settings.data, spec.seed)
+    params = attention_params(spec.variant, spec.params, settings)
+    parts = model_parts(task.model_kind, spec.variant, params, task.causal_self_attention)
+    return settings, task, params, parts
+
+
+def unsupported_rows(spec: RunSpec, settings: TaskSettings, task: Task, params: dict[str, Any],
+                     parts: Any) -> list[dict[str, Any]]:
+    """The one row of a (task, variant) the task cannot run, with the reason."""
+    return [{"task": spec.task, "variant": spec.variant, "label": label(spec.variant, params),
+             "params": json.dumps(params, sort_keys=True), "seed": spec.seed,
+             "preset": spec.preset, "model_kind": task.model_kind, "split": "-", "metric": "-",
+             "condition": "", "status": "unsupported", "reason": parts.unsupported,
+             "attention_parts": parts.description,
+             "settings": json.dumps(settings.to_dict(), sort_keys=True, default=str)}]
+
+
+def train_run(spec: RunSpec, *, log: Callable[[str], None] = print,
+              on_step: Callable[[int, float, float], None] | None = None) -> list[dict[str, Any]]:
+    """Train (or resume), evaluate the best checkpoint on test, write and return the rows."""
+    from bench.config import import_plugins
+    from models import create_model
+
+    import_plugins(tuple(spec.plugins))
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    out = Path(spec.out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings, task, params, parts = build(spec)
+    if parts.unsupported:
+        rows = unsupported_rows(spec, settings, task, params, parts)
+        atomic_write_json(out / METRICS, rows)
+        return rows
+    task.prepare()
+    atomic_write_json(out / SETTINGS, {"run": spec.to_dict(), "settings": settings.to_dict(),
+                                       "attention_params": params, "parts": parts.description})
+    torch.manual_seed(spec.seed)
+    sizes = {**task.model_overrides(), **settings.model}  # the preset may override the task
+    model = create_model(task.model_kind, "tiny", attention_kernel=spec.kernel, **parts.kwargs,
+                         **sizes).to(spec.device)
+    trainer = Trainer(spec, settings, task, model, _fingerprint(settings, spec, params), log)
+    trainer.resume()
+    trainer.run(on_step)
+    tensors, _ = load_checkpoint(out / BEST)
+    load_model_state(model, tensors)
+    model.eval()
+    metrics = {}
+    with torch.no_grad(), trainer._autocast():
+        for split in ("val", "test"):
+            metrics[split] = task.evaluate(model, split, limit=None if split == "test" else
+                                           settings.train.eval_examples,
+                                           batch_size=settings.train.batch_size, final=split == "test")
+    rows = _rows(spec, settings, task, params, parts, trainer.progress, metrics, model)
+    atomic_write_json(out / METRICS, rows)
+    return rows

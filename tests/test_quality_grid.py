@@ -1,0 +1,90 @@
+"""Training grids run through the same executors, isolation, resume and failure rows as speed
+sweeps; the report gives the quality table and the plots the three figures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.config import ConfigError
+from bench.quality.grid import QUALITY_FILE, parse_grid, run_grid, units
+from bench.quality.report import build_quality_report, load_quality
+
+ROOT = Path(__file__).resolve().parents[1]
+GRID = {"name": "tiny-grid", "kind": "quality", "preset": "tiny",
+        "tasks": ["recall", "bytelm"],
+        "variants": [{"name": "full"}, {"name": "sliding_window"}, {"name": "nystrom"}],
+        "seeds": {"default": [0], "recall": [0, 1]}, "timeout_s": 300}
+
+
+@pytest.mark.parametrize(("change", "fragment"), [
+    ({"tasks": ["nope"]}, "'tasks': must be a non-empty list of tasks"),
+    ({"variants": [{"name": "nope"}]}, "'variants[0]': must name a registered variant"),
+    ({"variants": [{"name": "full", "windw": 3}]}, "'variants[0].windw': unknown parameter"),
+    ({"seeds": {"textt": [0]}}, "'seeds.textt': not a task of the grid"),
+    ({"seeds": [-1]}, "'seeds': must be a non-empty list of integers >= 0"),
+    ({"preset": "huge"}, "'preset': unknown preset 'huge'"),
+    ({"epochs": 3}, "'epochs': unknown key"),
+])
+def test_bad_grids_name_the_key(change, fragment):
+    with pytest.raises(ConfigError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
+        parse_grid({**GRID, **change})
+
+
+@pytest.fixture(scope="module")
+def grid_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("grid")
+    rows = run_grid(parse_grid(GRID), out)
+    return out, rows
+
+
+def test_every_unit_is_a_set_of_rows(grid_run):
+    out, rows = grid_run
+    config = parse_grid(GRID)
+    assert len(units(config, out)) == 3 * 2 + 3 * 1
+    df = load_quality(out)
+    assert len(df) == len(rows)
+    assert set(df.unit_id) == {u.unit_id for u in units(config, out)}
+    nystrom_lm = df[(df.task == "bytelm") & (df.variant == "nystrom")]
+    assert list(nystrom_lm.status) == ["unsupported"]
+    ok = df[df.status == "ok"]
+    assert ok.param_count.notna().all() and (ok.train_tokens_per_s > 0).all()
+    assert (out / "grid.json").exists() and (out / "grid.yaml").exists()
+    assert run_grid(config, out) == []  # resume: nothing left to do
+
+
+def test_the_report_and_the_figures(grid_run):
+    out, _ = grid_run
+    text = build_quality_report(out)
+    assert "| variant | bytelm | recall | avg (accuracy tasks) |" in text  # the suite's task order
+    assert "unsupported" in text and "chance (majority class)" in text
+    assert "## Recall accuracy by distance (test)" in text
+    assert "## Bits per byte by evaluation length" in text
+    full_row = next(line for line in text.splitlines() if line.startswith("| full | "))
+    bytelm_cell, recall_cell = full_row.split(" | ")[1:3]
+    assert "±" in recall_cell and "±" not in bytelm_cell  # two recall seeds, one bytelm seed
+    from bench.quality.plots import plot_quality_run
+
+    names = {p.name for p in plot_quality_run(out)}
+    assert {"pareto.png", "recall_distance.png", "bytelm_length.png"} <= names
+
+
+def test_a_grid_through_the_cli_with_a_killed_unit(tmp_path):
+    """A training worker that dies becomes a row; the other units still run."""
+    config = tmp_path / "grid.yaml"
+    config.write_text(yaml.safe_dump({
+        **GRID, "tasks": ["recall"], "seeds": [0], "timeout_s": 120,
+        "variants": [{"name": "bench_crash", "how": "kill"}, {"name": "full"}]}))
+    result = subprocess.run([sys.executable, "-m", "bench.cli", "sweep", str(config), "--out",
+                             str(tmp_path / "out"), "--plugin", "bench.testing"], cwd=ROOT,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    df = load_quality(tmp_path / "out")
+    crashed = df[df.variant == "bench_crash"]
+    assert list(crashed.status) == ["killed"] and crashed.reason.str.contains("SIGKILL").all()
+    assert (df[df.variant == "full"].status == "ok").all()
+    assert (tmp_path / "out" / "report.md").exists() and (tmp_path / "out" / QUALITY_FILE).exists()
