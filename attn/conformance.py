@@ -20,6 +20,10 @@ does not support a call is reported as skipped with its reason):
 - ``causal_no_leak``: perturbing keys/values after position t leaves rows <= t unchanged;
 - ``key_mask``: perturbing padded keys changes nothing; an all-padding row gives zeros;
 - ``batch_independence``: each batch element alone gives the same output as in the batch;
+- ``shape_sweep`` (kernels that compile per call shape): one module runs many successive
+  lengths (more than dynamo's recompile limit, including key lengths 8 past a multiple of
+  16) with q, k, v lying inside NaN-filled buffers, and each output must equal the dense
+  reference, so a stale compiled entry or a kernel reading past its inputs is named by shape;
 - ``converges`` (approximate variants with ``convergence_param``): error against full
   attention falls as the parameter grows and is exact once it reaches N.
 """
@@ -38,8 +42,9 @@ import torch
 from torch import Tensor
 
 from attn.base import Attention
+from attn.kernels import get_kernel
 from attn.kernels.reference import dense_attention
-from attn.registry import attention_info, create_attention
+from attn.registry import attention_info, build_attention, create_attention
 
 #: (B, H, Nq, Nk, D, Dv) shapes: odd lengths, B > 1, H > 1, Nq < Nk (decode), Nq > Nk, and
 #: lengths that are multiples of typical block sizes (no padding path in blocked kernels)
@@ -57,6 +62,11 @@ GRAD_ATOL = {torch.float64: 1e-9, torch.float32: 1e-4}
 PROBE_EPS = {torch.float64: 1e-12, torch.float32: 1e-6}  # "this key moved this output"
 _shapes: ContextVar[tuple[tuple[int, int, int, int, int, int], ...]] = ContextVar("shapes", default=SHAPES)
 PROBE_LEN = 13  # sequence length of the pattern probe
+#: lengths of the shape sweep, all run on one module: 12 > dynamo's recompile limit (8); 24 and
+#: 40 are 8 past a multiple of 16, the key lengths where a CPU micro-kernel overran its block
+SWEEP_LENGTHS: tuple[int, ...] = (17, 19, 20, 23, 24, 25, 28, 31, 33, 36, 39, 40)
+SWEEP_BATCH, SWEEP_DIM = 2, 16
+GUARD_ROWS = 32  # NaN rows after every swept input: a kernel reading past its inputs gives NaN
 
 
 @dataclass(frozen=True)
@@ -152,7 +162,8 @@ def _check_all(attention, params, kernels, device: torch.device, seed: int, quic
         param_sets = list(getattr(attention, "example_params", ({},)))
 
         def build(kernel: str, heads: int, dim: int, p: dict[str, Any]) -> Attention:
-            return attention(kernel=kernel, num_heads=heads, head_dim=dim, **p)
+            return build_attention(attention, name=name, kernel=kernel, num_heads=heads,
+                                   head_dim=dim, **p)
 
     if params is not None:
         param_sets = [params] if isinstance(params, dict) else list(params)
@@ -553,9 +564,48 @@ def _check_batch(module, kernel, device, seed) -> str | None:
     return None
 
 
+def _guarded(t: Tensor, rows: int = GUARD_ROWS) -> Tensor:
+    """A copy of ``t (B, H, N, D)`` as a view into a buffer whose ``rows`` rows after N are NaN."""
+    batch, heads, length, dim = t.shape
+    buf = torch.full((batch, heads, length + rows, dim), float("nan"), dtype=t.dtype, device=t.device)
+    buf[:, :, :length] = t
+    return buf[:, :, :length]  # (B, H, N, D), strides of (B, H, N + rows, D)
+
+
+@_check("shape_sweep")
+def _check_shape_sweep(module, kernel, device, seed) -> str | None:
+    """Kernels that compile per call shape: SWEEP_LENGTHS on one module, inputs inside NaN
+    buffers, each output against the dense reference (runs in the quick profile too)."""
+    if not get_kernel(kernel).compiles_per_shape:
+        return f"kernel {kernel!r} compiles no code per call shape (compiles_per_shape is False)"
+    if not module.exact:
+        return "approximate variant: no exact reference to sweep against"
+    module, dtype = _in_precision(module, kernel, device, grad=False)
+    causal = _causal_options(module)[0]
+    if reasons := _supported(module, kernel, device, dtype, causal, False):
+        return "; ".join(reasons)
+    heads = module.num_heads or SHAPES[0][1]
+    with torch.no_grad():
+        for index, length in enumerate(SWEEP_LENGTHS, start=1):
+            shape = (SWEEP_BATCH, heads, length, length, SWEEP_DIM, SWEEP_DIM)
+            q, k, v = (_guarded(t) for t in _inputs(shape, dtype, device, seed + index))
+            out = _run(module, q, k, v, causal, None)
+            diff = (out.double() - _reference(module, q, k, v, causal, None)).abs()
+            if not float(diff.max()) <= ATOL[dtype]:
+                ran = module.last_path
+                raise _Failure(
+                    f"shape {index} of {len(SWEEP_LENGTHS)} run on one module differs from the dense "
+                    f"reference: max |out - ref| = {float(diff.max()):.3g} > atol {ATOL[dtype]:g} "
+                    f"{_where_differs(diff.nan_to_num(float('inf')), length, length)} "
+                    f"[{_describe(shape, dtype, causal, None)}; ran {getattr(ran, 'path', None)!r}, "
+                    f"fallback {getattr(ran, 'fallback', None)!r}]"
+                )
+    return None
+
+
 _CHECKS = (
     _check_shape, _check_reference, _check_gradients, _check_pattern,
-    _check_causal, _check_key_mask, _check_batch,
+    _check_causal, _check_key_mask, _check_batch, _check_shape_sweep,
 )
 
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import ClassVar
 
+import pytest
 from torch import Tensor
 
-from attn import Attention, ExactAttention, attention_info, get_kernel
-from attn.conformance import check_attention
+from attn import Attention, ExactAttention, KernelPath, attention_info, get_kernel
+from attn.conformance import SWEEP_LENGTHS, check_attention
+from attn.kernels import _builtin_kernels
+from attn.kernels.base import Kernel
 from attn.kernels.reference import dense_attention
 from attn.variants.sliding_window import SlidingWindowAttention, sliding_window_mod
 
@@ -97,3 +101,87 @@ def test_correct_variant_passes_same_checks() -> None:
     per shape are left to test_attn_conformance)."""
     kernels = [k for k in attention_info("sliding_window").kernels if not get_kernel(k).compiles_per_shape]
     assert check_attention("sliding_window", params={"window": 3}, kernels=kernels).passed
+
+
+class CompilesPerShape(Kernel):
+    """An exact kernel that declares a compilation per call shape (the kit then sweeps shapes)."""
+
+    name = "exact_per_shape"
+    compiles_per_shape = True
+
+    def run(self, attention, q, k, v, causal, key_mask) -> tuple[Tensor, KernelPath]:
+        out = dense_attention(
+            q, k, v, mask_mod=attention.mask_mod(), score_mod=attention.score_mod(),
+            causal=causal, key_mask=key_mask,
+        )
+        return out, KernelPath(self.name, "dense")
+
+
+class StaleAfterEightShapes(CompilesPerShape):
+    """Right for the first 8 shapes a module runs, then wrong in its first rows: a compiled
+    cache that serves stale code once dynamo's recompile limit is reached."""
+
+    name = "stale_after_eight"
+
+    def __init__(self) -> None:
+        self._shapes: weakref.WeakKeyDictionary[Attention, set[tuple]] = weakref.WeakKeyDictionary()
+
+    def run(self, attention, q, k, v, causal, key_mask) -> tuple[Tensor, KernelPath]:
+        shapes = self._shapes.setdefault(attention, set())
+        shapes.add((*q.shape, *k.shape))
+        out, path = super().run(attention, q, k, v, causal, key_mask)
+        return (out + 1.0 if len(shapes) > 8 else out), path
+
+
+class ReadsPastTheKeys(CompilesPerShape):
+    """Reads 8 rows past the end of k when Nk is 8 past a multiple of 16 (as a 16-wide SIMD
+    block would): its output depends on memory it does not own."""
+
+    name = "reads_past_the_keys"
+
+    def run(self, attention, q, k, v, causal, key_mask) -> tuple[Tensor, KernelPath]:
+        out, path = super().run(attention, q, k, v, causal, key_mask)
+        batch, heads, k_len, dim = k.shape
+        if k_len % 16 == 8:
+            past = k.as_strided((batch, heads, k_len + 8, dim), k.stride(), k.storage_offset())[:, :, k_len:]
+            out = out + 0.0 * past.sum()  # NaN past the keys -> NaN everywhere
+        return out, path
+
+
+class WindowOnFakeKernels(SlidingWindowAttention):
+    """The real sliding window, declared runnable on the fake compiled kernels above."""
+
+    name = "window_on_fake_kernels"
+    kernels: ClassVar[tuple[str, ...]] = ("reference", "exact_per_shape", "stale_after_eight", "reads_past_the_keys")
+    example_params = ({"window": 3},)
+
+
+@pytest.fixture
+def fake_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    for kernel in (CompilesPerShape(), StaleAfterEightShapes(), ReadsPastTheKeys()):
+        monkeypatch.setitem(_builtin_kernels(), kernel.name, kernel)
+
+
+def sweep_result(kernel: str) -> str:
+    report = check_attention(WindowOnFakeKernels, kernels=[kernel], quick=True)
+    others = [f for f in report.failures if "shape_sweep" not in f]
+    assert not others, others  # every other check passes: only the sweep sees the bug
+    (result,) = [str(r) for r in report.results if r.check == "shape_sweep"]
+    return result
+
+
+def test_kit_catches_a_stale_compiled_shape_after_the_recompile_limit(fake_kernels: None) -> None:
+    result = sweep_result("stale_after_eight")
+    assert result.startswith("[FAIL]") and f"shape 9 of {len(SWEEP_LENGTHS)}" in result
+    assert f"Nq={SWEEP_LENGTHS[8]} Nk={SWEEP_LENGTHS[8]}" in result
+
+
+def test_kit_catches_reads_past_the_inputs(fake_kernels: None) -> None:
+    result = sweep_result("reads_past_the_keys")
+    index = SWEEP_LENGTHS.index(24) + 1
+    assert result.startswith("[FAIL]") and f"shape {index} of {len(SWEEP_LENGTHS)}" in result
+    assert "max |out - ref| = nan" in result and "Nk=24" in result
+
+
+def test_exact_compiled_kernel_passes_the_sweep(fake_kernels: None) -> None:
+    assert sweep_result("exact_per_shape").startswith("[PASS] shape_sweep")

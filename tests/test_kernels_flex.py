@@ -1,12 +1,20 @@
 """The ``flex`` kernel: declared limits, exactness, compile time reported apart, no recompile-limit
-fallback over a sweep of shapes. CPU compiles take seconds, so the cases are few and small."""
+fallback and no wrong output over a sweep of shapes, no reads past the inputs, compiled code shared
+only between equally configured modules. CPU compiles take seconds, so the cases are few and small."""
 
 from __future__ import annotations
+
+import copy
+from typing import Any, ClassVar
 
 import pytest
 import torch
 
-from attn import create_attention
+from attn import ExactAttention, MaskMod, create_attention, get_kernel, register_attention
+from attn.kernels.flex import config_key
+from attn.kernels.reference import dense_attention
+from attn.registry import unregister_attention
+from attn.variants.sliding_window import sliding_window_mod
 
 
 def test_declared_limits_on_cpu() -> None:
@@ -41,16 +49,90 @@ def test_matches_reference_with_key_mask_and_decoding_shape() -> None:
     assert module.last_path.compile_s is None and module.last_path.fallback is None
 
 
+def _in_nan_buffer(t: torch.Tensor, rows: int = 32) -> torch.Tensor:
+    """``t (B, H, N, D)`` as a view into a buffer whose ``rows`` rows after N are NaN."""
+    batch, heads, length, dim = t.shape
+    buf = torch.full((batch, heads, length + rows, dim), float("nan"))
+    buf[:, :, :length] = t
+    return buf[:, :, :length]
+
+
 @pytest.mark.slow
 def test_sweep_of_shapes_never_falls_back_to_eager() -> None:
-    """More shapes than dynamo's recompile limit (8) on one module: each compiles once."""
+    """More shapes than dynamo's recompile limit (8) on one module, inputs inside NaN-filled
+    buffers: every output right (n = 24 is 8 past a multiple of 16), no eager fallback, compile
+    time reported on every new shape, and lengths 17..25 share one compiled (padded) bucket."""
     module = create_attention("relative", bias="alibi", num_heads=1, kernel="flex")
     ref = create_attention("relative", bias="alibi", num_heads=1, kernel="reference")
     limit = getattr(torch._dynamo.config, "recompile_limit", 8)
     with torch.no_grad():
         for n in range(16, 16 + limit + 2):
-            q = torch.randn(1, 1, n, 16)
+            q = _in_nan_buffer(torch.randn(1, 1, n, 16))
             out = module(q, q, q)
             assert module.last_path.fallback is None, module.last_path.fallback
             assert module.last_path.compile_s is not None
             torch.testing.assert_close(out, ref(q, q, q), atol=1e-5, rtol=0)
+    assert len(get_kernel("flex")._buckets_of(module)) == 2  # n = 16 as it is; 17..25 padded to 32
+
+
+def test_reads_nothing_past_the_keys_at_a_length_8_past_a_multiple_of_16() -> None:
+    """Nk = 24, D = 16: torch's CPU template reads 8 keys past the end there unless padded."""
+    module = create_attention("sliding_window", window=20, kernel="flex")
+    ref = create_attention("sliding_window", window=20, kernel="reference")
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (_in_nan_buffer(torch.randn(1, 2, 24, 16, generator=gen)) for _ in range(3))
+    with torch.no_grad():
+        out = module(q, k, v)
+        torch.testing.assert_close(out, ref(q, k, v), atol=1e-5, rtol=0)
+    assert module.last_path.fallback is None and out.shape == (1, 2, 24, 16)
+
+
+class _Band(ExactAttention):
+    """A plug-in-style band |i - j| <= width that keeps its width private and out of ``extra_repr``."""
+
+    kernels: ClassVar[tuple[str, ...]] = ("reference", "flex")
+
+    def __init__(self, width: int = 1, **common: Any) -> None:
+        super().__init__(**common)
+        self._width = width
+
+    def mask_mod(self) -> MaskMod:
+        width = self._width
+
+        def band(b: torch.Tensor, h: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+            return (i - j).abs() <= width
+
+        return band
+
+    def extra_repr(self) -> str:
+        return f"kernel={self.kernel!r}"
+
+
+def test_plugin_instances_with_other_arguments_get_their_own_compiled_mask() -> None:
+    register_attention("flex_test_band", overwrite=True)(_Band)
+    try:
+        narrow = create_attention("flex_test_band", width=1, kernel="flex")
+        wide = create_attention("flex_test_band", width=6, kernel="flex")
+        assert narrow.extra_repr() == wide.extra_repr()  # the repr cannot tell them apart
+        assert config_key(narrow) == config_key(create_attention("flex_test_band", width=1, kernel="flex"))
+        assert config_key(narrow) != config_key(wide)
+        gen = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 2, 32, 16, generator=gen) for _ in range(3))
+        with torch.no_grad():
+            for module, width in ((narrow, 1), (wide, 6), (narrow, 1)):
+                expected = dense_attention(q, k, v, mask_mod=sliding_window_mod(width))
+                torch.testing.assert_close(module(q, k, v), expected, atol=1e-5, rtol=0)
+                assert module.last_path.fallback is None
+    finally:
+        unregister_attention("flex_test_band")
+
+
+def test_cache_key_follows_arguments_and_attributes_not_copies() -> None:
+    module = create_attention("sliding_window", window=4, kernel="flex")
+    assert config_key(copy.deepcopy(module)) == config_key(module)  # copies share compiled code
+    assert config_key(create_attention("sliding_window", window=5, kernel="flex")) != config_key(module)
+    before = config_key(module)
+    module.window = 5  # changed after construction: no longer the configuration compiled before
+    assert config_key(module) != before
+    biased = create_attention("relative", bias="alibi", num_heads=2, kernel="flex")
+    assert config_key(biased) is None  # holds tensors: identified by the module itself

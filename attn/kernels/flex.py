@@ -1,20 +1,36 @@
 """The ``flex`` kernel: ``torch.nn.attention.flex_attention`` compiled, from the variant's mods.
 
-The variant's mask_mod / score_mod use absolute query positions (bottom-right aligned);
-FlexAttention passes row indices, so both are wrapped with ``i = row + (Nk - Nq)``. Causal
-and ``key_mask`` are folded into the mask_mod.
+Positions. The variant's mask_mod / score_mod use absolute query positions (bottom-right
+aligned); FlexAttention passes row indices, so both are wrapped with ``i = row + (Nk - Nq)``.
+Causal and ``key_mask`` are folded into the mask_mod.
 
-Caching (so a sweep never hits dynamo's recompile limit): one entry per (attention module,
-B, H, Nq, Nk, D, Dv, dtype, device, causal, key_mask present), where modules without
-parameters or buffers are identified by their class and hyper-parameters (so copies share
-compiled code) and the others by identity (their mods close over their tensors), holding the wrapped mods,
-the block mask (rebuilt only when a ``key_mask`` is given, since it depends on the data),
-and a compiled function with its *own code object*: dynamo keys its cache and recompile
-limit on the code object, so each entry compiles once and never evicts another. Compiles
-use ``fullgraph=True``: a graph break or a recompile-limit hit raises instead of silently
-running the ~50x slower eager path; the kernel then runs eager flex on purpose and records
-``KernelPath.fallback``. The first call of an entry records its compile time in
-``KernelPath.compile_s`` (block-mask build + compile + first run) so it can be reported apart.
+Padding (CPU). Inductor's C++ FlexAttention template computes ``q @ k.T`` with a
+micro-kernel 16 key columns wide. For a key block 8 columns past a multiple of 16 (block
+widths 8, 24, 40, ...: Nk = 24, or the last block of Nk = 136) and head dim 8 or 16, its
+AVX2 path still loads and stores 16 columns: it reads 8 keys past the end of the key tensor
+and writes past the end of the score row, where the last row of a query block overwrites
+the running row maxima of its first 8 queries, whose outputs then come out wrong by O(1) or
+NaN depending on what memory lies past the keys. So on CPU keys are padded to a multiple of
+:data:`ALIGN` (the padding masked out in the mask_mod), and queries of at least ``ALIGN``
+rows likewise (the padded rows are dropped); shorter query blocks (decoding) run as they are.
+
+Caching (so a sweep never hits dynamo's recompile limit). One bucket per (attention module,
+B, H, padded Nq, padded Nk, D, Dv, dtype, device, causal, key_mask present, padded or not).
+Modules without parameters or buffers are identified by their class, the arguments they
+were constructed with and their plain public attributes (so copies share compiled code and
+differently configured modules never do); the others by identity (their mods close over
+their tensors). A bucket holds the wrapped mods, the block mask of each exact shape (rebuilt
+only when a ``key_mask`` is given, since it depends on the data) and a compiled function
+with its *own code object*: dynamo keys its cache and recompile limit on the code object,
+so each bucket compiles once and never evicts another. A call that needs no padding has a
+bucket of its own, with its lengths baked into the compiled code; in a padded bucket the
+mods read the true lengths from a small tensor refilled per call, so all lengths that pad
+to the same size share one compiled function. Compiles use ``dynamic=False,
+fullgraph=True``: a graph break or a recompile-limit hit raises instead of silently running
+the ~50x slower eager path; the kernel then runs eager flex on purpose and records
+``KernelPath.fallback``. The first call of each exact shape records its time in
+``KernelPath.compile_s`` (block-mask build + the bucket's compile if still needed + first
+run) so it can be reported apart.
 
 Limits (declared by :meth:`FlexKernel.supports`): no backward on CPU (torch has no CPU
 flex backward), float64 unsupported on CPU, approximate variants unsupported.
@@ -22,28 +38,44 @@ flex backward), float64 unsupported on CPU, approximate variants unsupported.
 
 from __future__ import annotations
 
+import enum
+import functools
+import inspect
 import time
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from attn.base import Attention, KernelPath
 from attn.kernels.base import Kernel
-from attn.mods import and_masks, causal_mask_mod
+from attn.mods import MaskMod, ScoreMod, and_masks, causal_mask_mod
 
 BLOCK = 128
+#: on CPU, key lengths (and query lengths of at least this many rows) are padded to a
+#: multiple of this: the width of the C++ template's ``q @ k.T`` micro-kernel
+ALIGN = 16
+#: module attributes that say how a module runs, not what it computes (not part of cache keys)
+_RUN_ATTRIBUTES = frozenset({"kernel", "training", "last_path"})
+_PLAIN_SCALARS = (bool, int, float, complex, str, bytes, torch.dtype, torch.device, enum.Enum)
 
 
 def _fresh(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     """A copy of ``fn`` with its own code object (its own dynamo cache and recompile budget)."""
     code = fn.__code__.replace(co_name=name)
     return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+def block_mask_bytes(block_mask: Any) -> int:
+    """Bytes of the tensors a block mask holds (block counts and indices)."""
+    return sum(t.numel() * t.element_size() for t in block_mask.as_tuple()
+               if isinstance(t, Tensor))
 
 
 def _flex_call(q, k, v, score_mod, block_mask, scale):
@@ -54,34 +86,169 @@ def _mask_call(mask_mod, batch, heads, q_len, k_len, device):
     return create_block_mask(mask_mod, batch, heads, q_len, k_len, device=device, BLOCK_SIZE=BLOCK)
 
 
-@dataclass
-class _Entry:
-    """Everything cached for one call shape of one attention module."""
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
 
-    mask_mod: Callable[..., Tensor]
-    score_mod: Callable[..., Tensor] | None
-    key_mask_buf: Tensor | None
-    base_mask: Callable[..., Tensor] | None
+
+def padded_lengths(q_len: int, k_len: int, device: torch.device) -> tuple[int, int]:
+    """The ``(Nq, Nk)`` a call of this shape runs at (see the module docstring: CPU padding)."""
+    if device.type != "cpu":
+        return q_len, k_len
+    return (q_len if q_len < ALIGN else _round_up(q_len, ALIGN)), _round_up(k_len, ALIGN)
+
+
+class _NotPlain(Exception):
+    """A value that is not plain data (so it cannot identify a configuration)."""
+
+
+def _plain(value: Any) -> Hashable:
+    """``value`` as a hashable, type-tagged form when it is plain data; ``_NotPlain`` otherwise."""
+    if value is None or isinstance(value, _PLAIN_SCALARS):
+        return (type(value).__qualname__, value)
+    if isinstance(value, (tuple, list)):
+        return (type(value).__qualname__, tuple(_plain(x) for x in value))
+    if isinstance(value, (set, frozenset)):
+        return (type(value).__qualname__, tuple(sorted((_plain(x) for x in value), key=repr)))
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda item: repr(item[0]))
+        return ("dict", tuple((_plain(key), _plain(item)) for key, item in items))
+    raise _NotPlain(type(value).__qualname__)
+
+
+@functools.cache
+def _init_signature(cls: type) -> inspect.Signature | None:
+    """The signature of the ``__init__`` that ``cls`` runs (None when not introspectable)."""
+    init = next(c.__init__ for c in cls.__mro__ if "__init__" in vars(c))
+    try:
+        return inspect.signature(init)
+    except (TypeError, ValueError):
+        return None
+
+
+def _constructor_arguments(attention: Attention) -> dict[str, Any]:
+    """The arguments ``attention`` was constructed with, bound to its ``__init__`` with defaults."""
+    init_args = attention.__dict__.get("_init_args")
+    if init_args is None:
+        raise _NotPlain("constructor arguments were not recorded")
+    args, kwargs = init_args
+    signature = _init_signature(type(attention))
+    try:
+        bound = signature.bind(attention, *args, **kwargs)  # type: ignore[union-attr]
+    except (AttributeError, TypeError):  # not introspectable: the raw arguments still identify it
+        return {"*args": args, **kwargs}
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    arguments.pop(next(iter(arguments)))  # self
+    return arguments
+
+
+def _attribute_fingerprint(attention: Attention) -> tuple:
+    """Plain public attributes of the module and its submodules, in definition order (so a
+    hyper-parameter changed after construction changes the key; never-equal orders only
+    cost sharing)."""
+    items = []
+    for path, module in attention.named_modules():
+        for name, value in vars(module).items():
+            if name[0] == "_" or name in _RUN_ATTRIBUTES:
+                continue
+            try:
+                items.append((path, name, _plain(value)))
+            except _NotPlain:  # e.g. a KernelPath or a tensor: not a hyper-parameter
+                continue
+    return tuple(items)
+
+
+def _holds_tensors(attention: Attention) -> bool:
+    return any(True for _ in attention.parameters()) or any(True for _ in attention.buffers())
+
+
+def _arguments_key(attention: Attention) -> Hashable | None:
+    """The constructor arguments in hashable form; None when they are not plain data."""
+    try:
+        return _plain(_constructor_arguments(attention))
+    except _NotPlain:
+        return None
+
+
+def config_key(attention: Attention) -> Hashable | None:
+    """What identifies a tensor-free module's semantics: (class, constructor arguments, plain
+    attributes); None when the module holds tensors or was built from non-plain arguments
+    (then only the module itself identifies it)."""
+    arguments = None if _holds_tensors(attention) else _arguments_key(attention)
+    return None if arguments is None else (type(attention), arguments, _attribute_fingerprint(attention))
+
+
+def _wrap_mods(
+    attention: Attention, causal: bool, lengths: Tensor | tuple[int, int, int], key_mask_buf: Tensor | None
+) -> tuple[MaskMod, ScoreMod | None, bool]:
+    """FlexAttention mods for ``attention``; True when every pair is allowed (no mask_mod, not
+    causal, no key_mask).
+
+    ``lengths`` is ``(Nq, Nk, Nk - Nq)``: Python ints for a call that runs unpadded (baked
+    into the compiled code), or a tensor refilled per call for a bucket of padded lengths;
+    then padded keys are masked out and positions are clamped into the real keys, so that
+    the variant's mods never see the padding (they may index tensors with them).
+    """
+    base = and_masks(attention.mask_mod(), causal_mask_mod if causal else None)
+    score = attention.score_mod()
+    padded = isinstance(lengths, Tensor)
+
+    def positions(q_idx: Tensor, kv_idx: Tensor) -> tuple[Tensor, Tensor]:
+        if not padded:
+            return q_idx + lengths[2], kv_idx
+        last = lengths[1] - 1
+        return torch.minimum(q_idx + lengths[2], last), torch.minimum(kv_idx, last)
+
+    def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        # a tensor in every branch; padded keys are never attended
+        ok = kv_idx < lengths[1] if padded else q_idx >= 0
+        if base is not None:
+            i, j = positions(q_idx, kv_idx)
+            ok = ok & base(b, h, i, j)
+        if key_mask_buf is not None:
+            ok = ok & key_mask_buf[b, kv_idx]
+        return ok
+
+    score_mod = None
+    if score is not None:
+
+        def score_mod(s: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            i, j = positions(q_idx, kv_idx)
+            return score(s, b, h, i, j)
+
+    return mask_mod, score_mod, base is None and key_mask_buf is None
+
+
+@dataclass
+class _Bucket:
+    """Everything cached for one (padded) call shape of one attention module."""
+
+    lengths: Tensor | None  # int64 (3,): Nq, Nk, Nk - Nq of the current call; None: unpadded
+    key_mask_buf: Tensor | None  # bool (B, padded Nk), refilled per call
+    mask_mod: MaskMod
+    score_mod: ScoreMod | None
+    all_allowed: bool
     flex: Callable[..., Tensor]
     make_mask: Callable[..., Any]
-    block_mask: Any = None
-    compiled: bool = False
+    block_masks: dict[tuple[int, int], Any] = field(default_factory=dict)  # per exact (Nq, Nk)
+    seen: set[tuple[int, int]] = field(default_factory=set)
+    current: tuple[int, int] | None = None  # the (Nq, Nk) that ``lengths`` holds
     fallback: str | None = None
-    stats: dict[str, float] = field(default_factory=dict)
 
 
 class FlexKernel(Kernel):
-    """Compiled FlexAttention with cached block masks and per-shape compiled functions."""
+    """Compiled FlexAttention with cached block masks and per-bucket compiled functions."""
 
     compiles_per_shape = True
     name = "flex"
     description = "torch flex_attention compiled (block-sparse), block masks cached per shape"
 
     def __init__(self) -> None:
-        self._cache: weakref.WeakKeyDictionary[Attention, dict[tuple, _Entry]] = (
+        self._by_module: weakref.WeakKeyDictionary[Attention, dict[tuple, _Bucket]] = (
             weakref.WeakKeyDictionary()
         )
-        self._shared: dict[tuple[type, str], dict[tuple, _Entry]] = {}
+        self._by_config: dict[Hashable, dict[tuple, _Bucket]] = {}
+        self._arguments: weakref.WeakKeyDictionary[Attention, Hashable | None] = weakref.WeakKeyDictionary()
 
     def supports(self, attention, device, dtype, causal, requires_grad) -> list[str]:
         reasons = self.exactness_reasons(attention)
@@ -92,74 +259,100 @@ class FlexKernel(Kernel):
                 reasons.append("flex on CPU supports float32/float16/bfloat16, not float64")
         return reasons
 
-    def _entry(self, attention: Attention, q: Tensor, k: Tensor, v: Tensor, causal: bool,
-               key_mask: Tensor | None) -> _Entry:
+    def _buckets_of(self, attention: Attention) -> dict[tuple, _Bucket]:
+        """The buckets of ``attention``: shared by equally configured tensor-free modules."""
+        arguments = None
+        if not _holds_tensors(attention):
+            if attention not in self._arguments:  # constructor arguments never change: bound once
+                self._arguments[attention] = _arguments_key(attention)
+            arguments = self._arguments[attention]
+        fingerprint = _attribute_fingerprint(attention)
+        if arguments is None:  # mods close over its tensors: keyed by identity and the tensors it holds now
+            tensors = tuple(id(t) for t in (*attention.parameters(), *attention.buffers()))
+            per_module = self._by_module.setdefault(attention, {})
+            return per_module.setdefault((tensors, fingerprint), {})
+        return self._by_config.setdefault((type(attention), arguments, fingerprint), {})
+
+    def _bucket(self, attention: Attention, q: Tensor, k: Tensor, v: Tensor, causal: bool,
+                key_mask: Tensor | None) -> _Bucket:
         batch, heads, q_len, dim = q.shape
         k_len = k.shape[2]
-        key = (batch, heads, q_len, k_len, dim, v.shape[-1], q.dtype, q.device, causal,
-               key_mask is not None)
-        if any(True for _ in attention.parameters()) or any(True for _ in attention.buffers()):
-            per_module = self._cache.setdefault(attention, {})  # mods close over its tensors
-        else:  # pure hyper-parameters: copies of the module share compiled entries
-            per_module = self._shared.setdefault((type(attention), attention.extra_repr()), {})
-        if key in per_module:
-            return per_module[key]
-        offset = k_len - q_len
-        base = and_masks(attention.mask_mod(), causal_mask_mod if causal else None)
-        buf = None if key_mask is None else key_mask.clone()  # (B, Nk), refilled per call
-
-        def mask_mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            ok = q_idx >= 0  # all True; a tensor so that every branch returns one
-            if base is not None:
-                ok = ok & base(b, h, q_idx + offset, kv_idx)
-            if buf is not None:
-                ok = ok & buf[b, kv_idx]
-            return ok
-
-        score = attention.score_mod()
-        score_mod = None
-        if score is not None:
-
-            def score_mod(s: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-                return score(s, b, h, q_idx + offset, kv_idx)
-
-        entry = _Entry(
-            mask_mod=mask_mod, score_mod=score_mod, key_mask_buf=buf, base_mask=base,
-            flex=torch.compile(_fresh(_flex_call, "flex_call"), dynamic=False, fullgraph=True),
-            make_mask=torch.compile(_fresh(_mask_call, "block_mask_call"), dynamic=False),
+        q_pad, k_pad = padded_lengths(q_len, k_len, q.device)
+        padded = (q_pad, k_pad) != (q_len, k_len)  # unpadded calls get exact code of their own
+        key = (batch, heads, q_pad, k_pad, dim, v.shape[-1], q.dtype, q.device, causal,
+               key_mask is not None, padded)
+        buckets = self._buckets_of(attention)
+        if key in buckets:
+            return buckets[key]
+        lengths = torch.zeros(3, dtype=torch.int64, device=q.device) if padded else None
+        buf = None if key_mask is None else torch.zeros(batch, k_pad, dtype=torch.bool, device=q.device)
+        exact = (q_len, k_len, k_len - q_len)
+        mask_mod, score_mod, all_allowed = _wrap_mods(attention, causal, exact if lengths is None else lengths, buf)
+        tag = f"{batch}x{heads}x{q_pad}x{k_pad}x{dim}{'_padded' if padded else ''}"
+        buckets[key] = _Bucket(
+            lengths=lengths, key_mask_buf=buf, mask_mod=mask_mod, score_mod=score_mod,
+            all_allowed=all_allowed,
+            flex=torch.compile(_fresh(_flex_call, f"flex_call_{tag}"), dynamic=False, fullgraph=True),
+            make_mask=torch.compile(_fresh(_mask_call, f"block_mask_call_{tag}"), dynamic=False),
         )
-        per_module[key] = entry
-        return entry
+        return buckets[key]
+
+    def _block_mask(self, bucket: _Bucket, shape: tuple[int, int], q: Tensor, k: Tensor
+                    ) -> tuple[Any, bool]:
+        """The block mask of this exact shape (cached, rebuilt when a key_mask is given), and
+        whether this call built it."""
+        if shape in bucket.block_masks and bucket.key_mask_buf is None:
+            return bucket.block_masks[shape], False
+        batch = q.shape[0] if bucket.key_mask_buf is not None else None
+        q_pad, k_pad = q.shape[2], k.shape[2]
+        try:
+            block_mask = bucket.make_mask(bucket.mask_mod, batch, None, q_pad, k_pad, q.device)
+        except Exception as err:  # compile failure: build eagerly, say so
+            bucket.fallback = bucket.fallback or f"block mask built eagerly (O(N^2)): {type(err).__name__}"
+            block_mask = create_block_mask(
+                bucket.mask_mod, batch, None, q_pad, k_pad, device=q.device, BLOCK_SIZE=BLOCK
+            )
+        bucket.block_masks[shape] = block_mask
+        return block_mask, True
 
     def run(self, attention: Attention, q, k, v, causal, key_mask):
-        entry = self._entry(attention, q, k, v, causal, key_mask)
-        batch, _, q_len, _ = q.shape
-        k_len = k.shape[2]
-        first = not entry.compiled
+        bucket = self._bucket(attention, q, k, v, causal, key_mask)
+        q_len, k_len = q.shape[2], k.shape[2]
+        shape = (q_len, k_len)
+        first = shape not in bucket.seen
         start = time.perf_counter()
-        if entry.key_mask_buf is not None:
-            entry.key_mask_buf.copy_(key_mask)
-        dense = entry.base_mask is None and entry.key_mask_buf is None  # every pair allowed
-        if not dense and (entry.block_mask is None or entry.key_mask_buf is not None):
-            b = batch if entry.key_mask_buf is not None else None
-            try:
-                entry.block_mask = entry.make_mask(entry.mask_mod, b, None, q_len, k_len, q.device)
-            except Exception as err:  # compile failure: build eagerly, say so
-                entry.fallback = f"block mask built eagerly (O(N^2)): {type(err).__name__}"
-                entry.block_mask = create_block_mask(
-                    entry.mask_mod, b, None, q_len, k_len, device=q.device, BLOCK_SIZE=BLOCK
-                )
-        if entry.fallback is None or entry.fallback.startswith("block mask"):
-            try:
-                out = entry.flex(q, k, v, entry.score_mod, entry.block_mask, None)
-            except Exception as err:  # graph break / recompile limit: eager, flagged
-                entry.fallback = f"eager flex_attention (compile failed: {type(err).__name__}: {err})"[:300]
-                out = flex_attention(q, k, v, score_mod=entry.score_mod, block_mask=entry.block_mask)
-        else:
-            out = flex_attention(q, k, v, score_mod=entry.score_mod, block_mask=entry.block_mask)
+        if bucket.lengths is not None and bucket.current != shape:
+            bucket.lengths.copy_(torch.tensor([q_len, k_len, k_len - q_len]))
+            bucket.current = shape
+        if bucket.key_mask_buf is not None:
+            bucket.key_mask_buf[:, :k_len].copy_(key_mask)  # (B, Nk); the padding is masked anyway
+        q_pad, k_pad = padded_lengths(q_len, k_len, q.device)
+        q_in = F.pad(q, (0, 0, 0, q_pad - q_len)) if q_pad > q_len else q  # (B, H, padded Nq, D)
+        k_in, v_in = (F.pad(t, (0, 0, 0, k_pad - k_len)) if k_pad > k_len else t for t in (k, v))
+        dense = bucket.all_allowed and bucket.lengths is None  # every pair allowed: no block mask
+        block_mask, built, setup = None, False, {}
+        if not dense:
+            mask_start = time.perf_counter()
+            block_mask, built = self._block_mask(bucket, shape, q_in, k_in)
+            if built and bucket.key_mask_buf is None:  # cached for later calls of this shape
+                setup = {"setup_s": time.perf_counter() - mask_start,
+                         "setup_bytes": block_mask_bytes(block_mask)}
+        out = self._attend(bucket, q_in, k_in, v_in, block_mask)  # (B, H, padded Nq, Dv)
+        out = out[:, :, :q_len] if q_pad > q_len else out  # (B, H, Nq, Dv)
         compile_s = None
         if first:
-            entry.compiled = True
-            compile_s = time.perf_counter() - start
-        path = "flex_attention(compiled)" if entry.fallback is None else "flex_attention"
-        return out, KernelPath(self.name, path, fallback=entry.fallback, compile_s=compile_s)
+            bucket.seen.add(shape)
+            compile_s = time.perf_counter() - start - setup.get("setup_s", 0.0)
+        path = "flex_attention(compiled)" if bucket.fallback is None else "flex_attention"
+        return out, KernelPath(self.name, path, fallback=bucket.fallback, compile_s=compile_s,
+                               **setup)
+
+    @staticmethod
+    def _attend(bucket: _Bucket, q: Tensor, k: Tensor, v: Tensor, block_mask: Any) -> Tensor:
+        """Compiled flex; eager flex (recorded in ``bucket.fallback``) once compiling has failed."""
+        if bucket.fallback is None or bucket.fallback.startswith("block mask"):
+            try:
+                return bucket.flex(q, k, v, bucket.score_mod, block_mask, None)
+            except Exception as err:  # graph break / recompile limit: eager, flagged
+                bucket.fallback = f"eager flex_attention (compile failed: {type(err).__name__}: {err})"[:300]
+        return flex_attention(q, k, v, score_mod=bucket.score_mod, block_mask=block_mask)
