@@ -140,14 +140,21 @@ class Attention(nn.Module):
         return get_kernel(kernel).supports(self, device, dtype, causal, requires_grad)
 
     def resolve_kernel(
-        self, device: torch.device, dtype: torch.dtype, causal: bool, requires_grad: bool
+        self, device: torch.device, dtype: torch.dtype, causal: bool, requires_grad: bool,
+        k_len: int | None = None,
     ) -> str:
-        """The kernel a call with these properties runs on (resolving ``auto``)."""
+        """The kernel a call with these properties runs on (resolving ``auto``, once per call
+        description; ``k_len``: the call's keys, None for a long call)."""
         if self.kernel != "auto":
             return self.kernel
-        from attn.kernels.auto import choose_kernel
+        from attn.kernels.auto import choose_kernel, is_short
 
-        return choose_kernel(self, device, dtype, causal, requires_grad)
+        device = torch.device(device)
+        key = (device, dtype, causal, requires_grad, is_short(self, device, k_len))
+        cache = self.__dict__.setdefault("_auto_choices", {})
+        if key not in cache:
+            cache[key] = choose_kernel(self, device, dtype, causal, requires_grad, k_len)
+        return cache[key]
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None
@@ -170,13 +177,14 @@ class Attention(nn.Module):
             q.requires_grad or k.requires_grad or v.requires_grad
             or any(p.requires_grad for p in self.parameters())
         )
-        name = self.resolve_kernel(q.device, q.dtype, causal, requires_grad)
+        name = self.resolve_kernel(q.device, q.dtype, causal, requires_grad, k.shape[2])
         kernel = get_kernel(name)
-        reasons = kernel.supports(self, q.device, q.dtype, causal, requires_grad)
-        if reasons:
-            raise NotImplementedError(
-                f"{self.name}: kernel {name!r} cannot run this call: {'; '.join(reasons)}"
-            )
+        if self.kernel != "auto":  # auto chose a kernel that supports the call
+            reasons = kernel.supports(self, q.device, q.dtype, causal, requires_grad)
+            if reasons:
+                raise NotImplementedError(
+                    f"{self.name}: kernel {name!r} cannot run this call: {'; '.join(reasons)}"
+                )
         out, path = kernel.run(self, q, k, v, causal, key_mask)
         self.last_path = path
         return out

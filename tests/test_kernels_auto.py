@@ -37,6 +37,35 @@ def test_flex_never_chosen_for_cpu_backward_or_float64() -> None:
 
 def test_chosen_kernel_recorded() -> None:
     module = create_attention("sliding_window", window=4)
-    q = torch.randn(1, 2, 33, 8, requires_grad=True)
+    q = torch.randn(1, 2, 800, 8, requires_grad=True)
     module(q, q, q).sum().backward()
     assert module.last_path.kernel == "blocked"
+
+
+@pytest.mark.parametrize(("name", "params", "k_len", "expected"), [
+    ("sliding_window", {"window": 16}, 767, "sdpa"),  # short: one dense call over a cached mask
+    ("sliding_window", {"window": 16}, 768, "blocked"),
+    ("dilated", {"window": 8, "dilation": 2}, 512, "sdpa"),
+    ("global_tokens", {"num_global": 2, "window": 8}, 4096, "blocked"),
+    ("relative", {"bias": "alibi", "num_heads": 2}, 1023, "sdpa"),
+    ("relative", {"bias": "alibi", "num_heads": 2}, 1024, "chunked"),
+    ("full", {}, 64, "sdpa"),
+    ("nystrom", {}, 64, "native"),
+])
+def test_short_calls_on_cpu_take_the_dense_kernel(name, params, k_len, expected) -> None:
+    module = create_attention(name, **params)
+    assert choose_kernel(module, torch.device("cpu"), torch.float32, False, True, k_len) == expected
+
+
+def test_the_choice_follows_the_call_and_is_made_once_per_call_description(monkeypatch) -> None:
+    import attn.kernels.auto as auto
+
+    calls = []
+    real = auto.choose_kernel
+    monkeypatch.setattr(auto, "choose_kernel", lambda *a: calls.append(a) or real(*a))
+    module = create_attention("sliding_window", window=4)
+    for n in (40, 40, 41, 900, 901):
+        q = torch.randn(1, 2, n, 8)
+        module(q, q, q)
+        assert module.last_path.kernel == ("sdpa" if n < 768 else "blocked")
+    assert len(calls) == 2  # one short call description, one long

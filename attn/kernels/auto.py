@@ -1,9 +1,11 @@
 """``kernel="auto"``: the fastest supported kernel for the call, by a fixed documented rule.
 
-Rule: the variant's *kind* picks a preference order per device type (table below); the
-first kernel in that order that the variant lists and that supports the call (device,
-dtype, causal, grad) runs; kernels the variant has but the table omits come next, and
-``reference`` (the O(N^2) ground truth) always last.
+Rule: the variant's *kind* picks a preference order per device type (table below), and on
+CPU a short call (few keys) another one; the first kernel in that order that the variant
+lists and that supports the call (device, dtype, causal, grad) runs; kernels the variant
+has but the table omits come next, and ``reference`` (the O(N^2) ground truth) always last.
+Each module remembers its choice per call description (device, dtype, causal, grad, short
+or long), so a decoding step does not re-run the kernels' checks.
 
 ================  ==========================================  ================================
 kind              cpu                                          cuda
@@ -30,6 +32,14 @@ approximate       native                                       native
   O(chunk*N) memory, where ``sdpa`` must materialise an N x N float bias (0.5 GB at 4K for
   H=8, 32 GB at 32K); measured at 4K (relative, alibi) chunked / sdpa = 3.1 / 2.3 s forward
   and 2.2 / 2.0 s fwd+bwd, a small price for memory that stays O(chunk*N).
+* Short calls on CPU. Below ``SHORT_KEYS`` keys the per-stream loops of ``blocked`` and the
+  checkpointed chunks of ``chunked`` cost more than one dense SDPA call over a mask cached
+  per shape. Measured forward+backward, fp32, 2 threads, D=32 (B*H = 8 and 64): sliding
+  window w=16, blocked / sdpa = 13.6 and 8.3 at N=128, 1.1 and 1.4 at 512, 0.40 and 0.43 at
+  1024 (w=128: 2.2 at 512, 0.76 at 1024); relative ALiBi, chunked / sdpa = 1.15 up to 1024,
+  1.5-1.7 at 2048, where SDPA's cached (H, N, N) bias starts to cost real memory. So banded
+  variants take sdpa below 768 keys and relative below 1024: training at LRA-like lengths
+  and KV-cache decoding over short contexts.
 * On CUDA flex has a backward pass and is the block-sparse kernel of choice; xformers'
   local/causal biases follow; the rule there is by design, not yet measured here.
 """
@@ -51,6 +61,13 @@ AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     ("cuda", "biased"): ("flex", "chunked", "sdpa"),
     ("cuda", "approximate"): ("native",),
 }
+#: short calls (fewer keys than the limit) take another order: a dense kernel over a mask
+#: cached per shape is faster there than the O(N*w) or O(chunk*N) kernel (see above)
+SHORT_KEYS: dict[tuple[str, str], int] = {("cpu", "banded"): 768, ("cpu", "biased"): 1024}
+SHORT_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
+    ("cpu", "banded"): ("sdpa", "blocked", "flex"),
+    ("cpu", "biased"): ("sdpa", "chunked"),
+}
 
 
 def kernel_kind(attention: Attention) -> str:
@@ -64,12 +81,19 @@ def kernel_kind(attention: Attention) -> str:
     return "biased"
 
 
-def auto_order(attention: Attention, device: torch.device) -> list[str]:
+def is_short(attention: Attention, device: torch.device, k_len: int | None) -> bool:
+    """True when a call with ``k_len`` keys takes the short-call order."""
+    limit = SHORT_KEYS.get((torch.device(device).type, kernel_kind(attention)))
+    return limit is not None and k_len is not None and k_len < limit
+
+
+def auto_order(attention: Attention, device: torch.device, k_len: int | None = None) -> list[str]:
     """The kernels ``auto`` tries for this attention on this device, in order."""
     dev = torch.device(device).type
-    table = AUTO_ORDER.get((dev, kernel_kind(attention)))
+    kind = kernel_kind(attention)
+    table = SHORT_ORDER[(dev, kind)] if is_short(attention, device, k_len) else AUTO_ORDER.get((dev, kind))
     if table is None:  # other devices: the CPU rule (portable kernels first)
-        table = AUTO_ORDER[("cpu", kernel_kind(attention))]
+        table = AUTO_ORDER[("cpu", kind)]
     order = [k for k in table if k in attention.kernels]
     order += [k for k in attention.kernels if k not in order and k != "reference"]
     if "reference" in attention.kernels:
@@ -78,14 +102,18 @@ def auto_order(attention: Attention, device: torch.device) -> list[str]:
 
 
 def choose_kernel(
-    attention: Attention, device: torch.device, dtype: torch.dtype, causal: bool, requires_grad: bool
+    attention: Attention, device: torch.device, dtype: torch.dtype, causal: bool,
+    requires_grad: bool, k_len: int | None = None,
 ) -> str:
-    """Name of the kernel ``kernel="auto"`` runs for such a call; NotImplementedError if none."""
+    """Name of the kernel ``kernel="auto"`` runs for such a call; NotImplementedError if none.
+
+    ``k_len`` (keys of the call) selects the short-call order; None means a long call.
+    """
     from attn.kernels import get_kernel, list_kernels
 
     known = set(list_kernels())
     reasons: list[str] = []
-    for name in auto_order(attention, device):
+    for name in auto_order(attention, device, k_len):
         if name not in known:
             continue
         why = get_kernel(name).supports(attention, torch.device(device), dtype, causal, requires_grad)
