@@ -43,6 +43,8 @@ class Case:
     time_budget_s: float
     plugins: tuple[str, ...]
     min_repeats: int = 5
+    workload: str = "attention"  # or "model_step" (see bench.model_step)
+    model: tuple[tuple[str, Any], ...] = ()  # model settings of a model_step case
 
     @property
     def params_dict(self) -> dict[str, Any]:
@@ -73,6 +75,8 @@ class Case:
             "head_dim": self.head_dim, "dtype": self.dtype, "device": self.device,
             "causal": self.causal, "passes": list(self.passes),
         }
+        if self.workload != "attention":  # attention cases keep their ids of earlier runs
+            key.update(workload=self.workload, model=dict(self.model))
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     def describe(self) -> str:
@@ -87,7 +91,7 @@ class Case:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Case:
         """Inverse of :meth:`to_dict` (lists back to tuples)."""
-        fixed = {k: tuple(map(tuple, v)) if k == "params" else
+        fixed = {k: tuple(map(tuple, v)) if k in ("params", "model") else
                  (tuple(v) if isinstance(v, list) else v) for k, v in data.items()}
         return cls(**fixed)
 
@@ -122,7 +126,7 @@ def expand_cases(config: SweepConfig) -> list[Case]:
                     repeats=config.repeats, warmup=config.warmup, timeout_s=config.timeout_s,
                     max_memory_gb=config.max_memory_gb, threads=config.threads,
                     time_budget_s=config.time_budget_s, plugins=config.plugins,
-                    min_repeats=config.min_repeats,
+                    min_repeats=config.min_repeats, workload=config.workload, model=config.model,
                 ))
     return cases
 

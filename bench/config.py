@@ -20,6 +20,13 @@ import yaml
 
 PRESET_DIR = Path(__file__).parent / "configs"
 PASSES = ("fwd", "bwd", "fwd_bwd")
+#: what a case measures: one attention call, or one training step of a whole model
+WORKLOADS = ("attention", "model_step")
+#: the passes of a model-step case: the optimiser step included (forward, backward, update)
+MODEL_PASSES = ("fwd", "train_step")
+ALL_PASSES = (*PASSES, "train_step")
+#: model settings a model-step sweep may give (encoder_classifier)
+MODEL_KEYS = ("d_model", "num_heads", "num_layers", "d_ff", "vocab_size", "num_classes", "norm")
 DEVICES = ("cpu", "cuda")
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 _VARIANT_KEYS = {"name", "causal", "seq_len", "kernels"}
@@ -82,6 +89,8 @@ class SweepConfig:
     threads: int | None = None
     time_budget_s: float = 20.0  # the timed repeats of one pass aim to fit in this
     interleave: bool = True  # kernels of one variant at one length timed in rounds
+    workload: str = "attention"  # or "model_step": a training step of encoder_classifier
+    model: tuple[tuple[str, Any], ...] = ()  # model settings of a model_step sweep
     plugins: tuple[str, ...] = ()
     skip_larger_after_failure: bool = True
     peak_matmul_size: int | None = None  # side of the square matmul giving the FLOP/s peak
@@ -152,6 +161,27 @@ def _bool(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise _fail(key, f"must be true or false; got {value!r}")
     return value
+
+
+def _model_settings(value: Any, workload: str) -> tuple[tuple[str, Any], ...]:
+    """The ``model`` mapping of a model-step sweep (required there, refused elsewhere)."""
+    if workload != "model_step":
+        if value:
+            raise _fail("model", "only a 'workload: model_step' sweep takes model settings")
+        return ()
+    if not isinstance(value, dict) or not {"d_model", "num_heads", "num_layers"} <= set(value):
+        raise _fail("model", "a model_step sweep needs model settings with at least d_model, "
+                             f"num_heads and num_layers; allowed keys are {list(MODEL_KEYS)}")
+    unknown = sorted(set(value) - set(MODEL_KEYS))
+    if unknown:
+        raise _fail(f"model.{unknown[0]}", f"unknown model setting; allowed keys are {list(MODEL_KEYS)}")
+    for key, item in value.items():
+        if key != "norm":
+            _number(f"model.{key}", item, 1, integer=True)
+    if value["d_model"] % value["num_heads"]:
+        raise _fail("model.d_model", f"must be divisible by num_heads={value['num_heads']}; "
+                                     f"got {value['d_model']}")
+    return tuple(sorted(value.items()))
 
 
 def import_plugins(modules: tuple[str, ...]) -> None:
@@ -229,6 +259,13 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
     variants = raw["variants"]
     if not isinstance(variants, (list, tuple)) or not variants:
         raise _fail("variants", "must be a non-empty list like [{name: full}]")
+    workload = _choices("workload", get("workload"), WORKLOADS)[0]
+    model = _model_settings(get("model"), workload)
+    if model:  # the model's own heads and head size
+        sizes = dict(model)
+        heads, head_dim = (sizes["num_heads"],), (sizes["d_model"] // sizes["num_heads"],)
+    else:
+        heads, head_dim = _int_list("heads", get("heads")), _int_list("head_dim", get("head_dim"))
     repeats = _number("repeats", get("repeats"), 1, integer=True)
     min_repeats = _number("min_repeats", get("min_repeats"), 1, integer=True)
     if "min_repeats" not in raw:
@@ -242,10 +279,14 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
         seq_len=_int_list("seq_len", raw["seq_len"]),
         device=_choices("device", get("device"), DEVICES)[0],
         dtype=_choices("dtype", get("dtype"), DTYPES)[0],
-        passes=_choices("passes", get("passes"), PASSES),
+        passes=_choices("passes", raw.get("passes", list(MODEL_PASSES if workload == "model_step"
+                                                              else PASSES)),
+                        MODEL_PASSES if workload == "model_step" else PASSES),
         batch=_int_list("batch", get("batch")),
-        heads=_int_list("heads", get("heads")),
-        head_dim=_int_list("head_dim", get("head_dim")),
+        heads=heads,
+        head_dim=head_dim,
+        workload=workload,
+        model=model,
         kernels=_choices("kernels", get("kernels"), kernel_names),
         repeats=repeats,
         min_repeats=min_repeats,

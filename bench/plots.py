@@ -68,7 +68,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     quartiles = [_quartiles(t, m) for t, m in zip(ok.times_ms, ok.time_ms)]
     ok["time_q25"] = [q[0] for q in quartiles]
     ok["time_q75"] = [q[1] for q in quartiles]
-    passes = [p for p in ("fwd", "bwd", "fwd_bwd") if p in set(ok["pass"])]
+    passes = [p for p in ("fwd", "bwd", "fwd_bwd", "train_step") if p in set(ok["pass"])]
     labels = sorted(ok.label.unique())
     palette = dict(zip(labels, sns.color_palette("tab10", len(labels))))
     sns.set_theme(style="whitegrid", context="paper")

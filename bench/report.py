@@ -16,7 +16,7 @@ from bench.results import load_results, read_env
 from bench.scaling import scaling_table
 
 REPORT_FILE = "report.md"
-PASSES = ("fwd", "bwd", "fwd_bwd")
+PASSES = ("fwd", "bwd", "fwd_bwd", "train_step")
 PROVENANCE = ["git_sha", "package_version", "device_name", "threads", "torch_version", "hostname"]
 
 

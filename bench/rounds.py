@@ -25,7 +25,7 @@ from bench.measure import planned_repeats
 from bench.process import Worker, WorkerGone
 from bench.worker import tflops, worker_main
 
-PASS_ORDER = ("fwd", "bwd", "fwd_bwd")
+PASS_ORDER = ("fwd", "bwd", "fwd_bwd", "train_step")
 #: idle time between two cases' calls: lets the previous case's threads stop spinning
 HANDOVER_S = 0.002
 

@@ -126,20 +126,27 @@ class PassRunner:
 
     def finish(self) -> dict[str, Any]:
         """What ran over the pass's calls: kernel path, fallbacks, compile and cache cost."""
-        seen = [p for p in self.paths if p is not None]
-        last = seen[-1] if seen else None
-        return {
-            "kernel": last.kernel if last else self.case.kernel,
-            "kernel_path": last.path if last else "",
-            "mask_emulated": bool(last and last.mask_emulated),
-            "fallback": "; ".join(sorted({p.fallback for p in seen if p.fallback})),
-            "compile_ms": sum(p.compile_s or 0.0 for p in seen) * 1e3,
-            "setup_ms": sum(getattr(p, "setup_s", None) or 0.0 for p in seen) * 1e3,
-            "setup_mem_bytes": sum(getattr(p, "setup_bytes", None) or 0 for p in seen),
-        }
+        return path_columns(self.paths, self.case)
+
+
+def path_columns(paths: list[Any], case: Case) -> dict[str, Any]:
+    """Row columns from the ``KernelPath`` of every call of a pass."""
+    seen = [p for p in paths if p is not None]
+    last = seen[-1] if seen else None
+    return {
+        "kernel": last.kernel if last else case.kernel,
+        "kernel_path": last.path if last else "",
+        "mask_emulated": bool(last and last.mask_emulated),
+        "fallback": "; ".join(sorted({p.fallback for p in seen if p.fallback})),
+        "compile_ms": sum(p.compile_s or 0.0 for p in seen) * 1e3,
+        "setup_ms": sum(p.setup_s or 0.0 for p in seen) * 1e3,
+        "setup_mem_bytes": sum(p.setup_bytes or 0 for p in seen),
+    }
 
 
 def _build(case: Case) -> tuple[Any, dict[str, Any]]:
+    """The measured object (an attention module, or a model for ``model_step``) and the
+    case's FLOPs per pass."""
     import torch
 
     from attn import create_attention
@@ -147,17 +154,31 @@ def _build(case: Case) -> tuple[Any, dict[str, Any]]:
 
     module = create_attention(case.variant, num_heads=case.heads, head_dim=case.head_dim,
                               kernel=case.kernel, **case.params_dict).to(case.device)
-    flops, flops_kind, density = case_flops(module, batch=case.batch, heads=case.heads,
-                                            n=case.seq_len, head_dim=case.head_dim,
-                                            causal=case.causal)
+    if case.workload == "model_step":
+        from bench.model_step import build_model, model_flops
+
+        flops, flops_kind, density = model_flops(case, module)
+        module = build_model(case)
+    else:
+        flops, flops_kind, density = case_flops(module, batch=case.batch, heads=case.heads,
+                                                n=case.seq_len, head_dim=case.head_dim,
+                                                causal=case.causal)
     return module, {"flops": flops, "flops_kind": flops_kind, "density": density,
                     "threads": torch.get_num_threads()}
+
+
+def _runner(case: Case, module: Any, pass_name: str) -> Any:
+    if case.workload == "model_step":
+        from bench.model_step import ModelStepRunner
+
+        return ModelStepRunner(case, module, pass_name)
+    return PassRunner(case, module, pass_name)
 
 
 def _serve(case: Case, module: Any, conn: Connection) -> None:
     import torch
 
-    runner: PassRunner | None = None
+    runner: Any = None
     while True:
         message = conn.recv()
         command = message[0]
@@ -166,7 +187,7 @@ def _serve(case: Case, module: Any, conn: Connection) -> None:
         try:
             if command == "prepare":
                 runner = None
-                runner = PassRunner(case, module, message[1])
+                runner = _runner(case, module, message[1])
                 reply: tuple[Any, ...] = ("prepared", runner.prepare())
             elif command == "time" and runner is not None:
                 reply = ("timed", runner.timer.time_once())
