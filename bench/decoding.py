@@ -240,6 +240,7 @@ def run_decoding_benchmark(
     from bench.fsutil import atomic_write_text
     from bench.provenance import environment
     from bench.results import write_env
+    from bench.threads import torch_threads
 
     check_arguments(context=context, new_tokens=new_tokens, attention=attention, window=window,
                     d_model=d_model, num_heads=num_heads, num_layers=num_layers, d_ff=d_ff,
@@ -248,14 +249,12 @@ def run_decoding_benchmark(
                     threads=threads)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out: {out} is a file; give a directory (it is created if missing)")
-    if threads:
-        torch.set_num_threads(threads)
     sizes = dict(d_model=d_model, num_heads=num_heads, num_layers=num_layers, d_ff=d_ff,
                  vocab_size=vocab_size)
     out.mkdir(parents=True, exist_ok=True)
     decoding_rows: list[dict[str, Any]] = []
     streaming_rows: list[dict[str, Any]] = []
-    with torch.inference_mode():
+    with torch_threads(threads), torch.inference_mode():
         for spec in attention or ["full"]:
             name, params = _attention_spec(spec, window)
             for ctx in context or [1024, 4096]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import torch
 from typer.testing import CliRunner
 
 from bench.cli import app
@@ -18,8 +19,10 @@ def test_decoding_benchmark_writes_results(tmp_path):
         "--vocab-size", "32", "--stream-window", "16", "--stream-layers", "1",
         "--stream-layers", "2", "--stream-steps", "3", "--repeats", "1", "--threads", "1",
     ]
+    threads = torch.get_num_threads()
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
+    assert torch.get_num_threads() == threads  # --threads 1 held for the run only
     table = pd.read_csv(tmp_path / "results.csv")
     decoding = table[table.benchmark == "decoding"]
     assert len(decoding) == 2 * 2 * 2  # attentions x contexts x cache on/off

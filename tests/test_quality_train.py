@@ -16,6 +16,7 @@ import torch
 from bench.quality.checkpoint import load_checkpoint, save_checkpoint
 from bench.quality.settings import TrainSettings
 from bench.quality.train import BEST, LAST, METRICS, RunSpec, learning_rate, train_run
+from bench.threads import torch_threads
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = {"train": {"steps": 16, "eval_every": 4, "checkpoint_every": 4, "batch_size": 8},
@@ -51,7 +52,10 @@ def test_a_killed_training_resumes_to_the_uninterrupted_result(tmp_path):
     assert killed.returncode == -9  # SIGKILL, mid-run
     _, meta = load_checkpoint(tmp_path / "killed" / LAST)
     assert meta["progress"]["step"] == 4 and not (tmp_path / "killed" / METRICS).exists()
-    resumed = train_run(spec, log=lambda _: None)  # the same command again
+    ambient = torch.get_num_threads()
+    with torch_threads(max(1, ambient - 1)):  # another thread count around the resume: the
+        resumed = train_run(spec, log=lambda _: None)  # checkpoint's own count is used
+        assert torch.get_num_threads() == max(1, ambient - 1)  # and the scope's is restored
     assert _values(resumed) == _values(clean)
     a, _ = load_checkpoint(tmp_path / "clean" / LAST)
     b, _ = load_checkpoint(tmp_path / "killed" / LAST)

@@ -38,6 +38,7 @@ from bench.quality.checkpoint import (
 from bench.quality.model_parts import label, model_parts
 from bench.quality.settings import TaskSettings, TrainSettings, attention_params, task_settings
 from bench.quality.tasks import Metric, Task, get_task
+from bench.threads import torch_threads
 
 LAST, BEST, METRICS, SETTINGS = "last.safetensors", "best.safetensors", "metrics.json", "settings.json"
 
@@ -99,6 +100,7 @@ class _Progress:
     best_step: int | None = None
     history: list[dict[str, Any]] = field(default_factory=list)
     peak_mem_bytes: int | None = None
+    threads: int | None = None  # torch threads of the run: a resume uses them for identical sums
 
 
 class Trainer:
@@ -112,7 +114,7 @@ class Trainer:
         self.device = torch.device(spec.device)
         self.optimizer = make_optimizer(model, self.train)
         self.fingerprint = fingerprint
-        self.progress = _Progress()
+        self.progress = _Progress(threads=torch.get_num_threads())
         self.log = log
 
     # checkpoints
@@ -136,6 +138,14 @@ class Trainer:
         load_optimizer_state(self.optimizer, tensors, meta["optimizer"])
         torch.set_rng_state(tensors["rng.torch"])
         self.progress = _Progress(**meta["progress"])
+        recorded = self.progress.threads
+        if recorded and recorded != torch.get_num_threads():
+            if self.spec.threads:  # asked for explicitly: honoured, with the consequence said
+                self.log(f"resuming with {self.spec.threads} threads where the run began with "
+                         f"{recorded}: sums round differently, the result is not bit-identical")
+                self.progress.threads = self.spec.threads
+            else:
+                torch.set_num_threads(recorded)  # restored by train_run's torch_threads scope
         self.log(f"resumed from step {self.progress.step}")
         return True
 
@@ -276,11 +286,16 @@ def train_run(spec: RunSpec, *, log: Callable[[str], None] = print,
               on_step: Callable[[int, float, float], None] | None = None) -> list[dict[str, Any]]:
     """Train (or resume), evaluate the best checkpoint on test, write and return the rows."""
     from bench.config import import_plugins
-    from models import create_model
 
     import_plugins(tuple(spec.plugins))
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
+    with torch_threads(spec.threads):
+        return _train_run(spec, log, on_step)
+
+
+def _train_run(spec: RunSpec, log: Callable[[str], None],
+               on_step: Callable[[int, float, float], None] | None) -> list[dict[str, Any]]:
+    from models import create_model
+
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
     settings, task, params, parts = build(spec)
