@@ -2,7 +2,7 @@
 
 An executor has ``slots`` (how many units may run at once), ``submit(unit)`` and
 ``wait_any() -> (unit, rows)``. Units are plain data (:class:`bench.cases.SpeedUnit`,
-:class:`bench.quality.units.TrainUnit`); :func:`execute` runs one in the current process
+:class:`bench.quality.grid.TrainUnit`); :func:`execute` runs one in the current process
 (which starts isolated worker processes of its own) and never raises: a unit that cannot
 run returns rows saying why.
 
@@ -26,9 +26,11 @@ class Unit(Protocol):
     def unit_id(self) -> str: ...
 
     @property
-    def device(self) -> str: ...
+    def device(self) -> str: ...  # "cpu" or "cuda": whose environment the rows are stamped with
 
     def describe(self) -> str: ...
+
+    def run(self, cuda_visible: str | None = None) -> list[dict[str, Any]]: ...
 
     def failure_rows(self, status: str, reason: str) -> list[dict[str, Any]]: ...
 

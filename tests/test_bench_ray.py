@@ -219,6 +219,7 @@ class TinyTrainUnit:
     seed: int = 0
     steps: int = 3
     fail: bool = False
+    device: str = "cpu"
 
     @property
     def unit_id(self) -> str:
@@ -269,8 +270,9 @@ def test_any_unit_type_runs_on_ray(ray_address):
     drive(chains, RayExecutor("cpu"), on_done=lambda unit, rows: done.update({unit.unit_id: rows[0]}))
     assert set(done) == {"train-a", "train-b", "train-broken"}
     for name in ("train-a", "train-b"):
-        assert done[name]["status"] == "ok" and len(done[name]["losses"]) == 3
+        assert done[name]["status"] == "ok" and len(done[name]["losses"]) == 3, done[name]
         assert done[name]["pid"] != os.getpid()  # ran in a Ray worker
+        assert done[name]["hostname"] and done[name]["torch_version"]  # the node's environment
     assert done["train-a"]["losses"] == pytest.approx(TinyTrainUnit("a", seed=0).run()[0]["losses"])
     assert done["train-broken"]["status"] == "error"
     assert "RuntimeError: the loss diverged" in done["train-broken"]["reason"]
