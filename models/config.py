@@ -138,10 +138,12 @@ class EncoderClassifierConfig(ModelConfig):
     pooling: str = "cls"
     num_extra_global: int = 0  # learned global tokens prepended after CLS (for global_tokens)
     dual: bool = False
+    head_hidden: int = 0  # 0: a linear head; > 0: an MLP head with this hidden width (LRA's dual head)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive("num_classes", self.num_classes)
+        _positive("head_hidden", self.head_hidden, minimum=0)
         _choice("pooling", self.pooling, POOLINGS)
         _positive("num_extra_global", self.num_extra_global, minimum=0)
 

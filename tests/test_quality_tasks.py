@@ -104,3 +104,21 @@ def test_recall_reports_accuracy_per_distance():
         metrics = task.evaluate(model, "test", limit=None, batch_size=8, final=True)
     conditions = {m.condition for m in metrics if m.name == "accuracy"}
     assert conditions == {"", *(f"distance={d}" for d in settings.data["distances"])}
+
+
+def _input_rows(split: dict[str, torch.Tensor]) -> set[bytes]:
+    inputs = split["ids"] if "ids" in split else split["images"]
+    rows = inputs.reshape(len(inputs), -1).numpy()
+    if "pair_ids" in split:  # a retrieval pair: either side may be a seen article
+        rows = np.concatenate([rows, split["pair_ids"].numpy()])
+    return {row.tobytes() for row in rows}
+
+
+def test_no_test_input_is_also_a_training_input(prepared):
+    task, _ = prepared
+    train = getattr(task, "articles", None) or task.splits["train"]  # retrieval: the articles
+    if "ids" not in train and "images" not in train:
+        pytest.skip(f"{task.name} is split by position or by chapter (tested on its own)")
+    seen = _input_rows(train)
+    for split in ("val", "test"):
+        assert not _input_rows(task.splits[split]) & seen, split

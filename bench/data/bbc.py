@@ -93,6 +93,17 @@ def encode_bytes(texts: Sequence[str], seq_len: int) -> tuple[np.ndarray, np.nda
     return ids, mask
 
 
+def distinct_rows(ids: np.ndarray) -> np.ndarray:
+    """Indices (ascending) of the first occurrence of each distinct row of ``ids (n, L)``.
+
+    The corpus holds 98 exact duplicate articles, and more articles share their first bytes;
+    a task keeps one copy of each distinct input before splitting, so no test input is ever
+    also a training input.
+    """
+    _, first = np.unique(ids, axis=0, return_index=True)
+    return np.sort(first)
+
+
 def make_pairs(
     labels: np.ndarray, indices: np.ndarray, num_pairs: int, *, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -29,17 +29,29 @@ def _subsets(data: dict[str, Any]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
             "test": (test_images[test], test_labels[test])}
 
 
+def downsample(images: np.ndarray, factor: int) -> np.ndarray:
+    """Average ``factor x factor`` pixel blocks of ``images (n, 28, 28)``, rounded (uint8)."""
+    if factor == 1:
+        return images
+    n, side = images.shape[0], images.shape[1] // factor
+    blocks = images[:, : side * factor, : side * factor].reshape(n, side, factor, side, factor)
+    return np.rint(blocks.mean(axis=(2, 4))).astype(np.uint8)
+
+
 class ImagePixels(ClassificationTask):
-    """Data settings: ``train_examples``, ``val_examples``, ``test_examples``, ``data_seed``.
-    Each pixel is a token (ids 0..255); ``seq_len`` is 784."""
+    """Data settings: ``train_examples``, ``val_examples``, ``test_examples``, ``data_seed``,
+    ``downsample`` (average-pool factor, default 1). Each pixel is a token (grey level 0..255);
+    ``seq_len`` is 784, or (28 / downsample)^2."""
 
     name = "image"
     num_classes = 10
     vocab_size = 256
 
     def prepare(self) -> None:
+        factor = int(self.data.get("downsample", 1))
         for split, (images, labels) in _subsets(self.data).items():
-            arrays = {"ids": fashion_mnist.to_sequences(images), "labels": labels}
+            pixels = downsample(images, factor)
+            arrays = {"ids": pixels.reshape(len(pixels), -1), "labels": labels}
             self.splits[split] = as_tensors(arrays, np.arange(len(labels)))
 
 

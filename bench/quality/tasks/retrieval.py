@@ -1,6 +1,12 @@
 """``retrieval``: do two BBC News articles share a category? A dual encoder reads both
-(byte level, ``seq_len`` bytes each) and classifies the pair, as in LRA's document retrieval.
-Pairs are drawn inside one split only: no test article is ever seen in training."""
+(byte level, ``seq_len`` bytes each) and classifies the pair from ``[u, v, u*v, u-v]``, as in
+LRA's document retrieval. Pairs are drawn inside one split only: no test article is ever seen
+in training. Validation and test use fixed pairs, half of them positive.
+
+Training (``train_pairing``): ``in_batch`` (default) encodes ``batch_size`` training articles
+once and classifies every pair among them, each class weighted to half of the loss, the
+usual way to train a dual encoder (``batch_size * (batch_size - 1) / 2`` pairs for
+``batch_size`` encodings); ``fixed`` trains on ``train_pairs`` fixed pairs like evaluation."""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bench.data import bbc
@@ -16,8 +23,9 @@ from bench.quality.tasks.base import ClassificationTask, Split
 
 
 class Retrieval(ClassificationTask):
-    """Data settings: ``seq_len`` (bytes per article), ``train_pairs``, ``val_pairs``,
-    ``test_pairs``, ``data_seed``. Labels are balanced (same category or not)."""
+    """Data settings: ``seq_len`` (bytes per article), ``train_pairing`` (``in_batch`` or
+    ``fixed``), ``train_pairs`` (``fixed`` only), ``val_pairs``, ``test_pairs``, ``data_seed``.
+    Labels are balanced (same category or not)."""
 
     name = "retrieval"
     num_classes = 2
@@ -26,9 +34,18 @@ class Retrieval(ClassificationTask):
     def prepare(self) -> None:
         texts, labels = bbc.load_articles()
         ids, key_mask = bbc.encode_bytes(texts, int(self.data["seq_len"]))
+        keep = bbc.distinct_rows(ids)  # duplicate inputs would straddle the splits
+        ids, key_mask, labels = ids[keep], key_mask[keep], labels[keep]
         seed = int(self.data.get("data_seed", 0))
         parts = split_indices(len(labels), seed=seed, stratify=labels)
+        articles = np.asarray(parts["train"])
+        self.articles = {"ids": torch.from_numpy(ids[articles]),
+                         "key_mask": torch.from_numpy(key_mask[articles]),
+                         "category": torch.from_numpy(labels[articles].astype(np.int64))}
         for offset, (split, index) in enumerate(parts.items()):
+            if split == "train" and self.in_batch:
+                self.splits[split] = {"labels": torch.zeros(1, dtype=torch.int64)}  # unused
+                continue
             a, b, same = bbc.make_pairs(labels, np.asarray(index), int(self.data[f"{split}_pairs"]),
                                         seed=seed * 3 + offset)
             self.splits[split] = {
@@ -37,8 +54,41 @@ class Retrieval(ClassificationTask):
                 "labels": torch.from_numpy(same.astype(np.int64)),
             }
 
+    @property
+    def in_batch(self) -> bool:
+        pairing = self.data.get("train_pairing", "in_batch")
+        if pairing not in ("in_batch", "fixed"):
+            raise ValueError(f"retrieval: data setting 'train_pairing' must be 'in_batch' or "
+                             f"'fixed'; got {pairing!r}")
+        return pairing == "in_batch"
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.data["seq_len"])
+
     def model_overrides(self) -> dict[str, Any]:
         return {**super().model_overrides(), "dual": True}
+
+    def train_batch(self, step: int, batch_size: int) -> Split:
+        if not self.in_batch:
+            return super().train_batch(step, batch_size)
+        gen = np.random.default_rng([self.seed, step, 0x7A5C])
+        index = torch.from_numpy(gen.choice(len(self.articles["category"]), batch_size,
+                                            replace=False))
+        return {k: v[index] for k, v in self.articles.items()}
+
+    def loss(self, model: nn.Module, batch: Split) -> tuple[Tensor, int]:
+        if "category" not in batch:
+            return super().loss(model, batch)
+        u = model.embed(batch["ids"], batch["key_mask"])  # (B, D)
+        first, second = torch.triu_indices(len(u), len(u), offset=1, device=u.device)  # (P,)
+        a, b = u[first], u[second]  # (P, D)
+        logits = model.head(torch.cat([a, b, a * b, a - b], dim=-1))  # (P, 2)
+        same = (batch["category"][first] == batch["category"][second]).long()  # (P,)
+        weight = torch.where(same.bool(), 0.5 / same.sum().clamp(min=1),
+                             0.5 / (1 - same).sum().clamp(min=1))
+        loss = (F.cross_entropy(logits, same, reduction="none") * weight).sum()
+        return loss, int(batch["key_mask"].sum())
 
     def logits(self, model: nn.Module, batch: Split) -> Tensor:
         return model(batch["ids"], batch["key_mask"], pair_ids=batch["pair_ids"],

@@ -1,0 +1,79 @@
+"""Task and model options the presets use: the MLP head, pooled image pixels, Pathfinder's
+binary patch codes and in-batch retrieval training, each against a direct reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bench.quality.settings import task_settings
+from bench.quality.tasks import get_task
+from bench.quality.tasks.image import downsample
+from bench.quality.tasks.pathfinder import patch_codes
+from models import create_model
+
+
+def test_head_hidden_gives_an_mlp_head_and_rejects_a_negative_width():
+    model = create_model("encoder_classifier", "tiny", num_classes=3, head_hidden=24)
+    assert [type(m) for m in model.head] == [torch.nn.Linear, torch.nn.ReLU, torch.nn.Linear]
+    assert model.head[0].out_features == 24
+    assert model(torch.randint(0, 32, (2, 10))).shape == (2, 3)
+    assert isinstance(create_model("encoder_classifier", "tiny").head, torch.nn.Linear)
+    with pytest.raises(ValueError, match="head_hidden"):
+        create_model("encoder_classifier", "tiny", head_hidden=-1)
+
+
+def test_downsample_averages_blocks_and_rounds():
+    images = np.arange(2 * 28 * 28, dtype=np.float64).reshape(2, 28, 28) % 251
+    images = images.astype(np.uint8)
+    pooled = downsample(images, 2)
+    assert pooled.shape == (2, 14, 14) and pooled.dtype == np.uint8
+    block = images[1, 6:8, 10:12].astype(np.float64)
+    assert pooled[1, 3, 5] == np.rint(block.mean())
+    assert downsample(images, 1) is images
+
+
+def test_image_task_with_downsample_has_a_quarter_of_the_tokens():
+    data = {**task_settings("image", "tiny").data, "downsample": 2}
+    task = get_task("image", data, seed=0)
+    task.prepare()
+    assert task.seq_len == 196 and task.splits["train"]["ids"].shape[1] == 196
+
+
+def test_patch_codes_number_lit_pixels_row_major():
+    image = np.zeros((1, 4, 4), dtype=np.uint8)
+    image[0, 0, 1] = 255  # block (0, 0), pixel 1 -> bit 1
+    image[0, 1, 0] = 200  # block (0, 0), pixel 2 -> bit 2
+    image[0, 3, 3] = 255  # block (1, 1), pixel 3 -> bit 3
+    image[0, 2, 1] = 100  # not lit (<= 127)
+    assert patch_codes(image, 2).tolist() == [[0b0110, 0, 0, 0b1000]]
+
+
+def test_in_batch_retrieval_trains_on_train_articles_with_a_class_balanced_loss():
+    settings = task_settings("retrieval", "tiny")
+    task = get_task("retrieval", {**settings.data, "train_pairing": "in_batch"}, seed=0)
+    task.prepare()
+    batch = task.train_batch(0, 6)
+    train_ids = {tuple(row.tolist()) for row in task.articles["ids"]}
+    assert all(tuple(row.tolist()) in train_ids for row in batch["ids"])  # no val/test article
+    for split in ("val", "test"):
+        held_out = {tuple(r.tolist()) for r in task.splits[split]["ids"]}
+        assert not held_out & train_ids
+    torch.manual_seed(0)
+    model = create_model("encoder_classifier", "tiny", **{**task.model_overrides(),
+                                                          **settings.model})
+    loss, tokens = task.loss(model, batch)
+    u = model.embed(batch["ids"], batch["key_mask"])
+    terms = {0: [], 1: []}
+    for i in range(6):
+        for j in range(i + 1, 6):
+            same = int(batch["category"][i] == batch["category"][j])
+            logits = model.head(torch.cat([u[i], u[j], u[i] * u[j], u[i] - u[j]]))
+            terms[same].append(F.cross_entropy(logits[None], torch.tensor([same])))
+    expected = sum(0.5 * torch.stack(t).mean() for t in terms.values() if t)
+    torch.testing.assert_close(loss, expected)
+    assert tokens == int(batch["key_mask"].sum())
+    with pytest.raises(ValueError, match="train_pairing"):
+        get_task("retrieval", {**settings.data, "train_pairing": "all"}, seed=0).prepare()
