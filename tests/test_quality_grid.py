@@ -35,6 +35,13 @@ def test_bad_grids_name_the_key(change, fragment):
         parse_grid({**GRID, **change})
 
 
+def test_every_task_gets_its_first_seed_before_any_task_repeats(tmp_path):
+    config = parse_grid({**GRID, "tasks": ["listops", "text", "recall"],
+                         "variants": ["full"], "seeds": {"default": [0], "text": [4, 5, 6]}})
+    order = [(u.spec["task"], u.spec["seed"]) for u in units(config, tmp_path)]
+    assert order == [("listops", 0), ("text", 4), ("recall", 0), ("text", 5), ("text", 6)]
+
+
 @pytest.fixture(scope="module")
 def grid_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("grid")

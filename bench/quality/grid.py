@@ -216,12 +216,18 @@ class _NoCap:
 
 
 def units(config: GridConfig, out: Path) -> list[TrainUnit]:
-    """Every (task, variant, seed) unit, task by task."""
+    """Every (task, variant, seed) unit: every task's first seed first (task by task, variant
+    by variant), then every task's second seed, and so on, so a grid stopped part-way has
+    covered every (task, variant) before it repeats any."""
     seeds = dict(config.seeds)
+    rounds = max(len(s) for s in seeds.values())
     found = []
-    for task in config.tasks:
-        for variant, params in config.variants:
-            for seed in seeds[task]:
+    for round_index in range(rounds):
+        for task in config.tasks:
+            if round_index >= len(seeds[task]):
+                continue
+            seed = seeds[task][round_index]
+            for variant, params in config.variants:
                 run_dir = out / "runs" / task / safe_name(label(variant, dict(params))) / f"seed{seed}"
                 spec = {"task": task, "variant": variant, "params": dict(params),
                         "preset": config.preset, "seed": seed, "out": str(run_dir),
