@@ -336,9 +336,15 @@ def load_yaml(path: Path) -> Any:
 
 
 def load_config(config: str | Path) -> SweepConfig:
-    """Load and validate a sweep config from a YAML file or a preset name."""
+    """Load and validate a sweep config from a YAML file or a preset name (a training grid,
+    ``kind: quality``, is loaded by :func:`bench.quality.grid.parse_grid` instead)."""
     path = resolve_config_path(str(config))
-    return parse_config(load_yaml(path), source=str(path))
+    raw = load_yaml(path)
+    if isinstance(raw, dict) and raw.get("kind") == "quality":
+        raise ConfigError(f"{path}: a training grid (kind: quality), not a speed sweep; run it "
+                          "with `attn-bench sweep` or load it with bench.quality.grid.parse_grid",
+                          "kind")
+    return parse_config(raw, source=str(path))
 
 
 def with_overrides(config: SweepConfig, **overrides: Any) -> SweepConfig:

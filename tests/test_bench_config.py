@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from bench.cases import expand_cases
-from bench.config import ConfigError, list_presets, load_config, parse_config, safe_name
+from bench.config import (
+    ConfigError,
+    list_presets,
+    load_config,
+    parse_config,
+    resolve_config_path,
+    safe_name,
+)
+from bench.quality.grid import parse_grid
 
 BASE = {"name": "t", "seq_len": [128, 256], "variants": [{"name": "full"}]}
 
@@ -67,7 +76,13 @@ def test_all_kernels_and_presets():
     assert {"auto", "reference", "sdpa"} <= kernels
     assert {"quick", "scaling-cpu", "scaling-gpu"} <= set(list_presets())
     for preset in list_presets():
-        assert load_config(preset).name == preset
+        raw = yaml.safe_load(resolve_config_path(preset).read_text())
+        if raw.get("kind") == "quality":  # a training grid
+            assert parse_grid(raw).name == preset
+            with pytest.raises(ConfigError, match="a training grid"):
+                load_config(preset)
+        else:
+            assert load_config(preset).name == preset
 
 
 def test_quick_preset_covers_every_builtin_variant():

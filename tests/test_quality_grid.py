@@ -95,3 +95,18 @@ def test_a_grid_through_the_cli_with_a_killed_unit(tmp_path):
     assert list(crashed.status) == ["killed"] and crashed.reason.str.contains("SIGKILL").all()
     assert (df[df.variant == "full"].status == "ok").all()
     assert (tmp_path / "out" / "report.md").exists() and (tmp_path / "out" / QUALITY_FILE).exists()
+
+
+@pytest.mark.parametrize("preset", ["tiny", "small", "lra"])
+def test_every_task_preset_parses_and_keeps_four_windows(preset):
+    from bench.quality.settings import task_settings
+    from bench.quality.tasks import get_task, list_tasks
+
+    for task_name in list_tasks():
+        settings = task_settings(task_name, preset)
+        if task_name in ("image", "image_vit", "translate"):
+            continue  # their length comes from the data (image size, BPE), checked on real data
+        task = get_task(task_name, settings.data, seed=0)
+        length = int(settings.data.get("seq_len", settings.data.get("size", 0) ** 2))
+        assert length >= 4 * settings.attention["window"], (task_name, length)
+        assert task.name == task_name
