@@ -21,8 +21,9 @@ from pathlib import Path
 from typing import Any
 
 DISTRIBUTION = "attn-bench"
-#: tracked paths whose changes do not change the code version
-NOT_CODE = ("results",)
+#: tracked paths whose changes (committed or not) do not change the code version: what is
+#: measured depends on the package and its configs, not on results, docs or the tests
+NOT_CODE = ("results", "docs", "tests", ".ci", "README.md")
 
 
 def source_root() -> Path | None:
@@ -41,16 +42,21 @@ def _git(root: Path, *args: str) -> str:
 
 @cache
 def code_version() -> str:
-    """``<sha>`` or ``<sha>+dirty`` of the source checkout; ``not a git checkout`` otherwise."""
+    """``<sha>`` or ``<sha>+dirty`` of the source checkout; ``not a git checkout`` otherwise.
+
+    ``<sha>`` is the last commit that changed code (anything but :data:`NOT_CODE`), so
+    committing results or docs mid-sweep does not make a resumed sweep look like other code;
+    ``+dirty``: a tracked code file differs from it.
+    """
     root = source_root()
     if root is None:
         return "installed package (no source checkout)"
     try:
         if Path(_git(root, "rev-parse", "--show-toplevel")).resolve() != root:
             return "not a git checkout"
-        sha = _git(root, "rev-parse", "HEAD")
-        changed = _git(root, "status", "--porcelain", "--untracked-files=no", "--", ".",
-                       *(f":(exclude){p}" for p in NOT_CODE))
+        code = (".", *(f":(exclude){p}" for p in NOT_CODE))
+        sha = _git(root, "log", "-1", "--format=%H", "--", *code) or _git(root, "rev-parse", "HEAD")
+        changed = _git(root, "status", "--porcelain", "--untracked-files=no", "--", *code)
     except (OSError, subprocess.SubprocessError):
         return "not a git checkout"
     return sha + ("+dirty" if changed else "")

@@ -44,6 +44,26 @@ def test_rewritten_results_do_not_make_the_code_dirty(checkout):
     assert provenance.code_version() == sha
 
 
+def test_committed_results_and_docs_keep_the_code_version_and_code_changes_it(checkout):
+    sha = _git(checkout, "rev-parse", "HEAD")
+    (checkout / "docs").mkdir()
+    (checkout / "docs" / "method.md").write_text("how\n")
+    (checkout / "results" / "quick" / "results.csv").write_text("a,b\n1,2\n")
+    _commit(checkout, "results and docs")
+    assert _git(checkout, "rev-parse", "HEAD") != sha
+    assert provenance.code_version() == sha  # a sweep resumed now is still the same code
+    (checkout / "bench" / "code.py").write_text("x = 3\n")
+    code_sha = _commit(checkout, "code")
+    provenance.code_version.cache_clear()
+    assert provenance.code_version() == code_sha
+
+
+def _commit(repo: Path, message: str) -> str:
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message)
+    return _git(repo, "rev-parse", "HEAD")
+
+
 def test_a_changed_code_file_does(checkout):
     (checkout / "bench" / "code.py").write_text("x = 2\n")
     assert provenance.code_version() == _git(checkout, "rev-parse", "HEAD") + "+dirty"
@@ -68,4 +88,7 @@ def test_an_installed_package_never_reads_the_repository_around_it(tmp_path):
 def test_this_checkout_and_the_installed_version_are_recorded():
     env = provenance.environment("cpu", None)
     assert env["package_version"] == provenance.package_version() != "unknown"
-    assert env["git_sha"].split("+")[0] == _git(ROOT, "rev-parse", "HEAD")
+    sha = env["git_sha"].split("+")[0]
+    excluded = [f":(exclude){p}" for p in provenance.NOT_CODE]
+    assert _git(ROOT, "diff", "--stat", sha, "HEAD", "--", ".", *excluded) == ""  # same code as HEAD
+    assert sha == _git(ROOT, "rev-parse", "HEAD") or _git(ROOT, "diff", "--stat", sha, "HEAD")
