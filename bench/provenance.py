@@ -23,7 +23,7 @@ from typing import Any
 DISTRIBUTION = "attn-bench"
 #: tracked paths whose changes (committed or not) do not change the code version: what is
 #: measured depends on the package and its configs, not on results, docs or the tests
-NOT_CODE = ("results", "docs", "tests", ".ci", "README.md")
+NOT_CODE = ("results", "docs", "tests", ".ci", ":(glob)**/*.md")  # git pathspecs
 
 
 def source_root() -> Path | None:
@@ -40,6 +40,14 @@ def _git(root: Path, *args: str) -> str:
                           timeout=10, check=True).stdout.strip()
 
 
+def _exclude(pathspec: str) -> str:
+    """``:(exclude)`` of a pathspec, merging magic words (``:(glob)x`` -> ``:(exclude,glob)x``)."""
+    if pathspec.startswith(":("):
+        magic, rest = pathspec[2:].split(")", 1)
+        return f":(exclude,{magic}){rest}"
+    return f":(exclude){pathspec}"
+
+
 @cache
 def code_version() -> str:
     """``<sha>`` or ``<sha>+dirty`` of the source checkout; ``not a git checkout`` otherwise.
@@ -54,7 +62,7 @@ def code_version() -> str:
     try:
         if Path(_git(root, "rev-parse", "--show-toplevel")).resolve() != root:
             return "not a git checkout"
-        code = (".", *(f":(exclude){p}" for p in NOT_CODE))
+        code = (".", *(_exclude(p) for p in NOT_CODE))
         sha = _git(root, "log", "-1", "--format=%H", "--", *code) or _git(root, "rev-parse", "HEAD")
         changed = _git(root, "status", "--porcelain", "--untracked-files=no", "--", *code)
     except (OSError, subprocess.SubprocessError):

@@ -48,6 +48,7 @@ def test_committed_results_and_docs_keep_the_code_version_and_code_changes_it(ch
     sha = _git(checkout, "rev-parse", "HEAD")
     (checkout / "docs").mkdir()
     (checkout / "docs" / "method.md").write_text("how\n")
+    (checkout / "bench" / "README.md").write_text("the harness\n")  # Markdown anywhere
     (checkout / "results" / "quick" / "results.csv").write_text("a,b\n1,2\n")
     _commit(checkout, "results and docs")
     assert _git(checkout, "rev-parse", "HEAD") != sha
@@ -89,6 +90,6 @@ def test_this_checkout_and_the_installed_version_are_recorded():
     env = provenance.environment("cpu", None)
     assert env["package_version"] == provenance.package_version() != "unknown"
     sha = env["git_sha"].split("+")[0]
-    excluded = [f":(exclude){p}" for p in provenance.NOT_CODE]
+    excluded = [provenance._exclude(p) for p in provenance.NOT_CODE]
     assert _git(ROOT, "diff", "--stat", sha, "HEAD", "--", ".", *excluded) == ""  # same code as HEAD
     assert sha == _git(ROOT, "rev-parse", "HEAD") or _git(ROOT, "diff", "--stat", sha, "HEAD")
