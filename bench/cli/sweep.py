@@ -134,9 +134,11 @@ def sweep(
         return
     check_device_option(cfg.device, "--device" if device is not None else None)
     check_writable(run_dir)
+    from bench.results import RESULTS_FILE
     from bench.sweep import run_sweep
 
-    statuses = _run_with_progress(run_sweep, cfg, run_dir, console, _speed_states, **run_options)
+    statuses = _run_with_progress(run_sweep, cfg, run_dir, console, _speed_states,
+                                  results_file=RESULTS_FILE, **run_options)
     summary = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())) or "nothing new"
     console.print(f"{run_dir}: {summary} rows this run ({len(cases)} cases in the config)")
     if plots:
@@ -202,7 +204,8 @@ def _sweep_grid(raw: dict[str, Any], out: Path | None, options: dict[str, Any],
     check_device_option(grid.device, "--device" if options.get("device") else None)
     check_writable(run_dir)
     console = Console(stderr=True)
-    statuses = _run_with_progress(run_grid, grid, run_dir, console, _grid_states, **run_options)
+    statuses = _run_with_progress(run_grid, grid, run_dir, console, _grid_states,
+                                  results_file=QUALITY_FILE, **run_options)
     summary = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())) or "nothing new"
     console.print(f"{run_dir}: {summary} rows this run ({len(todo)} training runs in the grid)")
     if plots:
@@ -210,7 +213,7 @@ def _sweep_grid(raw: dict[str, Any], out: Path | None, options: dict[str, Any],
 
 
 def _run_with_progress(run: Any, cfg: Any, run_dir: Path, console: Any,
-                       states: Any, **options: Any) -> dict[str, int]:
+                       states: Any, results_file: str, **options: Any) -> dict[str, int]:
     """``run(cfg, run_dir, ...)`` (a sweep or a grid) under a progress bar; Ctrl-C, SIGTERM and
     SIGHUP stop it cleanly; ``states(rows)`` is the one-line log of a unit (CI logs)."""
     from rich.markup import escape
@@ -256,7 +259,7 @@ def _run_with_progress(run: Any, cfg: Any, run_dir: Path, console: Any,
         kill_all_workers()
         _stop_progress(progress)
         how = str(stop) or "Ctrl-C"
-        console.print(f"stopped by {how}: every finished unit is in {run_dir / 'results.csv'}; "
+        console.print(f"stopped by {how}: every finished unit is in {run_dir / results_file}; "
                       "rerun the same command to resume")
         raise typer.Exit(130) from None
     finally:
