@@ -2,7 +2,7 @@
 
 ``create_model(kind, preset="tiny", attention="full", attention_params={}, **overrides)``
 builds ``encoder_classifier``, ``decoder_lm``, ``encoder_decoder`` or ``vit``;
-``list_models()`` lists the kinds. See DESIGN.md section 4.
+``list_models()`` lists the kinds; docs/extending.md says how to add one.
 
     >>> lm = create_model("decoder_lm", attention="sliding_window", attention_params={"window": 64})
     >>> logits = lm(ids)                                   # (B, N, V)
