@@ -401,6 +401,8 @@ def _check_gradients(module, kernel, device, seed) -> str | None:
         for label, grad in grads:
             if grad is None or not torch.isfinite(grad).all():
                 raise _Failure(f"gradient of {label} is missing or not finite [{where}]")
+        if key_mask is not None:
+            _check_empty_row_gradients(module, shape, dtype, device, seed, causal, key_mask, where)
         if not module.exact:
             return
         q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
@@ -423,6 +425,20 @@ def _check_gradients(module, kernel, device, seed) -> str | None:
 
     ran = _for_cases(module, kernel, device, dtype, True, body)
     return None if ran else "kernel supports no backward pass on this device"
+
+
+def _check_empty_row_gradients(module, shape, dtype, device, seed, causal, key_mask, where) -> None:
+    """Batch row 0 with every key padded: its output is 0 whatever its inputs, so its input
+    gradients must be 0 and finite, even under a large upstream gradient (a kernel that
+    divides an empty row by a tiny clamp turns that into inf, then NaN)."""
+    q, k, v = (t.requires_grad_() for t in _inputs(shape, dtype, device, seed))
+    none = key_mask.clone()
+    none[0] = False
+    grads = torch.autograd.grad((_run(module, q, k, v, causal, none) * 8.0).sum(), [q, k, v])
+    for label, grad in zip("qkv", grads):
+        if not torch.isfinite(grad).all() or float(grad[0].abs().max()) != 0.0:
+            raise _Failure(f"gradient of {label} for a batch row whose keys are all padding must "
+                           f"be finite zeros; got max |grad| = {float(grad[0].abs().max()):.3g} [{where}]")
 
 
 @_check("pattern")

@@ -46,7 +46,7 @@ def compare(band, nq, nk, causal, key_mask, score_mod=None, params=(), dtype=tor
                           key_mask=key_mask)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, ref, atol=atol, rtol=0)
-    weight = torch.randn_like(out)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=out.dtype)
     grads = torch.autograd.grad((out * weight).sum(), [q, k, v, *params])
     ref_grads = torch.autograd.grad((ref * weight).sum(), [q, k, v, *params])
     for g, r in zip(grads, ref_grads):
@@ -69,6 +69,22 @@ def test_key_mask_and_empty_rows(band: Band, causal: bool) -> None:
     key_mask[1] = False  # every row of batch 1 has no key: zeros, never NaN
     compare(band, 45, 45, causal, key_mask)
     compare(band, 7, 45, causal, key_mask)
+
+
+@pytest.mark.parametrize("nq", [7, 45])  # the key-span path (one query block) and the blocked loop
+@pytest.mark.parametrize("band", [Band(3), Band(2, dilation=2), Band(2, num_global=2)], ids=str)
+def test_rows_with_no_key_pass_any_gradient_back_as_zero(band: Band, nq: int) -> None:
+    """An empty row's output is 0 whatever its keys, so its gradient must be 0 even when the
+    upstream gradient is large (it was NaN: the row was divided by a tiny clamp)."""
+    q, k, v = inputs(nq, 45)
+    key_mask = torch.zeros(2, 45, dtype=torch.bool)
+    key_mask[0] = True
+    out = blocked_attention(q, k, v, band, causal=False, key_mask=key_mask)
+    weight = torch.full_like(out, 8.0)
+    grads = torch.autograd.grad((out * weight).sum(), [q, k, v])
+    for grad in grads:
+        assert torch.isfinite(grad).all()
+        assert not grad[1].any()  # batch 1 has no key at all
 
 
 @pytest.mark.parametrize("kind", ["learned", "alibi"])

@@ -459,9 +459,12 @@ def _dense_part(
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     p = torch.exp(scores - m)
     den = p.sum(dim=-1, keepdim=True)
-    safe = den.clamp_min(torch.finfo(den.dtype).tiny)
+    # an empty row divides its zeros by 1, not by a tiny clamp: 1 / tiny would scale the
+    # row's incoming gradient past the float range, and 0 * inf is NaN in the backward
+    has_key = den > 0
+    safe = torch.where(has_key, den, torch.ones_like(den))
     out = torch.matmul(p, v) / safe  # empty rows: 0
-    lse = torch.where(den > 0, m + safe.log(), torch.full_like(m, float("-inf")))
+    lse = torch.where(has_key, m + safe.log(), torch.full_like(m, float("-inf")))
     return out, lse.squeeze(-1)
 
 
