@@ -80,6 +80,16 @@ def test_the_report_and_the_figures(grid_run):
     assert {"pareto.png", "recall_distance.png", "bytelm_length.png"} <= names
 
 
+def test_the_recall_reach_takes_a_variant_default_the_row_does_not_record():
+    import pandas as pd
+
+    from bench.quality.plots import _reach
+
+    row = pd.Series({"variant": "dilated", "params": '{"window": 16}',
+                     "settings": '{"model": {"num_layers": 2}}'})
+    assert _reach(row) == 2 * 16 * 2  # layers x window x the default dilation
+
+
 def test_a_grid_through_the_cli_with_a_killed_unit(tmp_path):
     """A training worker that dies becomes a row; the other units still run."""
     config = tmp_path / "grid.yaml"

@@ -83,7 +83,10 @@ def plot_pareto(df: pd.DataFrame, run_dir: Path) -> list[Path]:
 
 def _reach(row: pd.Series) -> float | None:
     """How far back the last position can see: layers x (dilation x) window, None if all."""
-    params = json.loads(row.params or "{}")
+    from attn import attention_info
+
+    # the row records the parameters it set; the rest are the variant's defaults
+    params = {**attention_info(row.variant).params, **json.loads(row.params or "{}")}
     settings = json.loads(row.settings or "{}")
     layers = int(settings.get("model", {}).get("num_layers", 1))
     if row.variant in ("sliding_window", "global_tokens"):
