@@ -64,6 +64,30 @@ def test_every_unit_is_a_set_of_rows(grid_run):
     assert run_grid(config, out) == []  # resume: nothing left to do
 
 
+def test_units_trained_with_other_task_settings_run_again_and_keep_their_old_rows(grid_run, tmp_path):
+    import shutil
+
+    import pandas as pd
+
+    from bench.quality.grid import SUPERSEDED_FILE
+
+    out = tmp_path / "grid"
+    shutil.copytree(grid_run[0], out)
+    config = parse_grid(GRID)
+    df = pd.read_csv(out / QUALITY_FILE, dtype=str, keep_default_na=False)
+    edited = df[(df.task == "recall") & (df.variant == "full") & (df.seed == "0")].unit_id.iloc[0]
+    df.loc[df.unit_id == edited, "settings"] = df.loc[df.unit_id == edited, "settings"].str.replace(
+        '"steps": ', '"steps": 999', n=1)  # as if the preset had been edited after this run
+    df.to_csv(out / QUALITY_FILE, index=False)
+    new_rows = run_grid(config, out)
+    assert {r["unit_id"] for r in new_rows} == {edited}  # only that unit trains again
+    old = pd.read_csv(out / SUPERSEDED_FILE, dtype=str, keep_default_na=False)
+    assert set(old.unit_id) == {edited} and len(old) == (df.unit_id == edited).sum()
+    now = load_quality(out)
+    assert len(now) == len(df) and set(now.unit_id) == {u.unit_id for u in units(config, out)}
+    assert not now.settings.str.contains('"steps": 999').any()
+
+
 def test_the_report_and_the_figures(grid_run):
     out, _ = grid_run
     text = build_quality_report(out)

@@ -77,3 +77,50 @@ def test_in_batch_retrieval_trains_on_train_articles_with_a_class_balanced_loss(
     assert tokens == int(batch["key_mask"].sum())
     with pytest.raises(ValueError, match="train_pairing"):
         get_task("retrieval", {**settings.data, "train_pairing": "all"}, seed=0).prepare()
+
+
+def test_retrieval_crops_read_a_window_of_the_article_text_at_a_per_step_offset():
+    from bench.data import bbc
+
+    settings = task_settings("retrieval", "tiny")
+    data = {**settings.data, "train_pairing": "in_batch", "train_crop_from": 256}
+    task = get_task("retrieval", data, seed=0)
+    task.prepare()
+    texts, _ = bbc.load_articles()
+    articles = [bytes((row[row > 0] - 1).tolist()) for row in bbc.encode_bytes(texts, 256)[0]]
+    batch = task.train_batch(3, 8)
+    starts = []
+    for ids, mask in zip(batch["ids"], batch["key_mask"]):
+        window = bytes((ids[mask] - 1).tolist())
+        assert len(window) == 32
+        found = [a.find(window) for a in articles if a.find(window) >= 0]
+        assert found  # a real 32-byte window of an article's first 256 bytes
+        starts.append(min(found))
+    assert max(starts) > 0  # not always the first bytes
+    assert torch.equal(task.train_batch(3, 8)["ids"], batch["ids"])  # a pure function of (seed, step)
+    assert not torch.equal(task.train_batch(4, 8)["ids"], batch["ids"])
+    assert task.splits["test"]["ids"].shape[1] == 32
+    for bad in (16, "long"):
+        with pytest.raises(ValueError, match="train_crop_from"):
+            get_task("retrieval", {**data, "train_crop_from": bad}, seed=0).prepare()
+
+
+def test_pathfinder_patches_input_feeds_the_vit_the_image_it_generated():
+    from bench.data import pathfinder
+
+    data = {**task_settings("pathfinder", "tiny").data, "input": "patches", "patch_size": 4}
+    task = get_task("pathfinder", data, seed=0)
+    task.prepare()
+    assert task.model_kind == "vit" and task.seq_len == (16 // 4) ** 2
+    images, labels = pathfinder.load_or_generate(data["examples"], seed=0, size=16)
+    train = task.splits["train"]
+    assert train["images"].shape[1:] == (1, 16, 16)
+    first = train["images"][0, 0].numpy() * 255
+    match = np.flatnonzero(np.abs(images.astype(np.float32) - first).reshape(len(images), -1)
+                            .max(axis=1) < 0.5)
+    assert len(match) >= 1 and labels[match[0]] == int(train["labels"][0])
+    model = create_model("vit", "tiny", **{**task.model_overrides(), "num_layers": 1})
+    assert model.config.patch_size == 4 and model.config.in_channels == 1
+    assert task.logits(model, {k: v[:3] for k, v in train.items()}).shape == (3, 2)
+    with pytest.raises(ValueError, match="input"):
+        get_task("pathfinder", {**data, "input": "pixel"}, seed=0).prepare()

@@ -177,7 +177,14 @@ def _sweep_grid(raw: dict[str, Any], out: Path | None, options: dict[str, Any],
     from rich.console import Console
 
     from bench.config import safe_name
-    from bench.quality.grid import QUALITY_COLUMNS, QUALITY_FILE, parse_grid, run_grid, units
+    from bench.quality.grid import (
+        QUALITY_COLUMNS,
+        QUALITY_FILE,
+        parse_grid,
+        run_grid,
+        superseded_units,
+        units,
+    )
     from bench.results import read_rows
 
     for key, option in _SPEED_ONLY.items():
@@ -194,10 +201,12 @@ def _sweep_grid(raw: dict[str, Any], out: Path | None, options: dict[str, Any],
     run_dir = out or Path("runs") / safe_name(grid.name)
     todo = units(grid, run_dir)
     if dry_run:
-        done = {r["unit_id"] for r in read_rows(run_dir, QUALITY_FILE, QUALITY_COLUMNS)}
+        rows = read_rows(run_dir, QUALITY_FILE, QUALITY_COLUMNS)
+        stale = superseded_units(rows, grid)
+        done = {r["unit_id"] for r in rows} - stale
         for i, unit in enumerate(todo):
-            typer.echo(f"{i + 1:4d} {unit.unit_id} {'done' if unit.unit_id in done else 'todo'} "
-                       f"{unit.describe()}")
+            state = "done" if unit.unit_id in done else "todo (settings changed)" if unit.unit_id in stale else "todo"
+            typer.echo(f"{i + 1:4d} {unit.unit_id} {state} {unit.describe()}")
         typer.echo(f"{len(todo)} training runs, {sum(u.unit_id in done for u in todo)} already "
                    f"done in {run_dir}")
         return

@@ -8,7 +8,9 @@ attention settings such as the window), ``seeds`` (a list, or ``{default: [...],
 
 Each (task, variant, seed) is one unit: a worker process trains it (resuming from its own
 checkpoint after a kill) in ``<out>/runs/<task>/<variant>/seed<S>/`` and returns its rows;
-the driver appends them to ``quality.csv``. The resolved settings of every task are written
+the driver appends them to ``quality.csv``. A unit whose rows were trained with other task
+settings than the preset holds now is not done: its rows move to ``superseded.csv`` and it
+trains again (the checkpoint of other settings is not resumed). The resolved settings of every task are written
 beside the results (``grid.json``), with the config itself (``grid.yaml``).
 """
 
@@ -31,6 +33,7 @@ from bench.quality.model_parts import label
 from bench.rundir import RunRecorder
 
 QUALITY_FILE = "quality.csv"
+SUPERSEDED_FILE = "superseded.csv"  # rows of units whose task settings have since changed
 QUALITY_COLUMNS = [
     "unit_id", "task", "variant", "label", "params", "seed", "preset", "split", "metric",
     "condition", "value", "status", "reason", "steps", "best_step", "train_time_s",
@@ -238,6 +241,16 @@ def units(config: GridConfig, out: Path) -> list[TrainUnit]:
     return found
 
 
+def superseded_units(rows: list[dict[str, Any]], config: GridConfig) -> set[str]:
+    """Units whose recorded rows were trained with other task settings than the grid's preset
+    gives now (the preset was edited since): they are not done, they run again."""
+    from bench.quality.settings import task_settings
+
+    now = {t: task_settings(t, config.preset).to_json() for t in config.tasks}
+    return {r["unit_id"] for r in rows
+            if r.get("settings") and r.get("task") in now and r["settings"] != now[r["task"]]}
+
+
 def resolved_settings(config: GridConfig) -> dict[str, Any]:
     """Every task's settings in this grid's preset (written beside the results)."""
     from bench.quality.settings import task_settings
@@ -262,6 +275,8 @@ def run_grid(config: GridConfig, out: Path, *, executor: Any = None, allow_mixed
         recorder = RunRecorder(out, file=QUALITY_FILE, columns=QUALITY_COLUMNS,
                                key=lambda r: (r["unit_id"], r["split"], r["metric"], r["condition"]),
                                overwrite=overwrite, retry_failed=retry_failed)
+        stale = superseded_units(recorder.kept, config)
+        recorder.supersede(lambda row: row["unit_id"] in stale, SUPERSEDED_FILE)
         done = {r["unit_id"] for r in recorder.kept}
         todo = [u for u in units(config, out) if u.unit_id not in done]
         executor = executor or LocalExecutor(config.device)

@@ -10,6 +10,7 @@ e.g. ``window``, ``num_landmarks``, applied to every variant that has such a par
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -67,6 +68,10 @@ class TaskSettings:
     def to_dict(self) -> dict[str, Any]:
         """Plain data (for JSON files and rows)."""
         return asdict(self)
+
+    def to_json(self) -> str:
+        """The settings as one canonical JSON string (a result row's ``settings`` column)."""
+        return json.dumps(self.to_dict(), sort_keys=True, default=str)
 
 
 def _positive(key: str, value: Any, minimum: int = 1) -> None:

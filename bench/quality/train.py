@@ -236,7 +236,7 @@ def _rows(spec: RunSpec, settings: TaskSettings, task: Task, params: dict[str, A
         "train_tokens_per_s": progress.tokens / progress.train_time_s if progress.train_time_s else None,
         "peak_mem_bytes": progress.peak_mem_bytes, "param_count": _param_count(model),
         "kernel_path": _kernel_paths(model),
-        "settings": json.dumps(settings.to_dict(), sort_keys=True, default=str),
+        "settings": settings.to_json(),
     }
     rows = []
     for split, found in metrics.items():
@@ -279,7 +279,7 @@ def unsupported_rows(spec: RunSpec, settings: TaskSettings, task: Task, params: 
              "preset": spec.preset, "model_kind": task.model_kind, "split": "-", "metric": "-",
              "condition": "", "status": "unsupported", "reason": parts.unsupported,
              "attention_parts": parts.description,
-             "settings": json.dumps(settings.to_dict(), sort_keys=True, default=str)}]
+             "settings": settings.to_json()}]
 
 
 def train_run(spec: RunSpec, *, log: Callable[[str], None] = print,

@@ -3,11 +3,16 @@ curved dashed paths, distractor paths), read as a sequence of pixel tokens."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+from torch import Tensor, nn
 
 from bench.data import pathfinder
 from bench.data.splits import split_indices
-from bench.quality.tasks.base import ClassificationTask, as_tensors
+from bench.quality.tasks.base import ClassificationTask, Split, as_tensors
+
+INPUTS = ("pixels", "patches")
 
 
 def patch_codes(images: np.ndarray, patch: int) -> np.ndarray:
@@ -22,27 +27,74 @@ def patch_codes(images: np.ndarray, patch: int) -> np.ndarray:
 
 
 class Pathfinder(ClassificationTask):
-    """Data settings: ``size`` (image side), ``patch`` (default 1: each pixel is a token,
-    grey level = id, ``seq_len = size**2``; 2: each binary 2x2 block is a token, 16 ids,
-    ``seq_len = (size/2)**2``), ``examples`` (split 80/10/10), ``data_seed``, and any
-    generator parameter (``num_distractors``, ``path_length``, ``dash``, ``gap``, ...).
-    Images are cached outside git."""
+    """Data settings: ``size`` (image side), ``input`` (how the model reads an image),
+    ``examples`` (split 80/10/10), ``data_seed``, and any generator parameter
+    (``num_distractors``, ``path_length``, ``dash``, ``gap``, ...). Images are cached outside git.
+
+    ``input``: ``pixels`` (default; ``encoder_classifier``): each pixel is a token, grey level =
+    id, ``seq_len = size**2``, or with ``patch: 2`` each binary 2x2 block is a token (16 ids,
+    ``seq_len = (size/2)**2``); ``patches`` (``vit``): the image scaled to [0, 1] is cut into
+    ``patch_size`` x ``patch_size`` patches (default 4), each linearly embedded, as the
+    ``image_vit`` task reads Fashion-MNIST; ``seq_len = (size/patch_size)**2``."""
 
     name = "pathfinder"
     num_classes = 2
     vocab_size = 256
 
+    @property
+    def input(self) -> str:
+        kind = self.data.get("input", "pixels")
+        if kind not in INPUTS:
+            raise ValueError(f"pathfinder: data setting 'input' must be one of {list(INPUTS)}; got {kind!r}")
+        return str(kind)
+
+    @property
+    def model_kind(self) -> str:  # type: ignore[override]
+        return "vit" if self.input == "patches" else "encoder_classifier"
+
+    @property
+    def size(self) -> int:
+        return int(self.data["size"])
+
     def prepare(self) -> None:
         params = {k: (tuple(v) if isinstance(v, list) else v) for k, v in self.data.items()
-                  if k not in ("examples", "data_seed", "fractions", "patch")}
+                  if k not in ("examples", "data_seed", "fractions", "patch", "input", "patch_size")}
         seed = int(self.data.get("data_seed", 0))
         images, labels = pathfinder.load_or_generate(int(self.data["examples"]), seed=seed, **params)
         patch = int(self.data.get("patch", 1))
-        if patch > 1:
+        if self.input == "patches":
+            arrays = {"images": images[:, None].astype(np.float32) / 255.0}  # (n, 1, S, S)
+        elif patch > 1:
             self.vocab_size = 1 << (patch * patch)
-            ids = patch_codes(images, patch)
+            arrays = {"ids": patch_codes(images, patch)}
         else:
-            ids = images.reshape(len(images), -1)
-        arrays = {"ids": ids, "labels": labels}
+            arrays = {"ids": images.reshape(len(images), -1)}
+        arrays["labels"] = labels
         parts = split_indices(len(labels), seed=seed, stratify=labels)
         self.splits = {name: as_tensors(arrays, np.asarray(index)) for name, index in parts.items()}
+
+    def model_overrides(self) -> dict[str, Any]:
+        if self.input == "pixels":
+            return super().model_overrides()
+        return {"image_size": self.size, "patch_size": self.patch_size, "in_channels": 1,
+                "num_classes": self.num_classes, "pooling": self.pooling}
+
+    @property
+    def seq_len(self) -> int:
+        if self.input == "pixels":
+            return super().seq_len
+        return (self.size // self.patch_size) ** 2
+
+    @property
+    def patch_size(self) -> int:
+        return int(self.data.get("patch_size", 4))
+
+    def logits(self, model: nn.Module, batch: Split) -> Tensor:
+        if self.input == "pixels":
+            return super().logits(model, batch)
+        return model(batch["images"])  # (B, C)
+
+    def batch_tokens(self, batch: Split) -> int:
+        if self.input == "pixels":
+            return super().batch_tokens(batch)
+        return int(batch["labels"].numel()) * self.seq_len

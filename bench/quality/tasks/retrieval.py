@@ -6,7 +6,12 @@ in training. Validation and test use fixed pairs, half of them positive.
 Training (``train_pairing``): ``in_batch`` (default) encodes ``batch_size`` training articles
 once and classifies every pair among them, each class weighted to half of the loss, the
 usual way to train a dual encoder (``batch_size * (batch_size - 1) / 2`` pairs for
-``batch_size`` encodings); ``fixed`` trains on ``train_pairs`` fixed pairs like evaluation."""
+``batch_size`` encodings); ``fixed`` trains on ``train_pairs`` fixed pairs like evaluation.
+
+With ``train_crop_from: L`` (``in_batch`` only), a training article is read as a window of
+``seq_len`` bytes at a random offset inside its first ``L`` bytes (a fresh offset per step,
+a pure function of seed and step), not always its first bytes: the same articles give many
+more distinct training inputs. Validation and test always read the first ``seq_len`` bytes."""
 
 from __future__ import annotations
 
@@ -42,6 +47,10 @@ class Retrieval(ClassificationTask):
         self.articles = {"ids": torch.from_numpy(ids[articles]),
                          "key_mask": torch.from_numpy(key_mask[articles]),
                          "category": torch.from_numpy(labels[articles].astype(np.int64))}
+        if self.crop_from:
+            texts = [texts[row] for row in keep[articles]]  # the training articles, in order
+            long_ids, long_mask = bbc.encode_bytes(texts, self.crop_from)
+            self.long_articles = (torch.from_numpy(long_ids), torch.from_numpy(long_mask.sum(axis=1)))
         for offset, (split, index) in enumerate(parts.items()):
             if split == "train" and self.in_batch:
                 self.splits[split] = {"labels": torch.zeros(1, dtype=torch.int64)}  # unused
@@ -63,6 +72,18 @@ class Retrieval(ClassificationTask):
         return pairing == "in_batch"
 
     @property
+    def crop_from(self) -> int:
+        value = self.data.get("train_crop_from")
+        if value is None:
+            return 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < self.seq_len:
+            raise ValueError(f"retrieval: data setting 'train_crop_from' must be an integer >= "
+                             f"seq_len={self.seq_len}; got {value!r}")
+        if not self.in_batch:
+            raise ValueError("retrieval: data setting 'train_crop_from' needs train_pairing 'in_batch'")
+        return value
+
+    @property
     def seq_len(self) -> int:
         return int(self.data["seq_len"])
 
@@ -75,7 +96,15 @@ class Retrieval(ClassificationTask):
         gen = np.random.default_rng([self.seed, step, 0x7A5C])
         index = torch.from_numpy(gen.choice(len(self.articles["category"]), batch_size,
                                             replace=False))
-        return {k: v[index] for k, v in self.articles.items()}
+        batch = {k: v[index] for k, v in self.articles.items()}
+        if self.crop_from:
+            long_ids, lengths = (t[index] for t in self.long_articles)  # (B, L), (B,)
+            room = (lengths - self.seq_len).clamp(min=0).numpy()  # (B,)
+            start = torch.from_numpy(np.floor(gen.random(batch_size) * (room + 1)).astype(np.int64))
+            offsets = start[:, None] + torch.arange(self.seq_len)  # (B, N)
+            batch["ids"] = long_ids.gather(1, offsets)  # (B, N)
+            batch["key_mask"] = offsets < lengths[:, None]  # (B, N)
+        return batch
 
     def loss(self, model: nn.Module, batch: Split) -> tuple[Tensor, int]:
         if "category" not in batch:
