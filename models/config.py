@@ -17,6 +17,7 @@ ACTIVATIONS = ("relu", "gelu")
 NORMS = ("post", "pre")
 POSITIONS = ("auto", "sinusoidal", "learned", "none")
 POOLINGS = ("cls", "mean", "last")
+PAIR_HEADS = ("concat", "cosine")
 
 #: shared size presets; kind-specific extras live on each config class (``kind_presets``)
 PRESETS: dict[str, dict[str, Any]] = {
@@ -139,11 +140,18 @@ class EncoderClassifierConfig(ModelConfig):
     num_extra_global: int = 0  # learned global tokens prepended after CLS (for global_tokens)
     dual: bool = False
     head_hidden: int = 0  # 0: a linear head; > 0: an MLP head with this hidden width (LRA's dual head)
+    # dual only: "concat" classifies [u, v, u*v, u-v] with the head (LRA); "cosine" scores a
+    # pair by a learned scale and bias on cos(u, v) (two classes: different, same)
+    pair_head: str = "concat"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive("num_classes", self.num_classes)
         _positive("head_hidden", self.head_hidden, minimum=0)
+        _choice("pair_head", self.pair_head, PAIR_HEADS)
+        if self.pair_head == "cosine" and self.dual and self.num_classes != 2:
+            raise _fail("pair_head", "'cosine' scores same / different: it needs num_classes=2, "
+                                     f"got {self.num_classes}")
         _choice("pooling", self.pooling, POOLINGS)
         _positive("num_extra_global", self.num_extra_global, minimum=0)
 

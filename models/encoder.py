@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.blocks import TransformerBlock
@@ -68,6 +69,19 @@ def last_real(x: Tensor, key_mask: Tensor | None) -> Tensor:
     return x[torch.arange(x.shape[0], device=x.device), last]
 
 
+class CosineHead(nn.Module):
+    """Two-class pair scores ``[0, scale * cos(u, v) + bias]`` (different, same)."""
+
+    def __init__(self, scale: float = 10.0) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(scale))
+        self.bias = nn.Parameter(torch.tensor(0.0))
+
+    def forward(self, u: Tensor, v: Tensor) -> Tensor:
+        same = self.scale * F.cosine_similarity(u, v, dim=-1) + self.bias  # (P,)
+        return torch.stack([torch.zeros_like(same), same], dim=-1)  # (P, 2)
+
+
 @register_model("encoder_classifier", EncoderClassifierConfig)
 class EncoderClassifier(nn.Module):
     """Encoder + pooling + classifier head: ``model(ids, key_mask) -> logits (B, C)``.
@@ -76,8 +90,10 @@ class EncoderClassifier(nn.Module):
     vectors (no vocabulary id needed). ``pooling="cls"`` reads position 0, ``"mean"``
     averages the real tokens only, ``"last"`` reads the last real token (right padding).
     With ``dual=True`` the model is a dual encoder for retrieval: both inputs are encoded by
-    the same weights and the head sees ``[u, v, u * v, u - v]`` (LRA retrieval); :meth:`embed`
-    gives the pooled vectors. The head is linear, or an MLP with ``head_hidden`` hidden units.
+    the same weights and :meth:`pair_logits` scores the pooled vectors ``u, v`` (:meth:`embed`):
+    with ``pair_head="concat"`` the head sees ``[u, v, u * v, u - v]`` (LRA retrieval), with
+    ``"cosine"`` the logit of "same" is a learned scale times ``cos(u, v)`` plus a learned bias.
+    The head is linear, or an MLP with ``head_hidden`` hidden units.
     With an attention that forces causal (``causal``) CLS at position 0 sees only itself:
     use ``pooling="mean"`` there.
     """
@@ -91,7 +107,9 @@ class EncoderClassifier(nn.Module):
         self.encoder = TransformerEncoder(config)
         self.drop = nn.Dropout(config.dropout)
         head_in = 4 * config.d_model if config.dual else config.d_model
-        if config.head_hidden:
+        if config.dual and config.pair_head == "cosine":
+            self.head = CosineHead()
+        elif config.head_hidden:
             self.head: nn.Module = nn.Sequential(nn.Linear(head_in, config.head_hidden), nn.ReLU(),
                                                  nn.Linear(config.head_hidden, config.num_classes))
         else:
@@ -129,8 +147,13 @@ class EncoderClassifier(nn.Module):
             return self.head(u)  # (B, C)
         if pair_ids is None:
             raise ValueError("pair_ids: a dual encoder needs the second input")
-        v = self.embed(pair_ids, pair_key_mask)
-        return self.head(torch.cat([u, v, u * v, u - v], dim=-1))  # (B, C)
+        return self.pair_logits(u, self.embed(pair_ids, pair_key_mask))  # (B, C)
+
+    def pair_logits(self, u: Tensor, v: Tensor) -> Tensor:
+        """Logits ``(P, C)`` of pairs of pooled vectors ``u, v (P, D)`` (a dual encoder's head)."""
+        if isinstance(self.head, CosineHead):
+            return self.head(u, v)
+        return self.head(torch.cat([u, v, u * v, u - v], dim=-1))
 
     def stream(self, window: int):
         """A :class:`~models.streaming.StreamingEncoder` over the last ``window`` tokens."""

@@ -124,3 +124,20 @@ def test_pathfinder_patches_input_feeds_the_vit_the_image_it_generated():
     assert task.logits(model, {k: v[:3] for k, v in train.items()}).shape == (3, 2)
     with pytest.raises(ValueError, match="input"):
         get_task("pathfinder", {**data, "input": "pixel"}, seed=0).prepare()
+
+
+def test_cosine_pair_head_scores_same_by_scaled_cosine_and_needs_two_classes():
+    torch.manual_seed(0)
+    model = create_model("encoder_classifier", "tiny", dual=True, pair_head="cosine", vocab_size=40)
+    ids, pair_ids = torch.randint(1, 40, (3, 12)), torch.randint(1, 40, (3, 12))
+    with torch.no_grad():
+        model.head.scale.fill_(4.0)
+        model.head.bias.fill_(-1.5)
+        logits = model(ids, pair_ids=pair_ids)
+        u, v = model.embed(ids), model.embed(pair_ids)
+    expected = 4.0 * F.cosine_similarity(u, v, dim=-1) - 1.5
+    torch.testing.assert_close(logits, torch.stack([torch.zeros(3), expected], dim=-1))
+    with pytest.raises(ValueError, match="pair_head"):
+        create_model("encoder_classifier", "tiny", dual=True, pair_head="cosine", num_classes=3)
+    with pytest.raises(ValueError, match="pair_head"):
+        create_model("encoder_classifier", "tiny", dual=True, pair_head="dot")

@@ -1,7 +1,8 @@
 """``retrieval``: do two BBC News articles share a category? A dual encoder reads both
 (byte level, ``seq_len`` bytes each) and classifies the pair from ``[u, v, u*v, u-v]``, as in
-LRA's document retrieval. Pairs are drawn inside one split only: no test article is ever seen
-in training. Validation and test use fixed pairs, half of them positive.
+LRA's document retrieval, or by their cosine (model setting ``pair_head: cosine``). Pairs are
+drawn inside one split only: no test article is ever seen in training. Validation and test
+use fixed pairs, half of them positive.
 
 Training (``train_pairing``): ``in_batch`` (default) encodes ``batch_size`` training articles
 once and classifies every pair among them, each class weighted to half of the loss, the
@@ -112,7 +113,7 @@ class Retrieval(ClassificationTask):
         u = model.embed(batch["ids"], batch["key_mask"])  # (B, D)
         first, second = torch.triu_indices(len(u), len(u), offset=1, device=u.device)  # (P,)
         a, b = u[first], u[second]  # (P, D)
-        logits = model.head(torch.cat([a, b, a * b, a - b], dim=-1))  # (P, 2)
+        logits = model.pair_logits(a, b)  # (P, 2)
         same = (batch["category"][first] == batch["category"][second]).long()  # (P,)
         weight = torch.where(same.bool(), 0.5 / same.sum().clamp(min=1),
                              0.5 / (1 - same).sum().clamp(min=1))
