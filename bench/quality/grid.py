@@ -10,8 +10,9 @@ Each (task, variant, seed) is one unit: a worker process trains it (resuming fro
 checkpoint after a kill) in ``<out>/runs/<task>/<variant>/seed<S>/`` and returns its rows;
 the driver appends them to ``quality.csv``. A unit whose rows were trained with other task
 settings than the preset holds now is not done: its rows move to ``superseded.csv`` and it
-trains again (the checkpoint of other settings is not resumed). The resolved settings of every task are written
-beside the results (``grid.json``), with the config itself (``grid.yaml``).
+trains again (the checkpoint of other settings is not resumed). The resolved settings of
+every task are written beside the results (``grid.json``), with the config itself
+(``grid.yaml``).
 """
 
 from __future__ import annotations
