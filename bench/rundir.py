@@ -61,15 +61,17 @@ class RunRecorder:
         self.writer: ResultsWriter | None = None
         self.env: dict[str, Any] = {}
 
-    def supersede(self, stale: Callable[[Row], bool], archive: str) -> int:
+    def supersede(self, stale: Callable[[Row], bool], archive: str) -> None:
         """Drop the kept rows for which ``stale(row)`` holds (their units run again) and append
         them to ``archive`` in the run directory, so nothing measured is lost. Before
-        :meth:`start`; returns how many rows were dropped."""
-        dropped = [row for row in self.kept if stale(row)]
+        :meth:`start`."""
+        kept: list[Row] = []
+        dropped: list[Row] = []
+        for row in self.kept:
+            (dropped if stale(row) else kept).append(row)
         if dropped:
-            self.kept = [row for row in self.kept if not stale(row)]
+            self.kept = kept
             ResultsWriter(self.run_dir, None, archive, self.columns).append(dropped)
-        return len(dropped)
 
     def start(self, env: dict[str, Any], *, dtype: str, allow_mixed: bool, has_work: bool,
               config: dict[str, Any], config_file: str, local: bool = True) -> None:
