@@ -7,6 +7,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from models.attention import KVCache, MultiHeadAttention
+from models.config import ModelConfig
 
 
 class FeedForward(nn.Module):
@@ -100,3 +101,30 @@ class TransformerBlock(nn.Module):
         h = self.sublayer_input(self.norm1, x)  # (B, N, D)
         out = self.self_attn(h[:, -1:], h, causal=causal, key_mask=key_mask)  # (B, 1, D)
         return self.ffn_sublayer(self.residual(self.norm1, x[:, -1:], out))
+
+
+def make_blocks(
+    config: ModelConfig,
+    num_layers: int,
+    attention: str,
+    attention_params: dict[str, Any],
+    cross_attention: str | None = None,
+) -> nn.ModuleList:
+    """``num_layers`` blocks of ``config``'s sizes, style and kernel, with self-attention
+    ``attention(**attention_params)`` and, given ``cross_attention``, a cross-attention sublayer.
+    The one builder every model kind uses."""
+    return nn.ModuleList(
+        TransformerBlock(
+            config.d_model,
+            config.num_heads,
+            config.d_ff,
+            attention=attention,
+            attention_params=attention_params,
+            kernel=config.attention_kernel,
+            cross_attention=cross_attention,
+            activation=config.activation,
+            norm=config.norm,
+            dropout=config.dropout,
+        )
+        for _ in range(num_layers)
+    )

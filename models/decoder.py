@@ -8,11 +8,11 @@ import torch
 from torch import Tensor, nn
 
 from models.attention import KVCache
+from models.blocks import make_blocks
 from models.config import DecoderLMConfig
 from models.embeddings import PositionEmbedding, TokenEmbedding
-from models.encoder import make_blocks
 from models.generation import GenerationMixin
-from models.registry import register_model
+from models.registration import register_model
 
 
 @dataclass

@@ -2,40 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.blocks import TransformerBlock
+from models.blocks import make_blocks
 from models.config import EncoderClassifierConfig, ModelConfig
 from models.embeddings import PositionEmbedding, PrefixTokens, TokenEmbedding
-from models.registry import register_model
-
-
-def make_blocks(
-    config: ModelConfig,
-    num_layers: int,
-    attention: str,
-    attention_params: dict[str, Any],
-    cross_attention: str | None = None,
-) -> nn.ModuleList:
-    return nn.ModuleList(
-        TransformerBlock(
-            config.d_model,
-            config.num_heads,
-            config.d_ff,
-            attention=attention,
-            attention_params=attention_params,
-            kernel=config.attention_kernel,
-            cross_attention=cross_attention,
-            activation=config.activation,
-            norm=config.norm,
-            dropout=config.dropout,
-        )
-        for _ in range(num_layers)
-    )
+from models.registration import register_model
+from models.streaming import StreamingEncoder
 
 
 class TransformerEncoder(nn.Module):
@@ -157,6 +132,4 @@ class EncoderClassifier(nn.Module):
 
     def stream(self, window: int):
         """A :class:`~models.streaming.StreamingEncoder` over the last ``window`` tokens."""
-        from models.streaming import StreamingEncoder
-
         return StreamingEncoder(self, window)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from models.blocks import make_blocks
 from models.config import EncoderDecoderConfig
 from models.decoder import DecoderCache
 from models.embeddings import PositionEmbedding, TokenEmbedding
-from models.encoder import TransformerEncoder, make_blocks
+from models.encoder import TransformerEncoder
 from models.generation import GenerationMixin
-from models.registry import register_model
+from models.registration import register_model
 
 
 @register_model("encoder_decoder", EncoderDecoderConfig)

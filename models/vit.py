@@ -7,7 +7,7 @@ from torch import Tensor, nn
 from models.config import ViTConfig
 from models.embeddings import PatchEmbedding, PositionEmbedding, PrefixTokens
 from models.encoder import TransformerEncoder, masked_mean
-from models.registry import register_model
+from models.registration import register_model
 
 
 @register_model("vit", ViTConfig)
