@@ -1,6 +1,6 @@
 """The attention registry: register by decorator or entry point, create by name.
 
-Built-in variants live in :mod:`attn.variants` (imported on first use); third-party
+Built-in variants live in :mod:`attn.variants` (imported here, which registers them); third-party
 packages register through the entry-point group ``attn_bench.attention`` with
 ``name = "module:object"``, where the object is one of
 
@@ -19,14 +19,14 @@ plug-ins keep working.
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import import_module, metadata
-from typing import Any, TypeVar
+from importlib import metadata
+from typing import Any
 
 from torch import nn
 
+import attn.variants  # noqa: F401  (registers the built-in variants)
 from attn.base import Attention
 from attn.contract import require_choice
 from attn.plain_module import (
@@ -36,11 +36,18 @@ from attn.plain_module import (
     is_plain_module_class,
     plain_traits,
 )
+from attn.registration import REGISTRY as _registry
+from attn.registration import identifier_like, register_attention, unregister_attention
+
+__all__ = [
+    "ENTRY_POINT_GROUP", "AttentionInfo", "attention_info", "build_attention", "constructor_params",
+    "create_attention", "list_attention", "load_plugins", "plugin_errors", "register_attention",
+    "unregister_attention",
+]
 
 ENTRY_POINT_GROUP = "attn_bench.attention"
 _RESERVED = ("kernel", "num_heads", "head_dim")
 
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -58,86 +65,7 @@ class AttentionInfo:
     forces_causal: bool = False
 
 
-@dataclass
-class _Registry:
-    entries: dict[str, Callable[..., nn.Module]] = field(default_factory=dict)
-    sources: dict[str, str] = field(default_factory=dict)
-    builtins_loaded: bool = False
-    plugins_loaded: bool = False
-    plugin_errors: dict[str, str] = field(default_factory=dict)
-
-
-_registry = _Registry()
-
-
-def register_attention(name: str, *, overwrite: bool = False) -> Callable[[T], T]:
-    """Decorator registering an :class:`Attention` subclass, a plain module class or a factory.
-
-    A plain module class (an ``nn.Module`` that is not an Attention) must have a forward
-    callable as ``forward(q, k, v, *, causal=False, key_mask=None)``; the object itself is
-    returned unchanged.
-    """
-    _require_name(name)
-
-    def decorator(obj: T) -> T:
-        _require_registrable(name, obj)
-        existing = _registry.entries.get(name)
-        if existing is not None and existing is not obj and not overwrite:
-            raise ValueError(
-                f"register_attention: name {name!r} is already registered by "
-                f"{_registry.sources[name]}; pass overwrite=True to replace it"
-            )
-        if inspect.isclass(obj) and issubclass(obj, Attention):
-            obj.name = name
-        _registry.entries[name] = obj
-        _registry.sources[name] = f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', obj)}"
-        return obj
-
-    return decorator
-
-
-def _require_name(name: Any) -> None:
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(
-            "register_attention: 'name' must be an identifier string (letters, digits and "
-            f"underscores, e.g. {_identifier_like(str(name))!r}); got {name!r}"
-        )
-
-
-def _identifier_like(name: str) -> str:
-    """A valid attention name close to ``name`` (for error messages)."""
-    fixed = re.sub(r"\W", "_", name) or "my_attention"
-    return f"_{fixed}" if fixed[0].isdigit() else fixed
-
-
-def _require_registrable(name: str, obj: Any) -> None:
-    """Raise ``ValueError`` unless ``obj`` is an Attention subclass, a plain module class
-    following the contract, or a (non-class) factory."""
-    allowed = "an attn.Attention subclass, an nn.Module subclass with the contract's forward, or a factory"
-    if not callable(obj):
-        raise ValueError(f"register_attention({name!r}): expected {allowed}; got {obj!r}, which is not callable")
-    if not inspect.isclass(obj) or issubclass(obj, Attention):
-        return
-    if not issubclass(obj, nn.Module):
-        raise ValueError(
-            f"register_attention({name!r}): expected {allowed}; got class {obj.__qualname__}, "
-            "which is not an nn.Module"
-        )
-    problem = contract_problem(obj)
-    if problem is not None:
-        raise ValueError(f"register_attention({name!r}): a plain module must follow {CONTRACT}; {problem}")
-
-
-def unregister_attention(name: str) -> None:
-    """Remove ``name`` from the registry (used by tests and plug-in reloads)."""
-    _registry.entries.pop(name, None)
-    _registry.sources.pop(name, None)
-
-
 def _ensure_loaded() -> None:
-    if not _registry.builtins_loaded:
-        _registry.builtins_loaded = True
-        import_module("attn.variants")
     if not _registry.plugins_loaded:
         _registry.plugins_loaded = True
         load_plugins()
@@ -174,7 +102,7 @@ def _load_entry_point(ep: metadata.EntryPoint, *, reload: bool) -> str | None:
     if not ep.name.isidentifier():
         return (
             f"{where}: the name {ep.name!r} is not a valid attention name; it must be an identifier "
-            f"(letters, digits and underscores, e.g. {_identifier_like(ep.name)!r})"
+            f"(letters, digits and underscores, e.g. {identifier_like(ep.name)!r})"
         )
     source = f"entry point {ep.value}"
     current = _registry.sources.get(ep.name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from attn.base import ExactAttention
-from attn.registry import register_attention
+from attn.registration import register_attention
 
 
 @register_attention("full")

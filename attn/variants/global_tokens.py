@@ -9,7 +9,7 @@ from torch import Tensor
 from attn.base import Band, ExactAttention
 from attn.contract import require_int
 from attn.mods import MaskMod
-from attn.registry import register_attention
+from attn.registration import register_attention
 
 
 def global_tokens_mod(num_global: int, window: int) -> MaskMod:

@@ -21,7 +21,7 @@ from attn.contract import require_int, require_optional_int
 from attn.cost import Cost, CostQuery, matmul_flops, pairs_cost
 from attn.kernels.reference import dense_attention
 from attn.mods import masked_softmax
-from attn.registry import register_attention
+from attn.registration import register_attention
 from attn.short_side import short_side_attention
 
 

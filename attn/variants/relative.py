@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from attn.base import ExactAttention
 from attn.position_bias import POSITION_BIASES
-from attn.registry import register_attention
+from attn.registration import register_attention
 
 
 @register_attention("relative")

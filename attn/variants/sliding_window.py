@@ -9,7 +9,7 @@ from torch import Tensor
 from attn.base import Band, ExactAttention
 from attn.contract import require_int
 from attn.mods import MaskMod
-from attn.registry import register_attention
+from attn.registration import register_attention
 
 
 def sliding_window_mod(window: int) -> MaskMod:
