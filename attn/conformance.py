@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from attn.base import Attention
+from attn.call import AttentionCall
 from attn.kernels import get_kernel
 from attn.kernels.reference import dense_attention
 from attn.registry import attention_info, build_attention, create_attention
@@ -222,8 +223,12 @@ def _key_mask(batch: int, k_len: int, device: torch.device, seed: int) -> Tensor
     return mask.to(device)
 
 
-def _supported(module: Attention, kernel: str, device, dtype, causal, grad) -> list[str]:
-    return module.supports(device, dtype, causal, grad, kernel=kernel)
+def _refusals(module: Attention, kernel: str, device, dtype, causal: bool, grad: bool,
+              shape: tuple[int, ...] | None = None, key_mask: Tensor | None = None) -> list[str]:
+    """Why ``kernel`` cannot run this case ([] = it can); without a ``shape``, any lengths."""
+    lengths = {} if shape is None else {"q_len": shape[2], "k_len": shape[3], "head_dim": shape[4]}
+    call = AttentionCall(device, dtype, causal, grad, has_key_mask=key_mask is not None, **lengths)
+    return module.not_supported_reasons(call, kernel=kernel)
 
 
 class _Skip(Exception):
@@ -235,7 +240,7 @@ def _in_precision(module: Attention, kernel: str, device, grad: bool) -> tuple[A
     float32; the check is skipped when the kernel supports neither."""
     causal = _causal_options(module)[0]
     for dtype in (torch.float64, torch.float32):
-        if not _supported(module, kernel, device, dtype, causal, grad):
+        if not _refusals(module, kernel, device, dtype, causal, grad):
             return copy.deepcopy(module).to(dtype), dtype
     raise _Skip("kernel supports neither float64 nor float32 here")
 
@@ -322,7 +327,7 @@ def _for_cases(module: Attention, kernel: str, device, dtype, grad: bool, body) 
     """
     ran = False
     for shape, causal, key_mask in _cases(module, device):
-        if _supported(module, kernel, device, dtype, causal, grad):
+        if _refusals(module, kernel, device, dtype, causal, grad, shape, key_mask):
             continue
         try:
             body(shape, causal, key_mask)
@@ -449,7 +454,7 @@ def _check_pattern(module, kernel, device, seed) -> str | None:
     ran = False
     shape = (1, 3, PROBE_LEN, PROBE_LEN, 16, 16)
     for causal in _causal_options(module):
-        if _supported(module, kernel, device, dtype, causal, False):
+        if _refusals(module, kernel, device, dtype, causal, False, shape):
             continue
         ran = True
         q, k, v = _inputs(shape, dtype, device, seed)
@@ -499,7 +504,7 @@ def _check_causal(module, kernel, device, seed) -> str | None:
     module, dtype = _in_precision(module, kernel, device, grad=False)
     ran = False
     for shape in ((2, 3, 37, 37, 16, 16), (2, 3, 13, 37, 16, 16)):
-        if _supported(module, kernel, device, dtype, True, False):
+        if _refusals(module, kernel, device, dtype, True, False, shape):
             continue
         ran = True
         q, k, v = _inputs(shape, dtype, device, seed)
@@ -563,10 +568,10 @@ def _check_batch(module, kernel, device, seed) -> str | None:
     module, dtype = _in_precision(module, kernel, device, grad=False)
     shape = (3, 3, 21, 21, 16, 16)
     causal = _causal_options(module)[-1]
-    if reasons := _supported(module, kernel, device, dtype, causal, False):
+    key_mask = _key_mask(3, 21, device, seed)
+    if reasons := _refusals(module, kernel, device, dtype, causal, False, shape, key_mask):
         return "; ".join(reasons)
     q, k, v = _inputs(shape, dtype, device, seed)
-    key_mask = _key_mask(3, 21, device, seed)
     with torch.no_grad():
         together = _run(module, q, k, v, causal, key_mask)
         for b in range(3):
@@ -598,7 +603,7 @@ def _check_shape_sweep(module, kernel, device, seed) -> str | None:
         return "approximate variant: no exact reference to sweep against"
     module, dtype = _in_precision(module, kernel, device, grad=False)
     causal = _causal_options(module)[0]
-    if reasons := _supported(module, kernel, device, dtype, causal, False):
+    if reasons := _refusals(module, kernel, device, dtype, causal, False):
         return "; ".join(reasons)
     heads = module.num_heads or SHAPES[0][1]
     with torch.no_grad():

@@ -560,7 +560,7 @@ class BlockedKernel(Kernel):
     name = "blocked"
     description = "banded query/key blocks (sliding window, dilated, global tokens), O(N*w)"
 
-    def supports(self, attention, device, dtype, causal, requires_grad) -> list[str]:
+    def not_supported_reasons(self, attention, call) -> list[str]:
         if reasons := self.exactness_reasons(attention):
             return reasons
         if attention.band() is None:
