@@ -7,6 +7,7 @@ A plain ``nn.Module`` with that forward can be registered as it is (see :mod:`at
 """
 
 from attn.base import Attention, Band, ExactAttention, KernelPath
+from attn.call import AttentionCall
 from attn.kernels import get_kernel, list_kernels
 from attn.mods import MaskMod, ScoreMod
 from attn.plain_module import PlainModuleAttention
@@ -23,6 +24,7 @@ from attn.registry import (
 
 __all__ = [
     "Attention",
+    "AttentionCall",
     "AttentionInfo",
     "Band",
     "ExactAttention",

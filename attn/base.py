@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from attn.call import AttentionCall
 from attn.contract import check_qkv, require_choice, require_int, require_optional_int
 from attn.cost import Cost, CostQuery, exact_cost, pairs_cost
+from attn.kernels import get_kernel
 from attn.mods import MaskMod, ScoreMod
 
 
@@ -51,8 +53,8 @@ class Attention(nn.Module):
 
     Subclasses declare which kernels can run them (``kernels``) and either a mask_mod /
     score_mod (exact variants, see :class:`ExactAttention`) or a ``native_forward``.
-    ``forward`` validates the contract, resolves ``kernel="auto"`` per call (device, dtype,
-    causal, grad) and records what ran in ``last_path``.
+    ``forward`` validates the contract, describes the call (:class:`AttentionCall`), resolves
+    ``kernel="auto"`` for it and records what ran in ``last_path``.
     """
 
     name: ClassVar[str] = "attention"
@@ -113,55 +115,59 @@ class Attention(nn.Module):
         return pairs_cost(query.q_len * query.k_len, query, kind="full_equivalent")
 
     # dispatch
-    def supports(
-        self,
-        device: torch.device | str,
-        dtype: torch.dtype,
-        causal: bool,
-        requires_grad: bool,
-        kernel: str | None = None,
-    ) -> list[str]:
-        """Reasons why ``kernel`` (default: this module's) cannot run this call; [] = supported."""
-        from attn.kernels import get_kernel
-
+    def not_supported_reasons(self, call: AttentionCall, kernel: str | None = None) -> list[str]:
+        """Reasons why ``kernel`` (default: this module's) cannot run ``call``; [] = supported."""
         kernel = kernel or self.kernel
-        device = torch.device(device)
-        causal = causal or self.forces_causal
-        if causal and not self.supports_causal:
+        if self.forces_causal and not call.causal:
+            call = replace(call, causal=True)
+        if call.causal and not self.supports_causal:
             return [f"{self.name} does not support causal=True"]
         if kernel == "auto":
             try:
-                self.resolve_kernel(device, dtype, causal, requires_grad)
+                self.resolve_kernel(call)
             except NotImplementedError as err:
                 return [str(err)]
             return []
         if kernel not in self.kernels:
             return [f"{self.name} has no kernel {kernel!r}; its kernels are {list(self.kernels)}"]
-        return get_kernel(kernel).supports(self, device, dtype, causal, requires_grad)
+        return get_kernel(kernel).not_supported_reasons(self, call)
 
-    def resolve_kernel(
-        self, device: torch.device, dtype: torch.dtype, causal: bool, requires_grad: bool,
-        k_len: int | None = None,
-    ) -> str:
-        """The kernel a call with these properties runs on (resolving ``auto``, once per call
-        description; ``k_len``: the call's keys, None for a long call)."""
+    def resolve_kernel(self, call: AttentionCall) -> str:
+        """The kernel that runs ``call``: this module's, or for ``auto`` the one it chooses;
+        ``NotImplementedError`` when ``auto`` finds none.
+
+        ``auto`` chooses once per call description (device, dtype, causal, grad, key mask
+        given, short or long: see :mod:`attn.kernels.auto`) and remembers the choice, so a
+        decoding step runs one kernel's check (the chosen one's, for this call's lengths),
+        not every kernel's; a call that kernel refuses is chosen for afresh.
+        """
         if self.kernel != "auto":
             return self.kernel
-        from attn.kernels.auto import choose_kernel, is_short
+        device_type = call.device.type
+        # the short-call limit follows the variant's kind: as fixed as the choices themselves
+        limits = self.__dict__.setdefault("_auto_short_keys", {})
+        if device_type not in limits:
+            from attn.kernels.auto import short_keys
 
-        device = torch.device(device)
-        key = (device, dtype, causal, requires_grad, is_short(self, device, k_len))
+            limits[device_type] = short_keys(self, call.device)
+        limit = limits[device_type]
+        short = limit is not None and call.k_len is not None and call.k_len < limit
+        key = (call.device, call.dtype, call.causal, call.requires_grad, call.has_key_mask, short)
         cache = self.__dict__.setdefault("_auto_choices", {})
-        if key not in cache:
-            cache[key] = choose_kernel(self, device, dtype, causal, requires_grad, k_len)
-        return cache[key]
+        name = cache.get(key)
+        if name is None or get_kernel(name).not_supported_reasons(self, call):
+            from attn.kernels.auto import choose_kernel
+
+            chosen = choose_kernel(self, call)
+            if name is None:  # a kernel the remembered one refuses (for its lengths) is not remembered
+                cache[key] = chosen
+            name = chosen
+        return name
 
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None
     ) -> Tensor:
         """Attention of ``q (B, H, Nq, D)`` over ``k (B, H, Nk, D)``, ``v (B, H, Nk, Dv)``."""
-        from attn.kernels import get_kernel
-
         check_qkv(self.name, q, k, v, key_mask)
         if self.num_heads is not None and q.shape[1] != self.num_heads:
             raise ValueError(
@@ -177,10 +183,11 @@ class Attention(nn.Module):
             q.requires_grad or k.requires_grad or v.requires_grad
             or any(p.requires_grad for p in self.parameters())
         )
-        name = self.resolve_kernel(q.device, q.dtype, causal, requires_grad, k.shape[2])
+        call = AttentionCall.from_tensors(q, k, v, causal, key_mask, requires_grad)
+        name = self.resolve_kernel(call)
         kernel = get_kernel(name)
         if self.kernel != "auto":  # auto chose a kernel that supports the call
-            reasons = kernel.supports(self, q.device, q.dtype, causal, requires_grad)
+            reasons = kernel.not_supported_reasons(self, call)
             if reasons:
                 raise NotImplementedError(
                     f"{self.name}: kernel {name!r} cannot run this call: {'; '.join(reasons)}"

@@ -111,9 +111,11 @@ class PassRunner:
 
     def prepare(self) -> dict[str, Any]:
         """Warm-up, one planning call and the memory readings; raises when unsupported."""
+        from attn import AttentionCall
         from bench.measure import measure_memory
 
-        reasons = self.module.supports(self.device, self.dtype, self.case.causal, self.grad)
+        call = AttentionCall.from_tensors(self.q, self.k, self.v, self.case.causal, None, self.grad)
+        reasons = self.module.not_supported_reasons(call)
         if reasons:
             raise NotImplementedError("; ".join(reasons))
         first = self.timer.time_once()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn import create_attention
+from attn import AttentionCall, create_attention
 
 
 def qkv(b=1, h=2, nq=5, nk=5, d=4, dtype=torch.float32):
@@ -103,4 +103,4 @@ def test_causal_nystrom_is_not_implemented() -> None:
     q, k, v = qkv()
     with pytest.raises(NotImplementedError, match="nystrom: argument 'causal' must be False"):
         att(q, k, v, causal=True)
-    assert att.supports("cpu", torch.float32, causal=True, requires_grad=False)
+    assert att.not_supported_reasons(AttentionCall("cpu", torch.float32, causal=True, requires_grad=False))

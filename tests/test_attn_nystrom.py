@@ -129,3 +129,21 @@ def test_conv_skip_needs_heads_and_changes_output() -> None:
     conv = create_attention("nystrom", num_landmarks=4, conv_kernel=3, num_heads=2).double()
     assert sum(p.numel() for p in conv.parameters()) == 2 * 3
     assert (conv(q, k, v) - plain(q, k, v)).abs().max() > 0
+
+
+def test_conv_skip_declares_that_it_needs_self_attention() -> None:
+    from attn import AttentionCall
+
+    conv = create_attention("nystrom", num_landmarks=4, conv_kernel=3, num_heads=2)
+    any_length = AttentionCall("cpu", torch.float64)
+    decode = AttentionCall("cpu", torch.float64, q_len=1, k_len=20, head_dim=16)
+    assert conv.not_supported_reasons(any_length) == []
+    assert conv.not_supported_reasons(AttentionCall("cpu", torch.float64, q_len=20, k_len=20)) == []
+    (reason,) = conv.not_supported_reasons(decode)
+    assert "conv_kernel=3 needs self-attention (Nq == Nk); got Nq=1, Nk=20" in reason
+    assert create_attention("nystrom", num_landmarks=4).not_supported_reasons(decode) == []
+    q, k, v = inputs(20)
+    conv = conv.double()
+    conv(q, k, v)  # auto remembers native for this call description; the decode call is refused
+    with pytest.raises(NotImplementedError, match=r"needs self-attention \(Nq == Nk\); got Nq=1, Nk=20"):
+        conv(q[:, :, :1], k, v)

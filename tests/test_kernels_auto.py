@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn import create_attention
+from attn import AttentionCall, create_attention
 from attn.kernels.auto import choose_kernel
 
 CASES = [  # (variant, params, device, requires_grad, expected)
@@ -26,13 +26,13 @@ CASES = [  # (variant, params, device, requires_grad, expected)
 @pytest.mark.parametrize(("name", "params", "device", "grad", "expected"), CASES)
 def test_auto_choice(name: str, params: dict, device: str, grad: bool, expected: str) -> None:
     module = create_attention(name, **params)
-    assert choose_kernel(module, torch.device(device), torch.float32, False, grad) == expected
+    assert choose_kernel(module, AttentionCall(torch.device(device), torch.float32, False, grad)) == expected
 
 
 def test_flex_never_chosen_for_cpu_backward_or_float64() -> None:
     module = create_attention("sliding_window", window=8, kernel="flex")
-    assert module.supports("cpu", torch.float32, False, True)
-    assert module.supports("cpu", torch.float64, False, False)
+    assert module.not_supported_reasons(AttentionCall("cpu", torch.float32, False, True))
+    assert module.not_supported_reasons(AttentionCall("cpu", torch.float64, False, False))
 
 
 def test_chosen_kernel_recorded() -> None:
@@ -54,7 +54,8 @@ def test_chosen_kernel_recorded() -> None:
 ])
 def test_short_calls_on_cpu_take_the_dense_kernel(name, params, k_len, expected) -> None:
     module = create_attention(name, **params)
-    assert choose_kernel(module, torch.device("cpu"), torch.float32, False, True, k_len) == expected
+    call = AttentionCall(torch.device("cpu"), torch.float32, False, True, q_len=k_len, k_len=k_len)
+    assert choose_kernel(module, call) == expected
 
 
 def test_the_choice_follows_the_call_and_is_made_once_per_call_description(monkeypatch) -> None:
@@ -69,3 +70,17 @@ def test_the_choice_follows_the_call_and_is_made_once_per_call_description(monke
         module(q, q, q)
         assert module.last_path.kernel == ("sdpa" if n < 768 else "blocked")
     assert len(calls) == 2  # one short call description, one long
+
+
+def test_a_call_from_tensors_and_without_them() -> None:
+    q = torch.randn(2, 3, 5, 8, requires_grad=True)
+    k = torch.randn(2, 3, 9, 8)
+    call = AttentionCall.from_tensors(q, k, k, causal=True, key_mask=torch.ones(2, 9, dtype=torch.bool))
+    assert call == AttentionCall(torch.device("cpu"), torch.float32, True, True, 5, 9, 8, True)
+    assert call.self_attention is False
+    with torch.no_grad():
+        assert not AttentionCall.from_tensors(q, k, k).requires_grad
+    bare = AttentionCall("cpu", torch.float64)  # any lengths, no key_mask
+    assert bare.device == torch.device("cpu") and bare.q_len is None and bare.self_attention is None
+    assert bare.describe() == "device=cpu, dtype=torch.float64, causal=False, requires_grad=False"
+    assert call.describe().endswith("Nq=5, Nk=9, key_mask given")

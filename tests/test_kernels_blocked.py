@@ -137,9 +137,9 @@ def test_few_rows_take_the_key_span_and_both_paths_agree(band: Band, causal: boo
                                  score_mod=bias.score_mod())
         rows = blocked.global_rows(nq, 41, band.num_global)
         assert rows == 0  # positions 36..40 are past the global tokens
-        streamed = blocked._banded(q, k, v, band, causal=causal, q_offset=41 - nq,
-                                   key_mask=key_mask, score_mod=bias.score_mod(), block=None,
-                                   chunk=None)
+        streamed = blocked.banded_attention(q, k, v, band, causal=causal, q_offset=41 - nq,
+                                            key_mask=key_mask, score_mod=bias.score_mod(), block=None,
+                                            chunk=None)
         ref = dense_attention(q, k, v, mask_mod=mask_of(band), score_mod=bias.score_mod(),
                               causal=causal, key_mask=key_mask)
         torch.testing.assert_close(span, ref, atol=1e-10, rtol=0)

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from attn import ExactAttention, MaskMod, create_attention, get_kernel, register_attention
+from attn import AttentionCall, ExactAttention, MaskMod, create_attention, get_kernel, register_attention
 from attn.kernels.flex import config_key
 from attn.kernels.reference import dense_attention
 from attn.registry import unregister_attention
@@ -19,10 +19,10 @@ from attn.variants.sliding_window import sliding_window_mod
 
 def test_declared_limits_on_cpu() -> None:
     module = create_attention("sliding_window", window=4, kernel="flex")
-    reasons = module.supports("cpu", torch.float32, False, True)
+    reasons = module.not_supported_reasons(AttentionCall("cpu", torch.float32, False, True))
     assert any("backward" in r for r in reasons)
-    assert any("float64" in r for r in module.supports("cpu", torch.float64, False, False))
-    assert module.supports("cpu", torch.float32, True, False) == []
+    assert any("float64" in r for r in module.not_supported_reasons(AttentionCall("cpu", torch.float64, False, False)))
+    assert module.not_supported_reasons(AttentionCall("cpu", torch.float32, True, False)) == []
     with pytest.raises(NotImplementedError, match="backward"):
         q = torch.randn(1, 1, 8, 8, requires_grad=True)
         module(q, q, q)

@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from attn import create_attention
+from attn import AttentionCall, create_attention
 from attn.kernels import get_kernel
 from attn.kernels.xformers import attn_bias_for
 
@@ -16,12 +16,12 @@ from attn.kernels.xformers import attn_bias_for
 def test_reasons_without_cuda() -> None:
     kernel = get_kernel("xformers")
     module = create_attention("sliding_window", window=4)
-    reasons = kernel.supports(module, torch.device("cpu"), torch.float32, False, False)
+    reasons = kernel.not_supported_reasons(module, AttentionCall(torch.device("cpu"), torch.float32, False, False))
     assert any("CUDA only" in r for r in reasons)
-    reasons = kernel.supports(create_attention("dilated"), torch.device("cuda"), torch.float64,
-                              False, False)
+    reasons = kernel.not_supported_reasons(create_attention("dilated"),
+                                           AttentionCall(torch.device("cuda"), torch.float64, False, False))
     assert any("float64" in r for r in reasons) and any("dilated" in r for r in reasons)
-    assert module.supports("cpu", torch.float32, False, False, kernel="xformers")
+    assert module.not_supported_reasons(AttentionCall("cpu", torch.float32, False, False), kernel="xformers")
 
 
 def test_reason_without_xformers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -30,8 +30,8 @@ def test_reason_without_xformers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "xformers.ops", None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     kernel = get_kernel("xformers")
-    reasons = kernel.supports(create_attention("full"), torch.device("cuda"), torch.float16,
-                              False, False)
+    reasons = kernel.not_supported_reasons(create_attention("full"),
+                                           AttentionCall(torch.device("cuda"), torch.float16, False, False))
     assert len(reasons) == 1 and "xformers is not importable" in reasons[0]
 
 
@@ -90,3 +90,34 @@ def test_matches_reference_on_cuda() -> None:  # pragma: no cover - needs a GPU 
         for causal in (False, True):
             torch.testing.assert_close(module(q, q, q, causal=causal),
                                        ref(q, q, q, causal=causal), atol=2e-3, rtol=0)
+
+
+def test_key_mask_is_declared_before_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call with a key_mask is refused by not_supported_reasons (the signature sees it), so
+    ``auto`` passes over xformers for it and a forward refuses it before running."""
+    import attn.kernels.xformers as xmod
+    from attn.kernels.auto import choose_kernel
+    from attn.variants.full import FullAttention
+
+    calls: list = []
+    monkeypatch.setattr(xmod, "load_xformers", lambda: (_fake_ops(calls), None))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    kernel, module = get_kernel("xformers"), create_attention("full")
+    plain = AttentionCall("cuda", torch.float16, False, False, q_len=10, k_len=10, head_dim=8)
+    padded = AttentionCall("cuda", torch.float16, False, False, q_len=10, k_len=10, head_dim=8,
+                           has_key_mask=True)
+    assert kernel.not_supported_reasons(module, plain) == []
+    reasons = kernel.not_supported_reasons(module, padded)
+    assert len(reasons) == 1 and "key_mask" in reasons[0]
+
+    class XformersFirst(FullAttention):
+        kernels = ("xformers", "reference")
+
+    first = XformersFirst()
+    assert choose_kernel(first, plain) == "xformers"
+    assert choose_kernel(first, padded) == "reference"
+    assert first.resolve_kernel(plain) == "xformers" and first.resolve_kernel(padded) == "reference"
+    q = torch.randn(2, 3, 10, 8)
+    with pytest.raises(NotImplementedError, match="kernel 'xformers' cannot run this call: .*key_mask"):
+        create_attention("full", kernel="xformers")(q, q, q, key_mask=torch.ones(2, 10, dtype=torch.bool))
+    assert not calls  # refused before running

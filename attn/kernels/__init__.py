@@ -1,7 +1,8 @@
 """Kernels: implementations that run an attention's semantics on some device.
 
-Each kernel declares ``supports(attention, device, dtype, causal, requires_grad) -> list[str]``
-(empty = supported, else the reasons) and ``run(...) -> (output, KernelPath)``.
+Each kernel declares ``not_supported_reasons(attention, call) -> list[str]`` for an
+:class:`~attn.call.AttentionCall` (empty = supported, else the reasons) and
+``run(...) -> (output, KernelPath)``.
 """
 
 from __future__ import annotations

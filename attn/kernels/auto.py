@@ -2,10 +2,12 @@
 
 Rule: the variant's *kind* picks a preference order per device type (table below), and on
 CPU a short call (few keys) another one; the first kernel in that order that the variant
-lists and that supports the call (device, dtype, causal, grad) runs; kernels the variant
-has but the table omits come next, and ``reference`` (the O(N^2) ground truth) always last.
-Each module remembers its choice per call description (device, dtype, causal, grad, short
-or long), so a decoding step does not re-run the kernels' checks.
+lists and that supports the call (its ``not_supported_reasons`` for the
+:class:`~attn.call.AttentionCall` is empty) runs; kernels the variant has but the table
+omits come next, and ``reference`` (the O(N^2) ground truth) always last. Each module
+remembers its choice per call description (device, dtype, causal, grad, key mask given,
+short or long), so a decoding step does not re-run every kernel's check: only the chosen
+kernel's, for the step's lengths (see :meth:`attn.Attention.resolve_kernel`).
 
 ================  ==========================================  ================================
 kind              cpu                                          cuda
@@ -49,6 +51,7 @@ from __future__ import annotations
 import torch
 
 from attn.base import Attention
+from attn.call import AttentionCall
 
 #: preference order per (device type, kind); kernels a variant lacks are skipped
 AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
@@ -81,9 +84,14 @@ def kernel_kind(attention: Attention) -> str:
     return "biased"
 
 
+def short_keys(attention: Attention, device: torch.device) -> int | None:
+    """Calls with fewer keys than this take the short-call order; None: no short order."""
+    return SHORT_KEYS.get((torch.device(device).type, kernel_kind(attention)))
+
+
 def is_short(attention: Attention, device: torch.device, k_len: int | None) -> bool:
     """True when a call with ``k_len`` keys takes the short-call order."""
-    limit = SHORT_KEYS.get((torch.device(device).type, kernel_kind(attention)))
+    limit = short_keys(attention, device)
     return limit is not None and k_len is not None and k_len < limit
 
 
@@ -101,26 +109,23 @@ def auto_order(attention: Attention, device: torch.device, k_len: int | None = N
     return order
 
 
-def choose_kernel(
-    attention: Attention, device: torch.device, dtype: torch.dtype, causal: bool,
-    requires_grad: bool, k_len: int | None = None,
-) -> str:
-    """Name of the kernel ``kernel="auto"`` runs for such a call; NotImplementedError if none.
+def choose_kernel(attention: Attention, call: AttentionCall) -> str:
+    """Name of the kernel ``kernel="auto"`` runs for ``call``; NotImplementedError if none.
 
-    ``k_len`` (keys of the call) selects the short-call order; None means a long call.
+    The call's ``k_len`` selects the short-call order; None means a long call.
     """
     from attn.kernels import get_kernel, list_kernels
 
     known = set(list_kernels())
     reasons: list[str] = []
-    for name in auto_order(attention, device, k_len):
+    for name in auto_order(attention, call.device, call.k_len):
         if name not in known:
             continue
-        why = get_kernel(name).supports(attention, torch.device(device), dtype, causal, requires_grad)
+        why = get_kernel(name).not_supported_reasons(attention, call)
         if not why:
             return name
         reasons.append(f"{name}: {'; '.join(why)}")
     raise NotImplementedError(
-        f"{attention.name}: no kernel supports this call (device={device}, dtype={dtype}, "
-        f"causal={causal}, requires_grad={requires_grad}): {' | '.join(reasons) or 'none declared'}"
+        f"{attention.name}: no kernel supports this call ({call.describe()}): "
+        f"{' | '.join(reasons) or 'none declared'}"
     )

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
-import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
     from attn.base import Attention, KernelPath
+    from attn.call import AttentionCall
 
 
 class Kernel:
@@ -19,15 +19,14 @@ class Kernel:
     #: True when every new call shape costs a compilation (tests use the kit's quick profile)
     compiles_per_shape: ClassVar[bool] = False
 
-    def supports(
-        self,
-        attention: Attention,
-        device: torch.device,
-        dtype: torch.dtype,
-        causal: bool,
-        requires_grad: bool,
-    ) -> list[str]:
-        """Reasons this kernel cannot run ``attention`` for such a call; [] = supported."""
+    def not_supported_reasons(self, attention: Attention, call: AttentionCall) -> list[str]:
+        """Reasons this kernel cannot run ``attention`` for ``call``; [] = supported.
+
+        Every refusal that depends on the call (device, dtype, causal, gradients, lengths,
+        a ``key_mask``) belongs here, not in :meth:`run`: dispatch, ``auto``, the conformance
+        kit and the benchmark read it before running. A length the call leaves ``None``
+        means "any length": checks of that length do not apply.
+        """
         return []
 
     def exactness_reasons(self, attention: Attention) -> list[str]:

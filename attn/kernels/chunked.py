@@ -104,7 +104,7 @@ class ChunkedKernel(Kernel):
     name = "chunked"
     description = "dense attention over query chunks with per-chunk checkpointing, O(chunk*N) memory"
 
-    def supports(self, attention, device, dtype, causal, requires_grad) -> list[str]:
+    def not_supported_reasons(self, attention, call) -> list[str]:
         return self.exactness_reasons(attention)
 
     def run(self, attention: Attention, q, k, v, causal, key_mask):

@@ -32,7 +32,7 @@ the ~50x slower eager path; the kernel then runs eager flex on purpose and recor
 ``KernelPath.compile_s`` (block-mask build + the bucket's compile if still needed + first
 run) so it can be reported apart.
 
-Limits (declared by :meth:`FlexKernel.supports`): no backward on CPU (torch has no CPU
+Limits (declared by :meth:`FlexKernel.not_supported_reasons`): no backward on CPU (torch has no CPU
 flex backward), float64 unsupported on CPU, approximate variants unsupported.
 """
 
@@ -250,12 +250,12 @@ class FlexKernel(Kernel):
         self._by_config: dict[Hashable, dict[tuple, _Bucket]] = {}
         self._arguments: weakref.WeakKeyDictionary[Attention, Hashable | None] = weakref.WeakKeyDictionary()
 
-    def supports(self, attention, device, dtype, causal, requires_grad) -> list[str]:
+    def not_supported_reasons(self, attention, call) -> list[str]:
         reasons = self.exactness_reasons(attention)
-        if torch.device(device).type == "cpu":
-            if requires_grad:
+        if call.device.type == "cpu":
+            if call.requires_grad:
                 reasons.append("flex has no backward on CPU in this torch (forward only)")
-            if dtype == torch.float64:
+            if call.dtype == torch.float64:
                 reasons.append("flex on CPU supports float32/float16/bfloat16, not float64")
         return reasons
 

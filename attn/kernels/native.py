@@ -7,14 +7,15 @@ from attn.kernels.base import Kernel
 
 
 class NativeKernel(Kernel):
-    """Runs ``attention.native_forward``; the variant declares its own support."""
+    """Runs ``attention.native_forward``; the variant declares its own support in
+    ``native_not_supported_reasons(call) -> list[str]`` (optional: none means any call)."""
 
     name = "native"
     description = "the variant's own implementation"
 
-    def supports(self, attention, device, dtype, causal, requires_grad) -> list[str]:
-        reasons = getattr(attention, "native_supports", None)
-        return [] if reasons is None else reasons(device, dtype, causal, requires_grad)
+    def not_supported_reasons(self, attention, call) -> list[str]:
+        reasons = getattr(attention, "native_not_supported_reasons", None)
+        return [] if reasons is None else reasons(call)
 
     def run(self, attention, q, k, v, causal, key_mask):
         out = attention.native_forward(q, k, v, causal, key_mask)

@@ -47,7 +47,7 @@ class ReferenceKernel(Kernel):
     name = "reference"
     description = "dense materialised attention from the mask_mod/score_mod (ground truth)"
 
-    def supports(self, attention, device, dtype, causal, requires_grad) -> list[str]:
+    def not_supported_reasons(self, attention, call) -> list[str]:
         return self.exactness_reasons(attention)
 
     def run(self, attention: Attention, q, k, v, causal, key_mask):

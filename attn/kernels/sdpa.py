@@ -89,7 +89,7 @@ class SdpaKernel(Kernel):
             weakref.WeakKeyDictionary()
         )
 
-    def supports(self, attention, device, dtype, causal, requires_grad) -> list[str]:
+    def not_supported_reasons(self, attention, call) -> list[str]:
         return self.exactness_reasons(attention)
 
     def _mask(self, attention: Attention, q: Tensor, k_len: int, causal: bool

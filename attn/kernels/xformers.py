@@ -9,8 +9,9 @@ Patterns map onto xformers' bias classes, all bottom-right aligned like our cont
   causal: ``LowerTriangularFromBottomRightLocalAttentionMask(w + 1)`` (the diagonal plus
   ``w`` keys to the left).
 
-Not supported (declared with a reason): no CUDA, no xformers, ``key_mask`` (raised in
-``run``: the bias classes above have no padding form), score_mods, other masks, float64.
+Not supported (declared with a reason by :meth:`XformersKernel.not_supported_reasons`): no
+CUDA, no xformers, a ``key_mask`` (the bias classes above have no padding form), score_mods,
+other masks, float64.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ def load_xformers() -> tuple[ModuleType | None, str | None]:
         return None, f"xformers is not importable ({type(err).__name__}: {err})"
 
 
+#: why a call with a ``key_mask`` is refused
+KEY_MASK_REASON = ("argument 'key_mask' is not supported (its attn_bias classes have no padding form); "
+                   "use kernel 'sdpa', 'blocked' or 'flex'")
+
+
 def attn_bias_for(ops: Any, attention: Attention, causal: bool) -> tuple[Any, str]:
     """The ``xformers.ops.fmha.attn_bias`` object for this pattern, and a description."""
     bias_mod = ops.fmha.attn_bias
@@ -53,14 +59,16 @@ class XformersKernel(Kernel):
     name = "xformers"
     description = "xformers memory_efficient_attention with attn_bias (causal, local, full)"
 
-    def supports(self, attention, device, dtype, causal, requires_grad) -> list[str]:
+    def not_supported_reasons(self, attention, call) -> list[str]:
         reasons = []
-        if torch.device(device).type != "cuda":
-            reasons.append(f"xformers runs on CUDA only; device is {torch.device(device).type}")
+        if call.device.type != "cuda":
+            reasons.append(f"xformers runs on CUDA only; device is {call.device.type}")
         elif not torch.cuda.is_available():  # pragma: no cover - needs a GPU
             reasons.append("CUDA is not available")
-        if dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            reasons.append(f"xformers supports float16/bfloat16/float32, not {dtype}")
+        if call.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            reasons.append(f"xformers supports float16/bfloat16/float32, not {call.dtype}")
+        if call.has_key_mask:
+            reasons.append(KEY_MASK_REASON)
         reasons += self.exactness_reasons(attention)
         band = attention.band()
         if band is None and attention.mask_mod() is not None:
@@ -76,11 +84,8 @@ class XformersKernel(Kernel):
         return reasons
 
     def run(self, attention: Attention, q, k, v, causal, key_mask):
-        if key_mask is not None:
-            raise NotImplementedError(
-                f"{attention.name}: kernel 'xformers' does not support argument 'key_mask'; "
-                "use kernel 'sdpa', 'blocked' or 'flex'"
-            )
+        if key_mask is not None:  # declared above; kept for direct calls, which would ignore it
+            raise NotImplementedError(f"{attention.name}: kernel 'xformers' cannot run this call: {KEY_MASK_REASON}")
         ops, why = load_xformers()
         if ops is None:
             raise NotImplementedError(f"{attention.name}: kernel 'xformers' unavailable: {why}")

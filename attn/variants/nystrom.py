@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from attn.base import Attention, KernelPath
+from attn.call import AttentionCall
 from attn.contract import require_int, require_optional_int
 from attn.cost import Cost, CostQuery, matmul_flops, pairs_cost
 from attn.kernels.reference import dense_attention
@@ -107,8 +108,14 @@ class NystromAttention(Attention):
         self._exact_last = False
         self._fused_last = False
 
-    def native_supports(self, device, dtype, causal, requires_grad) -> list[str]:
-        return ["nystrom has no causal form (landmarks mix all positions)"] if causal else []
+    def native_not_supported_reasons(self, call: AttentionCall) -> list[str]:
+        reasons = ["nystrom has no causal form (landmarks mix all positions)"] if call.causal else []
+        if call.self_attention is False and self.conv is not None:
+            reasons.append(self._conv_reason(call.q_len, call.k_len))
+        return reasons
+
+    def _conv_reason(self, q_len: int | None, k_len: int | None) -> str:
+        return f"nystrom: conv_kernel={self.conv_kernel} needs self-attention (Nq == Nk); got Nq={q_len}, Nk={k_len}"
 
     def native_path(self) -> KernelPath:
         if self._exact_last:
@@ -124,11 +131,8 @@ class NystromAttention(Attention):
             raise NotImplementedError("nystrom: argument 'causal' must be False; nystrom has no causal form")
         _, _, q_len, dim = q.shape
         k_len = k.shape[2]
-        if self.conv is not None and q_len != k_len:
-            raise NotImplementedError(
-                f"nystrom: conv_kernel={self.conv_kernel} needs self-attention (Nq == Nk); "
-                f"got Nq={q_len}, Nk={k_len}"
-            )
+        if self.conv is not None and q_len != k_len:  # declared above; kept for direct calls
+            raise NotImplementedError(self._conv_reason(q_len, k_len))
         m = self.num_landmarks
         self._exact_last = max(q_len, k_len) <= m
         if self._exact_last:

@@ -29,7 +29,7 @@ def list_command(
     from rich.console import Console
     from rich.table import Table
 
-    from attn import attention_info, create_attention, list_attention, list_kernels
+    from attn import AttentionCall, attention_info, create_attention, list_attention, list_kernels
     from attn.registry import plugin_errors
     from bench.config import DEVICES, DTYPES, list_presets
 
@@ -47,12 +47,12 @@ def list_command(
             module = create_attention(name, num_heads=8, head_dim=64)
             for kernel in info.kernels:
                 marks = []
-                for grad in (False, True):
-                    why = module.supports(device, torch_dtype, False, grad, kernel=kernel)
+                for grad in (False, True):  # any lengths, no key_mask
+                    why = module.not_supported_reasons(AttentionCall(device, torch_dtype, False, grad), kernel=kernel)
                     marks.append("yes" if not why else "no")
                 cells.append(f"{kernel}: {'/'.join(marks)}")
             try:
-                cells.append(f"auto -> {module.resolve_kernel(torch.device(device), torch_dtype, False, False)}")
+                cells.append(f"auto -> {module.resolve_kernel(AttentionCall(device, torch_dtype))}")
             except NotImplementedError as err:
                 cells.append(f"auto -> none ({err})")
         except Exception as err:

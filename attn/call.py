@@ -1,0 +1,73 @@
+"""The description of one attention call: what a kernel judges to say whether it can run it.
+
+Kernels answer ``not_supported_reasons(attention, call) -> list[str]`` (empty: supported), as
+xformers' operators answer ``not_supported_reasons(inputs)``. A call built from tensors
+(:meth:`AttentionCall.from_tensors`) knows its lengths and whether a ``key_mask`` is given;
+one built without tensors (``attn-bench list``, a harness before it makes inputs) may leave
+the lengths and head dim ``None``: "any", so checks that depend on them do not apply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """Device, dtype, causality, need for gradients, lengths and key padding of one call."""
+
+    device: torch.device
+    dtype: torch.dtype
+    causal: bool = False
+    requires_grad: bool = False
+    q_len: int | None = None  # Nq; None: any
+    k_len: int | None = None  # Nk; None: any
+    head_dim: int | None = None  # D; None: any
+    has_key_mask: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.device, torch.device):  # "cpu", "cuda:0", ...
+            object.__setattr__(self, "device", torch.device(self.device))
+
+    @classmethod
+    def from_tensors(
+        cls,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        causal: bool = False,
+        key_mask: Tensor | None = None,
+        requires_grad: bool | None = None,
+    ) -> AttentionCall:
+        """The call ``attention(q, k, v, causal=causal, key_mask=key_mask)``.
+
+        ``requires_grad`` defaults to whether autograd will record the call through q, k or v
+        (a module with trainable parameters passes its own answer).
+        """
+        if requires_grad is None:
+            requires_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+        return cls(q.device, q.dtype, bool(causal), bool(requires_grad), q.shape[2], k.shape[2],
+                   q.shape[-1], key_mask is not None)
+
+    @property
+    def self_attention(self) -> bool | None:
+        """True when Nq == Nk, False when they differ, None when either is unknown."""
+        if self.q_len is None or self.k_len is None:
+            return None
+        return self.q_len == self.k_len
+
+    def describe(self) -> str:
+        """``device=cpu, dtype=torch.float32, causal=False, requires_grad=True`` and, when
+        known, the lengths and the key mask: for error messages."""
+        parts = [f"device={self.device}", f"dtype={self.dtype}", f"causal={self.causal}",
+                 f"requires_grad={self.requires_grad}"]
+        if self.q_len is not None:
+            parts.append(f"Nq={self.q_len}")
+        if self.k_len is not None:
+            parts.append(f"Nk={self.k_len}")
+        if self.has_key_mask:
+            parts.append("key_mask given")
+        return ", ".join(parts)

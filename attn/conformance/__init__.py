@@ -1,0 +1,63 @@
+"""The conformance kit: one function proving that an attention keeps the contract.
+
+    from attn.conformance import check_attention
+    report = check_attention("sliding_window")          # or a factory / class
+    report.raise_if_failed()                             # AssertionError listing failures
+
+Checks, for every parameter set and every kernel the variant declares (a kernel that
+does not support a call is reported as skipped with its reason):
+
+- ``shape_dtype_finite``: output (B, H, Nq, Dv), input dtype, finite values;
+- ``matches_reference``: exact variants equal the dense reference built from their own
+  mask_mod / score_mod (fp64 atol 1e-10, fp32 1e-5) for odd lengths, B > 1, H > 1,
+  Nq != Nk, with and without ``key_mask`` and ``causal``, contiguous and head-split
+  (non-contiguous) inputs;
+- ``gradients``: finite, and for exact variants equal to the reference's (fp64) for
+  q, k, v and the module's own parameters;
+- ``pattern``: the keys that actually influence each query (probed by perturbing one
+  value row at a time) are exactly those the mask_mod allows, so an off-by-one window is
+  named by the (i, j) pairs where it differs;
+- ``causal_no_leak``: perturbing keys/values after position t leaves rows <= t unchanged;
+- ``key_mask``: perturbing padded keys changes nothing; an all-padding row gives zeros;
+- ``batch_independence``: each batch element alone gives the same output as in the batch;
+- ``shape_sweep`` (kernels that compile per call shape): one module runs many successive
+  lengths (more than dynamo's recompile limit, including key lengths 8 past a multiple of
+  16) with q, k, v lying inside NaN-filled buffers, and each output must equal the dense
+  reference, so a stale compiled entry or a kernel reading past its inputs is named by shape;
+- ``converges`` (approximate variants with ``convergence_param``): error against full
+  attention falls as the parameter grows and is exact once it reaches N.
+"""
+
+from attn.conformance.driver import Factory, check_attention
+from attn.conformance.harness import (
+    ATOL,
+    GRAD_ATOL,
+    GUARD_ROWS,
+    NONE_RAN,
+    PROBE_EPS,
+    PROBE_LEN,
+    QUICK_SHAPES,
+    SHAPES,
+    SWEEP_BATCH,
+    SWEEP_DIM,
+    SWEEP_LENGTHS,
+)
+from attn.conformance.report import CheckResult, ConformanceReport
+
+__all__ = [
+    "ATOL",
+    "GRAD_ATOL",
+    "GUARD_ROWS",
+    "NONE_RAN",
+    "PROBE_EPS",
+    "PROBE_LEN",
+    "QUICK_SHAPES",
+    "SHAPES",
+    "SWEEP_BATCH",
+    "SWEEP_DIM",
+    "SWEEP_LENGTHS",
+    "CheckResult",
+    "ConformanceReport",
+    "Factory",
+    "check_attention",
+]

@@ -1,0 +1,124 @@
+"""The banded core as an autograd function, and its entry point :func:`banded_attention`.
+
+Patterns (:class:`attn.Band`): a sliding window is the band itself; a dilated band is, per
+residue class of positions (a strided view), a plain window over the class's own keys;
+global tokens add ``g`` key columns to every row's softmax (keys ``j < g`` are removed from
+the band, and global *rows* are computed densely by the caller). A position bias (score_mod)
+is evaluated on the computed blocks only (O(N*L)) and receives gradients.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attn.base import Band
+from attn.kernels.blocked.backward import band_backward
+from attn.kernels.blocked.forward import BandInputs, band_forward
+from attn.kernels.blocked.geometry import Geometry, Stream, band_edges, geometry, make_streams
+from attn.mods import ScoreMod
+
+
+class BandCore(torch.autograd.Function):
+    """Band (+ global columns) softmax attention over all streams.
+
+    Inputs as :class:`~attn.kernels.blocked.forward.BandInputs` (in that order), then the
+    geometry, the streams and the number of global columns. Returns ``out (B, H, Nq, Dv)``.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, q, k, v, key_bias, global_bias, score_bias, global_score_bias, edges,
+                geo: Geometry, streams: list[Stream], num_global: int):
+        band = BandInputs(q, k, v, key_bias, global_bias, score_bias, global_score_bias, edges)
+        out, lse, key_masked = band_forward(band, geo, streams, num_global)
+        ctx.save_for_backward(q, k, v, key_bias, global_bias, score_bias, global_score_bias, edges,
+                              out, lse)
+        ctx.geo, ctx.streams, ctx.num_global, ctx.key_masked = geo, streams, num_global, key_masked
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, d_out):
+        *saved, out, lse = ctx.saved_tensors
+        band = BandInputs(*saved)
+        grads = band_backward(
+            band, out, lse, ctx.key_masked, d_out, ctx.geo, ctx.streams, ctx.num_global,
+            want_bias=band.score_bias is not None and ctx.needs_input_grad[5],
+            want_global_bias=band.global_score_bias is not None and ctx.needs_input_grad[6],
+        )
+        d_bias, d_global_bias = grads.score_bias, grads.global_score_bias
+        if d_bias is not None and d_bias.shape != band.score_bias.shape:
+            d_bias = d_bias.sum_to_size(band.score_bias.shape)
+        if d_global_bias is not None and d_global_bias.shape != band.global_score_bias.shape:
+            d_global_bias = d_global_bias.sum_to_size(band.global_score_bias.shape)
+        return grads.q, grads.k, grads.v, None, None, d_bias, d_global_bias, None, None, None, None
+
+
+def score_biases(score_mod: ScoreMod, streams: list[Stream], geo: Geometry, dilation: int,
+                 num_global: int, dtype: torch.dtype, device: torch.device
+                 ) -> tuple[Tensor, Tensor | None]:
+    """A score_mod evaluated on every computed block: ``(T, S, L)`` and ``(T, S, g)`` or None.
+
+    Block ``t`` of a stream holds queries at sub-positions ``q_offset + t*S + a`` and window
+    keys at ``q_offset - blocks_left*S + t*S + col``; absolute positions are
+    ``dilation * sub + residue``.
+    """
+    rows, r = geo.block, dilation
+    per_stream = [(stream, torch.arange(stream.n_blocks(rows), device=device)) for stream in streams]
+    block_pos = torch.cat([r * (stream.q_offset + t * rows) + stream.residue for stream, t in per_stream])  # (T,)
+    b = torch.cat([torch.full_like(t, stream.batch) for stream, t in per_stream]).view(-1, 1, 1)  # (T, 1, 1)
+    h = torch.cat([torch.full_like(t, stream.head) for stream, t in per_stream]).view(-1, 1, 1)  # (T, 1, 1)
+    i = block_pos.view(-1, 1, 1) + r * torch.arange(rows, device=device).view(1, rows, 1)  # (T, S, 1)
+    cols = r * (torch.arange(geo.window_keys, device=device) - geo.blocks_left * rows)  # (L,)
+    j = block_pos.view(-1, 1, 1) + cols.view(1, 1, -1)  # (T, 1, L)
+    zero = torch.zeros((), dtype=dtype, device=device)
+    band = score_mod(zero, b, h, i, j).to(dtype).expand(len(block_pos), rows, geo.window_keys)
+    if not num_global:
+        return band, None
+    j_global = torch.arange(num_global, device=device).view(1, 1, -1)  # (1, 1, g)
+    return band, score_mod(zero, b, h, i, j_global).to(dtype).expand(len(block_pos), rows, num_global)
+
+
+def _key_biases(q: Tensor, k_len: int, num_global: int, key_mask: Tensor | None
+                ) -> tuple[Tensor | None, Tensor | None]:
+    """Additive biases (0 / -inf): ``key_bias (B|1, 1, Nk)`` for the band (padding and, with
+    global tokens, the global keys removed) and ``global_bias (B, g)`` for the global columns."""
+    batch = q.shape[0]
+    key_bias = None
+    if key_mask is not None or num_global > 0:
+        valid = torch.ones(1, 1, k_len, dtype=torch.bool, device=q.device)
+        if key_mask is not None:
+            valid = valid & key_mask.view(batch, 1, k_len)
+        if num_global > 0:
+            valid = valid & (torch.arange(k_len, device=q.device) >= num_global)
+        key_bias = torch.zeros(valid.shape, dtype=q.dtype, device=q.device)
+        key_bias.masked_fill_(~valid, float("-inf"))
+    global_keys = min(num_global, k_len)
+    global_bias = None
+    if global_keys and key_mask is not None:
+        global_bias = torch.zeros(batch, global_keys, dtype=q.dtype, device=q.device)
+        global_bias.masked_fill_(~key_mask[:, :global_keys], float("-inf"))
+    return key_bias, global_bias
+
+
+def banded_attention(q: Tensor, k: Tensor, v: Tensor, band: Band, *, causal: bool, q_offset: int,
+                     key_mask: Tensor | None, score_mod: ScoreMod | None, block: int | None,
+                     chunk: int | None) -> Tensor:
+    """Rows of ``q (B, H, Nq, D)`` at positions ``q_offset + row`` (none of them global rows)
+    over ``k, v (B, H, Nk, .)``: the band (keys ``j < g`` removed) plus the global columns.
+    Returns ``(B, H, Nq, Dv)``."""
+    batch, heads, q_len, _ = q.shape
+    k_len = k.shape[2]
+    geo = geometry(band.window, causal, block, chunk)
+    key_bias, global_bias = _key_biases(q, k_len, band.num_global, key_mask)
+    global_keys = min(band.num_global, k_len)
+    streams = make_streams(batch, heads, q_len, k_len, q_offset, band.dilation, geo.block)
+    edges = band_edges(geo.block, geo.blocks_left, geo.blocks_right, band.window, causal, q.dtype, q.device)
+    score_bias = global_score_bias = None
+    if score_mod is not None:
+        score_bias, global_score_bias = score_biases(score_mod, streams, geo, band.dilation, global_keys,
+                                                     q.dtype, q.device)
+    q, k, v = (x if x.stride(-1) == 1 else x.contiguous() for x in (q, k, v))
+    return BandCore.apply(q, k, v, key_bias, global_bias, score_bias, global_score_bias, edges,
+                          geo, streams, global_keys)

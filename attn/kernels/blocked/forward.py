@@ -1,0 +1,101 @@
+"""Forward pass of the banded core: per stream, per chunk of blocks, one softmax over the
+band (and the global columns), written straight into the output.
+
+Only the output ``(B, H, Nq, Dv)`` and the log-sum-exp of each row ``(B, H, Nq)`` (for the
+backward pass, as flash attention keeps it) are allocated at size N: on CPU every large
+allocation costs page faults.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from attn.kernels.blocked.chunk import Chunk, StreamInputs, chunk_scores
+from attn.kernels.blocked.geometry import Geometry, Stream, max_chunk_blocks
+
+
+@dataclass(frozen=True)
+class BandInputs:
+    """The core's operands, saved for the backward pass as they are.
+
+    ``q (B, H, Nq, D)``, ``k (B, H, Nk, D)``, ``v (B, H, Nk, Dv)`` with unit last stride;
+    ``key_bias (B|1, H|1, Nk)`` additive (0 / -inf) or None; ``global_bias (B|1, g)`` additive
+    or None; ``score_bias (T|1, S, L)`` and ``global_score_bias (T|1, S, g)`` per query block
+    (``T`` blocks over all streams) or None; ``edges (S, L)`` the band's additive mask.
+    """
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    key_bias: Tensor | None
+    global_bias: Tensor | None
+    score_bias: Tensor | None
+    global_score_bias: Tensor | None
+    edges: Tensor
+
+    def stream_inputs(self, stream: Stream, key_masked: Tensor | None, num_global: int) -> StreamInputs:
+        """The stream's views of these inputs."""
+        return StreamInputs(stream, self.q, self.k, self.v, self.key_bias, key_masked, num_global,
+                            self.global_bias)
+
+    def scores(self, chunk: Chunk, inputs: StreamInputs, buf: Tensor, scale: float, blocks: slice
+               ) -> tuple[Tensor, Tensor | None]:
+        """The chunk's band scores ``(c, S, L)`` (into ``buf``) and global scores ``(c*S, g)``."""
+        return chunk_scores(chunk, inputs, self.edges, buf, scale, self.score_bias, self.global_score_bias,
+                            blocks)
+
+
+def band_forward(band: BandInputs, geo: Geometry, streams: list[Stream], num_global: int
+                 ) -> tuple[Tensor, Tensor, Tensor | None]:
+    """``out (B, H, Nq, Dv)``, the rows' log-sum-exp ``(B, H, Nq)`` (-inf for a row with no
+    key) and the masked keys on the host (``(B|1, H|1, Nk)`` bool, or None)."""
+    q, v = band.q, band.v
+    batch, heads, q_len, dim = q.shape
+    scale = 1.0 / math.sqrt(dim)
+    out = q.new_empty(batch, heads, q_len, v.shape[-1])  # (B, H, Nq, Dv)
+    lse = q.new_empty(batch, heads, q_len)  # (B, H, Nq)
+    scores_buf = q.new_empty(max_chunk_blocks(geo, streams), geo.block, geo.window_keys)  # (chunk, S, L)
+    # masked keys, on the host once: each chunk checks its windows without a device sync
+    key_masked = None if band.key_bias is None else torch.isneginf(band.key_bias).cpu()
+    for stream in streams:
+        inputs = band.stream_inputs(stream, key_masked, num_global)
+        out_rows, lse_rows = stream.view(out, stream.q_rows), stream.view(lse, stream.q_rows)  # (nq, Dv), (nq,)
+        for first, end, interior in stream.chunks(geo):
+            chunk = Chunk(stream, geo, first, end, interior, inputs)
+            blocks = slice(stream.first_block + first, stream.first_block + end)
+            _forward_chunk(band, chunk, inputs, blocks, scores_buf, scale, out_rows, lse_rows)
+    return out, lse, key_masked
+
+
+def _forward_chunk(band: BandInputs, chunk: Chunk, inputs: StreamInputs, blocks: slice, scores_buf: Tensor,
+                   scale: float, out_rows: Tensor, lse_rows: Tensor) -> None:
+    """Softmax attention of one chunk into the stream's output rows and log-sum-exp."""
+    count, rows = chunk.blocks, chunk.block
+    weights, global_weights = band.scores(chunk, inputs, scores_buf, scale, blocks)  # (c, S, L), (c*S, g)
+    row_max = weights.amax(dim=-1)  # (c, S)
+    if global_weights is not None:
+        row_max = torch.maximum(row_max, global_weights.amax(dim=-1).view_as(row_max))
+    row_max.masked_fill_(torch.isneginf(row_max), 0.0)  # a row with no key: exp(-inf - 0) = 0
+    weights.sub_(row_max.unsqueeze(-1)).exp_()  # (c, S, L) unnormalised probabilities
+    denom = weights.sum(dim=-1)  # (c, S)
+    if chunk.interior:
+        out = out_rows[chunk.row_start : chunk.row_end]  # (c*S, Dv): written in place
+    else:
+        out = out_rows.new_empty(count * rows, out_rows.shape[-1])  # (c*S, Dv) with padding rows
+    torch.bmm(weights, chunk.v, out=out.unflatten(0, (count, rows)))  # (c, S, Dv)
+    if global_weights is not None:
+        global_weights.sub_(row_max.view(-1, 1)).exp_()  # (c*S, g)
+        denom += global_weights.sum(dim=-1).view_as(denom)
+        out.addmm_(global_weights, inputs.global_v)
+    denom = denom.flatten()  # (c*S,)
+    out.div_(denom.clamp_min(torch.finfo(out.dtype).tiny).unsqueeze(-1))
+    row_lse = row_max.flatten().add_(denom.log())  # (c*S,), -inf where no key
+    if not chunk.interior:
+        valid = chunk.row_end - chunk.row_start
+        out_rows[chunk.row_start : chunk.row_end] = out[:valid]
+        row_lse = row_lse[:valid]
+    lse_rows[chunk.row_start : chunk.row_end] = row_lse

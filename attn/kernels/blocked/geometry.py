@@ -1,0 +1,139 @@
+"""Block geometry of the ``blocked`` kernel: query blocks, their key windows, streams, chunks.
+
+Queries are cut into blocks of ``S`` rows; block ``t`` attends to the ``L = nw * S`` keys
+around it: ``blocks_left`` blocks to the left, its own, ``blocks_right`` to the right
+(``nw`` blocks in all). The work is done per *stream*: one batch element, head and, for
+dilated patterns, residue class, on plain 2-D views of the caller's tensors. A stream's
+blocks are processed in *chunks* of up to ``chunk`` blocks; interior chunks (whole blocks
+whose windows lie inside the keys) read the inputs through views, edge chunks through small
+zero-padded copies (:mod:`attn.kernels.blocked.chunk`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+#: scores per chunk of blocks (elements): ~4 MB in fp32, so the softmax passes stay in cache
+CHUNK_ELEMENTS = 1 << 20
+
+
+def block_size(window: int) -> int:
+    """Query block size for a window: about ``w/2`` (so ``L = S + 2w`` wastes ~25%), 16..64."""
+    return max(16, min(64, window // 2 if window >= 32 else window))
+
+
+def band_edges(block: int, blocks_left: int, blocks_right: int, window: int, causal: bool,
+               dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Additive mask ``(S, L)``: 0 where ``|i - j| <= w`` (and ``j <= i`` if causal), else -inf.
+
+    Query row ``a`` of a block and window column ``c`` are ``i - j = a - c + blocks_left*S`` apart.
+    """
+    row = torch.arange(block, device=device).view(block, 1)  # (S, 1)
+    col = torch.arange((blocks_left + 1 + blocks_right) * block, device=device).view(1, -1)  # (1, L)
+    offset = row - col + blocks_left * block  # (S, L) = i - j
+    allowed = offset.abs() <= window
+    if causal:
+        allowed &= offset >= 0
+    return torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, float("-inf"))
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Block layout of one call: ``block`` query rows (S) per block, key blocks to the left and
+    right of each, and how many blocks one chunk holds."""
+
+    block: int
+    blocks_left: int
+    blocks_right: int
+    chunk: int
+
+    @property
+    def window_blocks(self) -> int:
+        """Key blocks in one block's window (``nw``)."""
+        return self.blocks_left + 1 + self.blocks_right
+
+    @property
+    def window_keys(self) -> int:
+        """Keys in one block's window (``L = nw * S``)."""
+        return self.window_blocks * self.block
+
+
+def geometry(window: int, causal: bool, block: int | None = None, chunk: int | None = None) -> Geometry:
+    """The layout of a band of ``window``; ``block`` and ``chunk`` override the tuned defaults."""
+    rows = block or block_size(window)
+    left = math.ceil(window / rows)
+    right = 0 if causal else left
+    per_chunk = chunk or max(1, CHUNK_ELEMENTS // (rows * (left + 1 + right) * rows))
+    return Geometry(rows, left, right, per_chunk)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """One (batch, head, residue class): rows ``q_rows`` of the queries, ``k_rows`` of the keys.
+
+    In the stream's own coordinates query row ``m`` sits at position ``q_offset + m`` and key
+    row ``n`` at ``n``; absolute positions are ``dilation * position + residue``.
+    ``first_block`` numbers the stream's first query block among all streams (the layout of
+    the per-block score biases).
+    """
+
+    batch: int
+    head: int
+    residue: int
+    q_rows: slice
+    k_rows: slice
+    q_count: int
+    k_count: int
+    q_offset: int
+    first_block: int
+
+    def n_blocks(self, block: int) -> int:
+        """Query blocks of ``block`` rows covering the stream (the last one may be partial)."""
+        return -(-self.q_count // block)
+
+    def view(self, x: Tensor, rows: slice) -> Tensor:
+        """The stream's 2-D (or 1-D) view of ``x (B|1, H|1, N, ...)``: no copy."""
+        return x[min(self.batch, x.shape[0] - 1), min(self.head, x.shape[1] - 1), rows]
+
+    def chunks(self, geo: Geometry) -> list[tuple[int, int, bool]]:
+        """Block ranges ``(first, end, interior)``; interior blocks are full and their window
+        lies inside ``[0, k_count)``, so they read the inputs through views; the rest are
+        padded copies."""
+        first_key = self.q_offset - geo.blocks_left * geo.block  # position of block 0's first window key
+        n_blocks = self.n_blocks(geo.block)
+        inner_start = min(n_blocks, max(0, -(first_key // geo.block)))
+        inner_end = max(inner_start, min(self.q_count // geo.block,
+                                         (self.k_count - first_key - geo.window_keys) // geo.block + 1))
+        ranges = []
+        for lo, hi, interior in ((0, inner_start, False), (inner_start, inner_end, True),
+                                 (inner_end, n_blocks, False)):
+            ranges += [(t, min(t + geo.chunk, hi), interior) for t in range(lo, hi, geo.chunk)]
+        return ranges
+
+
+def make_streams(batch: int, heads: int, q_len: int, k_len: int, q_offset: int, dilation: int,
+                 block: int) -> list[Stream]:
+    """Streams in (batch, head, residue) order; residue ``c`` holds positions ``i % dilation == c``."""
+    streams, first_block = [], 0
+    for b in range(batch):
+        for h in range(heads):
+            for residue in range(dilation):
+                row0 = (residue - q_offset) % dilation  # first query row whose position is in the class
+                q_count = len(range(row0, q_len, dilation))
+                if q_count == 0:
+                    continue
+                stream = Stream(b, h, residue, slice(row0, None, dilation), slice(residue, None, dilation),
+                                q_count, len(range(residue, k_len, dilation)), (q_offset + row0) // dilation,
+                                first_block)
+                streams.append(stream)
+                first_block += stream.n_blocks(block)
+    return streams
+
+
+def max_chunk_blocks(geo: Geometry, streams: list[Stream]) -> int:
+    """Blocks in the largest chunk of any stream (the size of the score buffers)."""
+    return min(geo.chunk, max(stream.n_blocks(geo.block) for stream in streams))

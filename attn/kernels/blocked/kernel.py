@@ -1,0 +1,104 @@
+""":func:`blocked_attention` (global rows, band rows) and the :class:`BlockedKernel`."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attn.base import Attention, Band, KernelPath
+from attn.kernels.base import Kernel
+from attn.kernels.blocked.core import banded_attention
+from attn.kernels.blocked.dense import global_row_attention, global_rows, key_span_attention, uses_key_span
+from attn.mods import ScoreMod
+
+
+def blocked_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    band: Band,
+    *,
+    causal: bool = False,
+    key_mask: Tensor | None = None,
+    score_mod: ScoreMod | None = None,
+    block: int | None = None,
+    chunk: int | None = None,
+) -> Tensor:
+    """Exact banded attention (sliding window, dilated, global tokens) in O(N*w) time.
+
+    ``q (B, H, Nq, D)``, ``k (B, H, Nk, D)``, ``v (B, H, Nk, Dv)`` -> ``(B, H, Nq, Dv)``;
+    positions bottom-right aligned. ``block`` (query rows per block) and ``chunk`` (blocks per
+    chunk) override the tuned defaults.
+    """
+    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    dtype = q.dtype
+    q, k, v = q.to(compute), k.to(compute), v.to(compute)
+    q_len, k_len = q.shape[2], k.shape[2]
+    offset = k_len - q_len  # position of query row 0
+    n_global_rows = global_rows(q_len, k_len, band.num_global)
+    band_out = None  # (B, H, Nq - n_global_rows, Dv)
+    if n_global_rows < q_len:
+        rows, row_offset = q[:, :, n_global_rows:], offset + n_global_rows
+        if uses_key_span(q_len - n_global_rows, band, block):
+            band_out = key_span_attention(rows, k, v, band, causal=causal, q_offset=row_offset,
+                                          key_mask=key_mask, score_mod=score_mod)
+        else:
+            band_out = banded_attention(rows, k, v, band, causal=causal, q_offset=row_offset,
+                                        key_mask=key_mask, score_mod=score_mod, block=block, chunk=chunk)
+    if n_global_rows == 0:
+        result = band_out
+    else:
+        global_out = global_row_attention(q[:, :, :n_global_rows], k, v, causal=causal, q_offset=offset,
+                                          key_mask=key_mask, score_mod=score_mod)  # (B, H, n_global_rows, Dv)
+        result = global_out if band_out is None else torch.cat([global_out, band_out], dim=2)
+    return result.to(dtype)
+
+
+class BlockedKernel(Kernel):
+    """Banded blocks in pure PyTorch: O(N*w) time, O(N) extra memory, autograd, any device."""
+
+    name = "blocked"
+    description = "banded query/key blocks (sliding window, dilated, global tokens), O(N*w)"
+
+    def not_supported_reasons(self, attention, call) -> list[str]:
+        if reasons := self.exactness_reasons(attention):
+            return reasons
+        if attention.band() is None:
+            return [f"{attention.name} has no banded structure (band() is None)"]
+        return []
+
+    def run(self, attention: Attention, q, k, v, causal, key_mask):
+        band = attention.band()
+        score_mod = attention.score_mod()
+        q_len, k_len = q.shape[2], k.shape[2]
+        n_neg = max(q_len - k_len, 0)  # rows at negative absolute positions (Nq > Nk)
+        fallback = None
+        out = blocked_attention(
+            q[:, :, n_neg:], k, v, band, causal=causal, key_mask=key_mask, score_mod=score_mod
+        )
+        if n_neg:
+            # a variant's rule at negative positions is its own (e.g. global_tokens: i < g
+            # holds for every i < 0); compute those rows exactly from the mask_mod
+            from attn.kernels.chunked import chunked_attention
+
+            head = chunked_attention(
+                q[:, :, :n_neg], k, v, mask_mod=attention.mask_mod(), score_mod=score_mod,
+                score_params=tuple(attention.parameters()), causal=causal, key_mask=key_mask,
+                q_offset=k_len - q_len,
+            )
+            out = torch.cat([head, out], dim=2)
+            fallback = f"{n_neg} query rows at negative positions (Nq > Nk) computed by chunked"
+        return out, KernelPath(self.name, _path(band, q_len - n_neg, k_len), fallback=fallback)
+
+
+def _path(band: Band, q_len: int, k_len: int) -> str:
+    """The ``KernelPath.path`` of a call of ``q_len`` rows at non-negative positions."""
+    parts = [f"w={band.window}"]
+    if band.dilation > 1:
+        parts.append(f"residues r={band.dilation}")
+    if band.num_global:
+        parts.append(f"g={band.num_global} dense rows/cols")
+    band_rows = q_len - global_rows(q_len, k_len, band.num_global)
+    if uses_key_span(band_rows, band):
+        return f"dense over the band's key span, Nq <= one block ({', '.join(parts)})"
+    return f"banded blocks ({', '.join(parts)})"
