@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, ClassVar
 
 import torch
@@ -11,41 +11,10 @@ from torch import Tensor, nn
 from attn.call import AttentionCall
 from attn.contract import check_qkv, require_choice, require_int, require_optional_int
 from attn.cost import Cost, CostQuery, exact_cost, pairs_cost
-from attn.kernels import get_kernel
+from attn.kernels import auto, get_kernel
+from attn.kernels.base import Band, KernelPath
 from attn.mods import MaskMod, ScoreMod
-
-
-@dataclass(frozen=True)
-class KernelPath:
-    """What actually ran for the last forward call: recorded on every benchmark row.
-
-    ``mask_emulated`` is True when a sparse pattern was computed through a dense
-    materialised mask (the cost of full attention); ``fallback`` names a known slow path;
-    ``compile_s`` is the compilation time spent inside this call, if any; ``setup_s`` and
-    ``setup_bytes`` are the time and bytes of cached structures this call built (a dense
-    mask, a block mask), which later calls of the same shape reuse.
-    """
-
-    kernel: str
-    path: str
-    mask_emulated: bool = False
-    fallback: str | None = None
-    compile_s: float | None = None  # time spent compiling in this call (first call of a shape)
-    setup_s: float | None = None  # time building a cached mask in this call
-    setup_bytes: int | None = None  # bytes of the cached mask built in this call
-
-
-@dataclass(frozen=True)
-class Band:
-    """Banded structure of a pattern, for kernels that compute only the band (O(N*w)).
-
-    Allowed (non-causal): ``(i - j) % dilation == 0 and |i - j| <= dilation * window``,
-    or ``i < num_global`` or ``j < num_global``.
-    """
-
-    window: int
-    dilation: int = 1
-    num_global: int = 0
+from attn.position_bias import POSITION_BIASES, RelativePositionBias
 
 
 class Attention(nn.Module):
@@ -147,18 +116,14 @@ class Attention(nn.Module):
         # the short-call limit follows the variant's kind: as fixed as the choices themselves
         limits = self.__dict__.setdefault("_auto_short_keys", {})
         if device_type not in limits:
-            from attn.kernels.auto import short_keys
-
-            limits[device_type] = short_keys(self, call.device)
+            limits[device_type] = auto.short_keys(self, call.device)
         limit = limits[device_type]
         short = limit is not None and call.k_len is not None and call.k_len < limit
         key = (call.device, call.dtype, call.causal, call.requires_grad, call.has_key_mask, short)
         cache = self.__dict__.setdefault("_auto_choices", {})
         name = cache.get(key)
         if name is None or get_kernel(name).not_supported_reasons(self, call):
-            from attn.kernels.auto import choose_kernel
-
-            chosen = choose_kernel(self, call)
+            chosen = auto.choose_kernel(self, call)
             if name is None:  # a kernel the remembered one refuses (for its lengths) is not remembered
                 cache[key] = chosen
             name = chosen
@@ -219,8 +184,6 @@ class ExactAttention(Attention):
         head_dim: int | None = None,
     ) -> None:
         super().__init__(kernel=kernel, num_heads=num_heads, head_dim=head_dim)
-        from attn.position_bias import POSITION_BIASES, RelativePositionBias
-
         require_choice(self.name, "position_bias", position_bias, (None, *POSITION_BIASES))
         require_int(self.name, "max_distance", max_distance, minimum=0)
         self.max_distance = max_distance

@@ -42,6 +42,7 @@ from attn.conformance.harness import (
 from attn.conformance.report import CheckResult
 from attn.kernels import get_kernel
 from attn.kernels.reference import dense_attention
+from attn.mods import dense_allowed
 
 
 @check("shape_dtype_finite")
@@ -153,8 +154,6 @@ def _check_pattern(module, kernel, device, seed) -> str | None:
         ran = True
         q, k, v = make_inputs(shape, dtype, device, seed)
         effective = _effective_pattern(module, q, k, v, causal)  # (H, N, N)
-        from attn.mods import dense_allowed
-
         expected = dense_allowed(
             module.mask_mod(), batch=1, heads=3, q_len=PROBE_LEN, k_len=PROBE_LEN,
             causal=causal or module.forces_causal, key_mask=None, device=device,

@@ -10,18 +10,17 @@ from __future__ import annotations
 from functools import cache
 
 from attn.kernels.base import Kernel
+from attn.kernels.blocked import BlockedKernel
+from attn.kernels.chunked import ChunkedKernel
+from attn.kernels.flex import FlexKernel
+from attn.kernels.native import NativeKernel
+from attn.kernels.reference import ReferenceKernel
+from attn.kernels.sdpa import SdpaKernel
+from attn.kernels.xformers import XformersKernel
 
 
 @cache
 def _builtin_kernels() -> dict[str, Kernel]:
-    from attn.kernels.blocked import BlockedKernel
-    from attn.kernels.chunked import ChunkedKernel
-    from attn.kernels.flex import FlexKernel
-    from attn.kernels.native import NativeKernel
-    from attn.kernels.reference import ReferenceKernel
-    from attn.kernels.sdpa import SdpaKernel
-    from attn.kernels.xformers import XformersKernel
-
     kernels: list[Kernel] = [
         ReferenceKernel(), SdpaKernel(), NativeKernel(), BlockedKernel(), ChunkedKernel(),
         FlexKernel(), XformersKernel(),

@@ -48,10 +48,15 @@ approximate       native                                       native
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
-from attn.base import Attention
 from attn.call import AttentionCall
+from attn.kernels import get_kernel, list_kernels
+
+if TYPE_CHECKING:
+    from attn.base import Attention
 
 #: preference order per (device type, kind); kernels a variant lacks are skipped
 AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
@@ -114,8 +119,6 @@ def choose_kernel(attention: Attention, call: AttentionCall) -> str:
 
     The call's ``k_len`` selects the short-call order; None means a long call.
     """
-    from attn.kernels import get_kernel, list_kernels
-
     known = set(list_kernels())
     reasons: list[str] = []
     for name in auto_order(attention, call.device, call.k_len):

@@ -11,14 +11,17 @@ memory-efficient path for ``relative`` (and any exact variant) at long N.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from attn.base import Attention, KernelPath
-from attn.kernels.base import Kernel
+from attn.kernels.base import Kernel, KernelPath
 from attn.mods import MaskMod, ScoreMod, and_masks, causal_mask_mod, masked_softmax
+
+if TYPE_CHECKING:
+    from attn.base import Attention
 
 #: target elements of one chunk of scores (B * H * C * Nk)
 CHUNK_ELEMENTS = 1 << 22

@@ -46,16 +46,18 @@ import types
 import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-from attn.base import Attention, KernelPath
-from attn.kernels.base import Kernel
+from attn.kernels.base import Kernel, KernelPath
 from attn.mods import MaskMod, ScoreMod, and_masks, causal_mask_mod
+
+if TYPE_CHECKING:
+    from attn.base import Attention
 
 BLOCK = 128
 #: on CPU, key lengths (and query lengths of at least this many rows) are padded to a

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from attn.base import KernelPath
-from attn.kernels.base import Kernel
+from attn.kernels.base import Kernel, KernelPath
 
 
 class NativeKernel(Kernel):

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from attn.base import Attention, KernelPath
-from attn.kernels.base import Kernel
+from attn.kernels.base import Kernel, KernelPath
 from attn.mods import MaskMod, ScoreMod, dense_allowed, dense_scores_mod, masked_softmax
+
+if TYPE_CHECKING:
+    from attn.base import Attention
 
 
 def dense_attention(

@@ -21,14 +21,17 @@ import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from attn.base import Attention, KernelPath
-from attn.kernels.base import Kernel
+from attn.kernels.base import Kernel, KernelPath
 from attn.mods import dense_allowed, index_grids
+
+if TYPE_CHECKING:
+    from attn.base import Attention
 
 #: cached masks kept per module (most recently used shapes)
 MAX_CACHED_SHAPES = 4

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from attn.base import Attention, KernelPath
-from attn.kernels.base import Kernel
+from attn.kernels.base import Kernel, KernelPath
+
+if TYPE_CHECKING:
+    from attn.base import Attention
 
 
 def load_xformers() -> tuple[ModuleType | None, str | None]:

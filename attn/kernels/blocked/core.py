@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attn.base import Band
+from attn.kernels.base import Band
 from attn.kernels.blocked.backward import band_backward
 from attn.kernels.blocked.forward import BandInputs, band_forward
 from attn.kernels.blocked.geometry import Geometry, Stream, band_edges, geometry, make_streams

@@ -9,7 +9,7 @@ import math
 import torch
 from torch import Tensor
 
-from attn.base import Band
+from attn.kernels.base import Band
 from attn.kernels.blocked.geometry import block_size
 from attn.mods import ScoreMod
 

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
 
-from attn.base import Attention, Band, KernelPath
-from attn.kernels.base import Kernel
+from attn.kernels.base import Band, Kernel, KernelPath
 from attn.kernels.blocked.core import banded_attention
 from attn.kernels.blocked.dense import global_row_attention, global_rows, key_span_attention, uses_key_span
+from attn.kernels.chunked import chunked_attention
 from attn.mods import ScoreMod
+
+if TYPE_CHECKING:
+    from attn.base import Attention
 
 
 def blocked_attention(
@@ -79,8 +84,6 @@ class BlockedKernel(Kernel):
         if n_neg:
             # a variant's rule at negative positions is its own (e.g. global_tokens: i < g
             # holds for every i < 0); compute those rows exactly from the mask_mod
-            from attn.kernels.chunked import chunked_attention
-
             head = chunked_attention(
                 q[:, :, :n_neg], k, v, mask_mod=attention.mask_mod(), score_mod=score_mod,
                 score_params=tuple(attention.parameters()), causal=causal, key_mask=key_mask,
