@@ -142,13 +142,21 @@ class MultiHeadAttention(nn.Module):
         return KVCache(keep_first, keep_last)
 
     def split(self, x: Tensor) -> Tensor:
+        """``(B, N, D)`` -> per-head ``(B, H, N, Dh)``."""
         batch, length, _ = x.shape
         return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, N, Dh)
 
+    def queries(self, x: Tensor) -> Tensor:
+        """Per-head queries ``(B, H, Nq, Dh)`` of ``x (B, Nq, D)``."""
+        return self.split(self.q_proj(x))
+
+    def keys_values(self, context: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-head keys and values ``(B, H, Nk, Dh)`` of ``context (B, Nk, D)``."""
+        return self.split(self.k_proj(context)), self.split(self.v_proj(context))
+
     def project(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Per-head ``q (B, H, Nq, Dh)``, ``k, v (B, H, Nk, Dh)`` (each token independently)."""
-        context = x if context is None else context
-        return self.split(self.q_proj(x)), self.split(self.k_proj(context)), self.split(self.v_proj(context))
+        return (self.queries(x), *self.keys_values(x if context is None else context))
 
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None
@@ -167,13 +175,12 @@ class MultiHeadAttention(nn.Module):
         key_mask: Tensor | None = None,
         cache: KVCache | None = None,
     ) -> Tensor:
-        q = self.split(self.q_proj(x))  # (B, H, Nq, Dh)
+        """``x (B, Nq, D)`` attends over ``context`` (default ``x``), through ``cache`` if given."""
+        q = self.queries(x)  # (B, H, Nq, Dh)
         if cache is not None and cache.static and cache.k is not None:
             k, v = cache.k, cache.v  # cross attention: memory projected once
         else:
-            source = x if context is None else context
-            k = self.split(self.k_proj(source))  # (B, H, Nk, Dh)
-            v = self.split(self.v_proj(source))
+            k, v = self.keys_values(x if context is None else context)  # (B, H, Nk, Dh)
             if cache is not None:
                 if key_mask is not None and not cache.static:
                     raise ValueError("key_mask: not supported together with a growing KV cache")

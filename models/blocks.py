@@ -57,6 +57,16 @@ class TransformerBlock(nn.Module):
         self.norm2 = nn.LayerNorm(d_model)
         self.drop = nn.Dropout(dropout)
 
+    def new_cache(self) -> KVCache:
+        """An empty KV cache for this block's self-attention (sized by its pattern)."""
+        return self.self_attn.new_cache()
+
+    def new_cross_cache(self) -> KVCache:
+        """An empty static cache for the cross-attention, filled once from the memory."""
+        if self.cross_attn is None:
+            raise ValueError("cross_attention: this block has no cross-attention to cache")
+        return self.cross_attn.new_cache(static=True)
+
     # sublayer plumbing: what goes into a sublayer and how its output is added back
     def sublayer_input(self, norm: nn.LayerNorm, x: Tensor) -> Tensor:
         return norm(x) if self.pre_norm else x
@@ -67,6 +77,28 @@ class TransformerBlock(nn.Module):
 
     def ffn_sublayer(self, x: Tensor) -> Tensor:
         return self.residual(self.norm2, x, self.ffn(self.sublayer_input(self.norm2, x)))
+
+    # the seams of step-wise inference (streaming, single-output blocks)
+    def self_attention_inputs(self, x: Tensor, query_x: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-head ``q`` of ``query_x`` (default ``x``) and ``k, v`` of ``x``, block inputs
+        ``(B, N, D)`` -> ``(B, H, N, Dh)``: what the self-attention computes from each token
+        alone, so a caller may cache them per token."""
+        h = self.sublayer_input(self.norm1, x)
+        query_h = h if query_x is None else self.sublayer_input(self.norm1, query_x)
+        return self.self_attn.project(query_h, h)
+
+    def finish(
+        self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+        key_mask: Tensor | None = None,
+    ) -> Tensor:
+        """The block's output at the queries' positions from per-head ``q (B, H, Nq, Dh)``,
+        ``k, v (B, H, Nk, Dh)`` (see :meth:`self_attention_inputs`) and the block input there,
+        ``x (B, Nq, D)``: self-attention, residual, FFN -> ``(B, Nq, D)``. Blocks without
+        cross-attention only."""
+        if self.cross_attn is not None:
+            raise ValueError("cross_attention: finish() runs blocks without cross-attention only")
+        out = self.self_attn.attend(q, k, v, causal=causal, key_mask=key_mask)  # (B, Nq, D)
+        return self.ffn_sublayer(self.residual(self.norm1, x, out))
 
     def forward(
         self,
@@ -98,10 +130,8 @@ class TransformerBlock(nn.Module):
         Keys and values come from every position, the query only from the last one, and
         the FFN runs on one token (Continual single-output attention, Hedegaard et al.).
         """
-        h = self.sublayer_input(self.norm1, x)  # (B, N, D)
-        out = self.self_attn(h[:, -1:], h, causal=causal, key_mask=key_mask)  # (B, 1, D)
-        return self.ffn_sublayer(self.residual(self.norm1, x[:, -1:], out))
-
+        q, k, v = self.self_attention_inputs(x, x[:, -1:])  # q (B, H, 1, Dh), k, v (B, H, N, Dh)
+        return self.finish(x[:, -1:], q, k, v, causal=causal, key_mask=key_mask)
 
 def make_blocks(
     config: ModelConfig,

@@ -45,7 +45,7 @@ class DecoderLM(GenerationMixin, nn.Module):
             self.lm_head.weight = self.token_emb.weight
 
     def new_cache(self) -> DecoderCache:
-        return DecoderCache([block.self_attn.new_cache() for block in self.blocks])
+        return DecoderCache([block.new_cache() for block in self.blocks])
 
     def forward(
         self, ids: Tensor, key_mask: Tensor | None = None, *, cache: DecoderCache | None = None

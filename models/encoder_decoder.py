@@ -82,8 +82,8 @@ class EncoderDecoder(GenerationMixin, nn.Module):
 
     def new_cache(self) -> DecoderCache:
         return DecoderCache(
-            [b.self_attn.new_cache() for b in self.decoder_blocks],
-            [b.cross_attn.new_cache(static=True) for b in self.decoder_blocks],
+            [b.new_cache() for b in self.decoder_blocks],
+            [b.new_cross_cache() for b in self.decoder_blocks],
         )
 
     def start_decoding(

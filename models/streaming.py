@@ -75,7 +75,7 @@ class StreamingEncoder:
         ids = ids[:, -self.window :]
         x = self.embed(ids)  # (B, T, D)
         first = self.blocks[0]
-        self.q, self.k, self.v = first.self_attn.project(first.sublayer_input(first.norm1, x))
+        self.q, self.k, self.v = first.self_attention_inputs(x)  # (B, H, T, Dh)
         if len(self.blocks) == 1:
             self.q = None
         else:
@@ -87,15 +87,13 @@ class StreamingEncoder:
         n = self.window
         x_t = self.embed(ids[:, None])  # (B, 1, D)
         first = self.blocks[0]
-        q, k, v = first.self_attn.project(first.sublayer_input(first.norm1, x_t))  # (B, H, 1, Dh)
+        q, k, v = first.self_attention_inputs(x_t)  # (B, H, 1, Dh)
         self.k, self.v = _push(self.k, k, 2, n), _push(self.v, v, 2, n)  # (B, H, T, Dh)
         if len(self.blocks) == 1:
-            out = first.self_attn.attend(q, self.k, self.v)  # single output: (B, 1, D)
-            y = first.ffn_sublayer(first.residual(first.norm1, x_t, out))
+            y = first.finish(x_t, q, self.k, self.v)  # single output: (B, 1, D)
             return self.norm(y)[:, 0]
         self.q, self.x = _push(self.q, q, 2, n), _push(self.x, x_t, 1, n)
-        out = first.self_attn.attend(self.q, self.k, self.v)  # retroactive: (B, T, D)
-        h = first.ffn_sublayer(first.residual(first.norm1, self.x, out))
+        h = first.finish(self.x, self.q, self.k, self.v)  # retroactive: (B, T, D)
         for block in self.blocks[1:-1]:
             h = block(h)
         y = self.blocks[-1].forward_last(h)  # (B, 1, D)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attn
-from models import create_model
+from models import TransformerBlock, create_model
 
 
 def streaming_cases() -> list[tuple[str, dict]]:
@@ -72,3 +72,19 @@ def test_stream_requires_position_free_encoder():
         model.stream(8)
     with pytest.raises(ValueError, match="^window:"):
         encoder("full", {}).stream(0)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_block_seams_compose_to_the_block(norm):
+    """self_attention_inputs + finish (the seams streaming uses) equal the block's forward,
+    causal or not; a block with cross-attention refuses finish (it would skip a sublayer)."""
+    torch.manual_seed(0)
+    block = TransformerBlock(16, 2, 32, attention="sliding_window", attention_params={"window": 3}, norm=norm)
+    x = torch.randn(2, 11, 16)
+    for causal in (False, True):
+        q, k, v = block.self_attention_inputs(x)
+        assert q.shape == k.shape == v.shape == (2, 2, 11, 8)
+        torch.testing.assert_close(block.finish(x, q, k, v, causal=causal), block(x, causal=causal))
+    cross = TransformerBlock(16, 2, 32, cross_attention="full")
+    with pytest.raises(ValueError, match="cross_attention"):
+        cross.finish(x, q, k, v)
