@@ -22,6 +22,15 @@ from typing import Any
 import pandas as pd
 import torch
 
+import attn
+from bench.decoding_options import DecodingOptions
+from bench.fsutil import atomic_write_text
+from bench.provenance import environment
+from bench.results import write_env
+from bench.threads import torch_threads
+from models import create_model
+from models.registry import model_config
+
 SPEEDUP_GOAL = 5.0  # the cache must be at least this much faster at the longest context
 
 
@@ -54,8 +63,6 @@ def bench_decoding(
     seed: int = 0,
 ) -> list[dict[str, Any]]:
     """Rows for cached and uncached greedy decoding of ``new_tokens`` after ``context`` tokens."""
-    from models import create_model
-
     torch.manual_seed(seed)
     model = create_model(
         "decoder_lm", preset="lra", attention=attention, attention_params=params,
@@ -83,8 +90,6 @@ def bench_streaming(
     window: int, num_layers: int, steps: int, sizes: dict[str, int], repeats: int, seed: int = 0
 ) -> dict[str, Any]:
     """Per-step time of the streaming encoder and of recomputing the window."""
-    from models import create_model
-
     torch.manual_seed(seed)
     model = create_model(
         "encoder_classifier", preset="lra", position="none", max_len=window,
@@ -154,20 +159,8 @@ def summary_markdown(decoding: pd.DataFrame, streaming: pd.DataFrame, env: dict[
     return "\n".join(lines) + "\n"
 
 
-def _at_least(option: str, values: Any, minimum: int) -> None:
-    """Each of ``values`` (one value or a list; None: the default) is an integer >= minimum."""
-    if values is None:
-        return
-    for value in values if isinstance(values, (list, tuple)) else [values]:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{option}: must be an integer >= {minimum}; got {value!r}")
-
-
 def _decoder_attention(spec: str, window: int, max_len: int, sizes: dict[str, int]) -> None:
     """``--attention spec`` can run in ``decoder_lm`` (registered, causal, buildable)."""
-    import attn
-    from models.registry import model_config
-
     known = attn.list_attention()
     causal = [n for n in known if attn.attention_info(n).supports_causal]
     if spec not in known:
@@ -182,89 +175,34 @@ def _decoder_attention(spec: str, window: int, max_len: int, sizes: dict[str, in
         raise ValueError(f"--attention {spec}: {err}") from None
 
 
-def check_arguments(
-    *,
-    context: list[int] | None = None,
-    new_tokens: int = 32,
-    attention: list[str] | None = None,
-    window: int = 256,
-    d_model: int = 256,
-    num_heads: int = 4,
-    num_layers: int = 4,
-    d_ff: int = 1024,
-    vocab_size: int = 256,
-    stream_window: list[int] | None = None,
-    stream_layers: list[int] | None = None,
-    stream_steps: int = 32,
-    repeats: int = 3,
-    threads: int | None = None,
-) -> None:
-    """``ValueError`` naming the option and the allowed values for any argument of
-    :func:`run_decoding_benchmark` (except ``out``) that cannot run."""
-    for option, value, minimum in (
-        ("--context", context, 1), ("--new-tokens", new_tokens, 1), ("--window", window, 0),
-        ("--d-model", d_model, 1), ("--num-heads", num_heads, 1), ("--num-layers", num_layers, 1),
-        ("--d-ff", d_ff, 1), ("--vocab-size", vocab_size, 2),
-        ("--stream-window", stream_window, 1), ("--stream-layers", stream_layers, 1),
-        ("--stream-steps", stream_steps, 1), ("--repeats", repeats, 1), ("--threads", threads, 1),
-    ):
-        _at_least(option, value, minimum)
-    if d_model % num_heads:
-        raise ValueError(f"--d-model: must be divisible by --num-heads={num_heads}; got {d_model}")
-    sizes = dict(d_model=d_model, num_heads=num_heads, num_layers=num_layers, d_ff=d_ff,
-                 vocab_size=vocab_size)
-    max_len = max(context or [1024, 4096]) + new_tokens
-    for spec in attention or ["full"]:
-        _decoder_attention(spec, window, max_len, sizes)
+def check_attentions(options: DecodingOptions) -> None:
+    """``ValueError`` naming ``--attention`` for any attention a decoder cannot run."""
+    for spec in options.attention:
+        _decoder_attention(spec, options.window, options.max_len, options.sizes)
 
 
-def run_decoding_benchmark(
-    *,
-    out: Path,
-    context: list[int] | None = None,
-    new_tokens: int = 32,
-    attention: list[str] | None = None,
-    window: int = 256,
-    d_model: int = 256,
-    num_heads: int = 4,
-    num_layers: int = 4,
-    d_ff: int = 1024,
-    vocab_size: int = 256,
-    stream_window: list[int] | None = None,
-    stream_layers: list[int] | None = None,
-    stream_steps: int = 32,
-    repeats: int = 3,
-    threads: int | None = None,
-) -> None:
+def run_decoding_benchmark(options: DecodingOptions, out: Path) -> None:
     """Measure decoding tokens/s with and without the KV cache, and streaming step time."""
-    from bench.fsutil import atomic_write_text
-    from bench.provenance import environment
-    from bench.results import write_env
-    from bench.threads import torch_threads
-
-    check_arguments(context=context, new_tokens=new_tokens, attention=attention, window=window,
-                    d_model=d_model, num_heads=num_heads, num_layers=num_layers, d_ff=d_ff,
-                    vocab_size=vocab_size, stream_window=stream_window,
-                    stream_layers=stream_layers, stream_steps=stream_steps, repeats=repeats,
-                    threads=threads)
+    check_attentions(options)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out: {out} is a file; give a directory (it is created if missing)")
-    sizes = dict(d_model=d_model, num_heads=num_heads, num_layers=num_layers, d_ff=d_ff,
-                 vocab_size=vocab_size)
+    sizes = options.sizes
     out.mkdir(parents=True, exist_ok=True)
     decoding_rows: list[dict[str, Any]] = []
     streaming_rows: list[dict[str, Any]] = []
-    with torch_threads(threads), torch.inference_mode():
-        for spec in attention or ["full"]:
-            name, params = _attention_spec(spec, window)
-            for ctx in context or [1024, 4096]:
+    with torch_threads(options.threads), torch.inference_mode():
+        for spec in options.attention:
+            name, params = _attention_spec(spec, options.window)
+            for ctx in options.context:
                 print(f"decoding {name} context={ctx} ...", flush=True)
-                decoding_rows += bench_decoding(name, params, ctx, new_tokens, sizes, repeats)
-        for n in stream_window or [256, 1024]:
-            for layers in stream_layers or [1, 2]:
+                decoding_rows += bench_decoding(name, params, ctx, options.new_tokens, sizes, options.repeats)
+        for n in options.stream_window:
+            for layers in options.stream_layers:
                 print(f"streaming window={n} layers={layers} ...", flush=True)
-                streaming_rows.append(bench_streaming(n, layers, stream_steps, sizes, repeats))
-    env = environment("cpu", threads)
+                streaming_rows.append(
+                    bench_streaming(n, layers, options.stream_steps, sizes, options.repeats)
+                )
+    env = environment("cpu", options.threads)
     decoding, streaming = pd.DataFrame(decoding_rows), pd.DataFrame(streaming_rows)
     table = pd.concat([decoding, streaming], ignore_index=True).convert_dtypes()
     table = table.assign(git_sha=env["git_sha"], torch_version=env["torch_version"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pytest
 import torch
 from typer.testing import CliRunner
 
@@ -34,3 +35,18 @@ def test_decoding_benchmark_writes_results(tmp_path):
     assert "| full | 128 |" in summary and "goal >= 5x" in summary and "## Streaming" in summary
     (env,) = json.loads((tmp_path / "env.json").read_text())["segments"]
     assert {"torch_version", "threads", "git_sha", "timestamp"} <= set(env)
+
+
+def test_decoding_options_hold_the_defaults_and_check_each_option():
+    """One frozen options object: arguments not given take its defaults; each bad value is
+    named by its command-line option (also when called from Python, without typer's checks)."""
+    from bench.decoding_options import DecodingOptions
+
+    options = DecodingOptions.from_given(context=[64, 128], attention=None, threads=None, new_tokens=4)
+    assert options.context == (64, 128) and options.attention == ("full",) and options.new_tokens == 4
+    assert options.max_len == 132 and options.sizes["d_model"] == 256
+    for bad, option in ((dict(window=-1), "--window"), (dict(context=(16, 0)), "--context"),
+                        (dict(vocab_size=1), "--vocab-size"), (dict(threads=0), "--threads"),
+                        (dict(stream_layers=()), "--stream-layers"), (dict(d_model=30), "--d-model")):
+        with pytest.raises(ValueError, match=f"^{option}: "):
+            DecodingOptions(**bad)

@@ -12,6 +12,11 @@ from bench.cli.common import (
     check_writable,
     user_errors,
 )
+from bench.decoding_options import DecodingOptions as Defaults
+
+
+def _listed(values: tuple) -> str:
+    return " and ".join(map(str, values))
 
 
 @app.command("decoding")
@@ -19,34 +24,37 @@ from bench.cli.common import (
 def decoding_command(
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("results/decoding"),
     context: Annotated[list[int] | None, typer.Option(
-        "--context", min=1, help="Prompt lengths (repeatable; default 1024 and 4096).")] = None,
-    new_tokens: Annotated[int, typer.Option(min=1, help="Tokens generated per call.")] = 32,
+        "--context", min=1,
+        help=f"Prompt lengths (repeatable; default {_listed(Defaults.context)}).")] = None,
+    new_tokens: Annotated[int, typer.Option(min=1, help="Tokens generated per call.")] = Defaults.new_tokens,
     attention: Annotated[list[str] | None, typer.Option(
-        "--attention", help="Decoder attentions, causal ones only (repeatable; default full).")] = None,
-    window: Annotated[int, typer.Option(min=0, help="Window of banded attentions.")] = 256,
-    d_model: Annotated[int, typer.Option(min=1, help="Model width.")] = 256,
-    num_heads: Annotated[int, typer.Option(min=1, help="Attention heads.")] = 4,
-    num_layers: Annotated[int, typer.Option(min=1, help="Layers.")] = 4,
-    d_ff: Annotated[int, typer.Option(min=1, help="Feed-forward width.")] = 1024,
-    vocab_size: Annotated[int, typer.Option(min=2, help="Vocabulary size.")] = 256,
+        "--attention",
+        help=f"Decoder attentions, causal ones only (repeatable; default {_listed(Defaults.attention)}).")] = None,
+    window: Annotated[int, typer.Option(min=0, help="Window of banded attentions.")] = Defaults.window,
+    d_model: Annotated[int, typer.Option(min=1, help="Model width.")] = Defaults.d_model,
+    num_heads: Annotated[int, typer.Option(min=1, help="Attention heads.")] = Defaults.num_heads,
+    num_layers: Annotated[int, typer.Option(min=1, help="Layers.")] = Defaults.num_layers,
+    d_ff: Annotated[int, typer.Option(min=1, help="Feed-forward width.")] = Defaults.d_ff,
+    vocab_size: Annotated[int, typer.Option(min=2, help="Vocabulary size.")] = Defaults.vocab_size,
     stream_window: Annotated[list[int] | None, typer.Option(
-        "--stream-window", min=1, help="Streaming windows (repeatable; default 256, 1024).")] = None,
+        "--stream-window", min=1,
+        help=f"Streaming windows (repeatable; default {_listed(Defaults.stream_window)}).")] = None,
     stream_layers: Annotated[list[int] | None, typer.Option(
-        "--stream-layers", min=1, help="Streaming encoder depths (repeatable; default 1, 2).")] = None,
-    stream_steps: Annotated[int, typer.Option(min=1, help="Streaming steps per repeat.")] = 32,
-    repeats: Annotated[int, typer.Option(min=1, help="Timed repeats (median).")] = 3,
+        "--stream-layers", min=1,
+        help=f"Streaming encoder depths (repeatable; default {_listed(Defaults.stream_layers)}).")] = None,
+    stream_steps: Annotated[int, typer.Option(min=1, help="Streaming steps per repeat.")] = Defaults.stream_steps,
+    repeats: Annotated[int, typer.Option(min=1, help="Timed repeats (median).")] = Defaults.repeats,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
 ) -> None:
     """Measure decoding tokens/s with and without the KV cache, and streaming step time."""
-    from bench.decoding import check_arguments, run_decoding_benchmark
+    from bench.decoding import check_attentions, run_decoding_benchmark
 
-    arguments = dict(context=context, new_tokens=new_tokens, attention=attention, window=window,
-                     d_model=d_model, num_heads=num_heads, num_layers=num_layers, d_ff=d_ff,
-                     vocab_size=vocab_size, stream_window=stream_window,
-                     stream_layers=stream_layers, stream_steps=stream_steps, repeats=repeats,
-                     threads=threads)
-    check_arguments(**arguments)
+    options = Defaults.from_given(
+        context=context, new_tokens=new_tokens, attention=attention, window=window, d_model=d_model,
+        num_heads=num_heads, num_layers=num_layers, d_ff=d_ff, vocab_size=vocab_size,
+        stream_window=stream_window, stream_layers=stream_layers, stream_steps=stream_steps,
+        repeats=repeats, threads=threads,
+    )
+    check_attentions(options)
     check_writable(out)
-    run_decoding_benchmark(out=out, **arguments)
-
-
+    run_decoding_benchmark(options, out)

@@ -1,0 +1,76 @@
+"""The options of ``attn-bench decoding``, written once: defaults and checks on one frozen
+dataclass that the CLI and :func:`bench.decoding.run_decoding_benchmark` share.
+
+Kept free of torch and the model packages so the CLI can read the defaults at start-up;
+whether each ``attention`` can run in a decoder is checked by
+:func:`bench.decoding.check_attentions` (it needs the registry).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+#: smallest allowed value of the integer options that are not counts (those start at 1)
+_MINIMUM = {"window": 0, "vocab_size": 2}
+
+
+def _at_least(option: str, values: Any, minimum: int) -> None:
+    """Each of ``values`` (one value or a sequence; None: not given) is an integer >= minimum."""
+    if values is None:
+        return
+    for value in values if isinstance(values, (list, tuple)) else [values]:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{option}: must be an integer >= {minimum}; got {value!r}")
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """What the decoding and streaming benchmarks measure, at which model size."""
+
+    context: tuple[int, ...] = (1024, 4096)  # prompt lengths
+    new_tokens: int = 32  # tokens generated per call
+    attention: tuple[str, ...] = ("full",)  # decoder attentions (causal ones)
+    window: int = 256  # window of banded attentions
+    d_model: int = 256
+    num_heads: int = 4
+    num_layers: int = 4
+    d_ff: int = 1024
+    vocab_size: int = 256
+    stream_window: tuple[int, ...] = (256, 1024)  # streaming windows
+    stream_layers: tuple[int, ...] = (1, 2)  # streaming encoder depths
+    stream_steps: int = 32  # streaming steps per timed repeat
+    repeats: int = 3  # timed repeats (median)
+    threads: int | None = None  # torch threads (None: torch's default)
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            if field.name != "attention":
+                _at_least(self.option(field.name), getattr(self, field.name), _MINIMUM.get(field.name, 1))
+        if not self.context or not self.attention or not self.stream_window or not self.stream_layers:
+            empty = next(n for n in ("context", "attention", "stream_window", "stream_layers")
+                         if not getattr(self, n))
+            raise ValueError(f"{self.option(empty)}: must not be empty")
+        if self.d_model % self.num_heads:
+            raise ValueError(f"--d-model: must be divisible by --num-heads={self.num_heads}; got {self.d_model}")
+
+    @classmethod
+    def from_given(cls, **given: Any) -> DecodingOptions:
+        """Options from the CLI: arguments left ``None`` take the default; lists become tuples."""
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items() if v is not None})
+
+    @staticmethod
+    def option(name: str) -> str:
+        """The command-line spelling of field ``name`` (``--new-tokens``)."""
+        return "--" + name.replace("_", "-")
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        """The model sizes, as ``create_model`` keywords."""
+        return dict(d_model=self.d_model, num_heads=self.num_heads, num_layers=self.num_layers,
+                    d_ff=self.d_ff, vocab_size=self.vocab_size)
+
+    @property
+    def max_len(self) -> int:
+        """The longest sequence a decoder sees: the longest prompt plus the new tokens."""
+        return max(self.context) + self.new_tokens
