@@ -167,6 +167,34 @@ class ClassificationTask(Task):
         return metrics
 
 
+
+class PatchedImageTask(ClassificationTask):
+    """A classification task read by the ``vit`` model: splits hold ``images (n, 1, S, S)``
+    in [0, 1] and ``labels``; the model cuts ``image_size``-pixel images into patches of the
+    data setting ``patch_size`` (default 4). A subclass says its ``image_size``."""
+
+    @property
+    def image_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def patch_size(self) -> int:
+        return int(self.data.get("patch_size", 4))
+
+    def model_overrides(self) -> dict[str, Any]:
+        return {"image_size": self.image_size, "patch_size": self.patch_size, "in_channels": 1,
+                "num_classes": self.num_classes, "pooling": self.pooling}
+
+    @property
+    def seq_len(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    def logits(self, model: nn.Module, batch: Split) -> Tensor:
+        return model(batch["images"])  # (B, C)
+
+    def batch_tokens(self, batch: Split) -> int:
+        return int(batch["labels"].numel()) * self.seq_len
+
 def as_tensors(arrays: dict[str, np.ndarray], index: np.ndarray) -> Split:
     """Rows ``index`` of each array, as torch tensors (int64 ids, bool masks)."""
     out = {}

@@ -10,10 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from torch import Tensor, nn
 
 from bench.data import fashion_mnist
-from bench.quality.tasks.base import ClassificationTask, Split, as_tensors
+from bench.quality.tasks.base import ClassificationTask, PatchedImageTask, as_tensors
 
 
 def _subsets(data: dict[str, Any]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -55,30 +54,16 @@ class ImagePixels(ClassificationTask):
             self.splits[split] = as_tensors(arrays, np.arange(len(labels)))
 
 
-class ImagePatches(ClassificationTask):
+class ImagePatches(PatchedImageTask):
     """Data settings as ``image`` plus the model's ``patch_size`` (model settings). The
     ``vit`` model reads ``images (B, 1, 28, 28)`` scaled to [0, 1]."""
 
     name = "image_vit"
     model_kind = "vit"
     num_classes = 10
+    image_size = 28  # type: ignore[assignment]
 
     def prepare(self) -> None:
         for split, (images, labels) in _subsets(self.data).items():
             arrays = {"images": images[:, None].astype(np.float32) / 255.0, "labels": labels}
             self.splits[split] = as_tensors(arrays, np.arange(len(labels)))
-
-    def model_overrides(self) -> dict[str, Any]:
-        return {"image_size": 28, "in_channels": 1, "num_classes": self.num_classes,
-                "pooling": self.pooling}
-
-    @property
-    def seq_len(self) -> int:
-        patch = int(self.data.get("patch_size", 4))
-        return (28 // patch) ** 2
-
-    def logits(self, model: nn.Module, batch: Split) -> Tensor:
-        return model(batch["images"])  # (B, C)
-
-    def batch_tokens(self, batch: Split) -> int:
-        return int(batch["labels"].numel()) * self.seq_len

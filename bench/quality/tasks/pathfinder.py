@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from bench.data import pathfinder
 from bench.data.splits import split_indices
-from bench.quality.tasks.base import ClassificationTask, Split, as_tensors
+from bench.quality.tasks.base import ClassificationTask, PatchedImageTask, Split, as_tensors
 
 INPUTS = ("pixels", "patches")
 
@@ -26,7 +26,7 @@ def patch_codes(images: np.ndarray, patch: int) -> np.ndarray:
     return (bits * (1 << np.arange(patch * patch))).sum(axis=-1).astype(np.int64)
 
 
-class Pathfinder(ClassificationTask):
+class Pathfinder(PatchedImageTask):
     """Data settings: ``size`` (image side), ``input`` (how the model reads an image),
     ``examples`` (split 80/10/10), ``data_seed``, and any generator parameter
     (``num_distractors``, ``path_length``, ``dash``, ``gap``, ...). Images are cached outside git.
@@ -73,28 +73,28 @@ class Pathfinder(ClassificationTask):
         parts = split_indices(len(labels), seed=seed, stratify=labels)
         self.splits = {name: as_tensors(arrays, np.asarray(index)) for name, index in parts.items()}
 
+    # pixels: a sequence of pixel tokens (ClassificationTask); patches: the vit input
+    @property
+    def image_size(self) -> int:
+        return self.size
+
     def model_overrides(self) -> dict[str, Any]:
         if self.input == "pixels":
-            return super().model_overrides()
-        return {"image_size": self.size, "patch_size": self.patch_size, "in_channels": 1,
-                "num_classes": self.num_classes, "pooling": self.pooling}
+            return ClassificationTask.model_overrides(self)
+        return super().model_overrides()
 
     @property
     def seq_len(self) -> int:
         if self.input == "pixels":
-            return super().seq_len
-        return (self.size // self.patch_size) ** 2
-
-    @property
-    def patch_size(self) -> int:
-        return int(self.data.get("patch_size", 4))
+            return ClassificationTask.seq_len.fget(self)
+        return super().seq_len
 
     def logits(self, model: nn.Module, batch: Split) -> Tensor:
         if self.input == "pixels":
-            return super().logits(model, batch)
-        return model(batch["images"])  # (B, C)
+            return ClassificationTask.logits(self, model, batch)
+        return super().logits(model, batch)
 
     def batch_tokens(self, batch: Split) -> int:
         if self.input == "pixels":
-            return super().batch_tokens(batch)
-        return int(batch["labels"].numel()) * self.seq_len
+            return ClassificationTask.batch_tokens(self, batch)
+        return super().batch_tokens(batch)
