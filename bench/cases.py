@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from itertools import product
 from typing import Any
 
+from attn import attention_info
 from bench.config import SweepConfig
 
 
@@ -103,8 +104,6 @@ def expand_cases(config: SweepConfig) -> list[Case]:
     ``all`` stands for every kernel of the variant); whether the kernel supports the
     device/dtype/pass is decided in the worker (a row ``unsupported`` with the reason).
     """
-    from attn import attention_info
-
     cases: list[Case] = []
     for spec in config.variants:
         info = attention_info(spec.name)
@@ -142,3 +141,18 @@ def chains(cases: list[Case], interleave: bool) -> list[list[list[Case]]]:
         key = case.comparison if interleave else case.group
         by_chain.setdefault(key, {}).setdefault(case.seq_len, []).append(case)
     return [[groups[n] for n in sorted(groups)] for groups in by_chain.values()]
+
+
+def path_columns(paths: list[Any], case: Case) -> dict[str, Any]:
+    """Row columns from the ``KernelPath`` of every call of a pass."""
+    seen = [p for p in paths if p is not None]
+    last = seen[-1] if seen else None
+    return {
+        "kernel": last.kernel if last else case.kernel,
+        "kernel_path": last.path if last else "",
+        "mask_emulated": bool(last and last.mask_emulated),
+        "fallback": "; ".join(sorted({p.fallback for p in seen if p.fallback})),
+        "compile_ms": sum(p.compile_s or 0.0 for p in seen) * 1e3,
+        "setup_ms": sum(p.setup_s or 0.0 for p in seen) * 1e3,
+        "setup_mem_bytes": sum(p.setup_bytes or 0 for p in seen),
+    }

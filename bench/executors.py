@@ -18,6 +18,10 @@ import concurrent.futures as futures
 import traceback
 from typing import Any, Protocol
 
+import torch
+
+from bench.provenance import ROW_FIELDS, environment
+
 
 class Unit(Protocol):
     """What an executor runs: plain, picklable data."""
@@ -49,8 +53,6 @@ def execute(unit: Any, cuda_visible: str | None = None) -> list[dict[str, Any]]:
 
 def stamp_environment(rows: list[dict[str, Any]], device: str) -> None:
     """Add this machine's environment columns to rows that do not have them yet."""
-    from bench.provenance import ROW_FIELDS, environment
-
     env = environment(device, None)
     for row in rows:
         for key in ROW_FIELDS:
@@ -75,8 +77,6 @@ class LocalExecutor:
     def __init__(self, device: str = "cpu", gpus: int | None = None) -> None:
         if device == "cuda":
             if gpus is None:
-                import torch
-
                 gpus = torch.cuda.device_count()
             self.slots = max(1, gpus)
         else:
@@ -127,6 +127,7 @@ def make_executor(name: str, *, device: str, address: str | None = None) -> Exec
             raise ValueError("--address: only the 'ray' executor takes an address")
         return LocalExecutor(device)
     if name == "ray":
+        # the Ray executor module builds on this one (and on ray, an optional dependency)
         from bench.ray_executor import RayExecutor
 
         return RayExecutor(device=device, address=address)

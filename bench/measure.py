@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.autograd import profiler_legacy
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -96,8 +97,6 @@ def _allocation_events(call: Call) -> list[tuple[int, int, int]]:
     kineto profiler, started in milliseconds instead of seconds (a fresh worker process per
     case pays the start every time).
     """
-    from torch.autograd import profiler_legacy
-
     config = profiler_legacy.profile(profile_memory=True).config()
     # quiet: the profiler warns about frees of blocks allocated before it started (inputs);
     # the same call's own messages show in the timed calls

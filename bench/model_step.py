@@ -14,13 +14,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.cases import Case
+import torch
+import torch.nn.functional as F
+
+from attn import Attention
+from attn.cost import CostQuery
+from bench.cases import Case, path_columns
+from bench.measure import CallTimer, measure_memory
+from models import create_model
 
 
 def model_flops(case: Case, attention: Any) -> tuple[dict[str, int], str, float]:
     """FLOPs of the ``fwd`` and ``train_step`` passes of a model-step case."""
-    from attn.cost import CostQuery
-
     sizes = dict(case.model)
     d, layers = sizes["d_model"], sizes["num_layers"]
     d_ff = sizes.get("d_ff", 4 * d)
@@ -36,10 +41,6 @@ def model_flops(case: Case, attention: Any) -> tuple[dict[str, int], str, float]
 
 def build_model(case: Case) -> Any:
     """The classifier of a model-step case, on its device and dtype."""
-    import torch
-
-    from models import create_model
-
     sizes = {"vocab_size": 256, "num_classes": 10, "d_ff": 4 * dict(case.model)["d_model"],
              **dict(case.model)}
     model = create_model("encoder_classifier", "tiny", attention=case.variant,
@@ -52,10 +53,6 @@ class ModelStepRunner:
     """The calls of one pass of a model-step case (same interface as the attention runner)."""
 
     def __init__(self, case: Case, model: Any, pass_name: str) -> None:
-        import torch
-
-        from bench.measure import CallTimer
-
         self.case, self.model, self.pass_name = case, model, pass_name
         self.device = torch.device(case.device)
         gen = torch.Generator(device="cpu").manual_seed(0)
@@ -71,23 +68,17 @@ class ModelStepRunner:
         self.timer = CallTimer(self.fn, None, self.device)
 
     def _attention_paths(self) -> None:
-        from attn import Attention
-
         for module in self.model.modules():
             if isinstance(module, Attention):
                 self.paths.append(module.last_path)
                 return  # every layer runs the same attention: the first one speaks for all
 
     def _forward(self) -> None:
-        import torch
-
         with torch.no_grad():
             self.model(self.ids)
         self._attention_paths()
 
     def _step(self) -> None:
-        import torch.nn.functional as F
-
         loss = F.cross_entropy(self.model(self.ids), self.labels)
         loss.backward()
         self.optimizer.step()
@@ -96,8 +87,6 @@ class ModelStepRunner:
 
     def prepare(self) -> dict[str, Any]:
         """Warm-up, one planning call and the memory readings (as the attention runner)."""
-        from bench.measure import measure_memory
-
         first = self.timer.time_once()
         for _ in range(self.case.warmup - 1):
             self.timer.time_once()
@@ -107,6 +96,4 @@ class ModelStepRunner:
                 "peak_mem_bytes": memory.peak_bytes, "rss_peak_bytes": memory.rss_peak_bytes}
 
     def finish(self) -> dict[str, Any]:
-        from bench.worker import path_columns
-
         return path_columns(self.paths, self.case)

@@ -51,7 +51,7 @@ def _guides(ax, data: pd.DataFrame, column: str) -> None:
 
 def plot_run(run_dir: str | Path) -> list[Path]:
     """Draw the scaling figure of ``run_dir``; returns the written files."""
-    import matplotlib
+    import matplotlib  # plotting stack: heavy, imported only to draw
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

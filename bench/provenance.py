@@ -20,6 +20,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import torch
+
 DISTRIBUTION = "attn-bench"
 #: tracked paths whose changes (committed or not) do not change the code version: what is
 #: measured depends on the package and its configs, not on results, docs or the tests
@@ -91,8 +93,6 @@ def cpu_name() -> str:
 
 def environment(device: str, threads: int | None) -> dict[str, Any]:
     """Versions, device name, threads, host and time stamp of this run."""
-    import torch
-
     try:
         xformers = metadata.version("xformers")
     except metadata.PackageNotFoundError:

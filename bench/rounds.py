@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from bench.cases import Case
-from bench.measure import planned_repeats
+from bench.measure import matmul_peak_flops, planned_repeats
 from bench.process import Worker, WorkerGone
 from bench.worker import tflops, worker_main
 
@@ -247,10 +248,6 @@ def run_case(case: Case, cuda_visible: str | None = None) -> list[dict[str, Any]
 
 
 def _peak_main(device: str, dtype: str, threads: int | None, size: int | None, conn: Any) -> None:
-    import torch
-
-    from bench.measure import matmul_peak_flops
-
     if threads:
         torch.set_num_threads(threads)
     conn.send(matmul_peak_flops(torch.device(device), getattr(torch, dtype), size))

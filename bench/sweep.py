@@ -16,6 +16,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bench.cases import chains as make_chains
 from bench.cases import expand_cases
 from bench.config import ConfigError, SweepConfig
@@ -34,8 +36,6 @@ __all__ = ["MixedEnvironmentError", "check_device", "matmul_peak", "run_sweep"]
 def check_device(device: str) -> None:
     """``ConfigError`` before any case runs when the config's device is not available here."""
     if device == "cuda":
-        import torch
-
         if not torch.cuda.is_available():
             raise ConfigError("config key 'device': cuda is not available on this machine "
                               "(torch.cuda.is_available() is False); allowed here: ['cpu']",

@@ -25,6 +25,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
 import time
 from typing import ClassVar
 
@@ -32,6 +33,8 @@ import torch
 from torch import Tensor
 
 from attn import Attention, KernelPath, register_attention
+from attn.kernels.reference import dense_attention
+from attn.registry import unregister_attention
 
 
 class _Trivial(Attention):
@@ -172,8 +175,6 @@ class WrongAttention(Attention):
         return lambda b, h, i, j: (i - j).abs() <= 1
 
     def native_forward(self, q, k, v, causal, key_mask):
-        from attn.kernels.reference import dense_attention
-
         return dense_attention(q, k, v, causal=causal, key_mask=key_mask)  # ignores the window
 
 
@@ -183,10 +184,6 @@ TEST_VARIANTS = ("bench_sleep", "bench_alloc", "bench_fragment", "bench_phases",
 
 def unregister_test_variants() -> None:
     """Remove the test-only variants from the registry (and forget this module)."""
-    import sys
-
-    from attn.registry import unregister_attention
-
     for name in TEST_VARIANTS:
         unregister_attention(name)
     sys.modules.pop(__name__, None)

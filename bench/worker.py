@@ -18,12 +18,20 @@ the attention cannot be built, ``("failed", "error", reason)``.
 from __future__ import annotations
 
 import math
+import os
 import resource
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
-from bench.cases import Case
+import torch
+
+from attn import AttentionCall, create_attention
+from bench.cases import Case, path_columns
+from bench.config import import_plugins
+from bench.flops import case_flops
+from bench.measure import CallTimer, measure_memory
+from bench.model_step import ModelStepRunner, build_model, model_flops
 
 _OOM_MARKERS = ("can't allocate", "out of memory", "not enough memory", "cannot allocate")
 
@@ -61,10 +69,6 @@ class PassRunner:
     """The calls of one pass (fwd, bwd or fwd_bwd) of one built attention module."""
 
     def __init__(self, case: Case, module: Any, pass_name: str) -> None:
-        import torch
-
-        from bench.measure import CallTimer
-
         self.case, self.module, self.pass_name = case, module, pass_name
         self.device = torch.device(case.device)
         self.dtype = getattr(torch, case.dtype)
@@ -91,8 +95,6 @@ class PassRunner:
             t.grad = None
 
     def _callables(self) -> tuple[Any, Any]:
-        import torch
-
         if self.pass_name == "fwd":
             def forward() -> None:
                 with torch.no_grad():
@@ -111,9 +113,6 @@ class PassRunner:
 
     def prepare(self) -> dict[str, Any]:
         """Warm-up, one planning call and the memory readings; raises when unsupported."""
-        from attn import AttentionCall
-        from bench.measure import measure_memory
-
         call = AttentionCall.from_tensors(self.q, self.k, self.v, self.case.causal, None, self.grad)
         reasons = self.module.not_supported_reasons(call)
         if reasons:
@@ -131,34 +130,12 @@ class PassRunner:
         return path_columns(self.paths, self.case)
 
 
-def path_columns(paths: list[Any], case: Case) -> dict[str, Any]:
-    """Row columns from the ``KernelPath`` of every call of a pass."""
-    seen = [p for p in paths if p is not None]
-    last = seen[-1] if seen else None
-    return {
-        "kernel": last.kernel if last else case.kernel,
-        "kernel_path": last.path if last else "",
-        "mask_emulated": bool(last and last.mask_emulated),
-        "fallback": "; ".join(sorted({p.fallback for p in seen if p.fallback})),
-        "compile_ms": sum(p.compile_s or 0.0 for p in seen) * 1e3,
-        "setup_ms": sum(p.setup_s or 0.0 for p in seen) * 1e3,
-        "setup_mem_bytes": sum(p.setup_bytes or 0 for p in seen),
-    }
-
-
 def _build(case: Case) -> tuple[Any, dict[str, Any]]:
     """The measured object (an attention module, or a model for ``model_step``) and the
     case's FLOPs per pass."""
-    import torch
-
-    from attn import create_attention
-    from bench.flops import case_flops
-
     module = create_attention(case.variant, num_heads=case.heads, head_dim=case.head_dim,
                               kernel=case.kernel, **case.params_dict).to(case.device)
     if case.workload == "model_step":
-        from bench.model_step import build_model, model_flops
-
         flops, flops_kind, density = model_flops(case, module)
         module = build_model(case)
     else:
@@ -171,15 +148,11 @@ def _build(case: Case) -> tuple[Any, dict[str, Any]]:
 
 def _runner(case: Case, module: Any, pass_name: str) -> Any:
     if case.workload == "model_step":
-        from bench.model_step import ModelStepRunner
-
         return ModelStepRunner(case, module, pass_name)
     return PassRunner(case, module, pass_name)
 
 
 def _serve(case: Case, module: Any, conn: Connection) -> None:
-    import torch
-
     runner: Any = None
     while True:
         message = conn.recv()
@@ -208,16 +181,12 @@ def _serve(case: Case, module: Any, conn: Connection) -> None:
 
 def worker_main(case_dict: dict[str, Any], cuda_visible: str | None, conn: Connection) -> None:
     """Entry point of a case's process (see the module docstring for the protocol)."""
-    import os
-
     if cuda_visible is not None:  # one GPU per local worker slot
         os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible
     case = Case.from_dict(case_dict)
     if case.device == "cpu":  # CUDA reserves huge address space: never cap it there
         limit_memory(case.max_memory_gb)
-    import torch
 
-    from bench.config import import_plugins
 
     if case.threads:
         torch.set_num_threads(case.threads)

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 _META = "attn_bench"
@@ -22,8 +24,6 @@ _META = "attn_bench"
 
 def save_checkpoint(path: str | Path, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
     """Write ``tensors`` and ``meta`` to ``path`` atomically (shared tensors stored once)."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     unique: dict[str, Tensor] = {}
     aliases: dict[str, str] = {}
@@ -50,8 +50,6 @@ def save_checkpoint(path: str | Path, tensors: dict[str, Tensor], meta: dict[str
 
 def load_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
     """Tensors (with shared names restored) and the metadata of a checkpoint."""
-    from safetensors import safe_open
-
     with safe_open(str(path), framework="pt") as f:
         record = json.loads((f.metadata() or {}).get(_META, "{}"))
         tensors = {name: f.get_tensor(name) for name in f.keys()}

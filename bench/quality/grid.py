@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +27,20 @@ from typing import Any
 
 import yaml
 
-from bench.config import ConfigError, safe_name
+from attn import attention_info, list_attention
+from bench.config import ConfigError, import_plugins, safe_name
+from bench.executors import LocalExecutor
 from bench.fsutil import RunLock, atomic_write_text
 from bench.process import Worker, WorkerGone
 from bench.provenance import ROW_FIELDS, environment
 from bench.quality.model_parts import label
+from bench.quality.settings import list_presets, task_settings
+from bench.quality.tasks import list_tasks
+from bench.quality.train import RunSpec, train_run
 from bench.rundir import RunRecorder
+from bench.schedule import drive
+from bench.sweep import check_device
+from bench.worker import failure
 
 QUALITY_FILE = "quality.csv"
 SUPERSEDED_FILE = "superseded.csv"  # rows of units whose task settings have since changed
@@ -90,11 +99,6 @@ def _seeds(raw: Any, tasks: tuple[str, ...]) -> tuple[tuple[str, tuple[int, ...]
 
 def parse_grid(raw: dict[str, Any]) -> GridConfig:
     """Validate a training-grid mapping; errors name the key and the allowed values."""
-    from attn import attention_info, list_attention
-    from bench.config import import_plugins
-    from bench.quality.settings import list_presets
-    from bench.quality.tasks import list_tasks
-
     unknown = sorted(set(raw) - _KEYS)
     if unknown:
         raise ConfigError(f"config key {unknown[0]!r}: unknown key; allowed keys are {sorted(_KEYS)}",
@@ -195,12 +199,8 @@ class TrainUnit:
 
 def train_worker_main(spec: dict[str, Any], cuda_visible: str | None, conn: Any) -> None:
     """Entry point of a training worker: train, then send the rows (or the failure)."""
-    import os
-
     if cuda_visible is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible
-    from bench.quality.train import RunSpec, train_run
-    from bench.worker import failure
 
     try:
         rows = train_run(RunSpec(**spec), log=lambda _: None)
@@ -245,8 +245,6 @@ def units(config: GridConfig, out: Path) -> list[TrainUnit]:
 def superseded_units(rows: list[dict[str, Any]], config: GridConfig) -> set[str]:
     """Units whose recorded rows were trained with other task settings than the grid's preset
     gives now (the preset was edited since): they are not done, they run again."""
-    from bench.quality.settings import task_settings
-
     now = {t: task_settings(t, config.preset).to_json() for t in config.tasks}
     return {r["unit_id"] for r in rows
             if r.get("settings") and r.get("task") in now and r["settings"] != now[r["task"]]}
@@ -254,8 +252,6 @@ def superseded_units(rows: list[dict[str, Any]], config: GridConfig) -> set[str]
 
 def resolved_settings(config: GridConfig) -> dict[str, Any]:
     """Every task's settings in this grid's preset (written beside the results)."""
-    from bench.quality.settings import task_settings
-
     return {"grid": {k: v for k, v in config.raw.items()},
             "tasks": {t: task_settings(t, config.preset).to_dict() for t in config.tasks}}
 
@@ -265,10 +261,6 @@ def run_grid(config: GridConfig, out: Path, *, executor: Any = None, allow_mixed
              on_start: Callable[[Any], None] | None = None,
              on_done: Callable[[Any, list[dict[str, Any]]], None] | None = None) -> list[dict]:
     """Train every unfinished unit of ``config`` into ``out``; returns the new rows."""
-    from bench.executors import LocalExecutor
-    from bench.schedule import drive
-    from bench.sweep import check_device
-
     check_device(config.device)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from attn import attention_info, create_attention, list_attention
+from attn.mods import dense_allowed
 from bench.quality.report import condition_table, headline, load_quality, task_order
 
 PARETO, RECALL, LENGTH, PATTERNS = "pareto", "recall_distance", "bytelm_length", "patterns"
@@ -27,7 +29,7 @@ def _save(fig: Any, run_dir: Path, stem: str) -> list[Path]:
 
 
 def _pyplot() -> Any:
-    import matplotlib
+    import matplotlib  # plotting stack: heavy, imported only to draw
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -83,8 +85,6 @@ def plot_pareto(df: pd.DataFrame, run_dir: Path) -> list[Path]:
 
 def _reach(row: pd.Series) -> float | None:
     """How far back the last position can see: layers x (dilation x) window, None if all."""
-    from attn import attention_info
-
     # the row records the parameters it set; the rest are the variant's defaults
     params = {**attention_info(row.variant).params, **json.loads(row.params or "{}")}
     settings = json.loads(row.settings or "{}")
@@ -156,9 +156,6 @@ def plot_quality_run(run_dir: str | Path) -> list[Path]:
 
 def _pattern(name: str, params: dict[str, Any], n: int) -> np.ndarray:
     """The allowed pairs ``(n, n)`` of ``name(params)`` (all pairs without a mask_mod)."""
-    from attn import create_attention
-    from attn.mods import dense_allowed
-
     module = create_attention(name, num_heads=1, head_dim=8, **params)
     allowed = dense_allowed(module.mask_mod(), batch=1, heads=1, q_len=n, k_len=n,
                             causal=module.forces_causal, key_mask=None, device="cpu")
@@ -177,8 +174,6 @@ def _illustrative_pattern(name: str, examples: tuple[dict[str, Any], ...], n: in
 def plot_patterns(out_dir: str | Path, n: int = 24) -> list[Path]:
     """Allowed (query, key) pairs of every registered variant at length ``n`` (non-causal;
     approximations show the pairs they approximate), the figure attention papers open with."""
-    from attn import attention_info, list_attention
-
     plt = _pyplot()
     names = [name for name in list_attention() if not name.startswith("bench_")]
     cols = min(4, len(names))

@@ -10,6 +10,7 @@ import pandas as pd
 
 from bench.fsutil import atomic_write_text
 from bench.quality.grid import QUALITY_COLUMNS, QUALITY_FILE
+from bench.quality.tasks import list_tasks
 from bench.report import markdown_table
 from bench.results import read_rows
 
@@ -35,8 +36,6 @@ def load_quality(run_dir: str | Path) -> pd.DataFrame:
 
 def task_order(df: pd.DataFrame) -> list[str]:
     """Tasks in the suite's order (LRA first), then any others."""
-    from bench.quality.tasks import list_tasks
-
     present = set(df.task)
     return [t for t in list_tasks() if t in present] + sorted(present - set(list_tasks()))
 

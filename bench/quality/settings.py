@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from attn import attention_info
 from bench.config import ConfigError, load_yaml
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "tasks"
@@ -132,8 +133,6 @@ def task_settings(task: str, preset: str, overrides: dict[str, Any] | None = Non
 def attention_params(variant: str, params: dict[str, Any], settings: TaskSettings) -> dict[str, Any]:
     """The variant's parameters for this task: the task's attention settings for every
     parameter the variant has, then the explicitly given ``params``."""
-    from attn import attention_info
-
     allowed = attention_info(variant).params
     shared = {k: v for k, v in settings.attention.items() if k in allowed}
     return {**shared, **params}

@@ -26,7 +26,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from attn import Attention
+from bench.config import import_plugins
 from bench.fsutil import atomic_write_json
+from bench.measure import tensor_peak_bytes_cpu, tensor_peak_bytes_cuda
 from bench.quality.checkpoint import (
     load_checkpoint,
     load_model_state,
@@ -39,6 +42,7 @@ from bench.quality.model_parts import label, model_parts
 from bench.quality.settings import TaskSettings, TrainSettings, attention_params, task_settings
 from bench.quality.tasks import Metric, Task, get_task
 from bench.threads import torch_threads
+from models import create_model
 
 LAST, BEST, METRICS, SETTINGS = "last.safetensors", "best.safetensors", "metrics.json", "settings.json"
 
@@ -171,8 +175,6 @@ class Trainer:
 
     def _measured_step(self, step: int) -> tuple[float, int]:
         """A step whose tensor-level peak memory is read (its time is not counted)."""
-        from bench.measure import tensor_peak_bytes_cpu, tensor_peak_bytes_cuda
-
         result: list[tuple[float, int]] = []
         if self.device.type == "cuda":
             peak = tensor_peak_bytes_cuda(lambda: result.append(self._step(step)), self.device)
@@ -251,8 +253,6 @@ def _rows(spec: RunSpec, settings: TaskSettings, task: Task, params: dict[str, A
 
 def _kernel_paths(model: nn.Module) -> str:
     """What the model's attention modules last ran (kernel and path), de-duplicated."""
-    from attn import Attention
-
     seen = []
     for module in model.modules():
         if isinstance(module, Attention) and module.last_path is not None:
@@ -285,8 +285,6 @@ def unsupported_rows(spec: RunSpec, settings: TaskSettings, task: Task, params: 
 def train_run(spec: RunSpec, *, log: Callable[[str], None] = print,
               on_step: Callable[[int, float, float], None] | None = None) -> list[dict[str, Any]]:
     """Train (or resume), evaluate the best checkpoint on test, write and return the rows."""
-    from bench.config import import_plugins
-
     import_plugins(tuple(spec.plugins))
     with torch_threads(spec.threads):
         return _train_run(spec, log, on_step)
@@ -294,8 +292,6 @@ def train_run(spec: RunSpec, *, log: Callable[[str], None] = print,
 
 def _train_run(spec: RunSpec, log: Callable[[str], None],
                on_step: Callable[[int, float, float], None] | None) -> list[dict[str, Any]]:
-    from models import create_model
-
     out = Path(spec.out)
     out.mkdir(parents=True, exist_ok=True)
     settings, task, params, parts = build(spec)

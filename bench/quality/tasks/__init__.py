@@ -10,19 +10,18 @@ from __future__ import annotations
 from typing import Any
 
 from bench.quality.tasks.base import SPLITS, ClassificationTask, Metric, Split, Task
+from bench.quality.tasks.bytelm import ByteLM
+from bench.quality.tasks.image import ImagePatches, ImagePixels
+from bench.quality.tasks.listops import ListOps
+from bench.quality.tasks.pathfinder import Pathfinder
+from bench.quality.tasks.recall import Recall
+from bench.quality.tasks.retrieval import Retrieval
+from bench.quality.tasks.text import Text
+from bench.quality.tasks.translate import Translate
 
 
 def task_classes() -> dict[str, type[Task]]:
     """Every task class by name (imported on use: data packages load lazily)."""
-    from bench.quality.tasks.bytelm import ByteLM
-    from bench.quality.tasks.image import ImagePatches, ImagePixels
-    from bench.quality.tasks.listops import ListOps
-    from bench.quality.tasks.pathfinder import Pathfinder
-    from bench.quality.tasks.recall import Recall
-    from bench.quality.tasks.retrieval import Retrieval
-    from bench.quality.tasks.text import Text
-    from bench.quality.tasks.translate import Translate
-
     classes = (ListOps, Text, Retrieval, ImagePixels, ImagePatches, Pathfinder, ByteLM,
                Translate, Recall)
     return {cls.name: cls for cls in classes}

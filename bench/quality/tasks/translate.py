@@ -103,7 +103,7 @@ class Translate(Task):
     @torch.no_grad()
     def bleu(self, model: nn.Module, split: str, strategy: str, batch_size: int) -> Metric:
         """Corpus BLEU of decoded test passages against the cleaned references."""
-        import sacrebleu
+        import sacrebleu  # the tasks extra: imported where BLEU is scored
 
         limit = int(self.data.get("bleu_examples", 64))
         hypotheses, start = [], time.perf_counter()
