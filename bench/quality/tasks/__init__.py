@@ -21,7 +21,7 @@ from bench.quality.tasks.translate import Translate
 
 
 def task_classes() -> dict[str, type[Task]]:
-    """Every task class by name (imported on use: data packages load lazily)."""
+    """Every task class by name, in LRA order (their data packages load only when a task prepares)."""
     classes = (ListOps, Text, Retrieval, ImagePixels, ImagePatches, Pathfinder, ByteLM,
                Translate, Recall)
     return {cls.name: cls for cls in classes}
