@@ -1,6 +1,6 @@
 """Attention for long sequences: variant semantics, kernels, registry and conformance kit.
 
-Public interface (DESIGN 3): :func:`register_attention`, :func:`create_attention`,
+Public interface (docs/contract.md): :func:`register_attention`, :func:`create_attention`,
 :func:`list_attention`, :func:`attention_info`; every module follows the tensor contract
 ``forward(q, k, v, *, causal=False, key_mask=None)`` with ``(B, H, N, D)`` tensors.
 A plain ``nn.Module`` with that forward can be registered as it is (see :mod:`attn.plain_module`).
@@ -15,6 +15,7 @@ from attn.registry import (
     AttentionInfo,
     attention_info,
     build_attention,
+    check_attention_params,
     create_attention,
     list_attention,
     load_plugins,
@@ -34,6 +35,7 @@ __all__ = [
     "ScoreMod",
     "attention_info",
     "build_attention",
+    "check_attention_params",
     "create_attention",
     "get_kernel",
     "list_attention",

@@ -9,12 +9,13 @@ import torch
 from torch import Tensor, nn
 
 from attn.call import AttentionCall
-from attn.contract import check_qkv, require_choice, require_int, require_optional_int
+from attn.contract import check_qkv
 from attn.cost import Cost, CostQuery, exact_cost, pairs_cost
 from attn.kernels import auto, get_kernel
 from attn.kernels.base import Band, KernelPath
 from attn.mods import MaskMod, ScoreMod
 from attn.position_bias import POSITION_BIASES, RelativePositionBias
+from attn.validation import Param, require_choice
 
 
 class Attention(nn.Module):
@@ -35,6 +36,12 @@ class Attention(nn.Module):
     example_params: ClassVar[tuple[dict[str, Any], ...]] = ({},)
     #: for approximate variants: the parameter whose growth must converge to full attention
     convergence_param: ClassVar[str | None] = None
+    #: the rules of this class's own constructor parameters (merged along the MRO by
+    #: :meth:`check_params`); ``kernel`` is checked against ``kernels``
+    param_rules: ClassVar[dict[str, Param]] = {
+        "num_heads": Param(minimum=1, optional=True),
+        "head_dim": Param(minimum=1, optional=True),
+    }
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Attention:
         """Record the constructor arguments in ``_init_args``: compiled-kernel caches share code
@@ -47,11 +54,37 @@ class Attention(nn.Module):
         self, *, kernel: str = "auto", num_heads: int | None = None, head_dim: int | None = None
     ) -> None:
         super().__init__()
-        require_choice(self.name, "kernel", kernel, ("auto", *self.kernels))
+        self.check_params(kernel=kernel, num_heads=num_heads, head_dim=head_dim)
         self.kernel = kernel
-        self.num_heads = require_optional_int(self.name, "num_heads", num_heads, minimum=1)
-        self.head_dim = require_optional_int(self.name, "head_dim", head_dim, minimum=1)
+        self.num_heads = num_heads
+        self.head_dim = head_dim
         self.last_path: KernelPath | None = None
+
+    # parameters: checked from the class, without building a module
+    @classmethod
+    def check_params(cls, **params: Any) -> None:
+        """``ValueError`` naming the parameter for any value the constructor refuses.
+
+        Each given parameter is checked by its rule in ``param_rules`` (``kernel`` against
+        ``kernels``), then the rules that join several parameters (:meth:`check_together`).
+        The constructors call this, so every rule is written once; the registry calls it to
+        validate a configuration without instantiating (with every default filled in).
+        """
+        rules: dict[str, Param] = {}
+        for klass in reversed(cls.__mro__):
+            rules.update(vars(klass).get("param_rules", {}))
+        for key, value in params.items():
+            subject = f"{cls.name}: parameter '{key}'"
+            if key == "kernel":
+                require_choice(subject, value, ("auto", *cls.kernels))
+            elif key in rules:
+                rules[key].check(subject, value)
+        cls.check_together(params)
+
+    @classmethod
+    def check_together(cls, params: dict[str, Any]) -> None:
+        """Rules that join several parameters (e.g. one that needs ``num_heads``); a rule
+        applies only when ``params`` holds what it joins."""
 
     # semantics (exact variants override)
     def mask_mod(self) -> MaskMod | None:
@@ -173,6 +206,10 @@ class ExactAttention(Attention):
     """
 
     kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa")
+    param_rules: ClassVar[dict[str, Param]] = {
+        "position_bias": Param(choices=(None, *POSITION_BIASES)),
+        "max_distance": Param(minimum=0),
+    }
 
     def __init__(
         self,
@@ -184,17 +221,21 @@ class ExactAttention(Attention):
         head_dim: int | None = None,
     ) -> None:
         super().__init__(kernel=kernel, num_heads=num_heads, head_dim=head_dim)
-        require_choice(self.name, "position_bias", position_bias, (None, *POSITION_BIASES))
-        require_int(self.name, "max_distance", max_distance, minimum=0)
+        self.check_params(position_bias=position_bias, max_distance=max_distance, num_heads=num_heads)
         self.max_distance = max_distance
         self.position_bias: RelativePositionBias | None = None
         if position_bias is not None:
-            if num_heads is None:
-                raise ValueError(
-                    f"{self.name}: parameter 'num_heads' is required with position_bias="
-                    f"{position_bias!r} (the bias has one set of values per head)"
-                )
             self.position_bias = RelativePositionBias(position_bias, num_heads, max_distance)
+
+    @classmethod
+    def check_together(cls, params: dict[str, Any]) -> None:
+        super().check_together(params)
+        bias = params.get("position_bias")
+        if bias is not None and "num_heads" in params and params["num_heads"] is None:
+            raise ValueError(
+                f"{cls.name}: parameter 'num_heads' is required with position_bias={bias!r} "
+                "(the bias has one set of values per head)"
+            )
 
     def score_mod(self) -> ScoreMod | None:
         return None if self.position_bias is None else self.position_bias.score_mod()

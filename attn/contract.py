@@ -1,4 +1,4 @@
-"""The tensor contract every attention obeys (DESIGN 3.1) and the argument checks behind it.
+"""The tensor contract every attention obeys (docs/contract.md): the checks of q, k, v and key_mask.
 
 Shapes: ``q (B, H, Nq, D)``, ``k (B, H, Nk, D)``, ``v (B, H, Nk, Dv)`` -> ``(B, H, Nq, Dv)``;
 ``key_mask`` is bool ``(B, Nk)`` with True for a real token. Every error names the
@@ -7,7 +7,6 @@ attention, the argument and what is allowed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -80,32 +79,3 @@ def check_key_mask(name: str, key_mask: Any, *, batch: int, keys: int, device: t
             f"{name}: argument 'key_mask' is on {key_mask.device} but 'q' is on {device}; "
             "they must be on one device"
         )
-
-
-def require_int(name: str, arg: str, value: Any, *, minimum: int) -> int:
-    """Return ``value`` if it is an int >= ``minimum``; else raise ``ValueError`` naming ``arg``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: parameter '{arg}' must be an integer >= {minimum}; got {value!r}")
-    return value
-
-
-def require_optional_int(name: str, arg: str, value: Any, *, minimum: int) -> int | None:
-    """Like :func:`require_int` but also allows ``None``."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(
-            f"{name}: parameter '{arg}' must be None or an integer >= {minimum}; got {value!r}"
-        )
-    return value
-
-
-def require_choice(name: str, arg: str, value: Any, allowed: Iterable[Any]) -> Any:
-    """Return ``value`` if it is one of ``allowed``; else raise ``ValueError`` listing them."""
-    allowed = list(allowed)
-    if value not in allowed:
-        raise ValueError(
-            f"{name}: parameter '{arg}' must be one of {', '.join(repr(a) for a in allowed)}; "
-            f"got {value!r}"
-        )
-    return value

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from attn.mods import ScoreMod
+from attn.validation import require_choice
 
 POSITION_BIASES = ("learned", "alibi")
 
@@ -41,9 +42,7 @@ class RelativePositionBias(nn.Module):
 
     def __init__(self, kind: str, num_heads: int, max_distance: int) -> None:
         super().__init__()
-        if kind not in POSITION_BIASES:
-            raise ValueError(f"position bias: 'kind' must be one of {POSITION_BIASES}; got {kind!r}")
-        self.kind = kind
+        self.kind = require_choice("position bias: 'kind'", kind, POSITION_BIASES)
         self.num_heads = num_heads
         self.max_distance = max_distance
         if kind == "learned":

@@ -28,7 +28,6 @@ from torch import nn
 
 import attn.variants  # noqa: F401  (registers the built-in variants)
 from attn.base import Attention
-from attn.contract import require_choice
 from attn.plain_module import (
     CONTRACT,
     PlainModuleAttention,
@@ -38,9 +37,11 @@ from attn.plain_module import (
 )
 from attn.registration import REGISTRY as _registry
 from attn.registration import identifier_like, register_attention, unregister_attention
+from attn.validation import require_choice
 
 __all__ = [
-    "ENTRY_POINT_GROUP", "AttentionInfo", "attention_info", "build_attention", "constructor_params",
+    "ENTRY_POINT_GROUP", "AttentionInfo", "attention_info", "build_attention", "check_attention_params",
+    "constructor_params",
     "create_attention", "list_attention", "load_plugins", "plugin_errors", "register_attention",
     "unregister_attention",
 ]
@@ -181,6 +182,32 @@ def create_attention(
     module is returned wrapped in :class:`~attn.plain_module.PlainModuleAttention`.
     """
     factory = _lookup(name)
+    _check_known(name, factory, params)
+    return build_attention(factory, name=name, kernel=kernel, num_heads=num_heads, head_dim=head_dim, **params)
+
+
+def check_attention_params(
+    name: str,
+    *,
+    num_heads: int | None = None,
+    head_dim: int | None = None,
+    kernel: str = "auto",
+    **params: Any,
+) -> None:
+    """``ValueError`` for anything :func:`create_attention` would refuse in these arguments,
+    found from the registered class's parameter rules (:meth:`Attention.check_params`, every
+    default filled in) without building a module. For a plain module or a factory, which
+    declare no rules, the names of the parameters are checked.
+    """
+    factory = _lookup(name)
+    _check_known(name, factory, params)
+    if inspect.isclass(factory) and issubclass(factory, Attention):
+        values = {**constructor_params(factory), **params}
+        factory.check_params(kernel=kernel, num_heads=num_heads, head_dim=head_dim, **values)
+
+
+def _check_known(name: str, factory: Callable[..., Any], params: dict[str, Any]) -> None:
+    """``ValueError`` naming the parameters ``factory`` does not take, and those it takes."""
     allowed = constructor_params(factory)
     unknown = sorted(set(params) - set(allowed))
     if unknown:
@@ -188,7 +215,6 @@ def create_attention(
             f"{name}: unknown parameter(s) {', '.join(map(repr, unknown))}; allowed parameters "
             f"are {', '.join(map(repr, sorted(allowed))) or 'none'}"
         )
-    return build_attention(factory, name=name, kernel=kernel, num_heads=num_heads, head_dim=head_dim, **params)
 
 
 def build_attention(
@@ -213,14 +239,14 @@ def build_attention(
     if inspect.isclass(obj) and issubclass(obj, Attention):
         return obj(kernel=kernel, num_heads=num_heads, head_dim=head_dim, **params)
     if is_plain_module_class(obj):
-        require_choice(name, "kernel", kernel, ("auto", *PlainModuleAttention.kernels))
+        require_choice(f"{name}: parameter 'kernel'", kernel, ("auto", *PlainModuleAttention.kernels))
         inner = obj(**params, **_reserved_arguments(name, obj, num_heads=num_heads, head_dim=head_dim))
         return PlainModuleAttention(inner, name=name, kernel=kernel, num_heads=num_heads, head_dim=head_dim)
     reserved = _reserved_arguments(name, obj, kernel=kernel, num_heads=num_heads, head_dim=head_dim)
     built = obj(**params, **reserved)
     if isinstance(built, Attention):
         if "kernel" not in reserved and kernel != built.kernel:
-            built.kernel = require_choice(name, "kernel", kernel, ("auto", *built.kernels))
+            built.kernel = require_choice(f"{name}: parameter 'kernel'", kernel, ("auto", *built.kernels))
         return built
     problem = contract_problem(built) if isinstance(built, nn.Module) else "it is not an nn.Module"
     if problem is not None:

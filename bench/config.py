@@ -10,13 +10,24 @@ through the same validation (:func:`with_overrides` re-parses the config with th
 from __future__ import annotations
 
 import copy
+import functools
 import importlib
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from attn import attention_info, check_attention_params, list_attention, list_kernels
+from attn.validation import (
+    invalid,
+    require_bool,
+    require_choices,
+    require_int_list,
+    require_number,
+)
 
 PRESET_DIR = Path(__file__).parent / "configs"
 PASSES = ("fwd", "bwd", "fwd_bwd")
@@ -106,80 +117,54 @@ def _default(key: str) -> Any:
     return SweepConfig.__dataclass_fields__[key].default
 
 
-def _fail(key: str, message: str) -> ConfigError:
-    return ConfigError(f"config key {key!r}: {message}", key)
+def _subject(key: str) -> str:
+    return f"config key {key!r}"
 
 
-def _int_list(key: str, value: Any, minimum: int = 1) -> tuple[int, ...]:
-    values = value if isinstance(value, (list, tuple)) else [value]
-    if not values:
-        raise _fail(key, "must not be empty")
-    out = []
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise _fail(key, f"must be an integer >= {minimum} or a list of them; got {v!r}")
-        out.append(v)
-    return tuple(out)
+def _invalid(key: str, problem: str) -> ConfigError:
+    """The error for config key ``key`` (in the one dialect of :mod:`attn.validation`)."""
+    return invalid(_subject(key), problem, functools.partial(ConfigError, key=key))
 
 
-def _choices(key: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
-    values = value if isinstance(value, (list, tuple)) else [value]
-    if not values:
-        raise _fail(key, f"must not be empty; allowed values are {list(allowed)}")
-    for v in values:
-        if v not in allowed:
-            raise _fail(key, f"unknown value {v!r}; allowed values are {list(allowed)}")
-    return tuple(values)
+def _check(check: Callable[..., Any], key: str, value: Any, **rules: Any) -> Any:
+    """``check`` (one of :mod:`attn.validation`'s) applied to config key ``key``."""
+    return check(_subject(key), value, error=functools.partial(ConfigError, key=key), **rules)
 
 
-def _number(key: str, value: Any, minimum: float, integer: bool = False) -> Any:
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or value < minimum:
-        kind = "an integer" if integer else "a number"
-        raise _fail(key, f"must be {kind} >= {minimum}; got {value!r}")
-    return value
-
-
-def _optional_number(key: str, value: Any, minimum: float, integer: bool = False) -> Any:
-    return None if value is None else _number(key, value, minimum, integer)
+def _optional(check: Callable[..., Any], key: str, value: Any, **rules: Any) -> Any:
+    return None if value is None else _check(check, key, value, **rules)
 
 
 def _fit_ranges(key: str, value: Any) -> tuple[tuple[int, int], ...]:
     if not isinstance(value, (list, tuple)):
-        raise _fail(key, f"must be a list of [lo, hi] sequence lengths; got {value!r}")
+        raise _invalid(key, f"must be a list of [lo, hi] sequence lengths; got {value!r}")
     out = []
     for item in value:
         if (not isinstance(item, (list, tuple)) or len(item) != 2
                 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in item)
                 or item[0] >= item[1]):
-            raise _fail(key, f"each range must be [lo, hi] with integers 1 <= lo < hi; got {item!r}")
+            raise _invalid(key, f"each range must be [lo, hi] with integers 1 <= lo < hi; got {item!r}")
         out.append((item[0], item[1]))
     return tuple(out)
-
-
-def _bool(key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise _fail(key, f"must be true or false; got {value!r}")
-    return value
 
 
 def _model_settings(value: Any, workload: str) -> tuple[tuple[str, Any], ...]:
     """The ``model`` mapping of a model-step sweep (required there, refused elsewhere)."""
     if workload != "model_step":
         if value:
-            raise _fail("model", "only a 'workload: model_step' sweep takes model settings")
+            raise _invalid("model", "only a 'workload: model_step' sweep takes model settings")
         return ()
     if not isinstance(value, dict) or not {"d_model", "num_heads", "num_layers"} <= set(value):
-        raise _fail("model", "a model_step sweep needs model settings with at least d_model, "
+        raise _invalid("model", "a model_step sweep needs model settings with at least d_model, "
                              f"num_heads and num_layers; allowed keys are {list(MODEL_KEYS)}")
     unknown = sorted(set(value) - set(MODEL_KEYS))
     if unknown:
-        raise _fail(f"model.{unknown[0]}", f"unknown model setting; allowed keys are {list(MODEL_KEYS)}")
+        raise _invalid(f"model.{unknown[0]}", f"unknown model setting; allowed keys are {list(MODEL_KEYS)}")
     for key, item in value.items():
         if key != "norm":
-            _number(f"model.{key}", item, 1, integer=True)
+            _check(require_number, f"model.{key}", item, minimum=1, integer=True)
     if value["d_model"] % value["num_heads"]:
-        raise _fail("model.d_model", f"must be divisible by num_heads={value['num_heads']}; "
+        raise _invalid("model.d_model", f"must be divisible by num_heads={value['num_heads']}; "
                                      f"got {value['d_model']}")
     return tuple(sorted(value.items()))
 
@@ -192,116 +177,112 @@ def import_plugins(modules: tuple[str, ...]) -> None:
             importlib.import_module(module)
         except Exception as err:  # ImportError, SyntaxError, or the module's own failure
             detail = str(err).splitlines()[0] if str(err) else ""
-            raise _fail("plugins", f"cannot import module {module!r}: "
+            raise _invalid("plugins", f"cannot import module {module!r}: "
                                    f"{type(err).__name__}: {detail}") from None
 
 
 def _variant(index: int, raw: Any, kernel_names: tuple[str, ...]) -> VariantSpec:
-    from attn import attention_info, create_attention, list_attention
-
     key = f"variants[{index}]"
     if isinstance(raw, str):
         raw = {"name": raw}
     if not isinstance(raw, dict) or "name" not in raw:
-        raise _fail(key, f"must be a mapping with a 'name' (e.g. {{name: full}}); got {raw!r}")
+        raise _invalid(key, f"must be a mapping with a 'name' (e.g. {{name: full}}); got {raw!r}")
     name = raw["name"]
     known = list_attention()
     if name not in known:
-        raise _fail(f"{key}.name", f"unknown variant {name!r}; registered variants are {known}")
+        raise _invalid(f"{key}.name", f"unknown variant {name!r}; registered variants are {known}")
     info = attention_info(name)
     params = {k: v for k, v in raw.items() if k not in _VARIANT_KEYS}
     unknown = sorted(set(params) - set(info.params))
     if unknown:
-        raise _fail(
+        raise _invalid(
             f"{key}.{unknown[0]}",
             f"unknown parameter for {name!r}; allowed keys are "
             f"{sorted(set(info.params) | _VARIANT_KEYS)}",
         )
     for pkey, pval in params.items():
         if not isinstance(pval, (int, float, str, bool, type(None))):
-            raise _fail(f"{key}.{pkey}", f"must be a number, string, bool or null; got {pval!r}")
-    try:  # let the variant's own validation speak (bad window, bad bias, ...)
-        create_attention(name, num_heads=8, head_dim=64, **params)
+            raise _invalid(f"{key}.{pkey}", f"must be a number, string, bool or null; got {pval!r}")
+    try:  # the variant's own rules speak (bad window, bad bias, ...), from its class
+        check_attention_params(name, num_heads=8, head_dim=64, **params)
     except (ValueError, TypeError) as err:
-        raise _fail(f"{key}", str(err)) from None
-    causal = _bool(f"{key}.causal", raw["causal"]) if "causal" in raw else None
-    seq_len = _int_list(f"{key}.seq_len", raw["seq_len"]) if "seq_len" in raw else None
+        raise _invalid(f"{key}", str(err)) from None
+    causal = _check(require_bool, f"{key}.causal", raw["causal"]) if "causal" in raw else None
+    seq_len = _check(require_int_list, f"{key}.seq_len", raw["seq_len"]) if "seq_len" in raw else None
     kernels = None
     if "kernels" in raw:
-        kernels = _choices(f"{key}.kernels", raw["kernels"], kernel_names)
+        kernels = _check(require_choices, f"{key}.kernels", raw["kernels"], allowed=kernel_names)
     return VariantSpec(name, tuple(sorted(params.items())), causal, seq_len, kernels)
 
 
 def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
     """Validate a loaded YAML mapping into a :class:`SweepConfig`."""
-    from attn import list_kernels
-
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: a sweep config must be a YAML mapping; got {type(raw).__name__}")
     unknown = sorted(set(raw) - _TOP_KEYS)
     if unknown:
-        raise _fail(unknown[0], f"unknown key; allowed keys are {sorted(_TOP_KEYS)}")
+        raise _invalid(unknown[0], f"unknown key; allowed keys are {sorted(_TOP_KEYS)}")
     for required in ("name", "variants", "seq_len"):
         if required not in raw:
-            raise _fail(required, "is required")
+            raise _invalid(required, "is required")
 
     def get(key: str) -> Any:
         return raw.get(key, _default(key))
 
     plugins = get("plugins")
     if not isinstance(plugins, (list, tuple)) or not all(isinstance(p, str) for p in plugins):
-        raise _fail("plugins", f"must be a list of importable module names; got {plugins!r}")
+        raise _invalid("plugins", f"must be a list of importable module names; got {plugins!r}")
     import_plugins(tuple(plugins))
     name = raw["name"]
     if not isinstance(name, str) or not name:
-        raise _fail("name", f"must be a non-empty string; got {name!r}")
+        raise _invalid("name", f"must be a non-empty string; got {name!r}")
     kernel_names = ("auto", "all", *list_kernels())
     variants = raw["variants"]
     if not isinstance(variants, (list, tuple)) or not variants:
-        raise _fail("variants", "must be a non-empty list like [{name: full}]")
-    workload = _choices("workload", get("workload"), WORKLOADS)[0]
+        raise _invalid("variants", "must be a non-empty list like [{name: full}]")
+    workload = _check(require_choices, "workload", get("workload"), allowed=WORKLOADS)[0]
     model = _model_settings(get("model"), workload)
+    passes = MODEL_PASSES if workload == "model_step" else PASSES
     if model:  # the model's own heads and head size
         sizes = dict(model)
         heads, head_dim = (sizes["num_heads"],), (sizes["d_model"] // sizes["num_heads"],)
     else:
-        heads, head_dim = _int_list("heads", get("heads")), _int_list("head_dim", get("head_dim"))
-    repeats = _number("repeats", get("repeats"), 1, integer=True)
-    min_repeats = _number("min_repeats", get("min_repeats"), 1, integer=True)
+        heads = _check(require_int_list, "heads", get("heads"))
+        head_dim = _check(require_int_list, "head_dim", get("head_dim"))
+    repeats = _check(require_number, "repeats", get("repeats"), minimum=1, integer=True)
+    min_repeats = _check(require_number, "min_repeats", get("min_repeats"), minimum=1, integer=True)
     if "min_repeats" not in raw:
         min_repeats = min(min_repeats, repeats)
     if min_repeats > repeats:
-        raise _fail("min_repeats", f"must be <= repeats={repeats}; got {min_repeats}")
+        raise _invalid("min_repeats", f"must be <= repeats={repeats}; got {min_repeats}")
     return SweepConfig(
         name=name,
         description=str(get("description")),
         variants=tuple(_variant(i, v, kernel_names) for i, v in enumerate(variants)),
-        seq_len=_int_list("seq_len", raw["seq_len"]),
-        device=_choices("device", get("device"), DEVICES)[0],
-        dtype=_choices("dtype", get("dtype"), DTYPES)[0],
-        passes=_choices("passes", raw.get("passes", list(MODEL_PASSES if workload == "model_step"
-                                                              else PASSES)),
-                        MODEL_PASSES if workload == "model_step" else PASSES),
-        batch=_int_list("batch", get("batch")),
+        seq_len=_check(require_int_list, "seq_len", raw["seq_len"]),
+        device=_check(require_choices, "device", get("device"), allowed=DEVICES)[0],
+        dtype=_check(require_choices, "dtype", get("dtype"), allowed=DTYPES)[0],
+        passes=_check(require_choices, "passes", raw.get("passes", list(passes)), allowed=passes),
+        batch=_check(require_int_list, "batch", get("batch")),
         heads=heads,
         head_dim=head_dim,
         workload=workload,
         model=model,
-        kernels=_choices("kernels", get("kernels"), kernel_names),
+        kernels=_check(require_choices, "kernels", get("kernels"), allowed=kernel_names),
         repeats=repeats,
         min_repeats=min_repeats,
-        warmup=_number("warmup", get("warmup"), 1, integer=True),
-        causal=_bool("causal", get("causal")),
-        timeout_s=float(_number("timeout_s", get("timeout_s"), 0.1)),
-        max_memory_gb=_optional_number("max_memory_gb", get("max_memory_gb"), 0.1),
-        threads=_optional_number("threads", get("threads"), 1, integer=True),
-        time_budget_s=float(_number("time_budget_s", get("time_budget_s"), 0.0)),
-        interleave=_bool("interleave", get("interleave")),
+        warmup=_check(require_number, "warmup", get("warmup"), minimum=1, integer=True),
+        causal=_check(require_bool, "causal", get("causal")),
+        timeout_s=float(_check(require_number, "timeout_s", get("timeout_s"), minimum=0.1)),
+        max_memory_gb=_optional(require_number, "max_memory_gb", get("max_memory_gb"), minimum=0.1),
+        threads=_optional(require_number, "threads", get("threads"), minimum=1, integer=True),
+        time_budget_s=float(_check(require_number, "time_budget_s", get("time_budget_s"), minimum=0.0)),
+        interleave=_check(require_bool, "interleave", get("interleave")),
         plugins=tuple(plugins),
-        peak_matmul_size=_optional_number("peak_matmul_size", get("peak_matmul_size"), 64,
-                                          integer=True),
-        skip_larger_after_failure=_bool("skip_larger_after_failure",
-                                        get("skip_larger_after_failure")),
+        peak_matmul_size=_optional(require_number, "peak_matmul_size", get("peak_matmul_size"), minimum=64,
+                                   integer=True),
+        skip_larger_after_failure=_check(require_bool, "skip_larger_after_failure",
+                                         get("skip_larger_after_failure")),
         fit_ranges=_fit_ranges("fit_ranges", get("fit_ranges")),
         raw=copy.deepcopy(raw),
     )
@@ -357,7 +338,7 @@ def with_overrides(config: SweepConfig, **overrides: Any) -> SweepConfig:
                for k, v in overrides.items() if v is not None}
     unknown = sorted(set(changes) - _TOP_KEYS)
     if unknown:
-        raise _fail(unknown[0], f"unknown key; allowed keys are {sorted(_TOP_KEYS)}")
+        raise _invalid(unknown[0], f"unknown key; allowed keys are {sorted(_TOP_KEYS)}")
     raw = copy.deepcopy(config.raw) or {"name": config.name, "seq_len": list(config.seq_len)}
     if "variants" in changes:
         raw["variants"] = [{"name": name} for name in changes.pop("variants")]

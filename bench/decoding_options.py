@@ -16,7 +16,10 @@ _MINIMUM = {"window": 0, "vocab_size": 2}
 
 
 def _at_least(option: str, values: Any, minimum: int) -> None:
-    """Each of ``values`` (one value or a sequence; None: not given) is an integer >= minimum."""
+    """Each of ``values`` (one value or a sequence; None: not given) is an integer >= minimum.
+
+    The message is :mod:`attn.validation`'s ``require_int``, written here because importing
+    the attn package loads torch, which the CLI must not do to show its help."""
     if values is None:
         return
     for value in values if isinstance(values, (list, tuple)) else [values]:

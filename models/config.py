@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import attn
+from attn.validation import invalid, require_choice, require_int
 
 ACTIVATIONS = ("relu", "gelu")
 NORMS = ("post", "pre")
@@ -29,20 +30,6 @@ PRESETS: dict[str, dict[str, Any]] = {
     # 4 heads, 256 dims, MLP 1024); other LRA tasks (e.g. ListOps) override the sizes
     "lra": dict(d_model=256, num_heads=4, num_layers=4, d_ff=1024, max_len=4096, vocab_size=256),
 }
-
-
-def _fail(field_name: str, message: str) -> ValueError:
-    return ValueError(f"{field_name}: {message}")
-
-
-def _choice(name: str, value: Any, allowed: tuple[Any, ...]) -> None:
-    if value not in allowed:
-        raise _fail(name, f"must be one of {', '.join(map(repr, allowed))}; got {value!r}")
-
-
-def _positive(name: str, value: Any, minimum: int = 1) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise _fail(name, f"must be an int >= {minimum}; got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -71,29 +58,25 @@ class ModelConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention_params", dict(self.attention_params))
         for name in ("vocab_size", "d_model", "num_heads", "num_layers", "d_ff", "max_len"):
-            _positive(name, getattr(self, name))
+            require_int(name, getattr(self, name), minimum=1)
         if self.d_model % self.num_heads:
-            raise _fail(
+            raise invalid(
                 "d_model", f"must be divisible by num_heads={self.num_heads}; got {self.d_model}"
             )
         if not 0.0 <= self.dropout < 1.0:
-            raise _fail("dropout", f"must be in [0, 1); got {self.dropout!r}")
-        _choice("activation", self.activation, ACTIVATIONS)
-        _choice("norm", self.norm, NORMS)
-        _choice("position", self.position, POSITIONS)
-        if self.attention not in attn.list_attention():
-            raise _fail(
-                "attention",
-                f"unknown attention {self.attention!r}; registered: {', '.join(attn.list_attention())}",
-            )
+            raise invalid("dropout", f"must be in [0, 1); got {self.dropout!r}")
+        require_choice("activation", self.activation, ACTIVATIONS)
+        require_choice("norm", self.norm, NORMS)
+        require_choice("position", self.position, POSITIONS)
+        require_choice("attention", self.attention, attn.list_attention())
         kernels = ("auto", *attn.attention_info(self.attention).kernels)
-        _choice("attention_kernel", self.attention_kernel, kernels)
+        require_choice("attention_kernel", self.attention_kernel, kernels)
         self._check_attention(self.attention, self.attention_params, "attention")
         has_bias = self.attention == "relative" or self.attention_params.get("position_bias")
         if self.position == "auto":
             object.__setattr__(self, "position", "none" if has_bias else self.default_position())
         elif has_bias and self.position != "none":
-            raise _fail(
+            raise invalid(
                 "position",
                 f"must be 'none' (or 'auto') when the attention carries a relative position bias; "
                 f"got {self.position!r}",
@@ -109,20 +92,17 @@ class ModelConfig:
     def _check_attention(
         self, name: str, params: dict[str, Any], field_name: str, causal: bool | None = None
     ) -> None:
-        """Build the attention once so bad parameters fail here, naming ``field_name``."""
+        """Check ``name(**params)`` from the registry's parameter rules (no module is built),
+        and that it has a causal form where the model needs one; errors name ``field_name``."""
         causal = self.needs_causal if causal is None else causal
         try:
-            module = attn.create_attention(
-                name,
-                num_heads=self.num_heads,
-                head_dim=self.head_dim,
-                kernel=self.attention_kernel,
-                **params,
+            attn.check_attention_params(
+                name, num_heads=self.num_heads, head_dim=self.head_dim, kernel=self.attention_kernel, **params
             )
         except (ValueError, TypeError) as err:
-            raise _fail(field_name, f"cannot build {name!r}: {err}") from err
-        if causal and not module.supports_causal:
-            raise _fail(
+            raise invalid(field_name, f"cannot build {name!r}: {err}") from err
+        if causal and not attn.attention_info(name).supports_causal:
+            raise invalid(
                 field_name,
                 f"{name!r} has no causal form, so it cannot run in a decoder "
                 "(choose a variant with supports_causal=True)",
@@ -146,14 +126,14 @@ class EncoderClassifierConfig(ModelConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _positive("num_classes", self.num_classes)
-        _positive("head_hidden", self.head_hidden, minimum=0)
-        _choice("pair_head", self.pair_head, PAIR_HEADS)
+        require_int("num_classes", self.num_classes, minimum=1)
+        require_int("head_hidden", self.head_hidden, minimum=0)
+        require_choice("pair_head", self.pair_head, PAIR_HEADS)
         if self.pair_head == "cosine" and self.dual and self.num_classes != 2:
-            raise _fail("pair_head", "'cosine' scores same / different: it needs num_classes=2, "
+            raise invalid("pair_head", "'cosine' scores same / different: it needs num_classes=2, "
                                      f"got {self.num_classes}")
-        _choice("pooling", self.pooling, POOLINGS)
-        _positive("num_extra_global", self.num_extra_global, minimum=0)
+        require_choice("pooling", self.pooling, POOLINGS)
+        require_int("num_extra_global", self.num_extra_global, minimum=0)
 
 
 @dataclass(frozen=True)
@@ -179,18 +159,17 @@ class EncoderDecoderConfig(ModelConfig):
     def __post_init__(self) -> None:
         object.__setattr__(self, "decoder_attention_params", dict(self.decoder_attention_params))
         if self.num_decoder_layers is not None:
-            _positive("num_decoder_layers", self.num_decoder_layers)
+            require_int("num_decoder_layers", self.num_decoder_layers, minimum=1)
         if self.decoder_attention is None and self.decoder_attention_params:
-            raise _fail(
+            raise invalid(
                 "decoder_attention_params", "given without decoder_attention (set both, or neither)"
             )
         if not 0 <= self.bos_id < self.vocab_size:
-            raise _fail("bos_id", f"must be in [0, vocab_size={self.vocab_size}); got {self.bos_id}")
+            raise invalid("bos_id", f"must be in [0, vocab_size={self.vocab_size}); got {self.bos_id}")
         super().__post_init__()
         name, params = self.decoder_self_attention
         field_name = "attention" if self.decoder_attention is None else "decoder_attention"
-        if name not in attn.list_attention():
-            raise _fail(field_name, f"unknown attention {name!r}")
+        require_choice(field_name, name, attn.list_attention())
         self._check_attention(name, params, field_name, causal=True)
         self._check_attention(self.cross_attention, {}, "cross_attention", causal=False)
 
@@ -226,16 +205,16 @@ class ViTConfig(ModelConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         for name in ("image_size", "patch_size", "in_channels", "num_classes"):
-            _positive(name, getattr(self, name))
-        _positive("num_extra_global", self.num_extra_global, minimum=0)
-        _choice("pooling", self.pooling, POOLINGS)
+            require_int(name, getattr(self, name), minimum=1)
+        require_int("num_extra_global", self.num_extra_global, minimum=0)
+        require_choice("pooling", self.pooling, POOLINGS)
         if self.image_size % self.patch_size:
-            raise _fail(
+            raise invalid(
                 "patch_size",
                 f"must divide image_size={self.image_size}; got {self.patch_size}",
             )
         if self.num_tokens > self.max_len and self.position == "learned":
-            raise _fail(
+            raise invalid(
                 "max_len",
                 f"must be >= the {self.num_tokens} tokens of a {self.image_size}px image in "
                 f"{self.patch_size}px patches (+ CLS and global tokens); got {self.max_len}",

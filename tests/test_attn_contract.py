@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn import AttentionCall, create_attention
+from attn import AttentionCall, check_attention_params, create_attention
 
 
 def qkv(b=1, h=2, nq=5, nk=5, d=4, dtype=torch.float32):
@@ -79,16 +79,19 @@ def test_heads_disagree_with_module() -> None:
 @pytest.mark.parametrize(
     ("name", "params", "pattern"),
     [
-        ("sliding_window", {"window": -1}, r"sliding_window: parameter 'window' must be an integer >= 0; got -1"),
-        ("sliding_window", {"window": 2.5}, r"parameter 'window' must be an integer >= 0; got 2.5"),
-        ("dilated", {"dilation": 0}, r"dilated: parameter 'dilation' must be an integer >= 1; got 0"),
-        ("global_tokens", {"num_global": -2}, r"parameter 'num_global' must be an integer >= 0"),
-        ("nystrom", {"num_landmarks": 0}, r"nystrom: parameter 'num_landmarks' must be an integer >= 1"),
-        ("nystrom", {"conv_kernel": 4, "num_heads": 2}, r"'conv_kernel' must be odd"),
-        ("relative", {"bias": "rope"}, r"relative: parameter 'bias' must be one of 'learned', 'alibi'; got 'rope'"),
+        ("sliding_window", {"window": -1}, r"sliding_window: parameter 'window': must be an integer >= 0; got -1"),
+        ("sliding_window", {"window": 2.5}, r"parameter 'window': must be an integer >= 0; got 2.5"),
+        ("dilated", {"dilation": 0}, r"dilated: parameter 'dilation': must be an integer >= 1; got 0"),
+        ("global_tokens", {"num_global": -2}, r"parameter 'num_global': must be an integer >= 0"),
+        ("nystrom", {"num_landmarks": 0}, r"nystrom: parameter 'num_landmarks': must be an integer >= 1"),
+        ("nystrom", {"conv_kernel": 4, "num_heads": 2}, r"'conv_kernel': must be odd; got 4"),
+        ("relative", {"bias": "rope"}, r"relative: parameter 'bias': unknown value 'rope'"
+            r"; allowed values are \['learned', 'alibi'\]"),
         ("relative", {"bias": "learned"}, r"parameter 'num_heads' is required"),
-        ("full", {"position_bias": "t5"}, r"parameter 'position_bias' must be one of None, 'learned', 'alibi'"),
-        ("full", {"kernel": "flash9"}, r"full: parameter 'kernel' must be one of 'auto', 'reference', 'sdpa'"),
+        ("full", {"position_bias": "t5"}, r"parameter 'position_bias': unknown value 't5'"
+            r"; allowed values are \[None, 'learned', 'alibi'\]"),
+        ("full", {"kernel": "flash9"}, r"full: parameter 'kernel': unknown value 'flash9'"
+            r"; allowed values are \['auto', 'reference', 'sdpa'"),
         ("full", {"window": 3}, r"full: unknown parameter\(s\) 'window'; allowed parameters are"),
         ("no_such_attention", {}, r"unknown name 'no_such_attention'; registered attentions are .*sliding_window"),
     ],
@@ -96,6 +99,23 @@ def test_heads_disagree_with_module() -> None:
 def test_bad_parameters(name, params, pattern) -> None:
     with pytest.raises(ValueError, match=pattern):
         create_attention(name, **params)
+    with pytest.raises(ValueError, match=pattern):  # the same rule, found without building
+        check_attention_params(name, **params)
+
+
+def test_parameters_are_checked_without_building(monkeypatch) -> None:
+    """check_attention_params reads the class's rules: no constructor runs, good values pass."""
+    from attn.variants.sliding_window import SlidingWindowAttention
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("check_attention_params built a module")
+
+    monkeypatch.setattr(SlidingWindowAttention, "__new__", staticmethod(refuse))
+    with pytest.raises(AssertionError, match="built a module"):  # the patch bites
+        create_attention("sliding_window", window=3)
+    check_attention_params("sliding_window", window=3, position_bias="alibi", num_heads=2, head_dim=8)
+    with pytest.raises(ValueError, match="parameter 'window': must be an integer >= 0; got -3"):
+        check_attention_params("sliding_window", window=-3)
 
 
 def test_causal_nystrom_is_not_implemented() -> None:

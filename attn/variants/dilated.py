@@ -7,9 +7,9 @@ from typing import ClassVar
 from torch import Tensor
 
 from attn.base import Band, ExactAttention
-from attn.contract import require_int
 from attn.mods import MaskMod
 from attn.registration import register_attention
+from attn.validation import Param
 
 
 def dilated_mod(window: int, dilation: int) -> MaskMod:
@@ -28,11 +28,13 @@ class DilatedAttention(ExactAttention):
 
     kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa", "blocked", "chunked", "flex")
     example_params = ({"window": 2, "dilation": 2}, {"window": 1, "dilation": 3}, {"window": 0, "dilation": 4})
+    param_rules: ClassVar[dict[str, Param]] = {"window": Param(minimum=0), "dilation": Param(minimum=1)}
 
     def __init__(self, window: int = 64, dilation: int = 2, **common) -> None:
+        self.check_params(window=window, dilation=dilation)
         super().__init__(**common)
-        self.window = require_int(self.name, "window", window, minimum=0)
-        self.dilation = require_int(self.name, "dilation", dilation, minimum=1)
+        self.window = window
+        self.dilation = dilation
 
     def mask_mod(self) -> MaskMod:
         return dilated_mod(self.window, self.dilation)

@@ -7,9 +7,9 @@ from typing import ClassVar
 from torch import Tensor
 
 from attn.base import Band, ExactAttention
-from attn.contract import require_int
 from attn.mods import MaskMod
 from attn.registration import register_attention
+from attn.validation import Param
 
 
 def global_tokens_mod(num_global: int, window: int) -> MaskMod:
@@ -31,11 +31,13 @@ class GlobalTokensAttention(ExactAttention):
 
     kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa", "blocked", "chunked", "flex")
     example_params = ({"num_global": 1, "window": 2}, {"num_global": 3, "window": 0}, {"num_global": 0, "window": 4})
+    param_rules: ClassVar[dict[str, Param]] = {"num_global": Param(minimum=0), "window": Param(minimum=0)}
 
     def __init__(self, num_global: int = 1, window: int = 128, **common) -> None:
+        self.check_params(num_global=num_global, window=window)
         super().__init__(**common)
-        self.num_global = require_int(self.name, "num_global", num_global, minimum=0)
-        self.window = require_int(self.name, "window", window, minimum=0)
+        self.num_global = num_global
+        self.window = window
 
     def mask_mod(self) -> MaskMod:
         return global_tokens_mod(self.num_global, self.window)

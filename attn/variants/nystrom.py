@@ -11,19 +11,19 @@ sequence fits in m landmarks the result is exact attention.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from attn.base import Attention, KernelPath
 from attn.call import AttentionCall
-from attn.contract import require_int, require_optional_int
 from attn.cost import Cost, CostQuery, matmul_flops, pairs_cost
 from attn.kernels.reference import dense_attention
 from attn.mods import masked_softmax
 from attn.registration import register_attention
 from attn.short_side import short_side_attention
+from attn.validation import Param
 
 
 def segment_means(x: Tensor, num_segments: int, valid: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -83,23 +83,23 @@ class NystromAttention(Attention):
     supports_causal = False
     example_params = ({"num_landmarks": 8}, {"num_landmarks": 4, "conv_kernel": 3})
     convergence_param = "num_landmarks"
+    param_rules: ClassVar[dict[str, Param]] = {
+        "num_landmarks": Param(minimum=1),
+        "pinv_iters": Param(minimum=1),
+        "conv_kernel": Param(minimum=1, optional=True, odd=True),
+    }
 
     def __init__(
         self, num_landmarks: int = 64, pinv_iters: int = 6, conv_kernel: int | None = None, **common
     ) -> None:
+        self.check_params(num_landmarks=num_landmarks, pinv_iters=pinv_iters, conv_kernel=conv_kernel,
+                          num_heads=common.get("num_heads"))
         super().__init__(**common)
-        self.num_landmarks = require_int(self.name, "num_landmarks", num_landmarks, minimum=1)
-        self.pinv_iters = require_int(self.name, "pinv_iters", pinv_iters, minimum=1)
-        self.conv_kernel = require_optional_int(self.name, "conv_kernel", conv_kernel, minimum=1)
+        self.num_landmarks = num_landmarks
+        self.pinv_iters = pinv_iters
+        self.conv_kernel = conv_kernel
         self.conv: nn.Conv2d | None = None
         if conv_kernel is not None:
-            if conv_kernel % 2 == 0:
-                raise ValueError(f"nystrom: parameter 'conv_kernel' must be odd; got {conv_kernel}")
-            if self.num_heads is None:
-                raise ValueError(
-                    "nystrom: parameter 'num_heads' is required with conv_kernel (one depthwise "
-                    "filter per head)"
-                )
             heads = self.num_heads
             self.conv = nn.Conv2d(
                 heads, heads, kernel_size=(conv_kernel, 1), padding=(conv_kernel // 2, 0),
@@ -107,6 +107,14 @@ class NystromAttention(Attention):
             )
         self._exact_last = False
         self._fused_last = False
+
+    @classmethod
+    def check_together(cls, params: dict[str, Any]) -> None:
+        super().check_together(params)
+        if params.get("conv_kernel") is not None and "num_heads" in params and params["num_heads"] is None:
+            raise ValueError(
+                "nystrom: parameter 'num_heads' is required with conv_kernel (one depthwise filter per head)"
+            )
 
     def native_not_supported_reasons(self, call: AttentionCall) -> list[str]:
         reasons = ["nystrom has no causal form (landmarks mix all positions)"] if call.causal else []

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from attn.base import ExactAttention
 from attn.position_bias import POSITION_BIASES
 from attn.registration import register_attention
+from attn.validation import Param
 
 
 @register_attention("relative")
@@ -18,14 +19,20 @@ class RelativeAttention(ExactAttention):
 
     kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa", "chunked", "flex")
     example_params = ({"bias": "learned", "max_distance": 4}, {"bias": "alibi"})
+    param_rules: ClassVar[dict[str, Param]] = {"bias": Param(choices=POSITION_BIASES)}
 
     def __init__(self, bias: str = "learned", max_distance: int = 128, **common) -> None:
-        if bias not in POSITION_BIASES:
-            raise ValueError(
-                f"relative: parameter 'bias' must be one of {', '.join(map(repr, POSITION_BIASES))}; "
-                f"got {bias!r}"
-            )
-        if common.get("position_bias") is not None:
-            raise ValueError("relative: use parameter 'bias', not 'position_bias'")
-        common.pop("position_bias", None)
+        self.check_params(bias=bias, position_bias=common.pop("position_bias", None))
         super().__init__(position_bias=bias, max_distance=max_distance, **common)
+
+    @classmethod
+    def check_together(cls, params: dict[str, Any]) -> None:
+        if "bias" in params:  # (the constructor passes bias on to ExactAttention as position_bias)
+            if params.get("position_bias") is not None:
+                raise ValueError("relative: use parameter 'bias', not 'position_bias'")
+            if params["bias"] is not None and "num_heads" in params and params["num_heads"] is None:
+                raise ValueError(
+                    f"relative: parameter 'num_heads' is required with bias={params['bias']!r} "
+                    "(the bias has one set of values per head)"
+                )
+        super().check_together(params)

@@ -7,9 +7,9 @@ from typing import ClassVar
 from torch import Tensor
 
 from attn.base import Band, ExactAttention
-from attn.contract import require_int
 from attn.mods import MaskMod
 from attn.registration import register_attention
+from attn.validation import Param
 
 
 def sliding_window_mod(window: int) -> MaskMod:
@@ -27,10 +27,12 @@ class SlidingWindowAttention(ExactAttention):
 
     kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa", "blocked", "chunked", "flex", "xformers")
     example_params = ({"window": 0}, {"window": 3}, {"window": 5, "position_bias": "learned"})
+    param_rules: ClassVar[dict[str, Param]] = {"window": Param(minimum=0)}
 
     def __init__(self, window: int = 128, **common) -> None:
+        self.check_params(window=window)
         super().__init__(**common)
-        self.window = require_int(self.name, "window", window, minimum=0)
+        self.window = window
 
     def mask_mod(self) -> MaskMod:
         return sliding_window_mod(self.window)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from attn.validation import require_choice, require_int
 from bench.data.errors import DataMissingError
 
 if TYPE_CHECKING:
@@ -84,8 +85,7 @@ def clean(text: str, language: str) -> str:
     Case and all other punctuation are kept. The function is idempotent.
     ``language`` is ``"en"`` or ``"es"``.
     """
-    if language not in LANGUAGES:
-        raise ValueError(f"language must be one of {LANGUAGES}, got {language!r}")
+    require_choice("language", language, LANGUAGES)
     text = _NOTE.sub(" ", text)
     text = _TAG.sub("", text)
     text = _USFM.sub("", text)
@@ -205,8 +205,7 @@ def train_bpe(texts: Sequence[str], vocab_size: int, *, min_frequency: int = 2) 
     """
     tk = _tokenizers()
     minimum = len(SPECIAL_TOKENS) + 256
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < minimum:
-        raise ValueError(f"vocab_size must be an integer >= {minimum} (specials + 256 bytes), got {vocab_size!r}")
+    require_int("vocab_size (specials + 256 bytes)", vocab_size, minimum=minimum)
     if min_frequency < 1:
         raise ValueError(f"min_frequency must be >= 1, got {min_frequency!r}")
     tokenizer = tk.Tokenizer(tk.models.BPE(unk_token="<unk>"))
@@ -247,8 +246,7 @@ def encode_pairs(
     if len(sources) != len(targets):
         raise ValueError(f"sources and targets must have the same length, got {len(sources)} and {len(targets)}")
     for name, value, minimum in (("src_len", src_len, 1), ("tgt_len", tgt_len, 2)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        require_int(name, value, minimum=minimum)
     n = len(sources)
     out = {
         "src_ids": np.full((n, src_len), PAD_ID, dtype=np.int64),

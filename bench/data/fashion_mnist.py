@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attn.validation import require_choice
 from bench.data.errors import DataMissingError
 
 DEFAULT_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -70,8 +71,7 @@ def load(split: str, *, directory: str | Path | None = None) -> tuple[np.ndarray
     overrides the default ``/usr/share/datasets/fashion-mnist``. Raises ValueError for an
     unknown split or a corrupt file, DataMissingError when the files are absent.
     """
-    if split not in SPLITS:
-        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    require_choice("split", split, SPLITS)
     root = DEFAULT_DIR if directory is None else Path(directory)
     prefix = SPLITS[split]
     image_path = root / f"{prefix}-images-idx3-ubyte.gz"

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from attn.validation import require_int
 from bench.data.cache import load_or_generate_npz
 
 MIN, MAX, MED, SUM_MOD, END = "[MIN", "[MAX", "[MED", "[SM", "]"
@@ -63,9 +64,9 @@ def generate(
     ``max_attempts`` bounds the number of sampled trees (default ``max(100_000, 1000 * num_examples)``);
     a ValueError is raised when the length range (or uniqueness) cannot be met within it.
     """
-    _check_positive("num_examples", num_examples, minimum=0)
-    _check_positive("max_depth", max_depth)
-    _check_positive("max_args", max_args, minimum=2)
+    require_int("num_examples", num_examples, minimum=0)
+    require_int("max_depth", max_depth, minimum=1)
+    require_int("max_args", max_args, minimum=2)
     if max_depth > 200:
         raise ValueError(f"max_depth must be at most 200, got {max_depth}")
     if not 0 <= min_length <= max_length:
@@ -196,7 +197,7 @@ def encode(token_lists: Sequence[Sequence[str]], seq_len: int) -> tuple[np.ndarr
     ``key_mask`` is True on real tokens. Raises ValueError naming ``seq_len`` if an example is
     longer (no silent truncation: a truncated expression has a different value).
     """
-    _check_positive("seq_len", seq_len)
+    require_int("seq_len", seq_len, minimum=1)
     ids = np.zeros((len(token_lists), seq_len), dtype=np.int64)
     mask = np.zeros((len(token_lists), seq_len), dtype=bool)
     for row, tokens in enumerate(token_lists):
@@ -209,10 +210,6 @@ def encode(token_lists: Sequence[Sequence[str]], seq_len: int) -> tuple[np.ndarr
         mask[row, : len(tokens)] = True
     return ids, mask
 
-
-def _check_positive(name: str, value: int, *, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 def load_or_generate(

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from attn.validation import require_int
 from bench.data.cache import load_or_generate_npz
 
 #: Bump when the generator's output for the same arguments changes (invalidates caches).
@@ -109,8 +110,7 @@ def _resolve(
     curvature: float | None,
     max_turn: float | None,
 ) -> dict[str, Any]:
-    if isinstance(size, bool) or not isinstance(size, int | np.integer) or size < 12:
-        raise ValueError(f"size must be an integer >= 12, got {size!r}")
+    require_int("size", size, minimum=12)
     given = {
         "num_distractors": num_distractors, "path_length": path_length, "dash": dash, "gap": gap,
         "dot_radius": dot_radius, "curvature": curvature, "max_turn": max_turn,

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attn.validation import require_int
+
 PAD_ID = 0
 QUERY_ID = 1
 
@@ -82,12 +84,12 @@ def generate(
     Each distance must satisfy ``2 <= d <= seq_len - 2`` (the pair must fit before the query
     marker) and ``seq_len`` must leave room for all pairs. Deterministic for a ``seed``.
     """
-    _check_int("num_examples", num_examples, 0)
-    _check_int("seq_len", seq_len, 4)
-    _check_int("num_keys", num_keys, 1)
-    _check_int("num_values", num_values, 1)
-    _check_int("num_pairs", num_pairs, 1)
-    _check_int("num_fillers", num_fillers, 1)
+    require_int("num_examples", num_examples, minimum=0)
+    require_int("seq_len", seq_len, minimum=4)
+    require_int("num_keys", num_keys, minimum=1)
+    require_int("num_values", num_values, minimum=1)
+    require_int("num_pairs", num_pairs, minimum=1)
+    require_int("num_fillers", num_fillers, minimum=1)
     dist = np.asarray(tuple(distances), dtype=np.int64).reshape(-1)
     if dist.size == 0:
         raise ValueError("distances must name at least one distance")
@@ -140,7 +142,3 @@ def generate(
         "query_key": keys[:, 0].astype(np.int64),
     }
 
-
-def _check_int(name: str, value: int, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")

@@ -17,6 +17,7 @@ every task are written beside the results (``grid.json``), with the config itsel
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -28,6 +29,7 @@ from typing import Any
 import yaml
 
 from attn import attention_info, list_attention
+from attn.validation import require_int
 from bench.config import ConfigError, import_plugins, safe_name
 from bench.executors import LocalExecutor
 from bench.fsutil import RunLock, atomic_write_text
@@ -140,8 +142,8 @@ def parse_grid(raw: dict[str, Any]) -> GridConfig:
         raise ConfigError(f"config key 'device': unknown value {device!r}; allowed values are "
                           "['cpu', 'cuda']", "device")
     threads = raw.get("threads")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ConfigError(f"config key 'threads': must be an integer >= 1; got {threads!r}", "threads")
+    if threads is not None:
+        require_int("config key 'threads'", threads, minimum=1, error=functools.partial(ConfigError, key="threads"))
     timeout = raw.get("timeout_s", 1800.0)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ConfigError(f"config key 'timeout_s': must be a number > 0; got {timeout!r}", "timeout_s")

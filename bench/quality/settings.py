@@ -10,12 +10,14 @@ e.g. ``window``, ``num_landmarks``, applied to every variant that has such a par
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from attn import attention_info
+from attn.validation import require_choice, require_int
 from bench.config import ConfigError, load_yaml
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "tasks"
@@ -40,8 +42,8 @@ class TrainSettings:
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_every", "eval_examples", "checkpoint_every"):
-            _positive(f"train.{name}", getattr(self, name))
-        _positive("train.warmup_steps", self.warmup_steps, minimum=0)
+            _require_int(f"train.{name}", getattr(self, name), minimum=1)
+        _require_int("train.warmup_steps", self.warmup_steps, minimum=0)
         for name in ("lr", "weight_decay", "grad_clip"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
@@ -49,9 +51,8 @@ class TrainSettings:
         if not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError(f"train.min_lr_ratio: must be in [0, 1]; got {self.min_lr_ratio!r}",
                               "train.min_lr_ratio")
-        if self.schedule not in SCHEDULES:
-            raise ConfigError(f"train.schedule: must be one of {list(SCHEDULES)}; got "
-                              f"{self.schedule!r}", "train.schedule")
+        require_choice("train.schedule", self.schedule, SCHEDULES,
+                       error=functools.partial(ConfigError, key="train.schedule"))
 
 
 @dataclass(frozen=True)
@@ -74,10 +75,6 @@ class TaskSettings:
         """The settings as one canonical JSON string (a result row's ``settings`` column)."""
         return json.dumps(self.to_dict(), sort_keys=True, default=str)
 
-
-def _positive(key: str, value: Any, minimum: int = 1) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{key}: must be an integer >= {minimum}; got {value!r}", key)
 
 
 def list_presets() -> list[str]:
@@ -136,3 +133,8 @@ def attention_params(variant: str, params: dict[str, Any], settings: TaskSetting
     allowed = attention_info(variant).params
     shared = {k: v for k, v in settings.attention.items() if k in allowed}
     return {**shared, **params}
+
+
+def _require_int(key: str, value: Any, *, minimum: int) -> int:
+    """:func:`attn.validation.require_int` raising the ``ConfigError`` that names ``key``."""
+    return require_int(key, value, minimum=minimum, error=functools.partial(ConfigError, key=key))

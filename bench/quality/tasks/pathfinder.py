@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor, nn
 
+from attn.validation import require_choice
 from bench.data import pathfinder
 from bench.data.splits import split_indices
 from bench.quality.tasks.base import ClassificationTask, PatchedImageTask, Split, as_tensors
@@ -44,9 +45,7 @@ class Pathfinder(PatchedImageTask):
     @property
     def input(self) -> str:
         kind = self.data.get("input", "pixels")
-        if kind not in INPUTS:
-            raise ValueError(f"pathfinder: data setting 'input' must be one of {list(INPUTS)}; got {kind!r}")
-        return str(kind)
+        return str(require_choice("pathfinder: data setting 'input'", kind, INPUTS))
 
     @property
     def model_kind(self) -> str:  # type: ignore[override]

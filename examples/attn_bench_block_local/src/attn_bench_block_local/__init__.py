@@ -7,7 +7,7 @@ from typing import ClassVar
 from torch import Tensor
 
 from attn import ExactAttention, MaskMod
-from attn.contract import require_int
+from attn.validation import Param
 
 
 class BlockLocalAttention(ExactAttention):
@@ -15,10 +15,12 @@ class BlockLocalAttention(ExactAttention):
 
     kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa")
     example_params = ({"block_size": 4}, {"block_size": 1})
+    param_rules: ClassVar[dict[str, Param]] = {"block_size": Param(minimum=1)}  # checked without building
 
     def __init__(self, block_size: int = 64, **common) -> None:
+        self.check_params(block_size=block_size)
         super().__init__(**common)
-        self.block_size = require_int(self.name, "block_size", block_size, minimum=1)
+        self.block_size = block_size
 
     def mask_mod(self) -> MaskMod:
         size = self.block_size
