@@ -1,4 +1,4 @@
-"""Variant semantics against hand-written rules (DESIGN 3.2), at the exact boundary indices.
+"""Variant semantics against hand-written rules (docs/variants.md), at the exact boundary indices.
 
 The dense reference is itself checked against a per-query loop that builds each softmax
 from an explicit list of allowed keys, so the ground truth is not taken on trust.
@@ -16,7 +16,7 @@ from attn.mods import dense_allowed
 
 
 def rule(name: str, params: dict, i: int, j: int, causal: bool) -> bool:
-    """DESIGN 3.2, written out literally."""
+    """The rules of docs/variants.md, written out literally."""
     if name in ("full", "relative"):
         ok = True
     elif name == "causal":

@@ -153,7 +153,7 @@ def test_few_rows_take_the_key_span_and_both_paths_agree(band: Band, causal: boo
 
 
 def test_window_boundary_is_inclusive() -> None:
-    """|i - j| == w is allowed, w + 1 is not (DESIGN 3.2), probed with one-hot values."""
+    """|i - j| == w is allowed, w + 1 is not (docs/variants.md), probed with one-hot values."""
     w, n = 5, 40
     q = torch.zeros(1, 1, n, 4, dtype=torch.float64)
     k = torch.zeros(1, 1, n, 4, dtype=torch.float64)
