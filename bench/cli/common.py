@@ -82,7 +82,9 @@ def require_run_dir(path: Path, argument: str = "RUN_DIR", *, quality: bool = Tr
 
 
 def choice(option: str, value: str, allowed: tuple[str, ...]) -> str:
-    """``value`` if it is one of ``allowed``, else a ``UsageError`` naming ``option``."""
+    """``value`` if it is one of ``allowed``, else a ``UsageError`` naming ``option`` (the
+    message of :func:`attn.validation.require_choice`, written here: the CLI starts without
+    importing the attn package, which loads torch)."""
     if value not in allowed:
         raise UsageError(f"{option}: unknown value {value!r}; allowed values are {list(allowed)}")
     return value
