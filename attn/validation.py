@@ -52,7 +52,7 @@ def require_number(
     subject: str, value: Any, *, minimum: float, integer: bool = False, error: ErrorFactory = ValueError
 ) -> Any:
     """``value`` if it is a number (an integer when ``integer``) >= ``minimum``."""
-    ok = _is_int(value) if integer else isinstance(value, (int, float)) and not isinstance(value, bool)
+    ok = _is_int(value) if integer else isinstance(value, numbers.Real) and not isinstance(value, bool)
     if not ok or value < minimum:
         kind = "an integer" if integer else "a number"
         raise invalid(subject, f"must be {kind} >= {minimum}; got {value!r}", error)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from attn.validation import require_number
 from bench.results import load_results
 
 KEY = ["label", "kernel_requested", "seq_len", "batch", "heads", "head_dim", "dtype", "device",
@@ -112,8 +113,8 @@ def classify_runs(run_a: str | Path, run_b: str | Path, rel_pct: float = DEFAULT
     A time change counts (``worse`` / ``better``) only when it exceeds ``abs_ms``,
     ``rel_pct`` percent of A's time and the noise, all three.
     """
-    if rel_pct < 0 or abs_ms < 0:
-        raise ValueError(f"thresholds must be >= 0; got rel_pct={rel_pct}, abs_ms={abs_ms}")
+    require_number("rel_pct", rel_pct, minimum=0)
+    require_number("abs_ms", abs_ms, minimum=0)
     a = _one_row_per_key(load_results(run_a))
     b = _one_row_per_key(load_results(run_b))
     table = a.merge(b, on=KEY, how="outer", suffixes=("_a", "_b"))

@@ -71,6 +71,10 @@ def test_determinism_and_parameters() -> None:
         pathfinder.generate(2, seed=0, path_length=(10, 5))
     with pytest.raises(ValueError, match="size"):
         pathfinder.generate(2, seed=0, size=4)
+    with pytest.raises(ValueError, match=r"^dash: must be a number >= 1; got 0$"):
+        pathfinder.generate(2, seed=0, dash=0)
+    with pytest.raises(ValueError, match=r"^num_distractors: must be an integer >= 0; got 1.5$"):
+        pathfinder.generate(2, seed=0, num_distractors=1.5)
 
 
 def test_load_or_generate_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

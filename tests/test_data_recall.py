@@ -51,5 +51,5 @@ def test_determinism_and_errors() -> None:
             recall.generate(5, seq_len=64, distances=bad, seed=0)
     with pytest.raises(ValueError, match="num_pairs"):
         recall.generate(5, seq_len=64, distances=(8,), num_keys=3, num_pairs=4, seed=0)
-    with pytest.raises(ValueError, match="seq_len"):
+    with pytest.raises(ValueError, match=r"^seq_len: must be at least 18 \(4 per pair plus 2 for the query\); got 16$"):
         recall.generate(5, seq_len=16, distances=(8,), num_pairs=4, seed=0)

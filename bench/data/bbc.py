@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attn.validation import invalid, require_int
 from bench.data.errors import DataMissingError
 
 #: Category names in label order (label = index).
@@ -82,8 +83,7 @@ def encode_bytes(texts: Sequence[str], seq_len: int) -> tuple[np.ndarray, np.nda
     ``(len(texts), seq_len)``, ``key_mask`` True on real bytes. Texts longer than ``seq_len``
     bytes keep their first ``seq_len`` bytes.
     """
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int | np.integer) or seq_len < 1:
-        raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
+    require_int("seq_len", seq_len, minimum=1)
     ids = np.zeros((len(texts), seq_len), dtype=np.int64)
     mask = np.zeros((len(texts), seq_len), dtype=bool)
     for row, text in enumerate(texts):
@@ -119,16 +119,17 @@ def make_pairs(
     labels = np.asarray(labels).reshape(-1)
     pool = np.unique(np.asarray(indices, dtype=np.int64).reshape(-1))
     if pool.size and (pool[0] < 0 or pool[-1] >= labels.size):
-        raise ValueError(f"indices must lie in [0, {labels.size}) (positions in labels)")
-    if isinstance(num_pairs, bool) or not isinstance(num_pairs, int | np.integer) or num_pairs < 0:
-        raise ValueError(f"num_pairs must be a non-negative integer, got {num_pairs!r}")
+        raise invalid("indices", f"must lie in [0, {labels.size}) (positions in labels)")
+    require_int("num_pairs", num_pairs, minimum=0)
     pool_labels = labels[pool]
     class_sizes = np.unique(pool_labels, return_counts=True)[1].astype(np.int64)
     total = pool.size * (pool.size - 1) // 2
     positives_available = int((class_sizes * (class_sizes - 1) // 2).sum())
     negatives_available = total - positives_available
     if num_pairs > total:
-        raise ValueError(f"num_pairs={num_pairs} exceeds the {total} distinct pairs of the {pool.size} given indices")
+        raise invalid(
+            "num_pairs", f"must be at most the {total} distinct pairs of the {pool.size} given indices; got {num_pairs}"
+        )
     num_pos = min(num_pairs // 2, positives_available)
     num_neg = min(num_pairs - num_pos, negatives_available)
     num_pos = num_pairs - num_neg

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from attn.validation import require_choice, require_int
+from attn.validation import require_choice, require_int, require_optional_int
 from bench.data.errors import DataMissingError
 
 if TYPE_CHECKING:
@@ -143,8 +143,7 @@ def load_parallel(
     the 31,102 KJV-versification verses). ``max_verses`` keeps only the first verses.
     Raises DataMissingError when pysword or the SWORD modules are missing.
     """
-    if max_verses is not None and (isinstance(max_verses, bool) or max_verses < 0):
-        raise ValueError(f"max_verses must be None or a non-negative integer, got {max_verses!r}")
+    require_optional_int("max_verses", max_verses, minimum=0)
     english, spanish = _open_modules(Path(sword_path))
     layout = _book_layout(english)
     if layout != _book_layout(spanish):
@@ -206,8 +205,7 @@ def train_bpe(texts: Sequence[str], vocab_size: int, *, min_frequency: int = 2) 
     tk = _tokenizers()
     minimum = len(SPECIAL_TOKENS) + 256
     require_int("vocab_size (specials + 256 bytes)", vocab_size, minimum=minimum)
-    if min_frequency < 1:
-        raise ValueError(f"min_frequency must be >= 1, got {min_frequency!r}")
+    require_int("min_frequency", min_frequency, minimum=1)
     tokenizer = tk.Tokenizer(tk.models.BPE(unk_token="<unk>"))
     tokenizer.normalizer = tk.normalizers.NFC()
     tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=True)

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from attn.validation import invalid
+
 ENV_VAR = "ATTN_BENCH_CACHE"
 _META_KEY = "__cache_meta__"
 
@@ -87,7 +89,7 @@ def load_or_generate_npz(
     no pickled objects are stored or loaded).
     """
     if not name or any(c in name for c in "/\\\0"):
-        raise ValueError(f"name must be a non-empty file-name-safe string, got {name!r}")
+        raise invalid("name", f"must be a non-empty file-name-safe string; got {name!r}")
     directory = cache_dir() if directory is None else Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     meta = json.dumps({"name": name, "params": params, "version": version}, sort_keys=True, default=_jsonable)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from attn.validation import invalid
 from bench.data.errors import DataMissingError
 
 FILE_NAME = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
@@ -59,11 +60,11 @@ def split_by_position(data: np.ndarray, fractions: Sequence[float] = (0.9, 0.05,
     """
     data = np.asarray(data)
     if data.ndim != 1:
-        raise ValueError(f"data must be one-dimensional, got shape {data.shape}")
+        raise invalid("data", f"must be one-dimensional; got shape {data.shape}")
     shares = np.asarray(fractions, dtype=np.float64)
     if shares.shape != (3,) or np.any(shares < 0) or not np.isclose(shares.sum(), 1.0, atol=1e-6):
-        raise ValueError(
-            f"fractions must be three non-negative numbers (train, val, test) summing to 1, got {fractions!r}"
+        raise invalid(
+            "fractions", f"must be three non-negative numbers (train, val, test) summing to 1; got {fractions!r}"
         )
     n = data.shape[0]
     end_train = int(np.floor(shares[0] * n))

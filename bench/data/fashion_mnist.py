@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from attn.validation import require_choice
+from attn.validation import invalid, require_choice
 from bench.data.errors import DataMissingError
 
 DEFAULT_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -100,5 +100,5 @@ def to_sequences(images: np.ndarray) -> np.ndarray:
     """
     images = np.asarray(images)
     if images.ndim != 3:
-        raise ValueError(f"images must have shape (n, height, width), got {images.shape}")
+        raise invalid("images", f"must have shape (n, height, width); got {images.shape}")
     return images.reshape(images.shape[0], -1).astype(np.int64)

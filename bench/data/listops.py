@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from attn.validation import require_int
+from attn.validation import invalid, require_int
 from bench.data.cache import load_or_generate_npz
 
 MIN, MAX, MED, SUM_MOD, END = "[MIN", "[MAX", "[MED", "[SM", "]"
@@ -68,9 +68,11 @@ def generate(
     require_int("max_depth", max_depth, minimum=1)
     require_int("max_args", max_args, minimum=2)
     if max_depth > 200:
-        raise ValueError(f"max_depth must be at most 200, got {max_depth}")
+        raise invalid("max_depth", f"must be at most 200; got {max_depth}")
     if not 0 <= min_length <= max_length:
-        raise ValueError(f"need 0 <= min_length <= max_length, got min_length={min_length}, max_length={max_length}")
+        raise invalid(
+            "min_length, max_length", f"must satisfy 0 <= min_length <= max_length; got {min_length}, {max_length}"
+        )
     attempts_left = max(100_000, 1000 * num_examples) if max_attempts is None else max_attempts
 
     rng = random.Random(seed)

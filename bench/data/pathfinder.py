@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from attn.validation import require_int
+from attn.validation import invalid, require_int, require_number
 from bench.data.cache import load_or_generate_npz
 
 #: Bump when the generator's output for the same arguments changes (invalidates caches).
@@ -81,8 +81,7 @@ def generate(
     dot) and ``"dots"``: int64 ``(n, 2, 2)`` dot centres as (row, column).
     """
     params = _resolve(size, num_distractors, path_length, dash, gap, dot_radius, curvature, max_turn)
-    if isinstance(num_examples, bool) or not isinstance(num_examples, int | np.integer) or num_examples < 0:
-        raise ValueError(f"num_examples must be a non-negative integer, got {num_examples!r}")
+    require_int("num_examples", num_examples, minimum=0)
     rng = np.random.default_rng(seed)
     labels = np.zeros(num_examples, dtype=np.int64)
     labels[: num_examples // 2] = 1
@@ -118,23 +117,20 @@ def _resolve(
     params = default_params(int(size))
     params.update({k: v for k, v in given.items() if v is not None})
     params["size"] = int(size)
-    if not isinstance(params["num_distractors"], int | np.integer) or params["num_distractors"] < 0:
-        raise ValueError(f"num_distractors must be a non-negative integer, got {params['num_distractors']!r}")
+    require_int("num_distractors", params["num_distractors"], minimum=0)
     if params["num_distractors"] + 2 > 127:
-        raise ValueError(f"num_distractors must be at most 125, got {params['num_distractors']}")
+        raise invalid("num_distractors", f"must be at most 125; got {params['num_distractors']}")
     lo, hi = (int(v) for v in params["path_length"])
     if not 2 <= lo <= hi <= size * size:
-        raise ValueError(f"path_length must be (low, high) with 2 <= low <= high, got {params['path_length']!r}")
+        raise invalid("path_length", f"must be (low, high) with 2 <= low <= high; got {params['path_length']!r}")
     params["path_length"] = (lo, hi)
-    if params["dash"] < 1 or params["gap"] < 0:
-        raise ValueError(f"need dash >= 1 and gap >= 0, got dash={params['dash']}, gap={params['gap']}")
+    require_number("dash", params["dash"], minimum=1)
+    require_number("gap", params["gap"], minimum=0)
     if not 0.5 <= params["dot_radius"] <= size / 8:
-        raise ValueError(f"dot_radius must lie in [0.5, {size / 8}], got {params['dot_radius']}")
-    if params["curvature"] < 0 or not 0 < params["max_turn"] <= math.pi / 2:
-        raise ValueError(
-            f"need curvature >= 0 and 0 < max_turn <= pi/2, got curvature={params['curvature']}, "
-            f"max_turn={params['max_turn']}"
-        )
+        raise invalid("dot_radius", f"must lie in [0.5, {size / 8}]; got {params['dot_radius']}")
+    require_number("curvature", params["curvature"], minimum=0)
+    if not 0 < params["max_turn"] <= math.pi / 2:
+        raise invalid("max_turn", f"must lie in (0, pi/2]; got {params['max_turn']}")
     return params
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from attn.validation import require_int
+from attn.validation import invalid, require_int
 
 PAD_ID = 0
 QUERY_ID = 1
@@ -92,16 +92,20 @@ def generate(
     require_int("num_fillers", num_fillers, minimum=1)
     dist = np.asarray(tuple(distances), dtype=np.int64).reshape(-1)
     if dist.size == 0:
-        raise ValueError("distances must name at least one distance")
+        raise invalid("distances", "must name at least one distance; got none")
     if np.any(dist < 2) or np.any(dist > seq_len - 2):
-        raise ValueError(
-            f"distances must lie in [2, seq_len - 2] = [2, {seq_len - 2}] for seq_len={seq_len}, got {tuple(distances)}"
+        raise invalid(
+            "distances",
+            f"must lie in [2, seq_len - 2] = [2, {seq_len - 2}] for seq_len={seq_len}; got {tuple(distances)}",
         )
     if num_pairs > num_keys:
-        raise ValueError(f"num_pairs={num_pairs} needs as many distinct keys, but num_keys={num_keys}")
+        raise invalid(
+            "num_pairs", f"must be at most num_keys={num_keys} (each pair needs its own key); got {num_pairs}"
+        )
     free_slots = seq_len - 2  # positions before the query marker
     if 4 * num_pairs > free_slots:
-        raise ValueError(f"seq_len={seq_len} leaves {free_slots} positions, too few for num_pairs={num_pairs} pairs")
+        needed = 4 * num_pairs + 2
+        raise invalid("seq_len", f"must be at least {needed} (4 per pair plus 2 for the query); got {seq_len}")
 
     layout = Layout(num_keys, num_values, num_fillers)
     rng = np.random.default_rng(seed)

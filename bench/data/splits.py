@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from attn.validation import invalid, require_int
+
 SPLIT_NAMES = ("train", "val", "test")
 
 
@@ -53,16 +55,14 @@ def split_indices(
 
 
 def _check_n(n: int) -> int:
-    if isinstance(n, bool) or not isinstance(n, int | np.integer) or n < 0:
-        raise ValueError(f"n must be a non-negative integer, got {n!r}")
-    return int(n)
+    return int(require_int("n", n, minimum=0))
 
 
 def _check_fractions(fractions: Sequence[float]) -> np.ndarray:
     shares = np.asarray(fractions, dtype=np.float64)
     if shares.shape != (3,) or np.any(shares < 0) or not np.isclose(shares.sum(), 1.0, atol=1e-6):
-        raise ValueError(
-            f"fractions must be three non-negative numbers (train, val, test) summing to 1, got {fractions!r}"
+        raise invalid(
+            "fractions", f"must be three non-negative numbers (train, val, test) summing to 1; got {fractions!r}"
         )
     return shares / shares.sum()
 
@@ -70,7 +70,7 @@ def _check_fractions(fractions: Sequence[float]) -> np.ndarray:
 def _check_labels(values: Sequence[int] | np.ndarray, n: int, name: str) -> np.ndarray:
     array = np.asarray(values)
     if array.shape != (n,):
-        raise ValueError(f"{name} must have one entry per item (shape ({n},)), got shape {array.shape}")
+        raise invalid(name, f"must have one entry per item (shape ({n},)); got shape {array.shape}")
     return array
 
 

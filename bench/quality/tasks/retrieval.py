@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attn.validation import require_choice, require_int
 from bench.data import bbc
 from bench.data.splits import split_indices
 from bench.quality.tasks.base import ClassificationTask, Split
@@ -67,9 +68,7 @@ class Retrieval(ClassificationTask):
     @property
     def in_batch(self) -> bool:
         pairing = self.data.get("train_pairing", "in_batch")
-        if pairing not in ("in_batch", "fixed"):
-            raise ValueError(f"retrieval: data setting 'train_pairing' must be 'in_batch' or "
-                             f"'fixed'; got {pairing!r}")
+        require_choice("retrieval: data setting 'train_pairing'", pairing, ("in_batch", "fixed"))
         return pairing == "in_batch"
 
     @property
@@ -77,9 +76,7 @@ class Retrieval(ClassificationTask):
         value = self.data.get("train_crop_from")
         if value is None:
             return 0
-        if isinstance(value, bool) or not isinstance(value, int) or value < self.seq_len:
-            raise ValueError(f"retrieval: data setting 'train_crop_from' must be an integer >= "
-                             f"seq_len={self.seq_len}; got {value!r}")
+        require_int("retrieval: data setting 'train_crop_from'", value, minimum=self.seq_len)
         if not self.in_batch:
             raise ValueError("retrieval: data setting 'train_crop_from' needs train_pairing 'in_batch'")
         return value
