@@ -4,9 +4,11 @@ Import this module (config key ``plugins: [bench.testing]``) to register:
 
 - ``bench_sleep(seconds)``: sleeps ``seconds`` per forward (known time);
 - ``bench_alloc(nbytes)``: allocates and touches ``nbytes`` per forward (known memory);
-- ``bench_fragment(mib)``: frees a temporary and allocates a larger one, so the C library
-  keeps the freed block resident: live tensor peak ``(2 * mib + 4) MiB`` while the resident
-  peak is about ``(3 * mib + 4) MiB`` (``mib`` below glibc's 32 MiB mmap ceiling);
+- ``bench_fragment(mib)``: frees a ``mib`` MiB heap temporary, then allocates a block
+  larger than the heap could hold free, which glibc maps afresh, so the freed block stays
+  resident: live tensor peak ``(3 * mib + 32) MiB`` while the resident peak is about
+  ``(4 * mib + 32) MiB`` (``mib`` below 32; the worker's glibc thresholds are pinned, so this
+  holds whatever the process allocated before);
 - ``bench_phases(first_s, fwd_s, bwd_s, bwd_nbytes)``: a first call that is slower by
   ``first_s`` (lazy start-up), then ``fwd_s`` per forward and ``bwd_s`` per backward, and a
   ``bwd_nbytes`` temporary in the backward (known time and memory per pass);
@@ -78,21 +80,53 @@ class AllocAttention(_Trivial):
 
 @register_attention("bench_fragment", overwrite=True)
 class FragmentAttention(_Trivial):
-    """Test variant: frees a temporary and reallocates a larger one (a fragmenting call)."""
+    """Test variant: frees a heap temporary, then allocates a freshly mapped block (a
+    fragmenting call whose resident peak exceeds its live tensor peak by the freed block)."""
+
+    #: glibc serves a request of at least this size, when no free heap chunk fits it, with mmap
+    MMAP_THRESHOLD_MIB = 32
+    #: glibc returns the heap's free top to the OS beyond this size
+    TRIM_THRESHOLD_MIB = 1
 
     def __init__(self, mib: int = 24, **common) -> None:
         super().__init__(**common)
         self.mib = int(mib)
+        if not 1 <= self.mib < self.MMAP_THRESHOLD_MIB:
+            raise ValueError(f"bench_fragment: parameter 'mib': must be an integer in [1, "
+                             f"{self.MMAP_THRESHOLD_MIB - 1}]; got {mib!r}")
+        _pin_malloc_thresholds(self.MMAP_THRESHOLD_MIB * 2**20, self.TRIM_THRESHOLD_MIB * 2**20)
+
+    @staticmethod
+    def mapped_mib(mib: int) -> int:
+        """Size of the block allocated after the free: more than the two temporaries and the
+        heap's other free space together, so no free heap chunk can hold it (nor the hole)."""
+        return 2 * mib + 32
 
     def native_forward(self, q, k, v, causal, key_mask):
         size = self.mib * 2**20
+        # With the thresholds pinned, `first` and `second` come from the heap, and `third`,
+        # larger than all free heap space, from a fresh mapping: it can never land in the
+        # hole `first` leaves, whatever the process allocated and freed before.
         first = torch.ones(size, dtype=torch.uint8, device=q.device)
-        second = torch.ones(size, dtype=torch.uint8, device=q.device)
-        del first  # a hole below `second`: glibc keeps it resident
-        third = torch.ones(size + 4 * 2**20, dtype=torch.uint8, device=q.device)
+        second = torch.ones(size, dtype=torch.uint8, device=q.device)  # keeps `first` off the top
+        del first  # a hole in the heap: freed, still resident
+        third = torch.ones(self.mapped_mib(self.mib) * 2**20, dtype=torch.uint8, device=q.device)
         out = self._output(q, v) + 0.0 * (second[0] + third[0])
         del second, third
         return out
+
+
+def _pin_malloc_thresholds(mmap_bytes: int, trim_bytes: int) -> None:
+    """Fix glibc's mmap and trim thresholds for this process (``mallopt``), which also turns
+    off their dynamic adjustment."""
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError) as err:
+        raise RuntimeError(f"bench_fragment needs glibc's mallopt: {err}") from err
+    for option, value in ((m_mmap_threshold, mmap_bytes), (m_trim_threshold, trim_bytes)):
+        if mallopt(option, value) != 1:
+            raise RuntimeError(f"bench_fragment: mallopt({option}, {value}) was refused")
 
 
 class _SleepyBackward(torch.autograd.Function):
