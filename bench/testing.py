@@ -29,7 +29,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -37,6 +37,7 @@ from torch import Tensor
 from attn import Attention, KernelPath, register_attention
 from attn.kernels.reference import dense_attention
 from attn.registry import unregister_attention
+from attn.validation import Param, invalid
 
 
 class _Trivial(Attention):
@@ -88,13 +89,21 @@ class FragmentAttention(_Trivial):
     #: glibc returns the heap's free top to the OS beyond this size
     TRIM_THRESHOLD_MIB = 1
 
+    param_rules: ClassVar[dict[str, Param]] = {"mib": Param(minimum=1)}
+
     def __init__(self, mib: int = 24, **common) -> None:
+        self.check_params(mib=mib)
         super().__init__(**common)
-        self.mib = int(mib)
-        if not 1 <= self.mib < self.MMAP_THRESHOLD_MIB:
-            raise ValueError(f"bench_fragment: parameter 'mib': must be an integer in [1, "
-                             f"{self.MMAP_THRESHOLD_MIB - 1}]; got {mib!r}")
+        self.mib = mib
         _pin_malloc_thresholds(self.MMAP_THRESHOLD_MIB * 2**20, self.TRIM_THRESHOLD_MIB * 2**20)
+
+    @classmethod
+    def check_together(cls, params: dict[str, Any]) -> None:
+        if "mib" in params and params["mib"] >= cls.MMAP_THRESHOLD_MIB:
+            raise invalid(f"{cls.name}: parameter 'mib'",
+                          f"must be below the pinned mmap threshold, {cls.MMAP_THRESHOLD_MIB}; "
+                          f"got {params['mib']!r}")
+        super().check_together(params)
 
     @staticmethod
     def mapped_mib(mib: int) -> int:
