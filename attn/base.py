@@ -95,8 +95,18 @@ class Attention(nn.Module):
         """The additive score term score_mod(score, b, h, i, j), or None."""
         return None
 
+    def mask_depends_on_head(self) -> bool:
+        """True when ``mask_mod`` reads the head index ``h`` (e.g. per-head dilations).
+
+        Kernels that build a mask once and share it across heads (``sdpa``'s cached mask,
+        ``flex``'s block mask, the cost's pair count) build one per head instead. A variant
+        whose ``mask_mod`` uses ``h`` must say so here; the default is head-independent.
+        """
+        return False
+
     def band(self) -> Band | None:
-        """Banded structure for O(N*w) kernels, or None when the pattern is not banded."""
+        """Banded structure for O(N*w) kernels, or None when the pattern is not banded
+        (its per-head form: :attr:`Band.group_dilations`)."""
         return None
 
     def native_forward(

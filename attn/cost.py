@@ -3,7 +3,9 @@
 Every attention answers :meth:`attn.base.Attention.cost` for a :class:`CostQuery` (the shape
 of a call). Exact variants count *useful* FLOPs by the FlashAttention convention on the exact
 number of allowed (query, key) pairs ``P`` of one (batch, head): forward
-``2 * P * (D + Dv)`` (``4 * P * D`` when ``Dv == D``), backward 2.5x forward. Approximate
+``2 * P * (D + Dv)`` (``4 * P * D`` when ``Dv == D``), backward 2.5x forward. When the mask
+depends on the head (:meth:`attn.base.Attention.mask_depends_on_head`, e.g. per-head
+dilations) each head is counted on its own and the FLOPs sum the heads' counts. Approximate
 variants count the matmuls their code performs (``kind`` says which count a number is), so a
 plug-in approximation is measured correctly by overriding ``cost`` in its own file.
 
@@ -53,7 +55,9 @@ class Cost:
     fwd: int
     bwd: int
     kind: str  # "useful" (allowed pairs), "performed" (matmuls done), "full_equivalent"
-    pairs: int | None = None  # allowed pairs of one (batch, head), for exact variants
+    #: allowed pairs of one (batch, head), for exact variants; with a head-dependent mask, the
+    #: mean over the heads (a float when their total does not divide by H)
+    pairs: int | float | None = None
 
     @property
     def fwd_bwd(self) -> int:
@@ -61,7 +65,16 @@ class Cost:
 
 
 def band_pairs(band: Band, n: int, causal: bool) -> int:
-    """Allowed pairs of an N x N banded pattern (``Band`` semantics), in closed form."""
+    """Allowed pairs of an N x N banded pattern (``Band`` semantics), in closed form.
+
+    A per-head band has one count per head: see :func:`head_pairs` (or count each band of
+    :meth:`Band.head_groups`).
+    """
+    if band.per_head:
+        raise ValueError(
+            f"band_pairs: a per-head band (group_dilations={band.group_dilations}) has one count per "
+            "head; count each band of band.head_groups(heads)"
+        )
     g = min(band.num_global, n)
     inner = n - g  # positions outside the global block keep their differences
     offsets = range(0, band.window + 1) if causal else range(-band.window, band.window + 1)
@@ -73,22 +86,40 @@ def band_pairs(band: Band, n: int, causal: bool) -> int:
     return inner_pairs + global_pairs
 
 
-def counted_pairs(module: Attention, q_len: int, k_len: int, causal: bool) -> int:
-    """Allowed pairs counted from the mask_mod, in chunks of query rows (exact, O(Nq*Nk) work)."""
+def counted_head_pairs(module: Attention, q_len: int, k_len: int, causal: bool, heads: int) -> tuple[int, ...]:
+    """Allowed pairs of each of ``heads`` heads, counted from the mask_mod in chunks of query
+    rows (exact, O(H*Nq*Nk) work)."""
     mod = and_masks(module.mask_mod(), causal_mask_mod if causal else None)
     if mod is None:
-        return q_len * k_len
-    b, h, i, j = index_grids(1, 1, q_len, k_len, torch.device("cpu"))
-    rows = max(1, _COUNT_CHUNK // max(k_len, 1))
-    total = 0
+        return (q_len * k_len,) * heads
+    b, h, i, j = index_grids(1, heads, q_len, k_len, torch.device("cpu"))
+    rows = max(1, _COUNT_CHUNK // max(k_len * heads, 1))
+    totals = torch.zeros(heads, dtype=torch.int64)
     for start in range(0, q_len, rows):
-        allowed = torch.as_tensor(mod(b, h, i[:, :, start:start + rows], j))  # (1|., 1|., r, Nk)
-        total += int(allowed.expand(1, 1, min(rows, q_len - start), k_len).sum())
-    return total
+        allowed = torch.as_tensor(mod(b, h, i[:, :, start:start + rows], j))  # (1|., H|1, r, Nk)
+        totals += allowed.expand(1, heads, min(rows, q_len - start), k_len).sum(dim=(0, 2, 3))
+    return tuple(int(t) for t in totals)
 
 
-def allowed_pairs(module: Attention, q_len: int, k_len: int, causal: bool) -> int:
-    """Allowed (i, j) pairs of one (batch, head) of a call (bottom-right aligned)."""
+def counted_pairs(module: Attention, q_len: int, k_len: int, causal: bool) -> int:
+    """Allowed pairs counted from the mask_mod (head 0), in chunks of query rows (exact, O(Nq*Nk) work)."""
+    return counted_head_pairs(module, q_len, k_len, causal, 1)[0]
+
+
+def allowed_pairs(module: Attention, q_len: int, k_len: int, causal: bool) -> int | float:
+    """Allowed (i, j) pairs of one (batch, head) of a call (bottom-right aligned).
+
+    With a head-dependent mask: the mean over the module's ``num_heads`` heads (see
+    :func:`head_pairs` for each head's count).
+    """
+    if module.mask_depends_on_head():
+        heads = module.num_heads
+        if heads is None:
+            raise ValueError(
+                f"{module.name}: its mask depends on the head, so counting its pairs needs "
+                "parameter 'num_heads'; got None"
+            )
+        return _mean(sum(head_pairs(module, q_len, k_len, causal, heads)), heads)
     causal = causal or module.forces_causal
     band = module.band()
     if band is not None and q_len == k_len:
@@ -101,14 +132,46 @@ def allowed_pairs(module: Attention, q_len: int, k_len: int, causal: bool) -> in
     return counted_pairs(module, q_len, k_len, causal)
 
 
+def head_pairs(module: Attention, q_len: int, k_len: int, causal: bool, heads: int) -> tuple[int, ...]:
+    """Allowed pairs of each of ``heads`` heads (one batch element): the same count in every
+    head unless the mask depends on the head; a per-head band in closed form per head group."""
+    if not module.mask_depends_on_head():
+        return (allowed_pairs(module, q_len, k_len, causal),) * heads
+    if module.num_heads is not None and heads != module.num_heads:
+        raise ValueError(
+            f"{module.name}: a call with {heads} heads but the module was built with "
+            f"num_heads={module.num_heads} (its mask depends on the head)"
+        )
+    causal = causal or module.forces_causal
+    band = module.band()
+    if band is not None and q_len == k_len:
+        return tuple(band_pairs(group, q_len, causal)
+                     for h0, h1, group in band.head_groups(heads) for _ in range(h0, h1))
+    return counted_head_pairs(module, q_len, k_len, causal, heads)
+
+
+def _mean(total: int, heads: int) -> int | float:
+    return total // heads if total % heads == 0 else total / heads
+
+
 def pairs_cost(pairs: int, query: CostQuery, kind: str = "useful") -> Cost:
     """FlashAttention-convention FLOPs of ``pairs`` allowed pairs per (batch, head)."""
     fwd = 2 * query.batch * query.heads * pairs * (query.head_dim + query.v_dim)
     return Cost(fwd, round(BWD_FACTOR * fwd), kind, pairs)
 
 
+def head_pairs_cost(per_head: tuple[int, ...], query: CostQuery, kind: str = "useful") -> Cost:
+    """FLOPs of heads with their own allowed pairs ``per_head`` (one count per head, per batch
+    element); ``Cost.pairs`` is their mean."""
+    total = sum(per_head)
+    fwd = 2 * query.batch * total * (query.head_dim + query.v_dim)
+    return Cost(fwd, round(BWD_FACTOR * fwd), kind, _mean(total, len(per_head)))
+
+
 def exact_cost(module: Attention, query: CostQuery) -> Cost:
     """Useful FLOPs of an exact variant (allowed pairs, FlashAttention convention)."""
+    if module.mask_depends_on_head():
+        return head_pairs_cost(head_pairs(module, query.q_len, query.k_len, query.causal, query.heads), query)
     return pairs_cost(allowed_pairs(module, query.q_len, query.k_len, query.causal), query)
 
 

@@ -9,7 +9,8 @@ does not support a call is reported as skipped with its reason):
 
 - ``shape_dtype_finite``: output (B, H, Nq, Dv), input dtype, finite values;
 - ``matches_reference``: exact variants equal the dense reference built from their own
-  mask_mod / score_mod (fp64 atol 1e-10, fp32 1e-5) for odd lengths, B > 1, H > 1,
+  mask_mod / score_mod (fp64 atol 1e-10, fp32 1e-5) for odd lengths, B > 1, H = 4 (every
+  module is built with ``num_heads=4``, divisible by per-head-group parameters),
   Nq != Nk, with and without ``key_mask`` and ``causal``, contiguous and head-split
   (non-contiguous) inputs;
 - ``gradients``: finite, and for exact variants equal to the reference's (fp64) for
@@ -33,6 +34,7 @@ from attn.conformance.harness import (
     ATOL,
     GRAD_ATOL,
     GUARD_ROWS,
+    HEADS,
     NONE_RAN,
     PROBE_EPS,
     PROBE_LEN,
@@ -48,6 +50,7 @@ __all__ = [
     "ATOL",
     "GRAD_ATOL",
     "GUARD_ROWS",
+    "HEADS",
     "NONE_RAN",
     "PROBE_EPS",
     "PROBE_LEN",

@@ -17,10 +17,10 @@ from attn.base import Attention
 from attn.conformance.harness import (
     ATOL,
     GRAD_ATOL,
+    HEADS,
     NONE_RAN,
     PROBE_EPS,
     PROBE_LEN,
-    SHAPES,
     SWEEP_BATCH,
     SWEEP_DIM,
     SWEEP_LENGTHS,
@@ -147,7 +147,7 @@ def _check_pattern(module, kernel, device, seed) -> str | None:
         return "approximate variant: no exact pattern"
     module, dtype = in_precision(module, kernel, device, grad=False)
     ran = False
-    shape = (1, 3, PROBE_LEN, PROBE_LEN, 16, 16)
+    shape = (1, HEADS, PROBE_LEN, PROBE_LEN, 16, 16)
     for causal in causal_options(module):
         if refusals(module, kernel, device, dtype, causal, False, shape):
             continue
@@ -155,17 +155,17 @@ def _check_pattern(module, kernel, device, seed) -> str | None:
         q, k, v = make_inputs(shape, dtype, device, seed)
         effective = _effective_pattern(module, q, k, v, causal)  # (H, N, N)
         expected = dense_allowed(
-            module.mask_mod(), batch=1, heads=3, q_len=PROBE_LEN, k_len=PROBE_LEN,
+            module.mask_mod(), batch=1, heads=HEADS, q_len=PROBE_LEN, k_len=PROBE_LEN,
             causal=causal or module.forces_causal, key_mask=None, device=device,
         )
         expected = (
-            torch.ones(3, PROBE_LEN, PROBE_LEN, dtype=torch.bool, device=device)
-            if expected is None else expected.expand(1, 3, PROBE_LEN, PROBE_LEN)[0]
+            torch.ones(HEADS, PROBE_LEN, PROBE_LEN, dtype=torch.bool, device=device)
+            if expected is None else expected.expand(1, HEADS, PROBE_LEN, PROBE_LEN)[0]
         )
         wrong = (effective != expected).nonzero().tolist()
         if wrong:
             pairs = ", ".join(
-                f"(i={i}, j={j}: definition {'allows' if expected[h, i, j] else 'forbids'}, "
+                f"(i={i}, j={j}, head {h}: definition {'allows' if expected[h, i, j] else 'forbids'}, "
                 f"kernel {'uses' if effective[h, i, j] else 'ignores'} it)"
                 for h, i, j in wrong[:5]
             )
@@ -196,7 +196,7 @@ def _check_causal(module, kernel, device, seed) -> str | None:
         return "variant has no causal form"
     module, dtype = in_precision(module, kernel, device, grad=False)
     ran = False
-    for shape in ((2, 3, 37, 37, 16, 16), (2, 3, 13, 37, 16, 16)):
+    for shape in ((2, HEADS, 37, 37, 16, 16), (2, HEADS, 13, 37, 16, 16)):
         if refusals(module, kernel, device, dtype, True, False, shape):
             continue
         ran = True
@@ -259,7 +259,7 @@ def _check_key_mask(module, kernel, device, seed) -> str | None:
 @check("batch_independence")
 def _check_batch(module, kernel, device, seed) -> str | None:
     module, dtype = in_precision(module, kernel, device, grad=False)
-    shape = (3, 3, 21, 21, 16, 16)
+    shape = (3, HEADS, 21, 21, 16, 16)
     causal = causal_options(module)[-1]
     key_mask = make_key_mask(3, 21, device, seed)
     if reasons := refusals(module, kernel, device, dtype, causal, False, shape, key_mask):
@@ -290,7 +290,7 @@ def _check_shape_sweep(module, kernel, device, seed) -> str | None:
     causal = causal_options(module)[0]
     if reasons := refusals(module, kernel, device, dtype, causal, False):
         return "; ".join(reasons)
-    heads = module.num_heads or SHAPES[0][1]
+    heads = module.num_heads or HEADS
     with torch.no_grad():
         for index, length in enumerate(SWEEP_LENGTHS, start=1):
             shape = (SWEEP_BATCH, heads, length, length, SWEEP_DIM, SWEEP_DIM)
@@ -319,14 +319,14 @@ def check_convergence(build, base: Attention, params, device, seed) -> list[Chec
     """Approximation error against full attention must fall as the parameter grows to N."""
     knob = base.convergence_param
     length = 45  # divisible by none of the smaller values: exercises the padded segments
-    q, k, v = make_inputs((2, 3, length, length, 16, 16), torch.float64, device, seed)
+    q, k, v = make_inputs((2, HEADS, length, length, 16, 16), torch.float64, device, seed)
     q, k = q * 0.5, k * 0.5
     full = dense_attention(q, k, v)
     errors: dict[int, float] = {}
     for value in (2, 4, 8, 16, 32, length):
         p = {**params, knob: value}
         p.pop("conv_kernel", None)  # the conv skip is an addition, not part of the approximation
-        module = build("auto", 3, 16, p).to(device, torch.float64)
+        module = build("auto", HEADS, 16, p).to(device, torch.float64)
         with torch.no_grad():
             errors[value] = float((module(q, k, v) - full).abs().max())
     shown = ", ".join(f"{knob}={m}: {e:.2e}" for m, e in errors.items())

@@ -11,7 +11,7 @@ import torch
 
 from attn.base import Attention
 from attn.conformance.checks import CHECKS, check_convergence
-from attn.conformance.harness import QUICK_SHAPES, SHAPES, active_shapes
+from attn.conformance.harness import HEADS, QUICK_SHAPES, SHAPES, active_shapes
 from attn.conformance.report import CheckResult, ConformanceReport
 from attn.registry import attention_info, build_attention, create_attention
 
@@ -63,7 +63,7 @@ def _check_all(attention, params, kernels, device: torch.device, seed: int, quic
         param_sets = param_sets[:1]
     report = ConformanceReport(name)
     for p in param_sets:
-        heads, dim = SHAPES[0][1], SHAPES[0][4]
+        heads, dim = HEADS, SHAPES[0][4]  # H divisible by per-head-group parameters
         try:
             base = build("auto", heads, dim, p)
         except Exception as err:

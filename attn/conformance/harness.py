@@ -21,14 +21,18 @@ from attn.call import AttentionCall
 from attn.conformance.report import CheckResult
 from attn.kernels.reference import dense_attention
 
+#: the kit's head count, in every shape and in the modules it builds (``num_heads``): > 1, and
+#: divisible by 2 and 4 so that per-head-group parameters (e.g. ``dilated``'s
+#: ``dilation=(1, 2)``) have groups of more than one head
+HEADS = 4
 #: (B, H, Nq, Nk, D, Dv) shapes: odd lengths, B > 1, H > 1, Nq < Nk (decode), Nq > Nk, and
 #: lengths that are multiples of typical block sizes (no padding path in blocked kernels)
 SHAPES: tuple[tuple[int, int, int, int, int, int], ...] = (
-    (2, 3, 37, 37, 16, 16),
-    (2, 3, 13, 37, 16, 8),
-    (1, 3, 1, 29, 16, 16),
-    (2, 3, 41, 23, 16, 16),
-    (2, 3, 32, 96, 16, 16),
+    (2, HEADS, 37, 37, 16, 16),
+    (2, HEADS, 13, 37, 16, 8),
+    (1, HEADS, 1, 29, 16, 16),
+    (2, HEADS, 41, 23, 16, 16),
+    (2, HEADS, 32, 96, 16, 16),
 )
 #: the quick profile (compile-per-shape kernels): one square and one decode-like shape
 QUICK_SHAPES = SHAPES[:2]

@@ -39,11 +39,65 @@ class Band:
 
     Allowed (non-causal): ``(i - j) % dilation == 0 and |i - j| <= dilation * window``,
     or ``i < num_global`` or ``j < num_global``.
+
+    Per-head form: ``group_dilations = (r_0, ..., r_{k-1})`` splits the H heads into ``k``
+    contiguous groups of ``H // k`` heads, and head ``h`` uses ``r_{h // (H // k)}`` in place
+    of ``dilation``; ``dilation`` is then ``max(group_dilations)``, the band's reach
+    (``|i - j| <= dilation * window`` holds in every head, so a reader that only needs a
+    bound, such as a KV cache's kept keys, may use it). A kernel runs the per-head form
+    through :meth:`head_groups` (one uniform band per run of heads); build it with
+    :meth:`per_head_groups`, which returns the uniform form when every group is equal.
     """
 
     window: int
     dilation: int = 1
     num_global: int = 0
+    group_dilations: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.group_dilations and self.dilation != max(self.group_dilations):
+            raise ValueError(
+                f"Band: 'dilation' must be max(group_dilations) = {max(self.group_dilations)} "
+                f"(the band's reach); got {self.dilation}"
+            )
+
+    @classmethod
+    def per_head_groups(cls, window: int, dilations: tuple[int, ...], num_global: int = 0) -> Band:
+        """The band of per-head-group ``dilations`` (uniform when they are all equal)."""
+        dilations = tuple(int(r) for r in dilations)
+        if len(set(dilations)) == 1:
+            return cls(window, dilations[0], num_global)
+        return cls(window, max(dilations), num_global, dilations)
+
+    @property
+    def per_head(self) -> bool:
+        """True when the heads do not all share one dilation."""
+        return bool(self.group_dilations)
+
+    def head_groups(self, heads: int) -> list[tuple[int, int, Band]]:
+        """``(h0, h1, band)``: contiguous head ranges ``[h0, h1)`` with one uniform band each
+        (adjacent groups of equal dilation merged); ``[(0, heads, self)]`` for a uniform band.
+        ``ValueError`` when ``heads`` is not divisible by the number of groups."""
+        if not self.per_head:
+            return [(0, heads, self)]
+        groups = len(self.group_dilations)
+        if heads % groups:
+            raise ValueError(
+                f"Band: {heads} heads are not divisible into the {groups} head groups of "
+                f"group_dilations={self.group_dilations}"
+            )
+        size = heads // groups
+        runs: list[list[int]] = []  # [h0, h1, dilation]
+        for g, rate in enumerate(self.group_dilations):
+            if runs and runs[-1][2] == rate:
+                runs[-1][1] = (g + 1) * size
+            else:
+                runs.append([g * size, (g + 1) * size, rate])
+        return [(h0, h1, Band(self.window, rate, self.num_global)) for h0, h1, rate in runs]
+
+    def head_dilations(self, heads: int) -> tuple[int, ...]:
+        """The dilation of each of ``heads`` heads."""
+        return tuple(band.dilation for h0, h1, band in self.head_groups(heads) for _ in range(h0, h1))
 
 
 class Kernel:

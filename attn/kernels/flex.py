@@ -20,7 +20,8 @@ Modules without parameters or buffers are identified by their class, the argumen
 were constructed with and their plain public attributes (so copies share compiled code and
 differently configured modules never do); the others by identity (their mods close over
 their tensors). A bucket holds the wrapped mods, the block mask of each exact shape (rebuilt
-only when a ``key_mask`` is given, since it depends on the data) and a compiled function
+only when a ``key_mask`` is given, since it depends on the data; one per head when the
+variant's mask depends on the head, else one shared by the heads) and a compiled function
 with its *own code object*: dynamo keys its cache and recompile limit on the code object,
 so each bucket compiles once and never evicts another. A call that needs no padding has a
 bucket of its own, with its lengths baked into the compiled code; in a padded bucket the
@@ -232,6 +233,7 @@ class _Bucket:
     all_allowed: bool
     flex: Callable[..., Tensor]
     make_mask: Callable[..., Any]
+    per_head: bool = False  # the mask depends on the head: one block mask per head (H, not None)
     block_masks: dict[tuple[int, int], Any] = field(default_factory=dict)  # per exact (Nq, Nk)
     seen: set[tuple[int, int]] = field(default_factory=set)
     current: tuple[int, int] | None = None  # the (Nq, Nk) that ``lengths`` holds
@@ -291,11 +293,17 @@ class FlexKernel(Kernel):
         exact = (q_len, k_len, k_len - q_len)
         mask_mod, score_mod, all_allowed = _wrap_mods(attention, causal, exact if lengths is None else lengths, buf)
         tag = f"{batch}x{heads}x{q_pad}x{k_pad}x{dim}{'_padded' if padded else ''}"
+        per_head = attention.mask_depends_on_head()
+        # a head-dependent mask trips Inductor's vectorised C++ codegen when the block mask is
+        # compiled (a VecMask<int> / VecMask<float> mix that g++ rejects, torch 2.13): compile it
+        # as scalar C++ instead of building it eagerly (O(H*Nq*Nk) memory)
+        mask_options = {"cpp.simdlen": 1} if per_head and q.device.type == "cpu" else None
         buckets[key] = _Bucket(
             lengths=lengths, key_mask_buf=buf, mask_mod=mask_mod, score_mod=score_mod,
-            all_allowed=all_allowed,
+            all_allowed=all_allowed, per_head=per_head,
             flex=torch.compile(_fresh(_flex_call, f"flex_call_{tag}"), dynamic=False, fullgraph=True),
-            make_mask=torch.compile(_fresh(_mask_call, f"block_mask_call_{tag}"), dynamic=False),
+            make_mask=torch.compile(_fresh(_mask_call, f"block_mask_call_{tag}"), dynamic=False,
+                                    options=mask_options),
         )
         return buckets[key]
 
@@ -306,13 +314,14 @@ class FlexKernel(Kernel):
         if shape in bucket.block_masks and bucket.key_mask_buf is None:
             return bucket.block_masks[shape], False
         batch = q.shape[0] if bucket.key_mask_buf is not None else None
+        heads = q.shape[1] if bucket.per_head else None  # None: one block mask shared by the heads
         q_pad, k_pad = q.shape[2], k.shape[2]
         try:
-            block_mask = bucket.make_mask(bucket.mask_mod, batch, None, q_pad, k_pad, q.device)
+            block_mask = bucket.make_mask(bucket.mask_mod, batch, heads, q_pad, k_pad, q.device)
         except Exception as err:  # compile failure: build eagerly, say so
             bucket.fallback = bucket.fallback or f"block mask built eagerly (O(N^2)): {type(err).__name__}"
             block_mask = create_block_mask(
-                bucket.mask_mod, batch, None, q_pad, k_pad, device=q.device, BLOCK_SIZE=BLOCK
+                bucket.mask_mod, batch, heads, q_pad, k_pad, device=q.device, BLOCK_SIZE=BLOCK
             )
         bucket.block_masks[shape] = block_mask
         return block_mask, True
@@ -346,6 +355,8 @@ class FlexKernel(Kernel):
             bucket.seen.add(shape)
             compile_s = time.perf_counter() - start - setup.get("setup_s", 0.0)
         path = "flex_attention(compiled)" if bucket.fallback is None else "flex_attention"
+        if bucket.per_head and not dense:
+            path += ", block mask per head"
         return out, KernelPath(self.name, path, fallback=bucket.fallback, compile_s=compile_s,
                                **setup)
 

@@ -3,7 +3,10 @@
 Full attention runs unmasked or with ``is_causal`` (Nq == Nk), PyTorch's fused O(N)-memory
 paths. Every other pattern, a position bias, a ``key_mask`` or causal with Nq != Nk
 (``is_causal`` is top-left aligned in SDPA, our contract is bottom-right) goes through a
-materialised ``(1, H|1, Nq, Nk)`` mask: the row is flagged ``mask_emulated``.
+materialised ``(1, H|1, Nq, Nk)`` mask: the row is flagged ``mask_emulated``. The mask is
+``(1, 1, Nq, Nk)``, shared by the heads, unless the pattern depends on the head
+(:meth:`~attn.base.Attention.mask_depends_on_head`, e.g. per-head dilations) or a constant
+bias is folded in: then ``(1, H, Nq, Nk)``.
 
 The mask is built the way a careful user builds it: once per module and shape, then reused,
 as the ``flex`` kernel reuses its block mask. It is kept as an *additive float* mask (0 where
@@ -64,17 +67,23 @@ def _bias(attention: Attention, heads: int, q_len: int, k_len: int, dtype: torch
     return attention.score_mod()(zeros, b, h, i, j).to(dtype).expand(1, -1, q_len, k_len)
 
 
+def _mask_heads(attention: Attention, heads: int) -> int:
+    """Heads of the cached pattern: ``H`` when the mask depends on the head, else 1 (shared)."""
+    return heads if attention.mask_depends_on_head() else 1
+
+
 def _build(attention: Attention, heads: int, q_len: int, k_len: int, causal: bool,
            dtype: torch.dtype, device: torch.device, with_bias: bool) -> _CachedMask:
-    allowed = dense_allowed(attention.mask_mod(), batch=1, heads=1, q_len=q_len, k_len=k_len,
-                            causal=causal, key_mask=None, device=device)  # (1, 1, Nq, Nk) | None
-    additive = torch.zeros(1, 1, q_len, k_len, dtype=dtype, device=device)
+    mask_heads = _mask_heads(attention, heads)
+    allowed = dense_allowed(attention.mask_mod(), batch=1, heads=mask_heads, q_len=q_len, k_len=k_len,
+                            causal=causal, key_mask=None, device=device)  # (1, H|1, Nq, Nk) | None
+    additive = torch.zeros(1, mask_heads, q_len, k_len, dtype=dtype, device=device)
     if with_bias:
         additive = _bias(attention, heads, q_len, k_len, dtype, device).clone()  # (1, H, Nq, Nk)
     empty_rows = None
     if allowed is not None:
         additive.masked_fill_(~allowed, float("-inf"))
-        empty = ~allowed.any(dim=-1, keepdim=True)  # (1, 1, Nq, 1)
+        empty = ~allowed.any(dim=-1, keepdim=True)  # (1, H|1, Nq, 1)
         if bool(empty.any()):
             additive.masked_fill_(empty, 0.0)  # keep SDPA away from all -inf rows; zeroed after
             empty_rows = empty
@@ -100,7 +109,8 @@ class SdpaKernel(Kernel):
         """The cached mask for this call's shape, and the build time when built now."""
         heads, q_len = q.shape[1], q.shape[2]
         with_bias = attention.score_mod() is not None and _bias_is_constant(attention)
-        key = (heads if with_bias else 1, q_len, k_len, causal, q.dtype, q.device, with_bias)
+        mask_heads = heads if with_bias else _mask_heads(attention, heads)
+        key = (mask_heads, q_len, k_len, causal, q.dtype, q.device, with_bias)
         per_module = self._cache.setdefault(attention, OrderedDict())
         if key in per_module:
             per_module.move_to_end(key)
@@ -137,10 +147,11 @@ class SdpaKernel(Kernel):
             return self._key_padding_only(q, k, v, key_mask)
         cached, built_s = self._mask(attention, q, k_len, causal)
         attn_mask, empty_rows = cached.additive, cached.empty_rows
-        path = "sdpa(cached float mask" + (" with the position bias)" if cached.with_bias else ")")
+        kind = "cached float mask per head" if attention.mask_depends_on_head() else "cached float mask"
+        path = f"sdpa({kind}" + (" with the position bias)" if cached.with_bias else ")")
         if score_mod is not None and not cached.with_bias:  # learned bias: per call, with grad
             attn_mask = attn_mask + _bias(attention, q.shape[1], q_len, k_len, q.dtype, q.device)
-            path = "sdpa(cached float mask + learned bias per call)"
+            path = f"sdpa({kind} + learned bias per call)"
         if key_mask is not None:
             attn_mask = attn_mask.masked_fill(~key_mask[:, None, None, :], float("-inf"))
             emptied = torch.isneginf(attn_mask).all(dim=-1, keepdim=True)  # (B, H|1, Nq, 1)

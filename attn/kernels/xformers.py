@@ -73,9 +73,12 @@ class XformersKernel(Kernel):
             reasons.append(KEY_MASK_REASON)
         reasons += self.exactness_reasons(attention)
         band = attention.band()
-        if band is None and attention.mask_mod() is not None:
+        if band is None and attention.mask_mod() is not None:  # (also any head-dependent mask)
             reasons.append(f"{attention.name}: its mask has no xformers attn_bias form")
-        if band is not None and (band.dilation != 1 or band.num_global != 0):
+        if band is not None and band.per_head:
+            reasons.append(f"{attention.name}: per-head dilations (a mask that depends on the head) "
+                           "have no xformers attn_bias")
+        elif band is not None and (band.dilation != 1 or band.num_global != 0):
             reasons.append(f"{attention.name}: dilated / global bands have no xformers attn_bias")
         if attention.score_mod() is not None:
             reasons.append(f"{attention.name}: a position bias (score_mod) is not supported")

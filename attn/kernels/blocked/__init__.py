@@ -17,7 +17,9 @@ Patterns (:class:`attn.Band`):
 
 * sliding window ``|i - j| <= w``: the band itself;
 * dilated ``(i - j) % r == 0 and |i - j| <= r*w``: each residue class ``c`` of positions
-  (rows ``c::r``, a strided view) is a plain window ``w`` over its own keys;
+  (rows ``c::r``, a strided view) is a plain window ``w`` over its own keys; per-head
+  dilations (``Band.group_dilations``) run each run of heads of one rate as its own band
+  (views of those heads) and concatenate along H, still O(N*w);
 * global tokens ``i < g or j < g or band``: rows ``i < g`` are dense (O(g*N)); the other rows
   take the band (keys ``j < g`` removed from it) and the ``g`` global columns in one softmax.
 

@@ -108,6 +108,8 @@ def banded_attention(q: Tensor, k: Tensor, v: Tensor, band: Band, *, causal: boo
     """Rows of ``q (B, H, Nq, D)`` at positions ``q_offset + row`` (none of them global rows)
     over ``k, v (B, H, Nk, .)``: the band (keys ``j < g`` removed) plus the global columns.
     Returns ``(B, H, Nq, Dv)``."""
+    if band.per_head:
+        raise ValueError("banded_attention: a per-head band runs through blocked_attention (one band per head group)")
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
     geo = geometry(band.window, causal, block, chunk)

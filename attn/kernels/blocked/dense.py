@@ -75,6 +75,8 @@ def key_span_attention(q: Tensor, k: Tensor, v: Tensor, band: Band, *, causal: b
     """Non-global rows ``q (B, H, Nq, D)`` at positions ``q_offset + row``, few of them: dense
     attention over the only keys they can reach (the band's span and the global columns),
     ``O(Nq * (Nq + 2*r*w + g))``. Returns ``(B, H, Nq, Dv)``."""
+    if band.per_head:
+        raise ValueError("key_span_attention: a per-head band runs through blocked_attention (one band per head group)")
     q_len, k_len = q.shape[2], k.shape[2]
     reach = band.dilation * band.window
     lo = max(q_offset - reach, 0)

@@ -33,8 +33,19 @@ def blocked_attention(
 
     ``q (B, H, Nq, D)``, ``k (B, H, Nk, D)``, ``v (B, H, Nk, Dv)`` -> ``(B, H, Nq, Dv)``;
     positions bottom-right aligned. ``block`` (query rows per block) and ``chunk`` (blocks per
-    chunk) override the tuned defaults.
+    chunk) override the tuned defaults. A per-head band (:attr:`Band.group_dilations`) runs
+    each run of heads of one dilation with its own uniform band (views of the heads, the
+    score_mod told their true head index) and concatenates the outputs along H.
     """
+    if band.per_head:
+        outs = []
+        for h0, h1, group in band.head_groups(q.shape[1]):
+            heads = slice(h0, h1)
+            outs.append(blocked_attention(
+                q[:, heads], k[:, heads], v[:, heads], group, causal=causal, key_mask=key_mask,
+                score_mod=_heads_from(score_mod, h0), block=block, chunk=chunk,
+            ))  # (B, h1 - h0, Nq, Dv)
+        return torch.cat(outs, dim=1)  # (B, H, Nq, Dv)
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     dtype = q.dtype
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
@@ -57,6 +68,17 @@ def blocked_attention(
                                           key_mask=key_mask, score_mod=score_mod)  # (B, H, n_global_rows, Dv)
         result = global_out if band_out is None else torch.cat([global_out, band_out], dim=2)
     return result.to(dtype)
+
+
+def _heads_from(score_mod: ScoreMod | None, first: int) -> ScoreMod | None:
+    """``score_mod`` for a slice of heads starting at head ``first`` (its head 0 is ``first``)."""
+    if score_mod is None or first == 0:
+        return score_mod
+
+    def shifted(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        return score_mod(score, b, h + first, i, j)
+
+    return shifted
 
 
 class BlockedKernel(Kernel):
@@ -91,11 +113,15 @@ class BlockedKernel(Kernel):
             )
             out = torch.cat([head, out], dim=2)
             fallback = f"{n_neg} query rows at negative positions (Nq > Nk) computed by chunked"
-        return out, KernelPath(self.name, _path(band, q_len - n_neg, k_len), fallback=fallback)
+        return out, KernelPath(self.name, _path(band, q_len - n_neg, k_len, q.shape[1]), fallback=fallback)
 
 
-def _path(band: Band, q_len: int, k_len: int) -> str:
+def _path(band: Band, q_len: int, k_len: int, heads: int) -> str:
     """The ``KernelPath.path`` of a call of ``q_len`` rows at non-negative positions."""
+    if band.per_head:
+        groups = [f"heads {h0}-{h1 - 1}: {_path(group, q_len, k_len, h1 - h0)}"
+                  for h0, h1, group in band.head_groups(heads)]
+        return f"per-head dilation groups [{'; '.join(groups)}]"
     parts = [f"w={band.window}"]
     if band.dilation > 1:
         parts.append(f"residues r={band.dilation}")
