@@ -5,12 +5,18 @@ tokens and ends with a query: a query marker at position ``seq_len - 2`` and a k
 position ``seq_len - 1``. The label is the value paired with that key. Exactly one pair uses the
 query key (the target); the other pairs use other, distinct keys (distractors).
 
-A pair is written as two adjacent tokens, **value then key**, with the target key at position
-``seq_len - 1 - d`` for a chosen distance ``d`` and its value right before it (distance
-``d + 1``). Every token that tells the answer is therefore at least ``d`` positions before the
-last token: a model whose last position cannot see ``d`` tokens back (e.g. a sliding window of
-width ``w`` stacked ``L`` times reaches about ``L * w``) can do no better than chance
-(``1 / num_values``). Distances are balanced over the ``distances`` tuple.
+A pair is written **value then key**, ``pair_gap`` positions apart (fillers between them), with
+the target key at position ``seq_len - 1 - d`` for a chosen distance ``d`` and its value at
+distance ``d + pair_gap``. ``pair_gap`` is one integer >= 1 (``1``, the default, writes the two
+tokens adjacently) or a list of them, one drawn per pair. The gap decides which patterns can
+bind a value to its key: with ``pair_gap=1`` the two tokens have opposite parity, and a
+dilation-2 pattern only ever links positions of equal parity, so it can never bind them at any
+depth; with ``pair_gap=2`` and even ``d`` it can, and then the task measures its reach, not
+the parity of its positions (``bench/quality/reach.py`` computes which distances a mask can
+answer). Pair spans ``[value, key]`` never overlap or interleave. Every token that tells the
+answer is at least ``d`` positions before the last token: a model whose last position cannot
+gather the pair from there can do no better than chance (``1 / num_values``). Distances are
+balanced over the ``distances`` tuple.
 
 Token ids (see :class:`Layout`): 0 padding (unused: sequences are full), 1 query marker, then
 ``num_keys`` key ids, ``num_values`` value ids, ``num_fillers`` filler ids.
@@ -59,6 +65,20 @@ def vocab_size(num_keys: int = 16, num_values: int = 8, num_fillers: int = 16) -
     return Layout(num_keys, num_values, num_fillers).vocab_size
 
 
+def pair_gaps(pair_gap: int | Sequence[int]) -> tuple[int, ...]:
+    """The allowed gaps between a value and its key: ``pair_gap`` checked, as a tuple."""
+    if isinstance(pair_gap, (list, tuple)):
+        if not pair_gap:
+            raise invalid("pair_gap", "must name at least one gap; got none")
+        return tuple(require_int(f"pair_gap[{i}]", g, minimum=1) for i, g in enumerate(pair_gap))
+    return (require_int("pair_gap", pair_gap, minimum=1),)
+
+
+def max_distance(seq_len: int, pair_gap: int | Sequence[int] = 1) -> int:
+    """The largest distance ``d`` whose pair fits: the value at ``seq_len - 1 - d - gap >= 0``."""
+    return seq_len - 1 - max(pair_gaps(pair_gap))
+
+
 def generate(
     num_examples: int,
     *,
@@ -68,6 +88,7 @@ def generate(
     num_values: int = 8,
     num_pairs: int = 4,
     num_fillers: int = 16,
+    pair_gap: int | Sequence[int] = 1,
     seed: int,
 ) -> dict[str, np.ndarray]:
     """Generate ``num_examples`` recall sequences.
@@ -79,10 +100,13 @@ def generate(
     - ``"distance"`` ``(n,)``: ``d`` for each example, each entry of ``distances`` used
       ``n // len(distances)`` or one more times, in random order;
     - ``"key_position"`` ``(n,)``: ``seq_len - 1 - distance``, where the target key sits;
+    - ``"value_position"`` ``(n,)``: ``key_position - gap``, where the target's value sits;
     - ``"query_key"`` ``(n,)`` in ``[0, num_keys)``: the queried key index.
 
-    Each distance must satisfy ``2 <= d <= seq_len - 2`` (the pair must fit before the query
-    marker) and ``seq_len`` must leave room for all pairs. Deterministic for a ``seed``.
+    Each distance must satisfy ``2 <= d <= seq_len - 1 - max(pair_gap)`` (the key before the
+    query marker, the value at position 0 or later) and ``seq_len`` must leave room for all
+    pairs. An integer ``pair_gap`` draws nothing, so ``pair_gap=1`` gives exactly the
+    sequences of the adjacent layout. Deterministic for a ``seed``.
     """
     require_int("num_examples", num_examples, minimum=0)
     require_int("seq_len", seq_len, minimum=4)
@@ -90,22 +114,26 @@ def generate(
     require_int("num_values", num_values, minimum=1)
     require_int("num_pairs", num_pairs, minimum=1)
     require_int("num_fillers", num_fillers, minimum=1)
+    gaps_allowed = pair_gaps(pair_gap)
+    widest = max(gaps_allowed)
     dist = np.asarray(tuple(distances), dtype=np.int64).reshape(-1)
     if dist.size == 0:
         raise invalid("distances", "must name at least one distance; got none")
-    if np.any(dist < 2) or np.any(dist > seq_len - 2):
+    top = seq_len - 1 - widest
+    if np.any(dist < 2) or np.any(dist > top):
         raise invalid(
             "distances",
-            f"must lie in [2, seq_len - 2] = [2, {seq_len - 2}] for seq_len={seq_len}; got {tuple(distances)}",
+            f"must lie in [2, seq_len - 1 - pair_gap] = [2, {top}] for seq_len={seq_len} and "
+            f"pair_gap={pair_gap}; got {tuple(distances)}",
         )
     if num_pairs > num_keys:
         raise invalid(
             "num_pairs", f"must be at most num_keys={num_keys} (each pair needs its own key); got {num_pairs}"
         )
-    free_slots = seq_len - 2  # positions before the query marker
-    if 4 * num_pairs > free_slots:
-        needed = 4 * num_pairs + 2
-        raise invalid("seq_len", f"must be at least {needed} (4 per pair plus 2 for the query); got {seq_len}")
+    per_pair = 2 * (widest + 1)  # a span of gap + 1 tokens, and as much room again to place it
+    if per_pair * num_pairs > seq_len - 2:  # the positions before the query marker
+        needed = per_pair * num_pairs + 2
+        raise invalid("seq_len", f"must be at least {needed} ({per_pair} per pair plus 2 for the query); got {seq_len}")
 
     layout = Layout(num_keys, num_values, num_fillers)
     rng = np.random.default_rng(seed)
@@ -117,25 +145,32 @@ def generate(
     # Keys: the target's key first, then distinct distractor keys (a random permutation per row).
     keys = np.argsort(rng.random((n, num_keys)), axis=1)[:, :num_pairs]
     values = rng.integers(0, num_values, size=(n, num_pairs))
+    if len(gaps_allowed) == 1:  # no draw: an integer gap keeps the random stream of gap 1
+        gaps = np.full((n, num_pairs), widest, dtype=np.int64)
+    else:
+        gaps = np.asarray(gaps_allowed, dtype=np.int64)[rng.integers(0, len(gaps_allowed), size=(n, num_pairs))]
 
-    # Pair start positions (the value's position s, key at s + 1), non-overlapping, all < seq_len - 2.
+    # Value positions s (key at s + gap): spans [s, s + gap] disjoint, every key < seq_len - 2.
     starts = np.empty((n, num_pairs), dtype=np.int64)
-    starts[:, 0] = key_pos - 1
+    starts[:, 0] = key_pos - gaps[:, 0]
     todo = np.arange(n)
     for _ in range(1000):
         if todo.size == 0:
             break
-        cand = rng.integers(0, seq_len - 3, size=(todo.size, num_pairs - 1))
+        high = seq_len - 2 - (widest if len(gaps_allowed) == 1 else gaps[todo, 1:])
+        cand = rng.integers(0, high, size=(todo.size, num_pairs - 1))
         starts[todo, 1:] = cand
-        s = np.sort(starts[todo], axis=1)
-        ok = np.all(np.diff(s, axis=1) >= 2, axis=1)
+        order = np.argsort(starts[todo], axis=1)  # (t, P)
+        s = np.take_along_axis(starts[todo], order, axis=1)
+        g = np.take_along_axis(gaps[todo], order, axis=1)
+        ok = np.all(np.diff(s, axis=1) > g[:, :-1], axis=1)  # the next value after this key
         todo = todo[~ok]
     if todo.size:
         raise RuntimeError("could not place the pairs; lengthen seq_len or use fewer num_pairs")
 
     rows = np.arange(n)[:, None]
     ids[rows, starts] = layout.value_base + values
-    ids[rows, starts + 1] = layout.key_base + keys
+    ids[rows, starts + gaps] = layout.key_base + keys
     ids[:, seq_len - 2] = QUERY_ID
     ids[:, seq_len - 1] = layout.key_base + keys[:, 0]
     return {
@@ -143,6 +178,6 @@ def generate(
         "labels": values[:, 0].astype(np.int64),
         "distance": distance.astype(np.int64),
         "key_position": key_pos.astype(np.int64),
+        "value_position": starts[:, 0].astype(np.int64),
         "query_key": keys[:, 0].astype(np.int64),
     }
-

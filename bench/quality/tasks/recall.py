@@ -1,6 +1,7 @@
 """``recall``: associative recall at controlled distances. The last token queries a key
-written ``d`` tokens earlier; the answer is the value stored with it. Accuracy is reported
-overall and per distance, so a window that cannot reach ``d`` shows as chance there."""
+written ``d`` tokens earlier; the answer is the value stored ``pair_gap`` tokens before that key.
+Accuracy is reported overall and per distance, so a pattern that cannot bring the pair to the
+last position (``bench/quality/reach.py``) shows as chance there."""
 
 from __future__ import annotations
 
@@ -14,11 +15,17 @@ from bench.quality.tasks.base import ClassificationTask, Metric, as_tensors
 
 class Recall(ClassificationTask):
     """Data settings: ``seq_len``, ``distances`` (list), ``num_keys``, ``num_values``,
-    ``num_pairs``, ``num_fillers``, ``train_examples``, ``val_examples``, ``test_examples``,
-    ``data_seed``. The classifier reads the last position (``pooling="last"``)."""
+    ``num_pairs``, ``num_fillers``, ``pair_gap`` (an integer >= 1 or a list to draw from per
+    pair; default 1, the value right before its key), ``train_examples``, ``val_examples``,
+    ``test_examples``, ``data_seed``. The classifier reads the last position
+    (``pooling="last"``)."""
 
     name = "recall"
     pooling = "last"
+
+    def __init__(self, data: dict[str, object], seed: int) -> None:
+        super().__init__(data, seed)
+        self.num_classes = self._layout()["num_values"]  # known before prepare: uniform chance
 
     def _layout(self) -> dict[str, int]:
         d = self.data
@@ -31,10 +38,12 @@ class Recall(ClassificationTask):
         self.vocab_size = recall.vocab_size(layout["num_keys"], layout["num_values"],
                                             layout["num_fillers"])
         base = int(d.get("data_seed", 0))
+        gap = d.get("pair_gap", 1)
+        gap = tuple(gap) if isinstance(gap, (list, tuple)) else gap
         for offset, split in enumerate(("train", "val", "test")):
             arrays = recall.generate(int(d[f"{split}_examples"]), seq_len=int(d["seq_len"]),
                                      distances=tuple(d["distances"]), seed=base * 3 + offset,
-                                     **layout)
+                                     pair_gap=gap, **layout)
             keep = {"ids": arrays["ids"], "labels": arrays["labels"], "distance": arrays["distance"]}
             self.splits[split] = as_tensors(keep, np.arange(len(arrays["labels"])))
 

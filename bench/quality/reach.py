@@ -1,0 +1,159 @@
+"""Which recall distances an attention pattern can answer at all, from its mask alone.
+
+A layer's *information-flow matrix* is ``A[i, j] = (some head lets position i attend to j)
+or i == j`` (the residual stream keeps what a position already holds; position-wise FFNs move
+nothing between positions). ``R^l = A^l``, the boolean l-fold product, says what position
+``i`` can have gathered from ``j`` after ``l`` layers.
+
+The recall answer needs two things at the last position (the query): the queried key and the
+value stored with it, *bound together*. Binding takes a layer: key and value must meet at some
+position ``p`` after ``l >= 1`` layers, and what ``p`` holds must then travel to the query in
+the remaining ``L - l`` layers. So, for ``L`` layers, the answer is **reachable** iff there are
+``l`` in ``1 .. L - 1`` and a position ``p`` with
+
+    key in R^l(p),  value in R^l(p)  and  p in R^(L - l)(query),
+
+where ``R^l(p)`` is row ``p`` of ``A^l``. With ``L == 1`` the answer is never reachable: the
+pair cannot be bound before the one layer that has to read it into the query. This is a
+necessary condition read off the mask (a model may still fail to learn what the mask allows);
+where it does not hold no weights can do better than chance.
+
+Examples (``L = 2``, the query at ``N - 1``, key at distance ``d``, value ``gap`` before it):
+a sliding window of half-width ``w`` reaches ``d <= L * w - gap``; a dilation-2 window links
+only positions of equal parity, so with ``gap = 1`` it reaches no distance at all, and with
+``gap = 2`` every even ``d`` up to ``2 * (L * w - 1)``; global tokens meet every pair at a
+global position that every position sees, so they reach every distance.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attn import Attention, attention_info, create_attention
+from attn.mods import MaskMod, dense_allowed
+from attn.validation import invalid, require_int
+from bench.data import recall
+from models.config import PRESETS
+
+
+def flow_matrix(attention: Attention | MaskMod | None, seq_len: int, *, heads: int = 1,
+                causal: bool = False) -> Tensor:
+    """One layer's information flow ``A (N, N)`` bool: some head lets ``i`` attend to ``j``,
+    or ``i == j``.
+
+    ``attention`` is a module (its ``mask_mod``, its heads and whether it forces causal are
+    read from it; an approximation without a mask counts as all pairs), a mask_mod taking
+    ``(b, h, i, j)`` index grids (evaluated for ``heads`` heads), or ``None`` (all pairs).
+    """
+    require_int("seq_len", seq_len, minimum=1)
+    if isinstance(attention, Attention):
+        heads = attention.num_heads or 1
+        causal = causal or attention.forces_causal
+        attention = attention.mask_mod()
+    require_int("heads", heads, minimum=1)
+    allowed = dense_allowed(attention, batch=1, heads=heads, q_len=seq_len, k_len=seq_len,
+                            causal=causal, key_mask=None, device=torch.device("cpu"))
+    if allowed is None:
+        return torch.ones(seq_len, seq_len, dtype=torch.bool)
+    flow = allowed[0].any(dim=0)  # (N, N): the union over heads
+    return flow | torch.eye(seq_len, dtype=torch.bool)
+
+
+def power_rows(flow: Tensor, rows: Tensor, power: int) -> Tensor:
+    """Rows ``rows`` of ``A^power`` (``power >= 1``) of a flow matrix ``A (N, N)``: bool
+    ``(len(rows), N)``, computed from the rows alone (cheap for a narrow pattern)."""
+    gathered, as_float = flow[rows], flow.float()  # (R, N)
+    for _ in range(power - 1):
+        if bool(gathered.all()):
+            break  # every position already gathered everything; A keeps i -> i, so it stays
+        gathered = (gathered.float() @ as_float) > 0  # (R, N)
+    return gathered
+
+
+def pair_reachable(flow: Tensor, layers: int, *, keys: Tensor, values: Tensor,
+                   query: int | None = None) -> Tensor:
+    """For each pair ``(keys[m], values[m])``, whether ``layers`` layers of ``flow`` bring it,
+    bound, to ``query`` (default the last position): the definition in the module docstring.
+
+    ``keys`` and ``values`` are int tensors of one shape; returns bool of that shape.
+    """
+    require_int("layers", layers, minimum=1)
+    n = flow.shape[-1]
+    query = n - 1 if query is None else query
+    keys, values = torch.as_tensor(keys), torch.as_tensor(values)
+    found = torch.zeros(keys.shape, dtype=torch.bool)
+    if layers == 1:
+        return found  # no layer is left to bind the pair before the query reads it
+    to_query = torch.zeros(n, dtype=torch.bool)
+    to_query[query] = True
+    for rest in range(1, layers):  # rest = L - l layers from the meeting point to the query
+        to_query = (to_query.float() @ flow.float()) > 0  # (N,): row `query` of A^rest
+        meeting = torch.nonzero(to_query).squeeze(1)  # (P,): the p in R^rest(query)
+        gathered = power_rows(flow, meeting, layers - rest)  # (P, N): R^l(p) of every such p
+        found |= (gathered[:, keys] & gathered[:, values]).any(dim=0)
+    return found
+
+
+def answer_reachable(attention: Attention | MaskMod | None, *, layers: int, seq_len: int,
+                     key: int, value: int, query: int | None = None, heads: int = 1) -> bool:
+    """Whether ``layers`` layers of ``attention`` can bring the pair at ``key`` and ``value``,
+    bound, to ``query`` (default ``seq_len - 1``) of a ``seq_len`` sequence."""
+    for name, position in (("key", key), ("value", value), ("query", query)):
+        if position is not None and not 0 <= position < seq_len:
+            raise invalid(name, f"must be a position in [0, {seq_len - 1}]; got {position!r}")
+    flow = flow_matrix(attention, seq_len, heads=heads)
+    found = pair_reachable(flow, layers, keys=torch.tensor([key]), values=torch.tensor([value]),
+                           query=query)
+    return bool(found[0])
+
+
+@dataclass(frozen=True)
+class RecallReach:
+    """Which recall distances a pattern can answer with the task's layout."""
+
+    reachable: tuple[int, ...]  # the task's distances at which the answer is reachable
+    reach: int | None  # the largest reachable d of every d in 2 .. largest; None if none is
+    largest: int  # the largest distance the layout allows (seq_len - 1 - max gap)
+
+
+def recall_reach(attention: Attention | MaskMod | None, *, seq_len: int, layers: int,
+                 distances: Sequence[int] = (), pair_gap: int | Sequence[int] = 1,
+                 heads: int = 1) -> RecallReach:
+    """The distances at which ``layers`` layers of ``attention`` can answer the recall task
+    (:mod:`bench.data.recall`: query at ``seq_len - 1``, key at ``seq_len - 1 - d``, value
+    ``pair_gap`` before it). With several gaps a distance counts only if every gap is
+    reachable there (a drawn gap the pattern cannot bind is answered at chance)."""
+    gaps = recall.pair_gaps(pair_gap)
+    largest = recall.max_distance(seq_len, gaps)
+    flow = flow_matrix(attention, seq_len, heads=heads)
+    scan = torch.arange(2, largest + 1)  # (D,): every distance the layout allows
+    keys = seq_len - 1 - scan
+    ok = torch.ones(scan.shape, dtype=torch.bool)
+    for gap in gaps:
+        ok &= pair_reachable(flow, layers, keys=keys, values=keys - gap)
+    hits = set(scan[ok].tolist())
+    return RecallReach(reachable=tuple(d for d in distances if d in hits),
+                       reach=max(hits) if hits else None, largest=largest)
+
+
+def variant_recall_reach(variant: str, params: Mapping[str, Any],
+                         settings: Mapping[str, Any]) -> RecallReach:
+    """:func:`recall_reach` of ``variant(params)`` under a recall task's settings: ``settings``
+    is :meth:`TaskSettings.to_dict` (a quality row's ``settings`` JSON), with ``data``
+    (``seq_len``, ``distances``, ``pair_gap``), ``model`` (``num_layers``, ``num_heads``,
+    ``d_model``; the model preset's values where absent) and ``attention`` (shared
+    parameters, applied where the variant has them, under ``params``)."""
+    data, model = settings.get("data", {}), {**PRESETS["tiny"], **settings.get("model", {})}
+    allowed = attention_info(variant).params
+    shared = {k: v for k, v in settings.get("attention", {}).items() if k in allowed}
+    heads = int(model["num_heads"])
+    module = create_attention(variant, num_heads=heads, head_dim=int(model["d_model"]) // heads,
+                              **{**shared, **params})
+    return recall_reach(module, seq_len=int(data["seq_len"]), layers=int(model["num_layers"]),
+                        distances=tuple(data.get("distances", ())),
+                        pair_gap=data.get("pair_gap", 1), heads=heads)
