@@ -17,7 +17,8 @@ from attn.validation import invalid, require_choice, require_int
 ACTIVATIONS = ("relu", "gelu")
 NORMS = ("post", "pre")
 POSITIONS = ("auto", "sinusoidal", "learned", "none")
-POOLINGS = ("cls", "mean", "last")
+POOLINGS = ("cls", "mean", "last")  # one vector per sequence (every model kind with a head)
+ENCODER_POOLINGS = (*POOLINGS, "tokens")  # "tokens": logits at every position (encoder only)
 PAIR_HEADS = ("concat", "cosine")
 
 #: shared size presets; kind-specific extras live on each config class (``kind_presets``)
@@ -115,7 +116,8 @@ class EncoderClassifierConfig(ModelConfig):
 
     num_classes: int = 2
     # "cls": a learned CLS vector at position 0; "mean": mean over real tokens; "last": the
-    # last real token (what a query at the end of the sequence gathered)
+    # last real token (what a query at the end of the sequence gathered); "tokens": no pooling,
+    # logits at every real token (B, N, C), e.g. per-position labels (MQAR)
     pooling: str = "cls"
     num_extra_global: int = 0  # learned global tokens prepended after CLS (for global_tokens)
     dual: bool = False
@@ -132,7 +134,10 @@ class EncoderClassifierConfig(ModelConfig):
         if self.pair_head == "cosine" and self.dual and self.num_classes != 2:
             raise invalid("pair_head", "'cosine' scores same / different: it needs num_classes=2, "
                                      f"got {self.num_classes}")
-        require_choice("pooling", self.pooling, POOLINGS)
+        require_choice("pooling", self.pooling, ENCODER_POOLINGS)
+        if self.pooling == "tokens" and self.dual:
+            raise invalid("pooling", "'tokens' gives logits per position, but a dual encoder "
+                                     "scores one pooled vector per input: use 'cls', 'mean' or 'last'")
         require_int("num_extra_global", self.num_extra_global, minimum=0)
 
 

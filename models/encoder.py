@@ -1,4 +1,4 @@
-"""BERT-style encoder stack and the encoder classifier (CLS / mean pooling, dual encoder)."""
+"""BERT-style encoder stack and the encoder classifier (CLS / mean / last pooling, per-token logits, dual encoder)."""
 
 from __future__ import annotations
 
@@ -64,6 +64,10 @@ class EncoderClassifier(nn.Module):
     The input is ``[CLS?][extra global tokens][tokens]``; CLS and global tokens are learned
     vectors (no vocabulary id needed). ``pooling="cls"`` reads position 0, ``"mean"``
     averages the real tokens only, ``"last"`` reads the last real token (right padding).
+    ``pooling="tokens"`` pools nothing: the head classifies every input position and the
+    model returns ``(B, N, C)``, one row per token of ``ids`` (no CLS is added, and extra
+    global tokens are dropped from the output; padded positions get logits too, which the
+    caller ignores). It cannot be combined with ``dual``.
     With ``dual=True`` the model is a dual encoder for retrieval: both inputs are encoded by
     the same weights and :meth:`pair_logits` scores the pooled vectors ``u, v`` (:meth:`embed`):
     with ``pair_head="concat"`` the head sees ``[u, v, u * v, u - v]`` (LRA retrieval), with
@@ -98,11 +102,13 @@ class EncoderClassifier(nn.Module):
         return self.encoder(x, key_mask), key_mask
 
     def embed(self, ids: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        """Pooled representation ``(B, D)``."""
+        """Pooled representation ``(B, D)``; ``(B, N, D)`` of the input tokens with ``"tokens"``."""
         h, key_mask = self.encode(ids, key_mask)
         if self.config.pooling == "cls":
             return h[:, 0]
         start = self.prefix.count
+        if self.config.pooling == "tokens":
+            return h[:, start:]  # (B, N, D): the prefix (extra global tokens) dropped
         if self.config.pooling == "last":
             return last_real(h, key_mask)
         return masked_mean(h[:, start:], None if key_mask is None else key_mask[:, start:])
@@ -115,11 +121,11 @@ class EncoderClassifier(nn.Module):
         pair_ids: Tensor | None = None,
         pair_key_mask: Tensor | None = None,
     ) -> Tensor:
-        u = self.embed(ids, key_mask)  # (B, D)
+        u = self.embed(ids, key_mask)  # (B, D), or (B, N, D) with pooling="tokens"
         if not self.config.dual:
             if pair_ids is not None:
                 raise ValueError("pair_ids: only a dual encoder (dual=True) takes a second input")
-            return self.head(u)  # (B, C)
+            return self.head(u)  # (B, C), or (B, N, C) with pooling="tokens"
         if pair_ids is None:
             raise ValueError("pair_ids: a dual encoder needs the second input")
         return self.pair_logits(u, self.embed(pair_ids, pair_key_mask))  # (B, C)

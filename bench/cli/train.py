@@ -59,7 +59,7 @@ def _progress(total: int) -> tuple[Any, Any]:
 @user_errors
 def train(
     task: Annotated[str, typer.Argument(help="Task: listops, text, retrieval, image, image_vit, "
-                                             "pathfinder, bytelm, translate, recall.")],
+                                             "pathfinder, bytelm, translate, recall, mqar.")],
     variant: Annotated[str, typer.Option(help="Attention variant (registered name).")] = "full",
     param: Annotated[list[str] | None, typer.Option(
         help="Variant parameter KEY=VALUE (YAML value); repeatable. The preset's attention "

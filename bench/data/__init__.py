@@ -16,4 +16,5 @@ Modules:
 - ``enwiki``: raw bytes of the enwiki XML excerpt shipped with gensim's test data.
 - ``bible``: King James / Reina-Valera 1909 verse pairs, cleaning, shared BPE tokenizer.
 - ``recall``: synthetic associative recall at controlled query-to-key distances.
+- ``mqar``: synthetic multi-query associative recall (many pairs, every key queried).
 """

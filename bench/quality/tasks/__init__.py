@@ -13,6 +13,7 @@ from bench.quality.tasks.base import SPLITS, ClassificationTask, Metric, Split, 
 from bench.quality.tasks.bytelm import ByteLM
 from bench.quality.tasks.image import ImagePatches, ImagePixels
 from bench.quality.tasks.listops import ListOps
+from bench.quality.tasks.mqar import MQAR
 from bench.quality.tasks.pathfinder import Pathfinder
 from bench.quality.tasks.recall import Recall
 from bench.quality.tasks.retrieval import Retrieval
@@ -23,7 +24,7 @@ from bench.quality.tasks.translate import Translate
 def task_classes() -> dict[str, type[Task]]:
     """Every task class by name, in LRA order (their data packages load only when a task prepares)."""
     classes = (ListOps, Text, Retrieval, ImagePixels, ImagePatches, Pathfinder, ByteLM,
-               Translate, Recall)
+               Translate, Recall, MQAR)
     return {cls.name: cls for cls in classes}
 
 

@@ -1,0 +1,114 @@
+"""``mqar``: multi-query associative recall (Arora et al. 2023, "Zoology"). Each sequence
+writes ``P`` key-value pairs and then queries every key once more; the model answers at each
+query position with the value bound to that key. Accuracy is over all queries, and per number
+of pairs and per query-to-key distance bucket, so a window that cannot reach a pair, or a
+low-rank approximation that blurs many pairs together, shows where it fails."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attn.validation import invalid, require_int_list
+from bench.data import mqar
+from bench.quality.tasks.base import ClassificationTask, Metric, Split, as_tensors
+
+DEFAULT_BUCKETS = (16, 32, 64, 128)
+
+
+class MQAR(ClassificationTask):
+    """Data settings: ``seq_len``, ``num_pairs`` (list, balanced over examples), ``num_keys``,
+    ``num_values``, ``num_fillers``, ``distance_buckets`` (list of increasing upper edges,
+    default ``[16, 32, 64, 128]``), ``train_examples``, ``val_examples``, ``test_examples``,
+    ``data_seed``. The classifier reads every position (``pooling="tokens"``); the loss and the
+    metrics count query positions only (labels ``-100`` elsewhere).
+
+    Final metrics: ``accuracy`` over all queries (the headline), ``majority_accuracy`` (always
+    the most frequent training value: about ``1 / num_values``), ``accuracy`` per
+    ``num_pairs=P`` and per distance bucket ``distance<=E``: the queries whose distance lies in
+    ``(previous edge, E]``, the last bucket ending at ``seq_len - 1``."""
+
+    name = "mqar"
+    pooling = "tokens"
+
+    def _layout(self) -> dict[str, int]:
+        d = self.data
+        return {"num_keys": int(d.get("num_keys", 64)), "num_values": int(d.get("num_values", 64)),
+                "num_fillers": int(d.get("num_fillers", 16))}
+
+    def buckets(self) -> tuple[int, ...]:
+        """Upper edges of the distance buckets, the last one ``seq_len - 1``."""
+        edges = require_int_list("distance_buckets", self.data.get("distance_buckets", DEFAULT_BUCKETS))
+        if any(b <= a for a, b in itertools.pairwise(edges)):
+            raise invalid("distance_buckets", f"must be increasing; got {list(edges)}")
+        top = self.seq_len - 1
+        return (*(e for e in edges if e < top), top)
+
+    def prepare(self) -> None:
+        d, layout = self.data, self._layout()
+        self.num_classes = layout["num_values"]
+        self.vocab_size = mqar.vocab_size(**layout)
+        base = int(d.get("data_seed", 0))
+        for offset, split in enumerate(("train", "val", "test")):
+            arrays = mqar.generate(int(d[f"{split}_examples"]), seq_len=int(d["seq_len"]),
+                                   num_pairs=d["num_pairs"], seed=base * 3 + offset, **layout)
+            self.splits[split] = as_tensors(arrays, np.arange(len(arrays["ids"])))
+        self.buckets()  # check the edges before training starts
+
+    def loss(self, model: nn.Module, batch: Split) -> tuple[Tensor, int]:
+        logits = self.logits(model, batch)  # (B, N, C)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(),
+                               ignore_index=mqar.IGNORE)
+        return loss, self.batch_tokens(batch)
+
+    @torch.no_grad()
+    def query_predictions(self, model: nn.Module, split: str, limit: int | None,
+                          batch_size: int) -> tuple[dict[str, Tensor], int, float]:
+        """Per query of the first ``limit`` examples: ``pred``, ``label``, ``num_pairs``,
+        ``distance`` (1-D tensors of one length); tokens read; seconds."""
+        parts: dict[str, list[Tensor]] = {"pred": [], "label": [], "num_pairs": [], "distance": []}
+        tokens, start = 0, time.perf_counter()
+        for batch in self.batches(split, batch_size, limit):
+            query = batch["labels"] != mqar.IGNORE  # (B, N)
+            pred = self.logits(model, batch).argmax(dim=-1)  # (B, N)
+            parts["pred"].append(pred[query])
+            parts["label"].append(batch["labels"][query])
+            parts["num_pairs"].append(batch["num_pairs"][:, None].expand_as(query)[query])
+            parts["distance"].append(batch["distance"][query])
+            tokens += self.batch_tokens(batch)
+        out = {k: torch.cat(v) if v else torch.zeros(0, dtype=torch.long) for k, v in parts.items()}
+        return out, tokens, time.perf_counter() - start
+
+    def majority_accuracy(self, split: str, count: int) -> Metric:
+        """Accuracy of always answering the most frequent value of the training queries."""
+        train = self.splits["train"]["labels"]
+        common = int(torch.bincount(train[train != mqar.IGNORE]).argmax())
+        labels = self.splits[split]["labels"][:count]
+        labels = labels[labels != mqar.IGNORE]
+        return Metric("majority_accuracy", float((labels == common).float().mean()))
+
+    def evaluate(self, model: nn.Module, split: str, *, limit: int | None, batch_size: int,
+                 final: bool) -> list[Metric]:
+        q, tokens, seconds = self.query_predictions(model, split, limit, batch_size)
+        hit = (q["pred"] == q["label"]).float()  # (Q,)
+        accuracy = float(hit.mean()) if len(hit) else float("nan")
+        metrics = [Metric("accuracy", accuracy, "", tokens, seconds)]
+        if not final:
+            return metrics
+        count = self.num_examples(split) if limit is None else min(limit, self.num_examples(split))
+        metrics.append(self.majority_accuracy(split, count))
+        for pairs in torch.unique(q["num_pairs"]).tolist():
+            sel = q["num_pairs"] == pairs
+            metrics.append(Metric("accuracy", float(hit[sel].mean()), f"num_pairs={pairs}"))
+        low = 0
+        for edge in self.buckets():
+            sel = (q["distance"] > low) & (q["distance"] <= edge)
+            if bool(sel.any()):
+                metrics.append(Metric("accuracy", float(hit[sel].mean()), f"distance<={edge}"))
+            low = edge
+        return metrics
