@@ -28,6 +28,7 @@ from attn.validation import (
     require_int_list,
     require_number,
 )
+from bench.labels import variant_label
 
 PRESET_DIR = Path(__file__).parent / "configs"
 PASSES = ("fwd", "bwd", "fwd_bwd")
@@ -67,10 +68,9 @@ class VariantSpec:
 
     @property
     def label(self) -> str:
-        """Short display name, e.g. ``sliding_window(window=128)``."""
-        if not self.params:
-            return self.name
-        return f"{self.name}({', '.join(f'{k}={v}' for k, v in self.params)})"
+        """Display name naming every pattern parameter, defaults included, e.g.
+        ``dilated(dilation=2, window=128)`` (:func:`bench.labels.variant_label`)."""
+        return variant_label(self.name, self.params_dict)
 
 
 @dataclass(frozen=True)

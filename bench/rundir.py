@@ -71,7 +71,9 @@ class RunRecorder:
             (dropped if stale(row) else kept).append(row)
         if dropped:
             self.kept = kept
-            ResultsWriter(self.run_dir, None, archive, self.columns).append(dropped)
+            # rewritten whole: an archive written before a column was added keeps its rows
+            earlier = read_rows(self.run_dir, archive, self.columns)
+            ResultsWriter(self.run_dir, [*earlier, *dropped], archive, self.columns)
 
     def start(self, env: dict[str, Any], *, dtype: str, allow_mixed: bool, has_work: bool,
               config: dict[str, Any], config_file: str, local: bool = True) -> None:

@@ -62,8 +62,9 @@ def test_the_documented_form_loads_and_expands():
     cases = expand_cases(config)
     pairs = {(c.label, c.kernel) for c in cases}
     # only kernels a variant has become cases: nystrom has no reference kernel
-    assert ("nystrom(num_landmarks=64)", "reference") not in pairs
-    assert ("nystrom(num_landmarks=64)", "native") in pairs
+    # labels name every pattern parameter, defaults included (pinv_iters=6)
+    assert ("nystrom(num_landmarks=64, pinv_iters=6)", "reference") not in pairs
+    assert ("nystrom(num_landmarks=64, pinv_iters=6)", "native") in pairs
     assert ("sliding_window(window=128)", "reference") in pairs
     assert [c.seq_len for c in cases if c.variant == "nystrom"] == [1024, 1024]
     assert all(c.causal for c in cases if c.variant == "causal")

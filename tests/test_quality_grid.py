@@ -3,6 +3,7 @@ sweeps; the report gives the quality table and the plots the three figures."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +30,16 @@ GRID = {"name": "tiny-grid", "kind": "quality", "preset": "tiny",
     ({"seeds": [-1]}, "'seeds': must be a non-empty list of integers >= 0"),
     ({"preset": "huge"}, "'preset': unknown preset 'huge'"),
     ({"epochs": 3}, "'epochs': unknown key"),
+    ({"variants": [{"name": "full", "model": {"positon": "none"}}]},
+     "'variants[0].model.positon': not a model setting of task 'recall'"),
+    ({"variants": [{"name": "full", "model": {"position": "nowhere"}}]},
+     "'variants[0].model.position': position: unknown value 'nowhere'"),
+    ({"variants": [{"name": "relative", "model": {"position": "learned"}}]},
+     "'variants[0].model.position': position: must be 'none'"),
+    ({"variants": [{"name": "full", "model": "none"}]}, "'variants[0].model': must be a mapping"),
+    ({"variants": [{"name": "full", "role": "reference"}]},
+     "'variants[0].role': unknown value 'reference'; allowed values are ['control', 'variant']"),
+    ({"variants": [{"name": "full"}, "full"]}, "'variants[1]': the same training run as variants[0]"),
 ])
 def test_bad_grids_name_the_key(change, fragment):
     with pytest.raises(ConfigError, match=fragment.replace("[", r"\[").replace("]", r"\]")):
@@ -92,7 +103,7 @@ def test_the_report_and_the_figures(grid_run):
     out, _ = grid_run
     text = build_quality_report(out)
     assert "| variant | bytelm | recall | avg (accuracy tasks) |" in text  # the suite's task order
-    assert "unsupported" in text and "chance (majority class)" in text
+    assert "unsupported" in text and "| majority class" in text and "| uniform chance" in text
     assert "## Recall accuracy by distance (test)" in text
     assert "## Bits per byte by evaluation length" in text
     full_row = next(line for line in text.splitlines() if line.startswith("| full | "))
@@ -109,9 +120,12 @@ def test_the_recall_reach_takes_a_variant_default_the_row_does_not_record():
 
     from bench.quality.plots import _reach
 
-    row = pd.Series({"variant": "dilated", "params": '{"window": 16}',
-                     "settings": '{"model": {"num_layers": 2}}'})
-    assert _reach(row) == 2 * 16 * 2  # layers x window x the default dilation
+    row = pd.Series({"variant": "dilated", "params": '{"window": 16}', "settings": json.dumps(
+        {"model": {"num_layers": 2, "num_heads": 4, "d_model": 64},
+         "data": {"seq_len": 256, "distances": [8, 64], "pair_gap": 2}})})
+    # the default dilation 2: the pair meets on the odd positions, 2 x (2 x 16 - 1) back
+    # (dilation 1 would give 2 x 16 - 2 = 30; bench/quality/reach.py)
+    assert _reach(row) == 62
 
 
 def test_a_grid_through_the_cli_with_a_killed_unit(tmp_path):
@@ -145,3 +159,210 @@ def test_every_task_preset_parses_and_keeps_four_windows(preset):
         length = int(settings.data.get("seq_len", side**2))
         assert length >= 4 * settings.attention["window"], (task_name, length)
         assert task.name == task_name
+
+
+# labels, control rows with model overrides, rows of units the config no longer lists
+
+def _alternative(value):
+    """Another value of a parameter's kind (the label must change with it)."""
+    if isinstance(value, bool):
+        return not value
+    if isinstance(value, int):
+        return value + 1
+    if isinstance(value, str):
+        return "alibi" if value != "alibi" else "learned"
+    return 3  # a None default: any value set
+
+
+def test_configurations_that_differ_in_any_pattern_parameter_never_share_a_label():
+    from attn import attention_info, list_attention
+    from bench.config import VariantSpec
+    from bench.quality.model_parts import label
+
+    checked = 0
+    for name in list_attention():
+        defaults = attention_info(name).params
+        for key, default in defaults.items():
+            base = {"position_bias": "learned"} if key == "max_distance" and "position_bias" in defaults else {}
+            if key == "max_distance" and "bias" in defaults:
+                base = {"bias": "learned"}  # relative: max_distance clips the learned bias
+            if key == "position_bias" and "bias" in defaults:
+                continue  # relative takes its bias through 'bias'
+            one, other = {**base, key: default}, {**base, key: _alternative(default)}
+            assert label(name, one) != label(name, other), (name, key)
+            # the speed sweeps' label is the same function
+            assert VariantSpec(name, tuple(other.items())).label == label(name, other)
+            checked += 1
+    assert checked >= 15
+    # defaults are named: nothing a default hides, nothing that does not define the pattern
+    assert label("relative", {}) == "relative(bias=learned, max_distance=128)"
+    assert label("relative", {"bias": "alibi", "max_distance": 64}) == "relative(bias=alibi)"
+    assert label("dilated", {"window": 16}) == "dilated(dilation=2, window=16)"
+    assert label("dilated", {"dilation": [1, 2]}) == "dilated(dilation=(1, 2), window=64)"
+    assert label("full", {"num_heads": 4, "kernel": "sdpa"}) == "full"
+    assert label("full", {"position_bias": "alibi"}) == "full(position_bias=alibi)"
+    assert label("full", {}, {"model": {"position": "none"}}) == "full [position=none]"
+
+
+CONTROL = {"name": "full", "model": {"position": "none"}, "role": "control",
+           "title": "order-blind"}
+
+
+def _plain_unit_id(spec):
+    """The unit id of grids before overrides (units without overrides must keep it)."""
+    import hashlib
+
+    key = {k: spec[k] for k in ("task", "variant", "params", "preset", "seed", "kernel", "device")}
+    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def test_a_control_entry_carries_its_model_override_into_the_run(tmp_path):
+    from bench.config import safe_name
+
+    config = parse_grid({**GRID, "tasks": ["recall"], "seeds": [0],
+                         "variants": ["full", CONTROL, {"name": "dilated", "window": 64}]})
+    plain, control, dilated = units(config, tmp_path)
+    assert plain.spec["overrides"] == {} and plain.unit_id == _plain_unit_id(plain.spec)
+    assert control.spec["overrides"] == {"model": {"position": "none"}}
+    assert control.unit_id != plain.unit_id and control.spec["out"] != plain.spec["out"]
+    assert control.label == "full [position=none]" and control.role == "control"
+    assert Path(control.spec["out"]).parent.name == safe_name(control.label) == "full_position_none"
+    assert dilated.label == "dilated(dilation=2, window=64)"
+    rows = control.failure_rows("killed", "SIGKILL")
+    assert rows[0]["role"] == "control" and rows[0]["title"] == "order-blind"
+    assert json.loads(rows[0]["overrides"]) == {"model": {"position": "none"}}
+    from bench.quality.train import RunSpec, build
+
+    settings, _, _, _ = build(RunSpec(**control.spec))  # what the worker trains with
+    assert settings.model["position"] == "none"
+
+
+def test_an_override_unit_compares_its_rows_with_the_settings_its_overrides_give():
+    from bench.quality.grid import superseded_units
+    from bench.quality.settings import task_settings
+
+    config = parse_grid({**GRID, "tasks": ["recall"], "seeds": [0], "variants": ["full", CONTROL]})
+    overrides = json.dumps({"model": {"position": "none"}})
+    with_override = task_settings("recall", "tiny", {"model": {"position": "none"}}).to_json()
+    preset_alone = task_settings("recall", "tiny").to_json()
+    rows = [{"unit_id": "a", "task": "recall", "settings": with_override, "overrides": overrides},
+            {"unit_id": "b", "task": "recall", "settings": preset_alone, "overrides": ""},
+            {"unit_id": "c", "task": "recall", "settings": preset_alone, "overrides": overrides}]
+    assert superseded_units(rows, config) == {"c"}
+
+
+def test_an_entry_restricted_to_some_tasks_trains_and_keeps_rows_only_there(tmp_path):
+    from bench.quality.grid import foreign_units
+
+    restricted = {**CONTROL, "tasks": ["recall"]}
+    config = parse_grid({**GRID, "seeds": [0], "variants": ["full", restricted]})
+    found = [(u.spec["task"], u.label) for u in units(config, tmp_path)]
+    assert found == [("recall", "full"), ("recall", "full [position=none]"), ("bytelm", "full")]
+    rows = _done_rows(config, tmp_path)
+    assert foreign_units(rows, config) == set()  # the restricted entry's rows are wanted
+    everywhere = parse_grid({**GRID, "seeds": [0], "variants": ["full", CONTROL]})
+    bytelm_control = [u for u in units(everywhere, tmp_path) if u.spec["task"] == "bytelm"
+                      and u.role == "control"]
+    assert foreign_units(_done_rows(config, tmp_path, bytelm_control), config) == {
+        bytelm_control[0].unit_id}
+    for bad in (["listops"], [], "recall"):
+        with pytest.raises(ConfigError, match=r"variants\[1\]\.tasks': must be a non-empty list "
+                                              r"of the grid's tasks"):
+            parse_grid({**GRID, "variants": ["full", {**CONTROL, "tasks": bad}]})
+
+
+def _done_rows(config, out, extra=()):
+    """Finished rows for every unit of ``config`` (as if trained), plus ``extra`` units."""
+    from bench.quality.settings import task_settings
+
+    rows = []
+    for unit in [*units(config, out), *extra]:
+        s = unit.spec
+        rows.append({"unit_id": unit.unit_id, "task": s["task"], "variant": s["variant"],
+                     "label": unit.label, "params": json.dumps(unit.attention_params),
+                     "seed": s["seed"], "preset": s["preset"], "split": "test",
+                     "metric": "accuracy", "condition": "", "value": 0.5, "status": "ok",
+                     "settings": task_settings(s["task"], s["preset"], s["overrides"]).to_json(),
+                     "overrides": json.dumps(s["overrides"]) if s["overrides"] else "",
+                     "role": unit.role, "timestamp": "2026-01-01T00:00:00+00:00"})
+    return rows
+
+
+def test_rows_of_entries_the_config_no_longer_lists_move_to_superseded(tmp_path):
+    import pandas as pd
+
+    from bench.quality.grid import QUALITY_COLUMNS, SUPERSEDED_FILE, foreign_units
+    from bench.results import ResultsWriter
+
+    base = {**GRID, "tasks": ["recall"], "seeds": [0]}
+    before = parse_grid({**base, "variants": ["full", "sliding_window",
+                                              {**CONTROL, "model": {"position": "learned"}}]})
+    now = parse_grid({**base, "variants": ["full", CONTROL]})
+    rows = _done_rows(now, tmp_path, extra=units(before, tmp_path)[1:])
+    gone = {u.unit_id for u in units(before, tmp_path)[1:]}
+    assert foreign_units(rows, now) == gone
+    learned = units(before, tmp_path)[2].unit_id  # full [position=learned]
+    # --variant full: only full's entries are judged (same name, other overrides: moved)
+    assert foreign_units(rows, parse_grid({**base, "variants": ["full", CONTROL]},
+                                          only=["full"])) == {learned}
+    # a command line's --variant leaves the other variants' rows alone
+    assert foreign_units(rows, parse_grid({**base, "variants": ["sliding_window", "full"]},
+                                          only=["sliding_window"])) == set()
+    old_columns = QUALITY_COLUMNS[:QUALITY_COLUMNS.index("role")]
+    ResultsWriter(tmp_path, [{"unit_id": "older", "task": "recall", "status": "ok",
+                              "timestamp": "2026-01-01T00:00:00+00:00"}],
+                  SUPERSEDED_FILE, old_columns)  # an archive from before the new columns
+    ResultsWriter(tmp_path, rows, QUALITY_FILE, QUALITY_COLUMNS)
+    assert run_grid(now, tmp_path) == []  # everything the config lists is done
+    kept = pd.read_csv(tmp_path / QUALITY_FILE, dtype=str, keep_default_na=False)
+    assert set(kept.unit_id) == {u.unit_id for u in units(now, tmp_path)}
+    archived = pd.read_csv(tmp_path / SUPERSEDED_FILE, dtype=str, keep_default_na=False)
+    assert set(archived.unit_id) == gone | {"older"}
+    assert set(archived[archived.unit_id.isin(gone)].variant) == {"sliding_window", "full"}
+
+
+def test_a_new_train_setting_supersedes_only_the_units_it_can_change():
+    # Rows recorded before `position_bias_lr_scale` (and `budget_x`) existed: the multiplier
+    # moves only bias tables, so full attention's row stays done and relative's trains again.
+    from bench.quality.grid import superseded_units
+    from bench.quality.settings import task_settings
+
+    config = parse_grid({**GRID, "tasks": ["recall"], "seeds": [0],
+                         "variants": ["full", {"name": "relative", "bias": "learned"}]})
+    old = json.loads(task_settings("recall", "tiny").to_json())
+    for key in ("position_bias_lr_scale", "budget_x"):
+        del old["train"][key]
+    old_json = json.dumps(old, sort_keys=True)
+    rows = [{"unit_id": "full", "task": "recall", "variant": "full", "params": "{}",
+             "settings": old_json, "overrides": ""},
+            {"unit_id": "relative", "task": "recall", "variant": "relative",
+             "params": json.dumps({"bias": "learned"}), "settings": old_json, "overrides": ""},
+            {"unit_id": "sw+bias", "task": "recall", "variant": "sliding_window",
+             "params": json.dumps({"position_bias": "alibi"}), "settings": old_json,
+             "overrides": ""}]
+    assert superseded_units(rows, config) == {"relative", "sw+bias"}
+    changed = json.loads(old_json)
+    changed["train"]["lr"] = 0.5  # a setting every unit feels
+    rows[0]["settings"] = json.dumps(changed, sort_keys=True)
+    assert "full" in superseded_units(rows, config)
+
+
+def test_a_grid_run_in_pieces_by_task_leaves_the_other_tasks_rows_alone(tmp_path):
+    from bench.quality.grid import foreign_units, only_tasks, superseded_units
+
+    now = parse_grid({**GRID, "seeds": [0], "variants": ["full", CONTROL]})
+    before = parse_grid({**GRID, "seeds": [0], "variants": ["full", "sliding_window"]})
+    rows = _done_rows(before, tmp_path)  # sliding_window rows on both tasks: foreign now
+    stale_bytelm = [dict(r, unit_id="stale", settings="{}") for r in rows
+                    if r["task"] == "bytelm"][:1]
+    rows += stale_bytelm
+    piece = only_tasks(now, ["recall"])
+    assert piece.tasks == ("recall",)
+    assert {u.spec["task"] for u in units(piece, tmp_path)} == {"recall"}
+    judged = {r["unit_id"]: r["task"] for r in rows}
+    assert {judged[u] for u in foreign_units(rows, piece)} == {"recall"}
+    assert superseded_units(rows, piece) == set()  # the stale bytelm row is not this piece's
+    assert superseded_units(rows, now) == {"stale"}
+    with pytest.raises(ConfigError, match=r"--task: unknown value 'listops'; allowed values are "
+                                          r"the grid's tasks \['recall', 'bytelm'\]"):
+        only_tasks(now, ["listops"])

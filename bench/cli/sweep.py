@@ -97,6 +97,9 @@ def sweep(
     overwrite: Annotated[bool, typer.Option(help="Discard previous results in --out first.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the cases and exit.")] = False,
     plots: Annotated[bool, typer.Option(help="Write report.md and plots at the end.")] = True,
+    task: Annotated[list[str] | None, typer.Option(
+        help="Training grids only: train only these tasks of the grid (the other tasks' rows "
+             "stay as they are); repeatable.")] = None,
 ) -> None:
     """Run a speed sweep, or a training grid (a config with ``kind: quality``), into a run
     directory; resumable: finished cases and training runs are kept."""
@@ -117,8 +120,11 @@ def sweep(
     if _is_grid(raw):
         if plugin:
             raw = {**raw, "plugins": list(dict.fromkeys((*raw.get("plugins", []), *plugin)))}
-        _sweep_grid(raw, out, options, run_options, dry_run=dry_run, plots=plots)
+        _sweep_grid(raw, out, {**options, "task": task}, run_options, dry_run=dry_run, plots=plots)
         return
+    if task:
+        raise UsageError("--task: a training-grid option (a config with kind: quality); a speed "
+                         "sweep has no tasks")
     cfg = _load_with_overrides(config, options, plugin)
     run_dir = out or Path("runs") / safe_name(cfg.name)
     cases = expand_cases(cfg)
@@ -180,6 +186,7 @@ def _sweep_grid(raw: dict[str, Any], out: Path | None, options: dict[str, Any],
     from bench.quality.grid import (
         QUALITY_COLUMNS,
         QUALITY_FILE,
+        only_tasks,
         parse_grid,
         run_grid,
         superseded_units,
@@ -191,13 +198,12 @@ def _sweep_grid(raw: dict[str, Any], out: Path | None, options: dict[str, Any],
         if options.get(key) is not None:
             raise UsageError(f"{option}: a speed-sweep option; a training grid (kind: quality) "
                              "takes --variant, --device, --threads and the run options")
-    if options.get("variant"):
-        raw = {**raw, "variants": [v for v in raw.get("variants", [])
-                                   if (v if isinstance(v, str) else v.get("name")) in options["variant"]]}
     for key in ("device", "threads"):
         if options.get(key) is not None:
             raw = {**raw, key: options[key]}
-    grid = parse_grid(raw)
+    grid = parse_grid(raw, only=options.get("variant") or None)  # the others' rows stay
+    if options.get("task"):
+        grid = only_tasks(grid, options["task"])  # the other tasks' rows stay too
     run_dir = out or Path("runs") / safe_name(grid.name)
     todo = units(grid, run_dir)
     if dry_run:

@@ -6,23 +6,33 @@ Config keys: ``name``, ``kind: quality``, ``preset`` (a task preset, ``small`` o
 attention settings such as the window), ``seeds`` (a list, or ``{default: [...], <task>:
 [...]}``), ``device``, ``threads``, ``timeout_s`` (per training run), ``kernel``.
 
-Each (task, variant, seed) is one unit: a worker process trains it (resuming from its own
-checkpoint after a kill) in ``<out>/runs/<task>/<variant>/seed<S>/`` and returns its rows;
+A variant entry may also carry ``tasks`` (the grid tasks it trains on, default all),
+``model`` (model settings overriding the preset's for this
+entry only, e.g. ``{position: none}``), ``role`` (``variant``, the default, or ``control``:
+a reference row such as an order-blind model, shown apart in the report) and ``title`` (a
+short description, e.g. ``order-blind``). The overrides are part of the unit's identity, its
+run directory and its label: ``full [position=none]``.
+
+Each (task, variant entry, seed) is one unit: a worker process trains it (resuming from its
+own checkpoint after a kill) in ``<out>/runs/<task>/<label>/seed<S>/`` and returns its rows;
 the driver appends them to ``quality.csv``. A unit whose rows were trained with other task
-settings than the preset holds now is not done: its rows move to ``superseded.csv`` and it
-trains again (the checkpoint of other settings is not resumed). The resolved settings of
-every task are written beside the results (``grid.json``), with the config itself
-(``grid.yaml``).
+settings than the preset (with the entry's overrides) gives now is not done: its rows move to
+``superseded.csv`` and it trains again (the checkpoint of other settings is not resumed).
+Rows of a (variant, params, overrides) the config no longer lists move to
+``superseded.csv`` too, so the report only shows what the config asks for. The resolved
+settings of every task are written beside the results (``grid.json``), with the config
+itself (``grid.yaml``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import os
-from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Generator
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +45,10 @@ from bench.executors import LocalExecutor
 from bench.fsutil import RunLock, atomic_write_text
 from bench.process import Worker, WorkerGone
 from bench.provenance import ROW_FIELDS, environment
+from bench.quality.budget import BUDGET_COLUMNS, budget_of, budget_overrides, parse_budgets, strip_budget
 from bench.quality.model_parts import label
-from bench.quality.settings import list_presets, task_settings
-from bench.quality.tasks import list_tasks
+from bench.quality.settings import attention_params, list_presets, settings_that_apply, task_settings
+from bench.quality.tasks import get_task, list_tasks
 from bench.quality.train import RunSpec, train_run
 from bench.rundir import RunRecorder
 from bench.schedule import drive
@@ -51,9 +62,44 @@ QUALITY_COLUMNS = [
     "condition", "value", "status", "reason", "steps", "best_step", "train_time_s",
     "train_tokens_per_s", "eval_tokens_per_s", "peak_mem_bytes", "param_count", "seq_len",
     "model_kind", "attention_parts", "kernel_path", "settings", "threads", *ROW_FIELDS,
+    "role", "title", "overrides",  # added later: files without them read as a variant, no overrides
+    *BUDGET_COLUMNS,  # matched compute (bench/quality/budget.py); budget_x empty: equal steps
 ]
+ROLES = ("variant", "control")
+#: keys of a variant entry that are not attention parameters
+_ENTRY_KEYS = ("name", "model", "role", "title", "tasks")
+#: model-config fields a grid entry may not override (the attention is the entry's own)
+_NOT_MODEL = ("attention", "attention_params", "attention_kernel")
 _KEYS = {"name", "kind", "description", "preset", "tasks", "variants", "seeds", "device",
-         "threads", "timeout_s", "kernel", "plugins"}
+         "threads", "timeout_s", "kernel", "plugins", "budgets"}
+
+
+@dataclass(frozen=True)
+class GridVariant:
+    """One variant entry of a grid: the attention, its explicit parameters, model-setting
+    overrides, and whether it is a variant or a control (a reference row)."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()
+    model: tuple[tuple[str, Any], ...] = ()
+    role: str = "variant"
+    title: str = ""
+    #: the grid tasks this entry trains on (None: every task of the grid)
+    tasks: tuple[str, ...] | None = None
+
+    def trains_on(self, task: str) -> bool:
+        """Whether this entry has a unit on ``task``."""
+        return self.tasks is None or task in self.tasks
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """The task-settings overrides of this entry (``{"model": {...}}`` or ``{}``)."""
+        return {"model": dict(self.model)} if self.model else {}
+
+    @property
+    def identity(self) -> str:
+        """What makes two entries the same training run (not the role or title)."""
+        return _canonical([self.name, dict(self.params), self.overrides])
 
 
 @dataclass(frozen=True)
@@ -63,14 +109,34 @@ class GridConfig:
     name: str
     preset: str
     tasks: tuple[str, ...]
-    variants: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]
+    variants: tuple[GridVariant, ...]
     seeds: tuple[tuple[str, tuple[int, ...]], ...]  # per task
     device: str = "cpu"
     threads: int | None = None
     timeout_s: float = 1800.0
     kernel: str = "auto"
     plugins: tuple[str, ...] = ()
+    #: variant names a command line selected (``--variant``): rows of the others are left alone
+    only: tuple[str, ...] | None = None
+    budget_tasks: tuple[str, ...] = ()  # `budgets: {tasks, x}`: also trained at matched FLOPs
+    budget_x: tuple[float, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+def only_tasks(config: GridConfig, tasks: Collection[str]) -> GridConfig:
+    """``config`` restricted to ``tasks`` (a command line's ``--task``): a grid run in pieces.
+    The rows of the grid's other tasks are neither trained nor judged (superseded or foreign
+    units are looked for among the kept tasks only)."""
+    unknown = [t for t in tasks if t not in config.tasks]
+    if unknown:
+        raise ConfigError(f"--task: unknown value {unknown[0]!r}; allowed values are the grid's "
+                          f"tasks {list(config.tasks)}", "task")
+    return dataclasses.replace(config, tasks=tuple(t for t in config.tasks if t in tasks),
+                               budget_tasks=tuple(t for t in config.budget_tasks if t in tasks))
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def is_grid(raw: Any) -> bool:
@@ -99,8 +165,78 @@ def _seeds(raw: Any, tasks: tuple[str, ...]) -> tuple[tuple[str, tuple[int, ...]
     return tuple((t, check(f"seeds.{t}", raw[t]) if t in raw else default) for t in tasks)
 
 
-def parse_grid(raw: dict[str, Any]) -> GridConfig:
-    """Validate a training-grid mapping; errors name the key and the allowed values."""
+def _check_model(where: str, name: str, params: dict[str, Any], model: Any, preset: str,
+                 tasks: list[str]) -> None:
+    """Model overrides of a variant entry: a mapping of fields every task's model has, with
+    values its model config accepts."""
+    from models.config import ModelConfig
+    from models.registration import MODELS
+    from models.registry import model_config
+
+    if not isinstance(model, dict):
+        raise ConfigError(f"config key {where!r}: must be a mapping of model settings like "
+                          f"{{position: none}}; got {model!r}", where)
+    for task in tasks:
+        settings = task_settings(task, preset)
+        kind = get_task(task, settings.data, 0).model_kind  # (built, its data not loaded)
+        config_cls = MODELS[kind].config_cls if kind in MODELS else ModelConfig
+        allowed = sorted({f.name for f in fields(config_cls)} - set(_NOT_MODEL))
+        for key in model:
+            if key not in allowed:
+                raise ConfigError(f"config key '{where}.{key}': not a model setting of task "
+                                  f"{task!r} ({kind}); allowed are {allowed}", f"{where}.{key}")
+        merged = {**settings.model, **model}
+        try:
+            model_config(kind, "tiny", attention=name,
+                         attention_params=attention_params(name, params, settings), **merged)
+        except (ValueError, TypeError) as err:
+            field_name = str(err).split(":", 1)[0]
+            if field_name in model:  # a bad override; other complaints wait for the task's data
+                raise ConfigError(f"config key '{where}.{field_name}': {err} (task {task!r})",
+                                  f"{where}.{field_name}") from err
+
+
+def _variant(index: int, item: Any, preset: str, tasks: list[str]) -> GridVariant:
+    """One validated variant entry (see the module docstring)."""
+    where = f"variants[{index}]"
+    item = {"name": item} if isinstance(item, str) else item
+    if not isinstance(item, dict) or item.get("name") not in list_attention():
+        raise ConfigError(f"config key {where!r}: must name a registered variant "
+                          f"{list_attention()}; got {item!r}", where)
+    name = item["name"]
+    params = {k: v for k, v in item.items() if k not in _ENTRY_KEYS}
+    allowed = attention_info(name).params
+    for key in params:
+        if key not in allowed:
+            raise ConfigError(f"config key '{where}.{key}': unknown parameter for {name!r}; "
+                              f"allowed are {sorted(allowed)} and the entry keys "
+                              f"{sorted(set(_ENTRY_KEYS) - {'name'})}", f"{where}.{key}")
+    role = item.get("role", "variant")
+    if role not in ROLES:
+        raise ConfigError(f"config key '{where}.role': unknown value {role!r}; allowed values "
+                          f"are {sorted(ROLES)}", f"{where}.role")
+    title = item.get("title", "")
+    if not isinstance(title, str):
+        raise ConfigError(f"config key '{where}.title': must be a string; got {title!r}",
+                          f"{where}.title")
+    only_tasks = item.get("tasks")
+    if only_tasks is not None and (not isinstance(only_tasks, list) or not only_tasks
+                                   or any(t not in tasks for t in only_tasks)):
+        raise ConfigError(f"config key '{where}.tasks': must be a non-empty list of the grid's "
+                          f"tasks {tasks}; got {only_tasks!r}", f"{where}.tasks")
+    model = item.get("model", {})
+    if model != {}:
+        _check_model(f"{where}.model", name, params, model, preset, only_tasks or tasks)
+    return GridVariant(name=name, params=tuple(sorted(params.items())),
+                       model=tuple(sorted(model.items())), role=role, title=title,
+                       tasks=None if only_tasks is None else tuple(only_tasks))
+
+
+def parse_grid(raw: dict[str, Any], only: Collection[str] | None = None) -> GridConfig:
+    """Validate a training-grid mapping; errors name the key and the allowed values.
+
+    ``only``: the variant names to run (a command line's ``--variant``); every entry is still
+    validated, and the rows of the other variants are left alone when the grid runs."""
     unknown = sorted(set(raw) - _KEYS)
     if unknown:
         raise ConfigError(f"config key {unknown[0]!r}: unknown key; allowed keys are {sorted(_KEYS)}",
@@ -120,23 +256,31 @@ def parse_grid(raw: dict[str, Any]) -> GridConfig:
     if not isinstance(tasks, list) or not tasks or any(t not in list_tasks() for t in tasks):
         raise ConfigError(f"config key 'tasks': must be a non-empty list of tasks from "
                           f"{list_tasks()}; got {tasks!r}", "tasks")
-    variants = []
-    for index, item in enumerate(raw["variants"] or []):
-        item = {"name": item} if isinstance(item, str) else item
-        if not isinstance(item, dict) or item.get("name") not in list_attention():
-            raise ConfigError(f"config key 'variants[{index}]': must name a registered variant "
-                              f"{list_attention()}; got {item!r}", f"variants[{index}]")
-        params = {k: v for k, v in item.items() if k != "name"}
-        allowed = attention_info(item["name"]).params
-        for key in params:
-            if key not in allowed:
-                raise ConfigError(f"config key 'variants[{index}].{key}': unknown parameter for "
-                                  f"{item['name']!r}; allowed are {sorted(allowed)}",
-                                  f"variants[{index}].{key}")
-        variants.append((item["name"], tuple(sorted(params.items()))))
+    if not isinstance(raw["variants"], list):
+        raise ConfigError(f"config key 'variants': must be a list like [{{name: full}}]; got "
+                          f"{raw['variants']!r}", "variants")
+    variants: list[GridVariant] = []
+    for index, item in enumerate(raw["variants"]):
+        variant = _variant(index, item, raw["preset"], tasks)
+        for earlier, other in enumerate(variants):
+            if other.identity == variant.identity:
+                raise ConfigError(f"config key 'variants[{index}]': the same training run as "
+                                  f"variants[{earlier}] (name, parameters and model settings "
+                                  "alike); give it other settings or remove it",
+                                  f"variants[{index}]")
+        variants.append(variant)
     if not variants:
         raise ConfigError("config key 'variants': must be a non-empty list like [{name: full}]",
                           "variants")
+    if only is not None:
+        names = sorted({v.name for v in variants})
+        unknown = sorted(set(only) - set(names))
+        if unknown:
+            raise ConfigError(f"--variant: {unknown[0]!r} is not a variant of the grid; its "
+                              f"variants are {names}", "variants")
+        variants = [v for v in variants if v.name in only]
+        raw = {**raw, "variants": [item for item in raw["variants"]
+                                   if (item if isinstance(item, str) else item["name"]) in only]}
     device = raw.get("device", "cpu")
     if device not in ("cpu", "cuda"):
         raise ConfigError(f"config key 'device': unknown value {device!r}; allowed values are "
@@ -147,40 +291,72 @@ def parse_grid(raw: dict[str, Any]) -> GridConfig:
     timeout = raw.get("timeout_s", 1800.0)
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ConfigError(f"config key 'timeout_s': must be a number > 0; got {timeout!r}", "timeout_s")
+    budget_tasks, budget_x = parse_budgets(raw.get("budgets"), tuple(tasks))
     return GridConfig(name=str(raw["name"]), preset=raw["preset"], tasks=tuple(tasks),
                       variants=tuple(variants), seeds=_seeds(raw.get("seeds", [0]), tuple(tasks)),
                       device=device, threads=threads, timeout_s=float(timeout),
-                      kernel=str(raw.get("kernel", "auto")), plugins=tuple(plugins), raw=raw)
+                      kernel=str(raw.get("kernel", "auto")), plugins=tuple(plugins),
+                      only=None if only is None else tuple(sorted(set(only))),
+                      budget_tasks=budget_tasks, budget_x=budget_x, raw=raw)
+
+
+def unit_id(spec: dict[str, Any]) -> str:
+    """The id of a training run: what it trains, not where or with how many threads. A run
+    without settings overrides keeps the id it had before grids could give overrides."""
+    key = {k: spec[k] for k in ("task", "variant", "params", "preset", "seed", "kernel", "device")}
+    if spec.get("overrides"):
+        key["overrides"] = spec["overrides"]
+    return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _run_dir_name(text: str) -> str:
+    """A file-name-safe directory name for a label; a label too long to keep whole keeps a
+    hash of itself, so two long labels never share a directory."""
+    name = safe_name(text)
+    if len(name) < 80:
+        return name
+    return f"{name[:63]}-{hashlib.sha1(text.encode()).hexdigest()[:12]}"
 
 
 @dataclass(frozen=True)
 class TrainUnit:
-    """One (task, variant, seed) training run of a grid, run in an isolated worker."""
+    """One (task, variant entry, seed) training run of a grid, run in an isolated worker."""
 
     spec: dict[str, Any]  # a bench.quality.train.RunSpec as a dict
     timeout_s: float
+    role: str = "variant"
+    title: str = ""
+    #: the variant's parameters in this task (the preset's shared ones filled in)
+    attention_params: dict[str, Any] = field(default_factory=dict)
 
     @property
     def unit_id(self) -> str:
-        key = {k: self.spec[k] for k in ("task", "variant", "params", "preset", "seed", "kernel",
-                                          "device")}
-        return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        return unit_id(self.spec)
 
     @property
     def device(self) -> str:
         return str(self.spec["device"])
 
+    @property
+    def label(self) -> str:
+        return label(self.spec["variant"], self.attention_params, self.spec["overrides"])
+
     def describe(self) -> str:
         s = self.spec
-        return f"train {s['task']} {label(s['variant'], s['params'])} seed {s['seed']} ({s['preset']})"
+        return f"train {s['task']} {self.label} seed {s['seed']} ({s['preset']})"
+
+    def _identity(self) -> dict[str, Any]:
+        """The columns every row of this unit carries, whatever the worker returned."""
+        overrides = self.spec["overrides"]
+        return {"unit_id": self.unit_id, "label": self.label, "role": self.role,
+                "title": self.title, "overrides": _canonical(overrides) if overrides else ""}
 
     def failure_rows(self, status: str, reason: str) -> list[dict[str, Any]]:
         s = self.spec
-        return [{"unit_id": self.unit_id, "task": s["task"], "variant": s["variant"],
-                 "label": label(s["variant"], s["params"]),
-                 "params": json.dumps(s["params"], sort_keys=True), "seed": s["seed"],
+        return [{**self._identity(), "task": s["task"], "variant": s["variant"],
+                 "params": json.dumps(self.attention_params, sort_keys=True), "seed": s["seed"],
                  "preset": s["preset"], "split": "-", "metric": "-", "condition": "",
-                 "status": status, "reason": reason}]
+                 "status": status, "reason": reason, "budget_x": budget_of(s["overrides"])}]
 
     def run(self, cuda_visible: str | None = None) -> list[dict[str, Any]]:
         """Train in a fresh worker; a death or timeout becomes a row (the checkpoint stays)."""
@@ -196,7 +372,8 @@ class TrainUnit:
             worker.kill()
         if kind == "failed":
             return self.failure_rows(payload[0], payload[1])
-        return [{**row, "unit_id": self.unit_id} for row in payload]
+        identity = self._identity()
+        return [{**row, **identity} for row in payload]
 
 
 def train_worker_main(spec: dict[str, Any], cuda_visible: str | None, conn: Any) -> None:
@@ -221,41 +398,131 @@ class _NoCap:
     max_memory_gb: float | None = None
 
 
+class _SettingsCache:
+    """Task settings of one preset by (task, overrides), each preset read once per call."""
+
+    def __init__(self, preset: str) -> None:
+        self.preset = preset
+        self.found: dict[tuple[str, str], Any] = {}
+
+    def __call__(self, task: str, overrides: dict[str, Any]) -> Any:
+        key = (task, _canonical(overrides))
+        if key not in self.found:
+            self.found[key] = task_settings(task, self.preset, overrides)
+        return self.found[key]
+
+
 def units(config: GridConfig, out: Path) -> list[TrainUnit]:
-    """Every (task, variant, seed) unit: every task's first seed first (task by task, variant
-    by variant), then every task's second seed, and so on, so a grid stopped part-way has
-    covered every (task, variant) before it repeats any."""
+    """Every (task, variant entry, seed) unit: every task's first seed first (task by task,
+    variant by variant), then every task's second seed, and so on, so a grid stopped part-way
+    has covered every (task, variant) before it repeats any."""
     seeds = dict(config.seeds)
     rounds = max(len(s) for s in seeds.values())
+    settings = _SettingsCache(config.preset)
     found = []
     for round_index in range(rounds):
         for task in config.tasks:
             if round_index >= len(seeds[task]):
                 continue
             seed = seeds[task][round_index]
-            for variant, params in config.variants:
-                run_dir = out / "runs" / task / safe_name(label(variant, dict(params))) / f"seed{seed}"
-                spec = {"task": task, "variant": variant, "params": dict(params),
-                        "preset": config.preset, "seed": seed, "out": str(run_dir),
+            for variant in config.variants:
+                if not variant.trains_on(task):
+                    continue
+                params = attention_params(variant.name, dict(variant.params),
+                                          settings(task, variant.overrides))
+                name = label(variant.name, params, variant.overrides)
+                spec = {"task": task, "variant": variant.name, "params": dict(variant.params),
+                        "preset": config.preset, "seed": seed,
+                        "out": str(out / "runs" / task / _run_dir_name(name) / f"seed{seed}"),
                         "device": config.device, "threads": config.threads,
-                        "kernel": config.kernel, "overrides": {},
+                        "kernel": config.kernel, "overrides": variant.overrides,
                         "plugins": list(config.plugins)}
-                found.append(TrainUnit(spec, config.timeout_s))
-    return found
+                found.append(TrainUnit(spec, config.timeout_s, variant.role, variant.title,
+                                       params))
+    return found + _budget_units(config, found)
+
+
+def _budget_units(config: GridConfig, found: list[TrainUnit]) -> list[TrainUnit]:
+    """Every unit of a ``budgets.tasks`` task again at each ``budgets.x``, after all the
+    equal-steps units, in ``<its run dir>/../budget<x>x/seed<S>/`` with the budget added to
+    its settings overrides (bench/quality/budget.py)."""
+    extra = []
+    for unit in found:
+        if unit.spec["task"] not in config.budget_tasks:
+            continue
+        for x in config.budget_x:
+            run_dir, overrides = Path(unit.spec["out"]), dict(unit.spec["overrides"])
+            overrides["train"] = {**overrides.get("train", {}), **budget_overrides(x)["train"]}
+            spec = {**unit.spec, "overrides": overrides,
+                    "out": str(run_dir.parent / f"budget{x:g}x" / run_dir.name)}
+            extra.append(dataclasses.replace(unit, spec=spec))
+    return extra
+
+
+def _row_json(row: dict[str, Any], column: str) -> Any:
+    """A JSON column of a row (empty: ``{}``); ``ValueError`` when it does not parse."""
+    text = row.get(column) or "{}"
+    return json.loads(text)
 
 
 def superseded_units(rows: list[dict[str, Any]], config: GridConfig) -> set[str]:
     """Units whose recorded rows were trained with other task settings than the grid's preset
-    gives now (the preset was edited since): they are not done, they run again."""
-    now = {t: task_settings(t, config.preset).to_json() for t in config.tasks}
-    return {r["unit_id"] for r in rows
-            if r.get("settings") and r.get("task") in now and r["settings"] != now[r["task"]]}
+    gives now, with the unit's own overrides (the preset was edited since): they are not
+    done, they run again."""
+    now = _SettingsCache(config.preset)
+    stale = set()
+    for row in rows:
+        if not row.get("settings") or row.get("task") not in config.tasks:
+            continue
+        try:
+            expected = now(row["task"], _row_json(row, "overrides")).to_json()
+        except (ValueError, ConfigError):
+            continue  # overrides no entry gives any more: foreign_units moves them
+        params = _row_json(row, "params") or {}
+        if (settings_that_apply(row["settings"], row.get("variant", ""), params)
+                != settings_that_apply(expected, row.get("variant", ""), params)):
+            stale.add(row["unit_id"])
+    return stale
+
+
+def foreign_units(rows: list[dict[str, Any]], config: GridConfig) -> set[str]:
+    """Units of the grid's tasks whose (variant, parameters, overrides) no entry of the config
+    gives any more (the entry was edited or removed): their rows would mix into the report
+    as if the config still asked for them. Variants a command line left out (``only``) and
+    tasks the config does not list are left alone."""
+    wanted: dict[str, set[tuple[str, str, str]]] = {}
+    settings_of = _SettingsCache(config.preset)
+    for task in config.tasks:
+        wanted[task] = set()
+        for variant in config.variants:
+            if not variant.trains_on(task):
+                continue
+            settings = settings_of(task, variant.overrides)
+            overrides = _canonical(variant.overrides)
+            for params in (dict(variant.params),  # failure rows of earlier versions
+                           attention_params(variant.name, dict(variant.params), settings)):
+                wanted[task].add((variant.name, _canonical(params), overrides))
+    foreign = set()
+    for row in rows:
+        if row.get("task") not in wanted or (config.only is not None
+                                             and row.get("variant") not in config.only):
+            continue
+        try:
+            budgets = config.budget_x if row["task"] in config.budget_tasks else ()
+            key = (row["variant"], _canonical(_row_json(row, "params")),
+                   _canonical(strip_budget(_row_json(row, "overrides"), budgets)))
+        except ValueError:
+            continue  # unreadable: not ours to judge
+        if key not in wanted[row["task"]]:
+            foreign.add(row["unit_id"])
+    return foreign
 
 
 def resolved_settings(config: GridConfig) -> dict[str, Any]:
     """Every task's settings in this grid's preset (written beside the results)."""
     return {"grid": {k: v for k, v in config.raw.items()},
-            "tasks": {t: task_settings(t, config.preset).to_dict() for t in config.tasks}}
+            "tasks": {t: task_settings(t, config.preset).to_dict()
+                      for t in config.raw.get("tasks", config.tasks)}}  # all, also for --task
 
 
 def run_grid(config: GridConfig, out: Path, *, executor: Any = None, allow_mixed: bool = False,
@@ -270,7 +537,7 @@ def run_grid(config: GridConfig, out: Path, *, executor: Any = None, allow_mixed
         recorder = RunRecorder(out, file=QUALITY_FILE, columns=QUALITY_COLUMNS,
                                key=lambda r: (r["unit_id"], r["split"], r["metric"], r["condition"]),
                                overwrite=overwrite, retry_failed=retry_failed)
-        stale = superseded_units(recorder.kept, config)
+        stale = superseded_units(recorder.kept, config) | foreign_units(recorder.kept, config)
         recorder.supersede(lambda row: row["unit_id"] in stale, SUPERSEDED_FILE)
         done = {r["unit_id"] for r in recorder.kept}
         todo = [u for u in units(config, out) if u.unit_id not in done]

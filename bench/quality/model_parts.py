@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attn import attention_info
+from bench.labels import variant_label
 
 #: the decoder self-attention used when the variant has no causal form
 DECODER_FALLBACK = "causal"
@@ -27,11 +28,11 @@ class ModelParts:
     unsupported: str | None = None  # the reason the task cannot run this variant at all
 
 
-def label(variant: str, params: dict[str, Any]) -> str:
-    """``name(k=v, ...)`` with the parameters sorted."""
-    if not params:
-        return variant
-    return f"{variant}({', '.join(f'{k}={params[k]}' for k in sorted(params))})"
+def label(variant: str, params: dict[str, Any], overrides: dict[str, Any] | None = None) -> str:
+    """``name(k=v, ...)`` naming every pattern parameter, the variant's defaults included,
+    then any settings overrides in brackets (:func:`bench.labels.variant_label`, the one
+    labelling function of speed sweeps and quality grids)."""
+    return variant_label(variant, params, overrides)
 
 
 def model_parts(model_kind: str, variant: str, params: dict[str, Any],

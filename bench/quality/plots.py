@@ -1,6 +1,6 @@
 """Quality figures: the quality/speed Pareto front per task, recall accuracy against distance
-(with the windowed variants' reach marked), bits per byte against evaluation length, and the
-attention-pattern figure of every registered variant."""
+(each variant's reach, computed from its mask, marked), bits per byte against evaluation
+length, and the attention-pattern figure of every registered variant."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ import pandas as pd
 
 from attn import attention_info, create_attention, list_attention
 from attn.mods import dense_allowed
-from bench.quality.report import condition_table, headline, load_quality, task_order
+from bench.quality.budget import plot_budget, split_budget
+from bench.quality.reach import variant_recall_reach
+from bench.quality.report import condition_table, headline, load_quality, task_order, uniform_chance
 
 PARETO, RECALL, LENGTH, PATTERNS = "pareto", "recall_distance", "bytelm_length", "patterns"
 
@@ -50,12 +52,21 @@ def _front(points: pd.DataFrame, higher: bool) -> pd.DataFrame:
     return points.loc[keep].sort_values("speed")
 
 
+def _controls(top: pd.DataFrame) -> set[str]:
+    """Labels of the grid's control rows (reference models, not attention variants)."""
+    if "role" not in top:
+        return set()
+    return set(top[top.role == "control"].label)
+
+
 def plot_pareto(df: pd.DataFrame, run_dir: Path) -> list[Path]:
-    """Test quality against training throughput, one panel per task (mean +- std over seeds)."""
+    """Test quality against training throughput, one panel per task (mean +- std over seeds);
+    control rows hollow and left out of the front, uniform chance dotted on accuracy tasks."""
     plt = _pyplot()
     top, tasks = headline(df), task_order(headline(df))
     labels = sorted(set(top.label))
-    colours = dict(zip(labels, plt.get_cmap("tab10").colors))
+    colours = dict(zip(labels, plt.get_cmap("tab10").colors * (len(labels) // 10 + 1)))
+    controls, chance = _controls(top), uniform_chance(df)
     cols = min(4, len(tasks))
     rows = -(-len(tasks) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False)
@@ -66,57 +77,72 @@ def plot_pareto(df: pd.DataFrame, run_dir: Path) -> list[Path]:
         points = part.groupby("label").agg(speed=("train_tokens_per_s", "median"),
                                            quality=("value", "mean"), spread=("value", "std"))
         for name, p in points.iterrows():
+            hollow = {"markerfacecolor": "white"} if name in controls else {}
             ax.errorbar(p.speed, p.quality, yerr=0 if np.isnan(p.spread) else p.spread, fmt="o",
-                        color=colours[name], label=name, capsize=3)
-        front = _front(points, higher)
+                        color=colours[name], capsize=3, label=name + (" (control)" if hollow else ""),
+                        **hollow)
+        front = _front(points[~points.index.isin(list(controls))], higher)
         ax.plot(front.speed, front.quality, "--", color="grey", linewidth=1)
+        if metric == "accuracy" and task in chance:
+            ax.axhline(chance[task], color="grey", linestyle=":", linewidth=1,
+                       label="uniform chance")
         ax.set_xscale("log")
         ax.set_title(task)
         ax.set_xlabel("training tokens/s")
         ax.set_ylabel(metric.replace("_", " "))
     for ax in list(axes.flat)[len(tasks):]:
         ax.axis("off")
-    handles, names = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-    fig.suptitle(f"{run_dir.name}: quality against training throughput (dashed: Pareto front)")
+    legend: dict[str, Any] = {}
+    for ax in axes.flat:  # every panel's entries once (a control or chance line may be in some)
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(name, handle)
+    fig.legend(legend.values(), legend.keys(), loc="center left", bbox_to_anchor=(1.0, 0.5),
+               frameon=False)
+    fig.suptitle(f"{run_dir.name}: quality against training throughput (dashed: Pareto front of "
+                 "the variants; hollow: controls; dotted: uniform chance)")
     fig.tight_layout()
     return _save(fig, run_dir, PARETO)
 
 
-def _reach(row: pd.Series) -> float | None:
-    """How far back the last position can see: layers x (dilation x) window, None if all."""
-    # the row records the parameters it set; the rest are the variant's defaults
-    params = {**attention_info(row.variant).params, **json.loads(row.params or "{}")}
+def _reach(row: pd.Series) -> int | None:
+    """The largest recall distance the row's variant can answer by its mask, with the row's
+    task settings (layers, length, pair layout): :mod:`bench.quality.reach`. ``None`` if it
+    can answer none."""
+    params = json.loads(row.params or "{}")  # the variant's defaults fill what it leaves out
     settings = json.loads(row.settings or "{}")
-    layers = int(settings.get("model", {}).get("num_layers", 1))
-    if row.variant in ("sliding_window", "global_tokens"):
-        return layers * params["window"]
-    if row.variant == "dilated":
-        return layers * params["window"] * params["dilation"]
-    return None
+    return variant_recall_reach(row.variant, params, settings).reach
 
 
 def plot_recall(df: pd.DataFrame, run_dir: Path) -> list[Path]:
-    """Recall accuracy against the key's distance, windows' reach marked, chance line."""
+    """Recall accuracy against the key's distance; each variant's reach (computed from its
+    mask) dotted; uniform chance and the majority class dashed."""
     plt = _pyplot()
     table = condition_table(df, "recall", "accuracy", "distance=")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     rows = df[(df.task == "recall") & (df.status == "ok")].drop_duplicates("label")
     colours = dict(zip(sorted(table.label), plt.get_cmap("tab10").colors))
+    distances = [float(c.split("=")[1]) for c in table.columns[1:]]
     for _, row in table.iterrows():
-        distances = [float(c.split("=")[1]) for c in table.columns[1:]]
-        ax.plot(distances, row.values[1:].astype(float), "o-", label=row.label,
-                color=colours[row.label])
         reach = _reach(rows[rows.label == row.label].iloc[0])
-        if reach is not None:
+        name = row.label if reach is not None else f"{row.label} (reaches no distance)"
+        ax.plot(distances, row.values[1:].astype(float), "o-", label=name,
+                color=colours[row.label])
+        if reach is not None and reach < max(distances):
             ax.axvline(reach, color=colours[row.label], linestyle=":", linewidth=1)
-    chance = df[(df.task == "recall") & (df.metric == "majority_accuracy") & (df.split == "test")]
-    if len(chance):
-        ax.axhline(chance.value.mean(), color="grey", linestyle="--", linewidth=1, label="chance")
+    settings = json.loads(rows.settings.iloc[0] or "{}") if len(rows) else {}
+    num_values = int(settings.get("data", {}).get("num_values", 8))  # the generator's default
+    ax.axhline(1 / num_values, color="grey", linestyle="--", linewidth=1,
+               label=f"uniform chance (1/{num_values})")
+    majority = df[(df.task == "recall") & (df.metric == "majority_accuracy") & (df.split == "test")]
+    if len(majority):
+        ax.axhline(majority.value.mean(), color="black", linestyle="-.", linewidth=1,
+                   label="majority class")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("distance from the query back to its key (tokens)")
     ax.set_ylabel("test accuracy")
-    ax.set_title("recall: dotted lines mark each windowed variant's reach (layers x window)")
+    ax.set_title("recall: dotted, the largest distance each variant's mask lets the bound\n"
+                 "(key, value) pair reach the query in the model's layers (no line: all shown)",
+                 fontsize=9)
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.tight_layout()
     return _save(fig, run_dir, RECALL)
@@ -143,7 +169,7 @@ def plot_length(df: pd.DataFrame, run_dir: Path) -> list[Path]:
 def plot_quality_run(run_dir: str | Path) -> list[Path]:
     """Every quality figure the run's data allows."""
     run_dir = Path(run_dir)
-    df = load_quality(run_dir)
+    df, budget = split_budget(load_quality(run_dir))  # matched-compute rows apart: budget.py
     if headline(df).empty:
         raise ValueError(f"RUN_DIR {run_dir}: no finished training run to plot")
     paths = plot_pareto(df, run_dir)
@@ -151,6 +177,7 @@ def plot_quality_run(run_dir: str | Path) -> list[Path]:
         paths += plot_recall(df, run_dir)
     if len(condition_table(df, "bytelm", "bits_per_byte", "length=")):
         paths += plot_length(df, run_dir)
+    paths += plot_budget(headline(budget), run_dir) if len(headline(budget)) else []
     return paths
 
 

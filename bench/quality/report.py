@@ -1,22 +1,32 @@
 """The quality report of a training grid: the LRA-style table (mean +- std over seeds, one
-column per task, an average over the accuracy tasks), chance levels, cost per run, recall by
-distance, bits per byte by evaluation length, greedy against beam BLEU, and provenance."""
+column per task, an average over the accuracy tasks) with its floors (uniform chance, the
+majority class, and the grid's control rows), every variant's paired difference from full
+attention against seed noise, cost per run, recall by distance, bits per byte by evaluation
+length, greedy against beam BLEU, and provenance."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pandas as pd
 
 from bench.fsutil import atomic_write_text
+from bench.quality.budget import budget_table, split_budget
 from bench.quality.grid import QUALITY_COLUMNS, QUALITY_FILE
-from bench.quality.tasks import list_tasks
+from bench.quality.model_parts import label
+from bench.quality.significance import BETTER, LOWER_IS_BETTER, WORSE, differences_from_reference
+from bench.quality.tasks import ClassificationTask, get_task, list_tasks
 from bench.report import markdown_table
 from bench.results import read_rows
 
 REPORT_FILE = "report.md"
 #: the headline metric of each task (test split, no condition) and its unit
 HEADLINE = {"bits_per_byte": "bits/byte (lower is better)", "bleu": "BLEU", "accuracy": "accuracy"}
+assert LOWER_IS_BETTER <= set(HEADLINE)
+#: marks of a cell whose paired difference from full attention is beyond seed noise
+MARKS = {BETTER: " ▲", WORSE: " ▼"}
+UNIFORM, MAJORITY = "uniform chance (1 / classes)", "majority class (of the training labels)"
 NUMERIC = ("value", "seed", "steps", "best_step", "train_time_s", "train_tokens_per_s",
            "eval_tokens_per_s", "peak_mem_bytes", "param_count", "seq_len")
 
@@ -29,9 +39,31 @@ def load_quality(run_dir: str | Path) -> pd.DataFrame:
     df = pd.DataFrame(read_rows(run_dir, QUALITY_FILE, QUALITY_COLUMNS), columns=QUALITY_COLUMNS)
     for col in NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce")
-    for col in ("condition", "reason", "kernel_path", "attention_parts"):
-        df[col] = df[col].fillna("")
+    # (a column an older file lacks is all missing: text, not float)
+    for col in ("condition", "reason", "kernel_path", "attention_parts", "title", "overrides"):
+        df[col] = df[col].astype(object).fillna("").astype(str)
+    df["role"] = df.role.astype(object).fillna("").replace("", "variant")  # before control rows
+    if len(df):
+        df["label"] = _labels(df)
     return df
+
+
+def _labels(df: pd.DataFrame) -> pd.Series:
+    """Every row's label by the current labelling (:func:`bench.labels.variant_label`), so
+    rows written under an older one group with new ones; a row whose parameters do not
+    parse keeps its own."""
+    cache: dict[tuple[str, str, str], str] = {}
+
+    def one(row: pd.Series) -> str:
+        key = (row.variant, row.params or "{}", row.overrides or "{}")
+        if key not in cache:
+            try:
+                cache[key] = label(row.variant, json.loads(key[1]), json.loads(key[2]))
+            except (ValueError, TypeError, AttributeError):
+                cache[key] = row.label
+        return cache[key]
+
+    return df.apply(one, axis=1).astype(str)
 
 
 def task_order(df: pd.DataFrame) -> list[str]:
@@ -56,41 +88,104 @@ def _cell(values: pd.Series, scale: float) -> str:
     return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
 
 
+def _display(df: pd.DataFrame, name: str) -> str:
+    """A label as the table shows it: a control with its title, ``full [position=none]
+    (control: order-blind)``."""
+    rows = df[df.label == name]
+    if rows.empty or rows.role.iloc[0] != "control":
+        return name
+    title = next((t for t in rows.title if t), "")
+    return f"{name} (control{': ' + title if title else ''})"
+
+
+def _table_row(df: pd.DataFrame, top: pd.DataFrame, name: str, tasks: list[str],
+               verdicts: dict[tuple[str, str], str]) -> dict[str, str]:
+    row = {"variant": _display(df, name)}
+    accuracies = []
+    for task in tasks:
+        part = top[(top.label == name) & (top.task == task)]
+        unsupported = df[(df.label == name) & (df.task == task) & (df.status == "unsupported")]
+        failed = df[(df.label == name) & (df.task == task) & ~df.status.isin(["ok", "unsupported"])]
+        metric = part.metric.iloc[0] if len(part) else ""
+        scale = 100 if metric == "accuracy" else 1
+        row[task] = _cell(part.value, scale) + MARKS.get(verdicts.get((task, name), ""), "")
+        if len(unsupported) and part.empty:
+            row[task] = "unsupported"
+        elif len(failed) and part.empty:
+            row[task] = f"failed ({failed.status.iloc[0]})"
+        if metric == "accuracy" and len(part):
+            accuracies.append(part.value.mean() * 100)
+    row["avg (accuracy tasks)"] = f"{sum(accuracies) / len(accuracies):.1f}" if accuracies else "-"
+    return row
+
+
 def quality_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Variants x tasks: mean +- std over seeds (accuracy in %), and the average accuracy."""
+    """Variants x tasks: mean +- std over seeds (accuracy in %), the average accuracy, a mark
+    on each cell beyond seed noise from full attention (▲ better, ▼ worse); then, below a
+    separator row, the floors: the control rows, uniform chance and the majority class."""
     top, tasks = headline(df), task_order(df)
-    rows = []
-    for variant_label in sorted(set(df.label)):
-        row = {"variant": variant_label}
-        accuracies = []
-        for task in tasks:
-            part = top[(top.label == variant_label) & (top.task == task)]
-            unsupported = df[(df.label == variant_label) & (df.task == task)
-                             & (df.status == "unsupported")]
-            failed = df[(df.label == variant_label) & (df.task == task)
-                        & ~df.status.isin(["ok", "unsupported"])]
-            metric = part.metric.iloc[0] if len(part) else ""
-            scale = 100 if metric == "accuracy" else 1
-            row[task] = _cell(part.value, scale)
-            if len(unsupported) and part.empty:
-                row[task] = "unsupported"
-            elif len(failed) and part.empty:
-                row[task] = f"failed ({failed.status.iloc[0]})"
-            if metric == "accuracy" and len(part):
-                accuracies.append(part.value.mean() * 100)
-        row["avg (accuracy tasks)"] = f"{sum(accuracies) / len(accuracies):.1f}" if accuracies else "-"
-        rows.append(row)
+    found = differences_from_reference(top)
+    verdicts = {(r.task, r.label): r.verdict for r in found.itertuples()}
+    roles = df.drop_duplicates("label").set_index("label").role
+    variants = sorted(n for n in roles.index if roles[n] != "control")
+    controls = sorted(n for n in roles.index if roles[n] == "control")
+    rows = [_table_row(df, top, name, tasks, verdicts) for name in variants]
+    separator = {"variant": "**floors and controls**",
+                 **{c: "" for c in [*tasks, "avg (accuracy tasks)"]}}
+    rows.append(separator)
+    rows += [_table_row(df, top, name, tasks, verdicts) for name in controls]
+    rows += [floor_row(df, UNIFORM, uniform_chance(df)), floor_row(df, MAJORITY, majority_class(df))]
     return pd.DataFrame(rows)
 
 
-def chance_row(df: pd.DataFrame) -> dict[str, str]:
-    """The majority-class accuracy of each classification task's test split (in %)."""
-    chance = df[(df.split == "test") & (df.metric == "majority_accuracy")]
-    row = {"variant": "chance (majority class)"}
+def uniform_chance(df: pd.DataFrame) -> dict[str, float]:
+    """1 / number of classes of each classification task, from its data settings (the task
+    is built, its data not loaded)."""
+    found = {}
+    for task, part in df[df.settings.fillna("") != ""].groupby("task", sort=False):
+        try:
+            data = json.loads(part.settings.iloc[0]).get("data", {})
+            built = get_task(task, data, 0)
+        except (ValueError, TypeError, KeyError):
+            continue  # a task this version does not know, or settings it cannot read
+        if isinstance(built, ClassificationTask) and built.num_classes > 0:
+            found[task] = 1 / built.num_classes
+    return found
+
+
+def majority_class(df: pd.DataFrame) -> dict[str, float]:
+    """The test accuracy of always answering the training set's most frequent label."""
+    rows = df[(df.split == "test") & (df.metric == "majority_accuracy") & (df.status == "ok")]
+    return rows.groupby("task").value.first().to_dict()
+
+
+def floor_row(df: pd.DataFrame, name: str, levels: dict[str, float]) -> dict[str, str]:
+    """A floor as a table row (in %; ``-`` where a task has none)."""
+    row = {"variant": name}
     for task in task_order(df):
-        part = chance[chance.task == task]
-        row[task] = f"{part.value.iloc[0] * 100:.1f}" if len(part) else "-"
+        row[task] = f"{levels[task] * 100:.1f}" if task in levels else "-"
+    row["avg (accuracy tasks)"] = "-"
     return row
+
+
+def significance_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per task and variant, the paired difference from full attention over shared seeds:
+    means, the difference with its 95% t-interval (accuracy in points), and the verdict."""
+    found = differences_from_reference(headline(df))
+    order = {t: i for i, t in enumerate(task_order(df))}
+    found = found.sort_values(["task", "label"], key=lambda s: s.map(order) if s.name == "task" else s)
+    rows = []
+    for r in found.itertuples():
+        scale, digits = (100, 1) if r.metric == "accuracy" else (1, 3)
+        interval = "-" if r.low is None or pd.isna(r.low) else \
+            f"[{r.low * scale:+.{digits}f}, {r.high * scale:+.{digits}f}]"
+        rows.append({"task": r.task, "variant": _display(df, r.label), "seeds": r.n,
+                     "full": f"{r.reference * scale:.{digits}f}",
+                     "variant mean": f"{r.value * scale:.{digits}f}",
+                     "difference": f"{r.mean * scale:+.{digits}f}", "95% interval": interval,
+                     "verdict": r.verdict})
+    return pd.DataFrame(rows, columns=["task", "variant", "seeds", "full", "variant mean",
+                                       "difference", "95% interval", "verdict"])
 
 
 def cost_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -133,11 +228,10 @@ def _provenance(df: pd.DataFrame) -> list[str]:
 def build_quality_report(run_dir: str | Path) -> str:
     """The quality report of ``run_dir`` as markdown (also written to ``report.md`` there)."""
     run_dir = Path(run_dir)
-    df = load_quality(run_dir)
+    df, budget = split_budget(load_quality(run_dir))  # matched-compute rows apart: budget.py
     if df.empty:
         raise ValueError(f"RUN_DIR {run_dir}: {QUALITY_FILE} has no rows yet; run or resume the grid")
     table = quality_table(df)
-    table = pd.concat([table, pd.DataFrame([chance_row(df)])], ignore_index=True)
     metrics = ", ".join(f"{t}: {HEADLINE.get(m, m)}" for t, m in
                         headline(df).groupby("task").metric.first().items())
     counts = df.drop_duplicates("unit_id").groupby("status").size().to_dict()
@@ -145,8 +239,26 @@ def build_quality_report(run_dir: str | Path) -> str:
              "Runs by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), "",
              "## Test results (mean ± std over seeds; accuracy in %)", "",
              f"Headline metric per task: {metrics}. Each cell is the best-validation checkpoint "
-             "evaluated once on the test split. The average is over the accuracy tasks.", "",
+             "evaluated once on the test split. The average is over the accuracy tasks. ▲ / ▼: "
+             "better / worse than full attention beyond seed noise (the paired 95% interval "
+             "below excludes 0). Below the variants, the floors: control rows (role: control "
+             "in the grid, e.g. a model without position information), uniform chance "
+             "(1 / number of classes) and the majority class (always answering the training "
+             "set's most frequent label; below uniform chance when that label is rarer in "
+             "the test split).", "",
              markdown_table(table), ""]
+    differences = significance_table(df)
+    if len(differences):
+        parts += ["## Difference from full attention (paired by seed)", "",
+                  "Seed s of a variant and of full attention drew the same data and initial "
+                  "weights, so each seed gives one difference (variant - full; accuracy in "
+                  "points). The interval is the 95% t-interval of the mean difference over the "
+                  "shared seeds (n - 1 degrees of freedom); a verdict is `better` or `worse` "
+                  "only when the interval excludes 0 (bits per byte: lower is better), `within "
+                  "seed noise` when it contains 0, `n/a (one seed)` with a single shared seed. "
+                  "Each test is at the 5% level on its own: among this many pairs a few "
+                  "verdicts are expected by chance alone.", "",
+                  markdown_table(differences), ""]
     parts += ["## Cost per run (medians over seeds)", "", markdown_table(cost_table(df)), ""]
     for title, task, metric, prefix in (
             ("Recall accuracy by distance (test)", "recall", "accuracy", "distance="),
@@ -167,6 +279,7 @@ def build_quality_report(run_dir: str | Path) -> str:
     if len(failed):
         parts += ["## Runs that failed", "",
                   markdown_table(failed[["task", "label", "seed", "status", "reason"]]), ""]
+    parts += [budget_table(headline(budget))] if len(headline(budget)) else []
     parts += _provenance(df)
     text = "\n".join(parts)
     atomic_write_text(run_dir / REPORT_FILE, text + "\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -39,12 +40,19 @@ class TrainSettings:
     eval_every: int = 100  # validation (and a best-checkpoint candidate) every this many steps
     eval_examples: int = 512  # validation examples (or byte windows) per evaluation
     checkpoint_every: int = 50  # resumable checkpoint every this many steps
+    #: learning-rate multiplier of relative-position bias tables (their own AdamW group, no
+    #: weight decay; docs/quality.md says how the value was chosen)
+    position_bias_lr_scale: float = 30.0
+    #: matched compute (bench/quality/budget.py): train for budget_x times the FLOPs full
+    #: attention spends in `steps` steps; the run's steps are what that budget buys, with
+    #: warm-up and eval_every stretched to them. None: train for `steps` steps.
+    budget_x: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_every", "eval_examples", "checkpoint_every"):
             _require_int(f"train.{name}", getattr(self, name), minimum=1)
         _require_int("train.warmup_steps", self.warmup_steps, minimum=0)
-        for name in ("lr", "weight_decay", "grad_clip"):
+        for name in ("lr", "weight_decay", "grad_clip", "position_bias_lr_scale"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
                 raise ConfigError(f"train.{name}: must be a number >= 0; got {value!r}", f"train.{name}")
@@ -53,6 +61,14 @@ class TrainSettings:
                               "train.min_lr_ratio")
         require_choice("train.schedule", self.schedule, SCHEDULES,
                        error=functools.partial(ConfigError, key="train.schedule"))
+        if self.budget_x is not None:
+            value = self.budget_x
+            if (isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value <= 0):
+                raise ConfigError(f"train.budget_x: must be a number > 0 (a multiple of full "
+                                  f"attention's FLOPs at train.steps) or null; got {value!r}",
+                                  "train.budget_x")
+            object.__setattr__(self, "budget_x", float(value))  # 1 and 1.0: one setting, one JSON
 
 
 @dataclass(frozen=True)
@@ -75,6 +91,27 @@ class TaskSettings:
         """The settings as one canonical JSON string (a result row's ``settings`` column)."""
         return json.dumps(self.to_dict(), sort_keys=True, default=str)
 
+
+
+def settings_that_apply(settings_json: str, variant: str, params: dict[str, Any]) -> dict[str, Any]:
+    """A row's recorded settings reduced to what can change the run of ``variant(params)``.
+
+    Two rows compare equal under it when no difference between them could change the run,
+    so adding a train setting does not make every recorded unit look stale:
+
+    - ``train.budget_x`` left unset (``None``, or absent from rows older than it) is the
+      preset's step count, as before the setting existed;
+    - ``train.position_bias_lr_scale`` moves only relative-position bias tables, so it is
+      dropped for a variant that carries none (anything but ``relative`` without
+      ``position_bias``).
+    """
+    settings = json.loads(settings_json)
+    train = settings.get("train", {})
+    if train.get("budget_x") is None:
+        train.pop("budget_x", None)
+    if variant != "relative" and not params.get("position_bias"):
+        train.pop("position_bias_lr_scale", None)
+    return settings
 
 
 def list_presets() -> list[str]:

@@ -19,7 +19,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,11 @@ import torch
 from torch import nn
 
 from attn import Attention
+from attn.position_bias import RelativePositionBias
 from bench.config import import_plugins
 from bench.fsutil import atomic_write_json
 from bench.measure import tensor_peak_bytes_cpu, tensor_peak_bytes_cuda
+from bench.quality.budget import REFERENCE, StepFlops, matched_budget, task_step_flops
 from bench.quality.checkpoint import (
     load_checkpoint,
     load_model_state,
@@ -78,11 +80,27 @@ def learning_rate(step: int, train: TrainSettings) -> float:
 
 
 def make_optimizer(model: nn.Module, train: TrainSettings) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not on biases, norms, bias tables)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": train.weight_decay},
-              {"params": rest, "weight_decay": 0.0}]
+    """AdamW in three groups: weight decay on matrices; none on biases and norms; and the
+    relative-position bias tables (:class:`attn.position_bias.RelativePositionBias`), with no
+    weight decay and the learning rate times ``train.position_bias_lr_scale``.
+
+    A bias table enters the scores additively, one scalar per head and offset, so AdamW moves
+    each entry by about the learning rate per step: at the ``small`` preset's budget the
+    tables would stay too small to change a softmax over hundreds of keys (docs/quality.md,
+    "The relative bias's learning rate"). Each group keeps its ``lr_scale``, which the
+    schedule multiplies in (:meth:`Trainer._step`).
+    """
+    tables = {id(p) for module in model.modules() if isinstance(module, RelativePositionBias)
+              for p in module.parameters(recurse=False)}
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    decay = [p for p in trainable if p.dim() >= 2 and id(p) not in tables]
+    rest = [p for p in trainable if p.dim() < 2 and id(p) not in tables]
+    bias_tables = [p for p in trainable if id(p) in tables]
+    groups = [{"params": decay, "weight_decay": train.weight_decay, "lr_scale": 1.0},
+              {"params": rest, "weight_decay": 0.0, "lr_scale": 1.0}]
+    if bias_tables:
+        groups.append({"params": bias_tables, "weight_decay": 0.0,
+                       "lr_scale": train.position_bias_lr_scale})
     return torch.optim.AdamW(groups, lr=train.lr)
 
 
@@ -162,7 +180,7 @@ class Trainer:
     def _step(self, step: int) -> tuple[float, int]:
         self.model.train()
         for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(step, self.train)
+            group["lr"] = learning_rate(step, self.train) * group.get("lr_scale", 1.0)
         batch = {k: v.to(self.device) for k, v in self.task.train_batch(step, self.train.batch_size).items()}
         with self._autocast():
             loss, tokens = self.task.loss(self.model, batch)
@@ -227,7 +245,8 @@ def _param_count(model: nn.Module) -> int:
 
 
 def _rows(spec: RunSpec, settings: TaskSettings, task: Task, params: dict[str, Any], parts: Any,
-          progress: _Progress, metrics: dict[str, list[Metric]], model: nn.Module) -> list[dict]:
+          progress: _Progress, metrics: dict[str, list[Metric]], model: nn.Module,
+          budget: dict[str, Any]) -> list[dict]:
     common = {
         "task": spec.task, "variant": spec.variant, "label": label(spec.variant, params),
         "params": json.dumps(params, sort_keys=True), "seed": spec.seed, "preset": spec.preset,
@@ -238,7 +257,7 @@ def _rows(spec: RunSpec, settings: TaskSettings, task: Task, params: dict[str, A
         "train_tokens_per_s": progress.tokens / progress.train_time_s if progress.train_time_s else None,
         "peak_mem_bytes": progress.peak_mem_bytes, "param_count": _param_count(model),
         "kernel_path": _kernel_paths(model),
-        "settings": settings.to_json(),
+        "settings": settings.to_json(), **budget,
     }
     rows = []
     for split, found in metrics.items():
@@ -278,8 +297,36 @@ def unsupported_rows(spec: RunSpec, settings: TaskSettings, task: Task, params: 
              "params": json.dumps(params, sort_keys=True), "seed": spec.seed,
              "preset": spec.preset, "model_kind": task.model_kind, "split": "-", "metric": "-",
              "condition": "", "status": "unsupported", "reason": parts.unsupported,
-             "attention_parts": parts.description,
+             "attention_parts": parts.description, "budget_x": settings.train.budget_x,
              "settings": settings.to_json()}]
+
+
+def _model(spec: RunSpec, settings: TaskSettings, task: Task, parts: Any) -> nn.Module:
+    """The task's model with ``parts``' attention, on the run's device."""
+    sizes = {**task.model_overrides(), **settings.model}  # the preset may override the task
+    return create_model(task.model_kind, "tiny", attention_kernel=spec.kernel, **parts.kwargs,
+                        **sizes).to(spec.device)
+
+
+def _budget(spec: RunSpec, settings: TaskSettings, task: Task, model: nn.Module
+            ) -> tuple[TrainSettings, dict[str, Any]]:
+    """The schedule to run and the budget columns of the rows: ``settings.train`` and the
+    step's FLOPs for an equal-steps run; for ``train.budget_x``, the steps the budget buys
+    (``bench.quality.budget``), counted against full attention's model on the same task."""
+    train = settings.train
+    flops: StepFlops = task_step_flops(model, task, train.batch_size, spec.device)
+    if train.budget_x is None:
+        return train, {"budget_x": None, "flop_budget": None, "flops_per_step": flops.total,
+                       "train_flops": flops.total * train.steps}
+    reference = flops
+    if spec.variant != REFERENCE or spec.params:
+        full = model_parts(task.model_kind, REFERENCE, attention_params(REFERENCE, {}, settings),
+                           task.causal_self_attention)
+        with torch.random.fork_rng(devices=[]):  # the run's own initialisation stays as it is
+            reference = task_step_flops(_model(spec, settings, task, full), task,
+                                        train.batch_size, spec.device)
+    budget = matched_budget(train, flops.total, reference.total)
+    return budget.train, budget.columns()
 
 
 def train_run(spec: RunSpec, *, log: Callable[[str], None] = print,
@@ -300,13 +347,15 @@ def _train_run(spec: RunSpec, log: Callable[[str], None],
         atomic_write_json(out / METRICS, rows)
         return rows
     task.prepare()
-    atomic_write_json(out / SETTINGS, {"run": spec.to_dict(), "settings": settings.to_dict(),
-                                       "attention_params": params, "parts": parts.description})
     torch.manual_seed(spec.seed)
-    sizes = {**task.model_overrides(), **settings.model}  # the preset may override the task
-    model = create_model(task.model_kind, "tiny", attention_kernel=spec.kernel, **parts.kwargs,
-                         **sizes).to(spec.device)
-    trainer = Trainer(spec, settings, task, model, _fingerprint(settings, spec, params), log)
+    model = _model(spec, settings, task, parts)
+    schedule, budget = _budget(spec, settings, task, model)  # settings.train, or what a budget buys
+    atomic_write_json(out / SETTINGS, {"run": spec.to_dict(), "settings": settings.to_dict(),
+                                       "attention_params": params, "parts": parts.description,
+                                       "schedule": asdict(schedule), "budget": budget})
+    # the fingerprint and the rows keep the settings asked for; the trainer runs the schedule
+    trainer = Trainer(spec, replace(settings, train=schedule), task, model,
+                      _fingerprint(settings, spec, params), log)
     trainer.resume()
     trainer.run(on_step)
     tensors, _ = load_checkpoint(out / BEST)
@@ -318,6 +367,6 @@ def _train_run(spec: RunSpec, log: Callable[[str], None],
             metrics[split] = task.evaluate(model, split, limit=None if split == "test" else
                                            settings.train.eval_examples,
                                            batch_size=settings.train.batch_size, final=split == "test")
-    rows = _rows(spec, settings, task, params, parts, trainer.progress, metrics, model)
+    rows = _rows(spec, settings, task, params, parts, trainer.progress, metrics, model, budget)
     atomic_write_json(out / METRICS, rows)
     return rows

@@ -1,0 +1,104 @@
+"""Is a variant's difference from full attention beyond seed noise?
+
+Per task and variant, the difference from ``full`` is paired by seed: seed ``s`` of both
+runs drew the same data and the same initial weights (``torch.manual_seed(seed)`` before the
+model is built), so ``d_s = variant_s - full_s`` removes what the seed does to both. Over the
+``n`` seeds both have, the mean difference gets the 95% t-interval
+``mean(d) +- t(0.975, n - 1) * sd(d) / sqrt(n)`` (Student's t, 1908). An interval that excludes 0 is a
+difference beyond seed noise: ``better`` or ``worse`` by the metric's direction (bits per
+byte: lower is better); one that contains 0 is ``within seed noise``; fewer than two shared
+seeds cannot tell (``n/a (one seed)``). Each test is at the 5% level on its own: among many
+(task, variant) pairs some intervals exclude 0 by chance.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+#: the variant every other one is compared with
+REFERENCE = "full"
+#: headline metrics where a smaller value is the better one
+LOWER_IS_BETTER = frozenset({"bits_per_byte"})
+BETTER, WORSE, NOISE, ONE_SEED = "better", "worse", "within seed noise", "n/a (one seed)"
+
+# two-sided 95% quantiles t(0.975, df) for df = 1..30 (any t table)
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+_Z975 = 1.959964
+
+
+def t_quantile_975(df: int) -> float:
+    """``t(0.975, df)``: the table for df <= 30, then the Cornish-Fisher expansion of the t
+    quantile around the normal one (Abramowitz and Stegun 26.7.5; error < 1e-3 past 30)."""
+    if df < 1:
+        raise ValueError(f"df: must be >= 1; got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = _Z975
+    return (z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+            + (3 * z**7 + 19 * z**5 + 17 * z**3 - 15 * z) / (384 * df**3))
+
+
+@dataclass(frozen=True)
+class Difference:
+    """The paired difference (variant - reference) over ``n`` shared seeds."""
+
+    n: int
+    mean: float
+    low: float | None  # the 95% interval; None with fewer than two seeds
+    high: float | None
+    verdict: str
+
+
+def paired_difference(differences: Sequence[float], higher_is_better: bool = True) -> Difference:
+    """Mean, 95% t-interval and verdict of per-seed differences ``variant - reference``."""
+    values = [float(d) for d in differences]
+    n = len(values)
+    if n == 0:
+        raise ValueError("differences: need at least one shared seed")
+    mean = sum(values) / n
+    if n < 2:
+        return Difference(n, mean, None, None, ONE_SEED)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t_quantile_975(n - 1) * sd / math.sqrt(n)
+    low, high = mean - half, mean + half
+    if low <= 0 <= high:
+        verdict = NOISE
+    else:
+        verdict = BETTER if (mean > 0) == higher_is_better else WORSE
+    return Difference(n, mean, low, high, verdict)
+
+
+def differences_from_reference(top: pd.DataFrame) -> pd.DataFrame:
+    """Per task and label, the paired difference from the reference (``full``) over seeds.
+
+    ``top``: headline test rows (columns ``task``, ``label``, ``seed``, ``metric``,
+    ``value``). Returns ``task, label, metric, n, reference, value, mean, low, high,
+    verdict`` (the reference and the variant as means over the shared seeds); tasks without
+    a reference row are left out."""
+    columns = ["task", "label", "metric", "n", "reference", "value", "mean", "low", "high",
+               "verdict"]
+    found = []
+    for task, part in top.groupby("task", sort=False):
+        by_seed = part.groupby(["label", "seed"]).value.mean()
+        if REFERENCE not in by_seed.index.get_level_values(0):
+            continue
+        reference = by_seed.loc[REFERENCE]
+        metric = part.metric.iloc[0]
+        for name in sorted(set(part.label) - {REFERENCE}):
+            values = by_seed.loc[name]
+            shared = sorted(set(values.index) & set(reference.index))
+            if not shared:
+                continue
+            diff = paired_difference([values[s] - reference[s] for s in shared],
+                                     higher_is_better=metric not in LOWER_IS_BETTER)
+            found.append({"task": task, "label": name, "metric": metric, "n": diff.n,
+                          "reference": float(reference[shared].mean()),
+                          "value": float(values[shared].mean()), "mean": diff.mean,
+                          "low": diff.low, "high": diff.high, "verdict": diff.verdict})
+    return pd.DataFrame(found, columns=columns)

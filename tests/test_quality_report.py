@@ -1,0 +1,177 @@
+"""The quality report's floors, control rows and paired significance, on synthetic rows (no
+training): known differences give known intervals and verdicts."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from bench.quality.grid import QUALITY_COLUMNS, QUALITY_FILE
+from bench.quality.report import (
+    MAJORITY,
+    UNIFORM,
+    build_quality_report,
+    load_quality,
+    quality_table,
+    significance_table,
+    uniform_chance,
+)
+from bench.quality.settings import task_settings
+from bench.quality.significance import (
+    BETTER,
+    NOISE,
+    ONE_SEED,
+    WORSE,
+    differences_from_reference,
+    paired_difference,
+    t_quantile_975,
+)
+from bench.results import ResultsWriter
+
+RECALL = task_settings("recall", "tiny")  # num_values in its data: 1 / classes is known
+
+
+def _rows(task: str, variant: str, values: dict[int, float], *, metric: str = "accuracy",
+          params: str = "{}", role: str = "", overrides: str = "", title: str = "") -> list[dict]:
+    settings = RECALL.to_json() if task == "recall" else json.dumps({"data": {}})
+    return [{"unit_id": f"{task}-{variant}-{overrides}-{seed}", "task": task, "variant": variant,
+             "label": "stale label", "params": params, "seed": seed, "preset": "tiny",
+             "split": "test", "metric": metric, "condition": "", "value": value,
+             "status": "ok", "settings": settings, "role": role, "title": title,
+             "overrides": overrides, "train_tokens_per_s": 1000.0,
+             "timestamp": "2026-01-01T00:00:00+00:00"}
+            for seed, value in values.items()]
+
+
+FULL = {0: 0.30, 1: 0.60, 2: 0.90}  # seeds differ a lot: only pairing by seed sees a +0.05
+
+
+def _frame(rows: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=QUALITY_COLUMNS)
+    for col in ("condition", "reason", "kernel_path", "attention_parts", "title", "overrides"):
+        df[col] = df[col].astype(object).fillna("")
+    df["role"] = df.role.fillna("").replace("", "variant")
+    df["label"] = [r.variant + (" [position=none]" if r.overrides else "")
+                   for r in df.itertuples()]
+    return df
+
+
+@pytest.fixture
+def quality() -> pd.DataFrame:
+    rows = [*_rows("recall", "full", FULL),
+            # +0.05 on every seed, listed out of seed order: paired, the spread is 0
+            *_rows("recall", "causal", {2: 0.95, 0: 0.35, 1: 0.65}),
+            # -0.10, -0.12, -0.08: mean -0.10, sd 0.02
+            *_rows("recall", "sliding_window", {0: 0.20, 1: 0.48, 2: 0.82}),
+            # +0.02, -0.03, +0.01: the interval holds 0
+            *_rows("recall", "dilated", {0: 0.32, 1: 0.57, 2: 0.91}),
+            # only seed 1 shared with full (seed 7 has no partner)
+            *_rows("recall", "nystrom", {1: 0.70, 7: 0.10}),
+            *_rows("recall", "full", {0: 0.10, 1: 0.41, 2: 0.69}, role="control",
+                   overrides=json.dumps({"model": {"position": "none"}}), title="order-blind"),
+            # bits per byte: lower is better; -0.2, -0.21, -0.19
+            *_rows("bytelm", "full", {0: 4.0, 1: 4.1, 2: 3.9}, metric="bits_per_byte"),
+            *_rows("bytelm", "causal", {0: 3.8, 1: 3.89, 2: 3.71}, metric="bits_per_byte"),
+            {**_rows("recall", "full", {0: 0.116})[0], "metric": "majority_accuracy",
+             "unit_id": "m"}]
+    return _frame(rows)
+
+
+def test_the_t_quantile_matches_the_t_distribution():
+    stats = pytest.importorskip("scipy.stats")
+    for df in range(1, 121):
+        assert t_quantile_975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=1e-3), df
+    with pytest.raises(ValueError, match="df: must be >= 1"):
+        t_quantile_975(0)
+
+
+def test_a_paired_difference_gives_the_t_interval_and_its_verdict():
+    diff = paired_difference([-0.10, -0.12, -0.08])
+    half = 4.303 * 0.02 / math.sqrt(3)
+    assert diff.n == 3 and diff.mean == pytest.approx(-0.10)
+    assert (diff.low, diff.high) == (pytest.approx(-0.10 - half), pytest.approx(-0.10 + half))
+    assert diff.verdict == WORSE
+    assert paired_difference([-0.10, -0.12, -0.08], higher_is_better=False).verdict == BETTER
+    assert paired_difference([0.02, -0.03, 0.01]).verdict == NOISE
+    assert paired_difference([0.0, 0.0]).verdict == NOISE  # a zero interval holds 0
+    single = paired_difference([0.3])
+    assert single.verdict == ONE_SEED and single.low is None and single.mean == 0.3
+
+
+def test_differences_are_paired_by_seed_against_full(quality):
+    from bench.quality.report import headline
+
+    found = differences_from_reference(headline(quality)).set_index(["task", "label"])
+    causal = found.loc[("recall", "causal")]
+    # unpaired, the seeds' spread (sd 0.3) would swamp +0.05; paired, every seed says +0.05
+    assert causal.n == 3 and causal["mean"] == pytest.approx(0.05)
+    assert causal.low == pytest.approx(0.05) and causal.verdict == BETTER
+    window = found.loc[("recall", "sliding_window")]
+    half = 4.303 * 0.02 / math.sqrt(3)
+    assert window["mean"] == pytest.approx(-0.10) and window.high == pytest.approx(-0.10 + half)
+    assert window.verdict == WORSE
+    assert found.loc[("recall", "dilated")].verdict == NOISE
+    nystrom = found.loc[("recall", "nystrom")]
+    assert nystrom.n == 1 and nystrom.verdict == ONE_SEED and nystrom["mean"] == pytest.approx(0.1)
+    assert found.loc[("recall", "full [position=none]")].verdict == WORSE
+    lm = found.loc[("bytelm", "causal")]  # lower bits per byte: better
+    assert lm["mean"] == pytest.approx(-0.2) and lm.verdict == BETTER
+    assert ("recall", "full") not in found.index
+
+
+def test_the_table_marks_cells_beyond_seed_noise_and_ends_with_the_floors(quality):
+    table = quality_table(quality).set_index("variant")
+    assert table.loc["causal", "recall"].endswith("▲")
+    assert table.loc["sliding_window", "recall"].endswith("▼")
+    assert table.loc["causal", "bytelm"].endswith("▲")  # lower bits per byte
+    assert not table.loc["dilated", "recall"].endswith(("▲", "▼"))
+    assert not table.loc["nystrom", "recall"].endswith(("▲", "▼"))  # one shared seed
+    names = list(table.index)
+    separator = names.index("**floors and controls**")
+    control = "full [position=none] (control: order-blind)"
+    # variants above the separator, the control and the floors below it
+    assert set(names[:separator]) == {"full", "causal", "sliding_window", "dilated", "nystrom"}
+    assert names[separator + 1:] == [control, UNIFORM, MAJORITY]
+    assert table.loc[UNIFORM, "recall"] == f"{100 / RECALL.data['num_values']:.1f}"
+    assert table.loc[MAJORITY, "recall"] == "11.6"
+    assert table.loc[UNIFORM, "bytelm"] == "-"  # no classes: no uniform chance
+
+
+def test_uniform_chance_comes_from_the_task_settings_without_data():
+    rows = [*_rows("recall", "full", {0: 0.5}),
+            {**_rows("listops", "full", {0: 0.3})[0],
+             "settings": task_settings("listops", "tiny").to_json()}]
+    chance = uniform_chance(_frame(rows))
+    assert chance == {"recall": pytest.approx(1 / RECALL.data["num_values"]),
+                      "listops": pytest.approx(0.1)}
+
+
+def test_the_significance_table_says_points_and_verdicts(quality):
+    table = significance_table(quality).set_index(["task", "variant"])
+    window = table.loc[("recall", "sliding_window")]
+    assert window["difference"] == "-10.0" and window["verdict"] == WORSE
+    assert window["95% interval"] == f"[{-10 - 100 * 4.303 * 0.02 / math.sqrt(3):+.1f}, " \
+                                     f"{-10 + 100 * 4.303 * 0.02 / math.sqrt(3):+.1f}]"
+    assert table.loc[("recall", "nystrom"), "95% interval"] == "-"
+    assert table.loc[("bytelm", "causal"), "difference"] == "-0.200"
+
+
+def test_the_report_of_a_run_directory_relabels_old_rows_and_reads_files_without_roles(
+        tmp_path, quality):
+    old_columns = QUALITY_COLUMNS[:QUALITY_COLUMNS.index("role")]  # a file from before roles
+    rows = [{k: v for k, v in r.items() if k in old_columns}
+            for r in quality.to_dict("records") if r["role"] == "variant"]
+    rows += [{**rows[0], "unit_id": "d", "variant": "dilated", "params": '{"window": 16}'}]
+    ResultsWriter(tmp_path, rows, QUALITY_FILE, old_columns)
+    df = load_quality(tmp_path)
+    assert (df.role == "variant").all() and (df.overrides == "").all()
+    # the stored label ("stale label") gives way to today's, defaults included
+    assert set(df.label) == {"full", "causal", "sliding_window(window=128)",
+                             "dilated(dilation=2, window=16)", "dilated(dilation=2, window=64)",
+                             "nystrom(num_landmarks=64, pinv_iters=6)"}
+    text = build_quality_report(tmp_path)
+    assert "## Difference from full attention (paired by seed)" in text
+    assert f"| {UNIFORM} |" in text and f"| {MAJORITY} |" in text
