@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import pandas as pd
 
 from bench.fsutil import atomic_write_json, atomic_write_text, read_json
+from bench.labels import variant_label
 from bench.provenance import ROW_FIELDS
 
 RESULTS_FILE = "results.csv"
@@ -121,4 +123,19 @@ def load_results(run_dir: str | Path) -> pd.DataFrame:
     for col in ("reason", "fallback", "kernel_path", "flops_kind", "xformers_version", "times_ms",
                 "interleave_id"):
         df[col] = df[col].fillna("")
+    df["label"] = [_label(row.variant, row.params, row.label) for row in df.itertuples()]
     return df
+
+
+def _label(variant: Any, params: Any, recorded: Any) -> Any:
+    """The label of a row as :func:`bench.labels.variant_label` writes it now (every pattern
+    parameter, defaults included), so runs recorded before a default was named in labels
+    still match newer runs in ``compare``, reports and plots; the recorded one when the
+    ``params`` column does not parse."""
+    try:
+        parsed = json.loads(params) if isinstance(params, str) and params else {}
+    except ValueError:
+        return recorded
+    if not isinstance(variant, str) or not variant or not isinstance(parsed, dict):
+        return recorded
+    return variant_label(variant, parsed)

@@ -162,3 +162,20 @@ def test_help_states_the_rule():
     output = " ".join(runner.invoke(app, ["compare", "--help"]).output.split())
     for fragment in ("--abs-threshold-ms", "PCT percent", "IQR", "newly failing", "lost"):
         assert fragment in output
+
+
+def test_runs_recorded_before_labels_named_defaults_still_match(tmp_path):
+    # An older run labelled `nystrom(num_landmarks=64)` (defaults left out) and a newer one
+    # labelled with every pattern parameter are the same cases: they are compared, not
+    # reported as "lost" and "new".
+    def nystrom(n: int, label: str, time_ms: float) -> dict:
+        return {**_row(n, time_ms=time_ms), "case_id": f"ny-{n}", "label": label,
+                "variant": "nystrom", "kernel_requested": "native", "kernel": "native",
+                "params": '{"num_landmarks": 64}'}
+
+    old = _run(tmp_path / "old", [nystrom(n, "nystrom(num_landmarks=64)", 10.0) for n in LENGTHS])
+    new = _run(tmp_path / "new", [nystrom(n, "nystrom(num_landmarks=64, pinv_iters=6)", 10.0)
+                                  for n in LENGTHS])
+    table = classify_runs(old, new)
+    assert set(table.label) == {"nystrom(num_landmarks=64, pinv_iters=6)"}
+    assert set(table["class"]) == {"unchanged"}
