@@ -194,7 +194,12 @@ def _illustrative_pattern(name: str, examples: tuple[dict[str, Any], ...], n: in
     """Of the variant's example parameter sets (position biases left out), the one whose
     pattern is closest to a third of the pairs: sparse enough to show its shape."""
     candidates = [{k: v for k, v in p.items() if k != "position_bias"} for p in examples or ({},)]
-    patterns = [(params, _pattern(name, params, n)) for params in candidates]
+    patterns = []
+    for params in candidates:
+        try:
+            patterns.append((params, _pattern(name, params, n)))
+        except ValueError:  # a per-head pattern (e.g. dilation=(1, 2)) needs several heads
+            continue
     return min(patterns, key=lambda item: abs(item[1].mean() - 0.3))
 
 
