@@ -131,11 +131,13 @@ def _label(variant: Any, params: Any, recorded: Any) -> Any:
     """The label of a row as :func:`bench.labels.variant_label` writes it now (every pattern
     parameter, defaults included), so runs recorded before a default was named in labels
     still match newer runs in ``compare``, reports and plots; the recorded one when the
-    ``params`` column does not parse."""
+    ``params`` column does not parse or the label is not one written from the variant's name."""
     try:
         parsed = json.loads(params) if isinstance(params, str) and params else {}
     except ValueError:
         return recorded
     if not isinstance(variant, str) or not variant or not isinstance(parsed, dict):
         return recorded
+    if not (recorded == variant or str(recorded).startswith(f"{variant}(")):
+        return recorded  # a label of the caller's own, not one written from the variant
     return variant_label(variant, parsed)
