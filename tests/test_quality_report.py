@@ -175,3 +175,12 @@ def test_the_report_of_a_run_directory_relabels_old_rows_and_reads_files_without
     text = build_quality_report(tmp_path)
     assert "## Difference from full attention (paired by seed)" in text
     assert f"| {UNIFORM} |" in text and f"| {MAJORITY} |" in text
+
+
+def test_the_average_is_only_given_over_every_accuracy_task(quality):
+    # a second accuracy task that only full attention ran: the others' averages would be over
+    # recall alone and would not compare with full attention's
+    rows = _rows("image", "full", {0: 0.5})
+    table = quality_table(pd.concat([quality, _frame(rows)], ignore_index=True)).set_index("variant")
+    assert table.loc["full", "avg (accuracy tasks)"] == f"{(60.0 + 50.0) / 2:.1f}"
+    assert table.loc["causal", "avg (accuracy tasks)"] == "- (1 of 2 tasks)"

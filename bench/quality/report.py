@@ -99,7 +99,9 @@ def _display(df: pd.DataFrame, name: str) -> str:
 
 
 def _table_row(df: pd.DataFrame, top: pd.DataFrame, name: str, tasks: list[str],
-               verdicts: dict[tuple[str, str], str]) -> dict[str, str]:
+               verdicts: dict[tuple[str, str], str], accuracy_tasks: int) -> dict[str, str]:
+    """One row of the quality table; the average only over a row that has every accuracy task
+    of the table (an average over fewer tasks would not compare with the others')."""
     row = {"variant": _display(df, name)}
     accuracies = []
     for task in tasks:
@@ -115,7 +117,10 @@ def _table_row(df: pd.DataFrame, top: pd.DataFrame, name: str, tasks: list[str],
             row[task] = f"failed ({failed.status.iloc[0]})"
         if metric == "accuracy" and len(part):
             accuracies.append(part.value.mean() * 100)
-    row["avg (accuracy tasks)"] = f"{sum(accuracies) / len(accuracies):.1f}" if accuracies else "-"
+    complete = accuracies and len(accuracies) == accuracy_tasks
+    row["avg (accuracy tasks)"] = (f"{sum(accuracies) / len(accuracies):.1f}" if complete else
+                                   f"- ({len(accuracies)} of {accuracy_tasks} tasks)" if accuracies
+                                   else "-")
     return row
 
 
@@ -129,11 +134,12 @@ def quality_table(df: pd.DataFrame) -> pd.DataFrame:
     roles = df.drop_duplicates("label").set_index("label").role
     variants = sorted(n for n in roles.index if roles[n] != "control")
     controls = sorted(n for n in roles.index if roles[n] == "control")
-    rows = [_table_row(df, top, name, tasks, verdicts) for name in variants]
+    accuracy_tasks = top[top.metric == "accuracy"].task.nunique()
+    rows = [_table_row(df, top, name, tasks, verdicts, accuracy_tasks) for name in variants]
     separator = {"variant": "**floors and controls**",
                  **{c: "" for c in [*tasks, "avg (accuracy tasks)"]}}
     rows.append(separator)
-    rows += [_table_row(df, top, name, tasks, verdicts) for name in controls]
+    rows += [_table_row(df, top, name, tasks, verdicts, accuracy_tasks) for name in controls]
     rows += [floor_row(df, UNIFORM, uniform_chance(df)), floor_row(df, MAJORITY, majority_class(df))]
     return pd.DataFrame(rows)
 
