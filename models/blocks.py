@@ -27,7 +27,7 @@ class FeedForward(nn.Module):
 class TransformerBlock(nn.Module):
     """Self-attention, optional cross-attention, FFN; each sublayer with a residual.
 
-    ``norm="post"`` (the seeds): ``x = LayerNorm(x + Sublayer(x))``.
+    ``norm="post"`` (Vaswani et al. 2017): ``x = LayerNorm(x + Sublayer(x))``.
     ``norm="pre"``: ``x = x + Sublayer(LayerNorm(x))`` (the model adds a final LayerNorm).
     """
 

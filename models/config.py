@@ -44,7 +44,7 @@ class ModelConfig:
     d_ff: int = 64
     dropout: float = 0.0
     activation: str = "gelu"
-    norm: str = "post"  # "post": LayerNorm(x + f(x)) as in the seeds; "pre": x + f(LayerNorm(x))
+    norm: str = "post"  # "post": LayerNorm(x + f(x)) (Vaswani et al. 2017); "pre": x + f(LayerNorm(x))
     max_len: int = 256
     position: str = "auto"
     attention: str = "full"

@@ -1,6 +1,6 @@
 """Streaming (continual) inference for an encoder over a sliding window of the last n tokens.
 
-After Hedegaard et al., "Continual Transformers" (the seeds' Continual Transformer
+After Hedegaard et al. 2023, "Continual Transformers" (their Continual Transformer
 Encoder). Each :meth:`StreamingEncoder.step` takes one new token and returns the encoder
 output of the newest position; it equals the batch forward's last position on the same
 window (the last ``n`` tokens, fewer while warming up).

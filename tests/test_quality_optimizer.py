@@ -53,7 +53,7 @@ def test_a_training_step_moves_a_bias_entry_by_the_scaled_learning_rate(tmp_path
                    seed=0, out=str(tmp_path), overrides={"train": {
                        "warmup_steps": 0, "weight_decay": 0.0, "lr": 1e-3, "grad_clip": 0.0,
                        "position_bias_lr_scale": 30.0}})
-    settings, task, params, parts = build(spec)
+    settings, task, _params, parts = build(spec)
     task.prepare()
     torch.manual_seed(0)
     model = create_model(task.model_kind, "tiny", **parts.kwargs,
