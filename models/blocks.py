@@ -1,4 +1,5 @@
-"""The transformer block shared by every model: attention + FFN, post-LN or pre-LN."""
+"""The transformer block shared by every model: attention (or a recurrent mixer) + FFN,
+post-LN or pre-LN."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from attn.validation import require_choice
 from models.attention import KVCache, MultiHeadAttention
-from models.config import ModelConfig
+from models.config import MIXERS, ModelConfig
+from models.recurrent import RecurrentCache, RecurrentMixer
 
 
 class FeedForward(nn.Module):
@@ -29,6 +32,17 @@ class TransformerBlock(nn.Module):
 
     ``norm="post"`` (Vaswani et al. 2017): ``x = LayerNorm(x + Sublayer(x))``.
     ``norm="pre"``: ``x = x + Sublayer(LayerNorm(x))`` (the model adds a final LayerNorm).
+
+    ``mixer="lstm"`` / ``"gru"`` puts a :class:`~models.recurrent.RecurrentMixer` (LSTM:
+    Hochreiter & Schmidhuber 1997; GRU: Cho et al. 2014) where the self-attention would be
+    (``self_attn`` is then None and ``recurrent`` holds the layer); residual, norms and FFN
+    stay as they are. Its direction is fixed by ``causal``: unidirectional for a causal
+    (decoder) block, bidirectional otherwise, and a call must pass the same ``causal``.
+    Cross-attention stays attention: a recurrent encoder-decoder keeps attention over the
+    encoder memory, the arrangement of Bahdanau et al. 2015. ``attention`` and
+    ``attention_params`` are unused by a recurrent block. The step-wise seams
+    (:meth:`self_attention_inputs`, :meth:`finish`, :meth:`forward_last`, which streaming
+    uses) need per-token keys and values, so a recurrent block refuses them.
     """
 
     def __init__(
@@ -44,10 +58,19 @@ class TransformerBlock(nn.Module):
         activation: str = "gelu",
         norm: str = "post",
         dropout: float = 0.0,
+        mixer: str = "attention",
+        causal: bool = False,
     ) -> None:
         super().__init__()
+        require_choice("mixer", mixer, MIXERS)
         self.pre_norm = norm == "pre"
-        self.self_attn = MultiHeadAttention(d_model, num_heads, attention, attention_params, kernel)
+        self.mixer = mixer
+        self.self_attn: MultiHeadAttention | None = None
+        self.recurrent: RecurrentMixer | None = None
+        if mixer == "attention":
+            self.self_attn = MultiHeadAttention(d_model, num_heads, attention, attention_params, kernel)
+        else:
+            self.recurrent = RecurrentMixer(d_model, mixer, causal=causal)
         self.norm1 = nn.LayerNorm(d_model)
         self.cross_attn: MultiHeadAttention | None = None
         if cross_attention is not None:
@@ -57,9 +80,20 @@ class TransformerBlock(nn.Module):
         self.norm2 = nn.LayerNorm(d_model)
         self.drop = nn.Dropout(dropout)
 
-    def new_cache(self) -> KVCache:
-        """An empty KV cache for this block's self-attention (sized by its pattern)."""
+    def new_cache(self) -> KVCache | RecurrentCache:
+        """An empty KV cache for this block's self-attention (sized by its pattern), or the
+        recurrent state cache of a (causal) recurrent block."""
+        if self.recurrent is not None:
+            return self.recurrent.new_cache()
         return self.self_attn.new_cache()
+
+    def _attention_only(self, method: str) -> MultiHeadAttention:
+        """The self-attention, or a ValueError naming ``mixer`` for a recurrent block."""
+        if self.self_attn is None:
+            raise ValueError(
+                f"mixer: {method}() needs a self-attention block; this block has mixer={self.mixer!r}"
+            )
+        return self.self_attn
 
     def new_cross_cache(self) -> KVCache:
         """An empty static cache for the cross-attention, filled once from the memory."""
@@ -82,10 +116,11 @@ class TransformerBlock(nn.Module):
     def self_attention_inputs(self, x: Tensor, query_x: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
         """Per-head ``q`` of ``query_x`` (default ``x``) and ``k, v`` of ``x``, block inputs
         ``(B, N, D)`` -> ``(B, H, N, Dh)``: what the self-attention computes from each token
-        alone, so a caller may cache them per token."""
+        alone, so a caller may cache them per token. Attention blocks only."""
+        self_attn = self._attention_only("self_attention_inputs")
         h = self.sublayer_input(self.norm1, x)
         query_h = h if query_x is None else self.sublayer_input(self.norm1, query_x)
-        return self.self_attn.project(query_h, h)
+        return self_attn.project(query_h, h)
 
     def finish(
         self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
@@ -94,10 +129,11 @@ class TransformerBlock(nn.Module):
         """The block's output at the queries' positions from per-head ``q (B, H, Nq, Dh)``,
         ``k, v (B, H, Nk, Dh)`` (see :meth:`self_attention_inputs`) and the block input there,
         ``x (B, Nq, D)``: self-attention, residual, FFN -> ``(B, Nq, D)``. Blocks without
-        cross-attention only."""
+        cross-attention and with self-attention only."""
+        self_attn = self._attention_only("finish")
         if self.cross_attn is not None:
             raise ValueError("cross_attention: finish() runs blocks without cross-attention only")
-        out = self.self_attn.attend(q, k, v, causal=causal, key_mask=key_mask)  # (B, Nq, D)
+        out = self_attn.attend(q, k, v, causal=causal, key_mask=key_mask)  # (B, Nq, D)
         return self.ffn_sublayer(self.residual(self.norm1, x, out))
 
     def forward(
@@ -108,14 +144,21 @@ class TransformerBlock(nn.Module):
         key_mask: Tensor | None = None,
         context: Tensor | None = None,
         context_mask: Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | RecurrentCache | None = None,
         cross_cache: KVCache | None = None,
     ) -> Tensor:
-        """``x (B, N, D)`` -> ``(B, N, D)``; ``context (B, M, D)`` feeds the cross-attention."""
-        h = self.sublayer_input(self.norm1, x)
-        x = self.residual(
-            self.norm1, x, self.self_attn(h, causal=causal, key_mask=key_mask, cache=cache)
-        )
+        """``x (B, N, D)`` -> ``(B, N, D)``; ``context (B, M, D)`` feeds the cross-attention.
+
+        A recurrent block needs ``causal`` to match its direction (ValueError naming
+        ``mixer`` otherwise) and, with ``cache``, takes only the new tokens."""
+        h = self.sublayer_input(self.norm1, x)  # (B, N, D)
+        if self.recurrent is not None:
+            if cache is not None and not isinstance(cache, RecurrentCache):
+                raise ValueError(f"cache: a block with mixer={self.mixer!r} needs its RecurrentCache")
+            out = self.recurrent(h, causal=causal, key_mask=key_mask, cache=cache)  # (B, N, D)
+        else:
+            out = self.self_attn(h, causal=causal, key_mask=key_mask, cache=cache)  # (B, N, D)
+        x = self.residual(self.norm1, x, out)
         if self.cross_attn is not None:
             if context is None and (cross_cache is None or cross_cache.k is None):
                 raise ValueError("context: a block with cross-attention needs the encoder memory")
@@ -129,7 +172,9 @@ class TransformerBlock(nn.Module):
 
         Keys and values come from every position, the query only from the last one, and
         the FFN runs on one token (Continual single-output attention, Hedegaard et al.).
+        Attention blocks only.
         """
+        self._attention_only("forward_last")
         q, k, v = self.self_attention_inputs(x, x[:, -1:])  # q (B, H, 1, Dh), k, v (B, H, N, Dh)
         return self.finish(x[:, -1:], q, k, v, causal=causal, key_mask=key_mask)
 
@@ -139,10 +184,17 @@ def make_blocks(
     attention: str,
     attention_params: dict[str, Any],
     cross_attention: str | None = None,
+    *,
+    causal: bool | None = None,
 ) -> nn.ModuleList:
     """``num_layers`` blocks of ``config``'s sizes, style and kernel, with self-attention
     ``attention(**attention_params)`` and, given ``cross_attention``, a cross-attention sublayer.
-    The one builder every model kind uses."""
+    The one builder every model kind uses.
+
+    With a recurrent ``config.mixer`` the blocks' recurrent layer runs causally (one
+    direction) when ``causal`` is True, both directions when False; None means
+    ``config.needs_causal``. Attention blocks take ``causal`` per call and ignore it here."""
+    causal = config.needs_causal if causal is None else causal
     return nn.ModuleList(
         TransformerBlock(
             config.d_model,
@@ -155,6 +207,8 @@ def make_blocks(
             activation=config.activation,
             norm=config.norm,
             dropout=config.dropout,
+            mixer=config.mixer,
+            causal=causal,
         )
         for _ in range(num_layers)
     )

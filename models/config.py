@@ -4,6 +4,14 @@ Every config validates itself in ``__post_init__`` and raises ``ValueError`` nam
 offending field. ``position="auto"`` resolves to ``"none"`` when the attention carries a
 relative position bias (``relative``, or any variant with ``position_bias``), to
 ``"learned"`` for ViT and to ``"sinusoidal"`` otherwise.
+
+``mixer`` picks what mixes tokens in every self-attention sublayer: ``"attention"`` (the
+default) or a recurrent layer, ``"lstm"`` (Hochreiter & Schmidhuber 1997) or ``"gru"``
+(Cho et al. 2014), of the model's width (see :mod:`models.recurrent`). With a recurrent
+mixer the self-attention settings (``attention``, ``attention_params`` and an encoder-decoder's
+``decoder_attention`` / ``decoder_attention_params``) are unused: they are still checked as
+names and parameters, but need no causal form. ``attention_kernel`` and ``num_heads`` still
+serve the encoder-decoder's cross-attention, and ``position`` resolves as above.
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ POSITIONS = ("auto", "sinusoidal", "learned", "none")
 POOLINGS = ("cls", "mean", "last")  # one vector per sequence (every model kind with a head)
 ENCODER_POOLINGS = (*POOLINGS, "tokens")  # "tokens": logits at every position (encoder only)
 PAIR_HEADS = ("concat", "cosine")
+#: what mixes tokens in a block's self-attention sublayer (see models/recurrent.py)
+MIXERS = ("attention", "lstm", "gru")
 
 #: shared size presets; kind-specific extras live on each config class (``kind_presets``)
 PRESETS: dict[str, dict[str, Any]] = {
@@ -50,6 +60,9 @@ class ModelConfig:
     attention: str = "full"
     attention_params: dict[str, Any] = field(default_factory=dict)
     attention_kernel: str = "auto"
+    # "attention": self-attention; "lstm" / "gru": a recurrent layer in its place (bidirectional
+    # in an encoder, unidirectional in a decoder); attention / attention_params are then unused
+    mixer: str = "attention"
 
     #: whether the model's self-attention runs causally (decoders)
     needs_causal: ClassVar[bool] = False
@@ -69,10 +82,19 @@ class ModelConfig:
         require_choice("activation", self.activation, ACTIVATIONS)
         require_choice("norm", self.norm, NORMS)
         require_choice("position", self.position, POSITIONS)
+        require_choice("mixer", self.mixer, MIXERS)
+        if self.recurrent and not self.needs_causal and self.d_model % 2:
+            raise invalid(
+                "d_model",
+                f"must be even with mixer={self.mixer!r} (a bidirectional encoder layer has "
+                f"d_model // 2 units per direction); got {self.d_model}",
+            )
         require_choice("attention", self.attention, attn.list_attention())
         kernels = ("auto", *attn.attention_info(self.attention).kernels)
         require_choice("attention_kernel", self.attention_kernel, kernels)
-        self._check_attention(self.attention, self.attention_params, "attention")
+        # a self-attention that a recurrent mixer replaces is never run, so needs no causal form
+        causal = self.needs_causal and not self.recurrent
+        self._check_attention(self.attention, self.attention_params, "attention", causal=causal)
         has_bias = self.attention == "relative" or self.attention_params.get("position_bias")
         if self.position == "auto":
             object.__setattr__(self, "position", "none" if has_bias else self.default_position())
@@ -86,6 +108,11 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.num_heads
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether a recurrent layer (``mixer`` "lstm" / "gru") replaces the self-attention."""
+        return self.mixer != "attention"
 
     def default_position(self) -> str:
         return "sinusoidal"
@@ -175,7 +202,7 @@ class EncoderDecoderConfig(ModelConfig):
         name, params = self.decoder_self_attention
         field_name = "attention" if self.decoder_attention is None else "decoder_attention"
         require_choice(field_name, name, attn.list_attention())
-        self._check_attention(name, params, field_name, causal=True)
+        self._check_attention(name, params, field_name, causal=not self.recurrent)
         self._check_attention(self.cross_attention, {}, "cross_attention", causal=False)
 
     @property

@@ -12,18 +12,21 @@ from models.blocks import make_blocks
 from models.config import DecoderLMConfig
 from models.embeddings import PositionEmbedding, TokenEmbedding
 from models.generation import GenerationMixin
+from models.recurrent import RecurrentCache
 from models.registration import register_model
 
 
 @dataclass
 class DecoderCache:
-    """Per-layer self-attention caches, cross-attention caches and the tokens seen so far."""
+    """Per-layer self-attention caches (recurrent state caches with a recurrent ``mixer``),
+    cross-attention caches and the tokens seen so far."""
 
-    layers: list[KVCache]
+    layers: list[KVCache | RecurrentCache]
     cross: list[KVCache] = field(default_factory=list)
     length: int = 0  # absolute position of the next token
 
     def reorder(self, index: Tensor) -> None:
+        """Select / repeat batch rows of every layer's cache (beam search)."""
         for cache in (*self.layers, *self.cross):
             cache.reorder(index)
 
@@ -38,7 +41,9 @@ class DecoderLM(GenerationMixin, nn.Module):
         self.token_emb = TokenEmbedding(config.vocab_size, config.d_model)
         self.pos_emb = PositionEmbedding(config.position, config.d_model, config.max_len)
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = make_blocks(config, config.num_layers, config.attention, config.attention_params)
+        self.blocks = make_blocks(
+            config, config.num_layers, config.attention, config.attention_params, causal=True
+        )
         self.norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_embeddings:

@@ -14,12 +14,16 @@ from models.streaming import StreamingEncoder
 
 
 class TransformerEncoder(nn.Module):
-    """A stack of non-causal blocks (+ final LayerNorm under pre-LN): ``(B, N, D) -> (B, N, D)``."""
+    """A stack of non-causal blocks (+ final LayerNorm under pre-LN): ``(B, N, D) -> (B, N, D)``.
+
+    With ``config.mixer`` "lstm" / "gru" each block's self-attention is a bidirectional
+    recurrent layer; CLS and extra global tokens are then read as ordinary leading tokens."""
 
     def __init__(self, config: ModelConfig, num_layers: int | None = None) -> None:
         super().__init__()
         layers = config.num_layers if num_layers is None else num_layers
-        self.blocks = make_blocks(config, layers, config.attention, config.attention_params)
+        # non-causal: a recurrent mixer reads both directions
+        self.blocks = make_blocks(config, layers, config.attention, config.attention_params, causal=False)
         self.norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
 
     def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:

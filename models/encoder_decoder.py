@@ -22,6 +22,11 @@ class EncoderDecoder(GenerationMixin, nn.Module):
     decoder's self-attention is causal with ``decoder_attention`` (default: ``attention``);
     the cross-attention uses ``cross_attention`` (default ``full``) over the encoder memory.
     ``generate(src, ...)`` starts every target with ``bos_id``.
+
+    With ``mixer`` "lstm" / "gru" the encoder is a stack of bidirectional recurrent layers
+    and the decoder of unidirectional ones, each followed by attention over the encoder
+    memory (the RNN encoder-decoder with attention of Bahdanau et al. 2015, in this block
+    layout); cached decoding carries the recurrent state.
     """
 
     def __init__(self, config: EncoderDecoderConfig) -> None:
@@ -33,7 +38,8 @@ class EncoderDecoder(GenerationMixin, nn.Module):
         self.encoder = TransformerEncoder(config)
         name, params = config.decoder_self_attention
         self.decoder_blocks = make_blocks(
-            config, config.decoder_layers, name, params, cross_attention=config.cross_attention
+            config, config.decoder_layers, name, params, cross_attention=config.cross_attention,
+            causal=True,
         )
         self.decoder_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)

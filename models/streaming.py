@@ -40,6 +40,12 @@ class StreamingEncoder:
     def __init__(self, model: nn.Module, window: int) -> None:
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window: must be an int >= 1; got {window!r}")
+        mixer = getattr(model.config, "mixer", "attention")
+        if mixer != "attention":
+            raise ValueError(
+                f"mixer: streaming caches per-token keys and values of a self-attention; the "
+                f"model has mixer={mixer!r} (a bidirectional recurrent encoder has none)"
+            )
         position = getattr(model.config, "position", "none")
         if position != "none":
             raise ValueError(
