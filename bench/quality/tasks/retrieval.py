@@ -25,26 +25,28 @@ from torch import Tensor, nn
 
 from attn.validation import require_choice, require_int
 from bench.data import bbc
-from bench.data.splits import split_indices
 from bench.quality.tasks.base import ClassificationTask, Split
 
 
 class Retrieval(ClassificationTask):
     """Data settings: ``seq_len`` (bytes per article), ``train_pairing`` (``in_batch`` or
-    ``fixed``), ``train_pairs`` (``fixed`` only), ``val_pairs``, ``test_pairs``, ``data_seed``.
-    Labels are balanced (same category or not)."""
+    ``fixed``), ``train_pairs`` (``fixed`` only), ``val_pairs``, ``test_pairs``, ``data_seed``,
+    ``dedupe`` (``exact``, the default, or ``near``: near-duplicate articles go to one split
+    together, :func:`bench.data.bbc.split_articles`). Labels are balanced (same category or
+    not)."""
 
     name = "retrieval"
     num_classes = 2
     vocab_size = 257
 
     def prepare(self) -> None:
+        dedupe = self.dedupe
         texts, labels = bbc.load_articles()
         ids, key_mask = bbc.encode_bytes(texts, int(self.data["seq_len"]))
-        keep = bbc.distinct_rows(ids)  # duplicate inputs would straddle the splits
-        ids, key_mask, labels = ids[keep], key_mask[keep], labels[keep]
         seed = int(self.data.get("data_seed", 0))
-        parts = split_indices(len(labels), seed=seed, stratify=labels)
+        # duplicate inputs (and, with dedupe: near, reworded stories) would straddle the splits
+        keep, parts = bbc.split_articles(texts, labels, ids, seed=seed, dedupe=dedupe)
+        ids, key_mask, labels = ids[keep], key_mask[keep], labels[keep]
         articles = np.asarray(parts["train"])
         self.articles = {"ids": torch.from_numpy(ids[articles]),
                          "key_mask": torch.from_numpy(key_mask[articles]),
@@ -64,6 +66,11 @@ class Retrieval(ClassificationTask):
                 "pair_ids": torch.from_numpy(ids[b]), "pair_key_mask": torch.from_numpy(key_mask[b]),
                 "labels": torch.from_numpy(same.astype(np.int64)),
             }
+
+    @property
+    def dedupe(self) -> str:
+        """The ``dedupe`` data setting (``exact`` when unset, as before it existed)."""
+        return bbc.check_dedupe("retrieval: data setting 'dedupe'", self.data.get("dedupe", "exact"))
 
     @property
     def in_batch(self) -> bool:
