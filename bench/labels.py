@@ -62,7 +62,16 @@ def overrides_text(overrides: dict[str, Any] | None) -> str:
 def variant_label(name: str, params: dict[str, Any],
                   overrides: dict[str, Any] | None = None) -> str:
     """``name(k=v, ...)`` over the pattern parameters (defaults included, keys sorted), then
-    any settings ``overrides`` (``{"model": {...}}``) in brackets: ``full [position=none]``."""
+    any settings ``overrides`` (``{"model": {...}}``) in brackets: ``full [position=none]``.
+
+    A model whose ``mixer`` override replaces self-attention by a recurrent layer is named
+    by that layer, since its attention is unused: ``lstm (no attention)``,
+    ``gru (no attention) [d_model=96]``."""
+    model = dict((overrides or {}).get("model") or {})
+    mixer = model.pop("mixer", "attention")
+    if mixer != "attention":
+        rest = overrides_text({**(overrides or {}), "model": model})
+        return f"{mixer} (no attention)" + (f" [{rest}]" if rest else "")
     shown = pattern_params(name, params)
     text = name if not shown else f"{name}({', '.join(f'{k}={_value(v)}' for k, v in shown.items())})"
     extra = overrides_text(overrides)

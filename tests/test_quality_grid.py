@@ -37,8 +37,10 @@ GRID = {"name": "tiny-grid", "kind": "quality", "preset": "tiny",
     ({"variants": [{"name": "relative", "model": {"position": "learned"}}]},
      "'variants[0].model.position': position: must be 'none'"),
     ({"variants": [{"name": "full", "model": "none"}]}, "'variants[0].model': must be a mapping"),
-    ({"variants": [{"name": "full", "role": "reference"}]},
-     "'variants[0].role': unknown value 'reference'; allowed values are ['control', 'variant']"),
+    ({"variants": [{"name": "full", "role": "baseline"}]},
+     "'variants[0].role': unknown value 'baseline'; allowed values are ['control', 'reference', 'variant']"),
+    ({"references": ["bigram"]}, "'references': unknown reference 'bigram'; allowed values are 'all'"),
+    ({"references": "some"}, "'references': must be 'all' or a list of reference names"),
     ({"variants": [{"name": "full"}, "full"]}, "'variants[1]': the same training run as variants[0]"),
 ])
 def test_bad_grids_name_the_key(change, fragment):

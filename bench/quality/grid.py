@@ -47,6 +47,8 @@ from bench.process import Worker, WorkerGone
 from bench.provenance import ROW_FIELDS, environment
 from bench.quality.budget import BUDGET_COLUMNS, budget_of, budget_overrides, parse_budgets, strip_budget
 from bench.quality.model_parts import label
+from bench.quality.reference import get_reference, reference_names
+from bench.quality.reference_unit import ReferenceUnit
 from bench.quality.settings import attention_params, list_presets, settings_that_apply, task_settings
 from bench.quality.tasks import get_task, list_tasks
 from bench.quality.train import RunSpec, train_run
@@ -65,13 +67,13 @@ QUALITY_COLUMNS = [
     "role", "title", "overrides",  # added later: files without them read as a variant, no overrides
     *BUDGET_COLUMNS,  # matched compute (bench/quality/budget.py); budget_x empty: equal steps
 ]
-ROLES = ("variant", "control")
+ROLES = ("variant", "control", "reference")
 #: keys of a variant entry that are not attention parameters
 _ENTRY_KEYS = ("name", "model", "role", "title", "tasks")
 #: model-config fields a grid entry may not override (the attention is the entry's own)
 _NOT_MODEL = ("attention", "attention_params", "attention_kernel")
 _KEYS = {"name", "kind", "description", "preset", "tasks", "variants", "seeds", "device",
-         "threads", "timeout_s", "kernel", "plugins", "budgets"}
+         "threads", "timeout_s", "kernel", "plugins", "budgets", "references"}
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,8 @@ class GridConfig:
     only: tuple[str, ...] | None = None
     budget_tasks: tuple[str, ...] = ()  # `budgets: {tasks, x}`: also trained at matched FLOPs
     budget_x: tuple[float, ...] = ()
+    #: reference rows without attention computed on each task they apply to (``references``)
+    references: tuple[str, ...] = ()
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -292,12 +296,29 @@ def parse_grid(raw: dict[str, Any], only: Collection[str] | None = None) -> Grid
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
         raise ConfigError(f"config key 'timeout_s': must be a number > 0; got {timeout!r}", "timeout_s")
     budget_tasks, budget_x = parse_budgets(raw.get("budgets"), tuple(tasks))
+    references = _references(raw.get("references", []))
     return GridConfig(name=str(raw["name"]), preset=raw["preset"], tasks=tuple(tasks),
                       variants=tuple(variants), seeds=_seeds(raw.get("seeds", [0]), tuple(tasks)),
                       device=device, threads=threads, timeout_s=float(timeout),
                       kernel=str(raw.get("kernel", "auto")), plugins=tuple(plugins),
                       only=None if only is None else tuple(sorted(set(only))),
-                      budget_tasks=budget_tasks, budget_x=budget_x, raw=raw)
+                      budget_tasks=budget_tasks, budget_x=budget_x, references=references,
+                      raw=raw)
+
+
+def _references(raw: Any) -> tuple[str, ...]:
+    """The ``references`` key: ``all`` or a list of reference names (bench/quality/reference)."""
+    names = reference_names()
+    if raw == "all":
+        return tuple(names)
+    if not isinstance(raw, list) or any(not isinstance(n, str) for n in raw):
+        raise ConfigError(f"config key 'references': must be 'all' or a list of reference names "
+                          f"from {names}; got {raw!r}", "references")
+    unknown = [n for n in raw if n not in names]
+    if unknown:
+        raise ConfigError(f"config key 'references': unknown reference {unknown[0]!r}; allowed "
+                          f"values are 'all' or names from {names}", "references")
+    return tuple(dict.fromkeys(raw))
 
 
 def unit_id(spec: dict[str, Any]) -> str:
@@ -426,7 +447,7 @@ def units(config: GridConfig, out: Path) -> list[TrainUnit]:
                 continue
             seed = seeds[task][round_index]
             for variant in config.variants:
-                if not variant.trains_on(task):
+                if not trains(config, task, variant):
                     continue
                 params = attention_params(variant.name, dict(variant.params),
                                           settings(task, variant.overrides))
@@ -439,7 +460,52 @@ def units(config: GridConfig, out: Path) -> list[TrainUnit]:
                         "plugins": list(config.plugins)}
                 found.append(TrainUnit(spec, config.timeout_s, variant.role, variant.title,
                                        params))
-    return found + _budget_units(config, found)
+    return [*reference_units(config), *found, *_budget_units(config, found)]
+
+
+def same_model_as_full(config: GridConfig, task: str, variant: GridVariant) -> bool:
+    """True for the ``causal`` entry on a decoder-only task when the grid also has ``full``
+    with the same model settings: a decoder runs every self-attention causally, so the two
+    are one model (bit-identical runs); the grid trains it once, as ``full``."""
+    if variant.name != "causal" or variant.params:
+        return False
+    if _model_kind(config.preset, task) != "decoder_lm":
+        return False
+    return any(other.name == "full" and not other.params and other.model == variant.model
+               and other.trains_on(task) for other in config.variants)
+
+
+def trains(config: GridConfig, task: str, variant: GridVariant) -> bool:
+    """Whether ``variant`` has units on ``task`` (its ``tasks``, and not a second copy of
+    full attention in a decoder)."""
+    return variant.trains_on(task) and not same_model_as_full(config, task, variant)
+
+
+def _model_kind(preset: str, task: str) -> str:
+    settings = task_settings(task, preset)
+    return get_task(task, settings.data, 0).model_kind  # (built, its data not loaded)
+
+
+def reference_units(config: GridConfig) -> list[ReferenceUnit]:
+    """One unit per (task, reference of the grid that applies to it), on the task's preset
+    data settings; none when a command line selected variants (``--variant``)."""
+    if config.only is not None:
+        return []
+    seeds, found = dict(config.seeds), []
+    for task in config.tasks:
+        settings = task_settings(task, config.preset)
+        built = get_task(task, settings.data, 0)
+        for name in config.references:
+            if get_reference(name).applies(built):
+                found.append(ReferenceUnit(task, name, config.preset, settings.data,
+                                           settings.to_json(), seeds[task][0], config.timeout_s,
+                                           config.device))
+    return found
+
+
+def is_reference_row(row: dict[str, Any]) -> bool:
+    """A row of a reference unit (not of a trained entry with role ``reference``)."""
+    return row.get("role") == "reference" and row.get("variant") in reference_names()
 
 
 def _budget_units(config: GridConfig, found: list[TrainUnit]) -> list[TrainUnit]:
@@ -474,6 +540,11 @@ def superseded_units(rows: list[dict[str, Any]], config: GridConfig) -> set[str]
     for row in rows:
         if not row.get("settings") or row.get("task") not in config.tasks:
             continue
+        if is_reference_row(row):  # a reference reads the data settings only
+            recorded = json.loads(row["settings"]).get("data")
+            if _canonical(recorded) != _canonical(now(row["task"], {}).data):
+                stale.add(row["unit_id"])
+            continue
         try:
             expected = now(row["task"], _row_json(row, "overrides")).to_json()
         except (ValueError, ConfigError):
@@ -495,7 +566,7 @@ def foreign_units(rows: list[dict[str, Any]], config: GridConfig) -> set[str]:
     for task in config.tasks:
         wanted[task] = set()
         for variant in config.variants:
-            if not variant.trains_on(task):
+            if not trains(config, task, variant):
                 continue
             settings = settings_of(task, variant.overrides)
             overrides = _canonical(variant.overrides)
@@ -506,6 +577,10 @@ def foreign_units(rows: list[dict[str, Any]], config: GridConfig) -> set[str]:
     for row in rows:
         if row.get("task") not in wanted or (config.only is not None
                                              and row.get("variant") not in config.only):
+            continue
+        if is_reference_row(row):
+            if row["variant"] not in config.references:
+                foreign.add(row["unit_id"])
             continue
         try:
             budgets = config.budget_x if row["task"] in config.budget_tasks else ()

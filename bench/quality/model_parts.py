@@ -36,11 +36,18 @@ def label(variant: str, params: dict[str, Any], overrides: dict[str, Any] | None
 
 
 def model_parts(model_kind: str, variant: str, params: dict[str, Any],
-                causal_self_attention: bool) -> ModelParts:
-    """The attention of every part of ``model_kind`` for ``variant(params)``."""
+                causal_self_attention: bool, mixer: str = "attention") -> ModelParts:
+    """The attention of every part of ``model_kind`` for ``variant(params)``; with a recurrent
+    ``mixer`` (model setting ``mixer: lstm``) no part self-attends, and an encoder-decoder
+    keeps only its cross-attention."""
     name = label(variant, params)
     causal_ok = attention_info(variant).supports_causal
     base = {"attention": variant, "attention_params": params}
+    if mixer != "attention":
+        if model_kind == "encoder_decoder":
+            return ModelParts({**base, "cross_attention": CROSS_ATTENTION},
+                              f"no self-attention ({mixer} layers); cross-attention={CROSS_ATTENTION}")
+        return ModelParts(base, f"no attention ({mixer} layers)")
     if model_kind in ("encoder_classifier", "vit"):
         return ModelParts(base, f"self-attention={name}")
     if model_kind == "decoder_lm":

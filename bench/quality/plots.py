@@ -14,8 +14,17 @@ import pandas as pd
 from attn import attention_info, create_attention, list_attention
 from attn.mods import dense_allowed
 from bench.quality.budget import plot_budget, split_budget
+from bench.quality.margins import strongest_references
 from bench.quality.reach import variant_recall_reach
-from bench.quality.report import condition_table, headline, load_quality, task_order, uniform_chance
+from bench.quality.reference import reference_names
+from bench.quality.report import (
+    condition_table,
+    headline,
+    load_quality,
+    task_order,
+    trained,
+    uniform_chance,
+)
 
 PARETO, RECALL, LENGTH, PATTERNS = "pareto", "recall_distance", "bytelm_length", "patterns"
 
@@ -53,10 +62,17 @@ def _front(points: pd.DataFrame, higher: bool) -> pd.DataFrame:
 
 
 def _controls(top: pd.DataFrame) -> set[str]:
-    """Labels of the grid's control rows (reference models, not attention variants)."""
+    """Labels of the grid's trained rows that are not attention variants: controls (e.g. an
+    order-blind model) and trained references (a recurrent model)."""
     if "role" not in top:
         return set()
-    return set(top[top.role == "control"].label)
+    return set(top[top.role.isin(["control", "reference"])].label)
+
+
+def _colours(labels: list[str]) -> dict[str, Any]:
+    """One colour per label, cycling through tab20 past twenty labels."""
+    palette = _pyplot().get_cmap("tab20").colors
+    return {name: palette[i % len(palette)] for i, name in enumerate(labels)}
 
 
 def plot_pareto(df: pd.DataFrame, run_dir: Path) -> list[Path]:
@@ -64,8 +80,10 @@ def plot_pareto(df: pd.DataFrame, run_dir: Path) -> list[Path]:
     control rows hollow and left out of the front, uniform chance dotted on accuracy tasks."""
     plt = _pyplot()
     top, tasks = headline(df), task_order(headline(df))
-    labels = sorted(set(top.label))
-    colours = dict(zip(labels, plt.get_cmap("tab10").colors * (len(labels) // 10 + 1)))
+    strongest = strongest_references(top).set_index("task")
+    top = trained(top)  # a computed reference has no training throughput: a line instead
+    tasks = [t for t in tasks if t in set(top.task)]
+    colours = _colours(sorted(set(top.label)))
     controls, chance = _controls(top), uniform_chance(df)
     cols = min(4, len(tasks))
     rows = -(-len(tasks) // cols)
@@ -74,18 +92,23 @@ def plot_pareto(df: pd.DataFrame, run_dir: Path) -> list[Path]:
         part = top[top.task == task]
         metric = part.metric.iloc[0]
         higher = metric != "bits_per_byte"
+        roles = part.groupby("label").role.first()
         points = part.groupby("label").agg(speed=("train_tokens_per_s", "median"),
                                            quality=("value", "mean"), spread=("value", "std"))
         for name, p in points.iterrows():
             hollow = {"markerfacecolor": "white"} if name in controls else {}
             ax.errorbar(p.speed, p.quality, yerr=0 if np.isnan(p.spread) else p.spread, fmt="o",
-                        color=colours[name], capsize=3, label=name + (" (control)" if hollow else ""),
+                        color=colours[name], capsize=3,
+                        label=name + (f" ({roles[name]})" if hollow else ""),
                         **hollow)
         front = _front(points[~points.index.isin(list(controls))], higher)
         ax.plot(front.speed, front.quality, "--", color="grey", linewidth=1)
         if metric == "accuracy" and task in chance:
             ax.axhline(chance[task], color="grey", linestyle=":", linewidth=1,
                        label="uniform chance")
+        if task in strongest.index:
+            ax.axhline(strongest.at[task, "value"], color="black", linestyle="-.", linewidth=1,
+                       label="strongest reference without attention")
         ax.set_xscale("log")
         ax.set_title(task)
         ax.set_xlabel("training tokens/s")
@@ -99,15 +122,18 @@ def plot_pareto(df: pd.DataFrame, run_dir: Path) -> list[Path]:
     fig.legend(legend.values(), legend.keys(), loc="center left", bbox_to_anchor=(1.0, 0.5),
                frameon=False)
     fig.suptitle(f"{run_dir.name}: quality against training throughput (dashed: Pareto front of "
-                 "the variants; hollow: controls; dotted: uniform chance)")
+                 "the variants; hollow: controls and trained references; dotted: uniform "
+                 "chance; dash-dot: the task's strongest reference without attention)")
     fig.tight_layout()
     return _save(fig, run_dir, PARETO)
 
 
-def _reach(row: pd.Series) -> int | None:
+def _reach(row: pd.Series) -> int | bool | None:
     """The largest recall distance the row's variant can answer by its mask, with the row's
     task settings (layers, length, pair layout): :mod:`bench.quality.reach`. ``None`` if it
-    can answer none."""
+    can answer none; ``False`` for a row with no attention mask (a reference)."""
+    if row.variant in reference_names() or "mixer" in (row.get("overrides") or ""):
+        return False
     params = json.loads(row.params or "{}")  # the variant's defaults fill what it leaves out
     settings = json.loads(row.settings or "{}")
     return variant_recall_reach(row.variant, params, settings).reach
@@ -120,14 +146,14 @@ def plot_recall(df: pd.DataFrame, run_dir: Path) -> list[Path]:
     table = condition_table(df, "recall", "accuracy", "distance=")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     rows = df[(df.task == "recall") & (df.status == "ok")].drop_duplicates("label")
-    colours = dict(zip(sorted(table.label), plt.get_cmap("tab10").colors))
+    colours = _colours(sorted(table.label))
     distances = [float(c.split("=")[1]) for c in table.columns[1:]]
     for _, row in table.iterrows():
         reach = _reach(rows[rows.label == row.label].iloc[0])
         name = row.label if reach is not None else f"{row.label} (reaches no distance)"
-        ax.plot(distances, row.values[1:].astype(float), "o-", label=name,
-                color=colours[row.label])
-        if reach is not None and reach < max(distances):
+        ax.plot(distances, row.values[1:].astype(float), "o-" if reach is not False else "s--",
+                label=name, color=colours[row.label])
+        if reach is not None and reach is not False and reach < max(distances):
             ax.axvline(reach, color=colours[row.label], linestyle=":", linewidth=1)
     settings = json.loads(rows.settings.iloc[0] or "{}") if len(rows) else {}
     num_values = int(settings.get("data", {}).get("num_values", 8))  # the generator's default

@@ -14,7 +14,9 @@ import pandas as pd
 from bench.fsutil import atomic_write_text
 from bench.quality.budget import budget_table, split_budget
 from bench.quality.grid import QUALITY_COLUMNS, QUALITY_FILE
+from bench.quality.margins import SD_MARGIN, margins, strongest_references
 from bench.quality.model_parts import label
+from bench.quality.reference import list_references, reference_names
 from bench.quality.significance import BETTER, LOWER_IS_BETTER, WORSE, differences_from_reference
 from bench.quality.tasks import ClassificationTask, get_task, list_tasks
 from bench.report import markdown_table
@@ -54,7 +56,11 @@ def _labels(df: pd.DataFrame) -> pd.Series:
     parse keeps its own."""
     cache: dict[tuple[str, str, str], str] = {}
 
+    titles = {r.name: r.title for r in list_references()}
+
     def one(row: pd.Series) -> str:
+        if row.variant in titles:
+            return titles[row.variant]  # a reference's title (its chosen setting is no name)
         key = (row.variant, row.params or "{}", row.overrides or "{}")
         if key not in cache:
             try:
@@ -92,10 +98,11 @@ def _display(df: pd.DataFrame, name: str) -> str:
     """A label as the table shows it: a control with its title, ``full [position=none]
     (control: order-blind)``."""
     rows = df[df.label == name]
-    if rows.empty or rows.role.iloc[0] != "control":
+    if rows.empty or rows.role.iloc[0] == "variant":
         return name
-    title = next((t for t in rows.title if t), "")
-    return f"{name} (control{': ' + title if title else ''})"
+    role = rows.role.iloc[0]
+    title = next((t for t in rows.title if t and t != name), "")
+    return f"{name} ({role}{': ' + title if title else ''})"
 
 
 def _table_row(df: pd.DataFrame, top: pd.DataFrame, name: str, tasks: list[str],
@@ -111,12 +118,16 @@ def _table_row(df: pd.DataFrame, top: pd.DataFrame, name: str, tasks: list[str],
         metric = part.metric.iloc[0] if len(part) else ""
         scale = 100 if metric == "accuracy" else 1
         row[task] = _cell(part.value, scale) + MARKS.get(verdicts.get((task, name), ""), "")
-        if len(unsupported) and part.empty:
+        if part.empty and _one_decoder_model(df, name, task):
+            row[task] = "= full (one model in a decoder)"
+        elif len(unsupported) and part.empty:
             row[task] = "unsupported"
         elif len(failed) and part.empty:
             row[task] = f"failed ({failed.status.iloc[0]})"
         if metric == "accuracy" and len(part):
             accuracies.append(part.value.mean() * 100)
+    if set(df[df.label == name].variant) & set(reference_names()):
+        accuracies = []  # a computed reference runs where it applies: no average to compare
     complete = accuracies and len(accuracies) == accuracy_tasks
     row["avg (accuracy tasks)"] = (f"{sum(accuracies) / len(accuracies):.1f}" if complete else
                                    f"- ({len(accuracies)} of {accuracy_tasks} tasks)" if accuracies
@@ -124,16 +135,29 @@ def _table_row(df: pd.DataFrame, top: pd.DataFrame, name: str, tasks: list[str],
     return row
 
 
+def _one_decoder_model(df: pd.DataFrame, name: str, task: str) -> bool:
+    """``causal`` on a decoder-only task: the same model as ``full``, trained once (the grid
+    does not train it twice: bench/quality/grid.py ``same_model_as_full``)."""
+    kinds = set(df[df.task == task].model_kind.dropna())
+    return name == "causal" and kinds == {"decoder_lm"} and (df[df.task == task].label == "full").any()
+
+
 def quality_table(df: pd.DataFrame) -> pd.DataFrame:
     """Variants x tasks: mean +- std over seeds (accuracy in %), the average accuracy, a mark
     on each cell beyond seed noise from full attention (▲ better, ▼ worse); then, below a
-    separator row, the floors: the control rows, uniform chance and the majority class."""
+    separator row, the floors: the control rows, the references without attention (trained
+    ones first, then in bench/quality/reference's order), uniform chance and the majority
+    class."""
     top, tasks = headline(df), task_order(df)
-    found = differences_from_reference(top)
+    found = differences_from_reference(trained(top))
     verdicts = {(r.task, r.label): r.verdict for r in found.itertuples()}
     roles = df.drop_duplicates("label").set_index("label").role
-    variants = sorted(n for n in roles.index if roles[n] != "control")
+    variants = sorted(n for n in roles.index if roles[n] == "variant")
     controls = sorted(n for n in roles.index if roles[n] == "control")
+    order = {r.title: i for i, r in enumerate(list_references())}
+    references = sorted((n for n in roles.index if roles[n] == "reference"),
+                        key=lambda n: (order.get(n, -1), n))
+    controls += references
     accuracy_tasks = top[top.metric == "accuracy"].task.nunique()
     rows = [_table_row(df, top, name, tasks, verdicts, accuracy_tasks) for name in variants]
     separator = {"variant": "**floors and controls**",
@@ -142,6 +166,11 @@ def quality_table(df: pd.DataFrame) -> pd.DataFrame:
     rows += [_table_row(df, top, name, tasks, verdicts, accuracy_tasks) for name in controls]
     rows += [floor_row(df, UNIFORM, uniform_chance(df)), floor_row(df, MAJORITY, majority_class(df))]
     return pd.DataFrame(rows)
+
+
+def trained(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` less the rows of computed references (no seeds, nothing to pair)."""
+    return df[~df.variant.isin(reference_names())]
 
 
 def uniform_chance(df: pd.DataFrame) -> dict[str, float]:
@@ -177,7 +206,7 @@ def floor_row(df: pd.DataFrame, name: str, levels: dict[str, float]) -> dict[str
 def significance_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per task and variant, the paired difference from full attention over shared seeds:
     means, the difference with its 95% t-interval (accuracy in points), and the verdict."""
-    found = differences_from_reference(headline(df))
+    found = differences_from_reference(trained(headline(df)))
     order = {t: i for i, t in enumerate(task_order(df))}
     found = found.sort_values(["task", "label"], key=lambda s: s.map(order) if s.name == "task" else s)
     rows = []
@@ -194,9 +223,57 @@ def significance_table(df: pd.DataFrame) -> pd.DataFrame:
                                        "difference", "95% interval", "verdict"])
 
 
+#: how the margin table marks each verdict (bench/quality/margins.py)
+MARGIN_MARKS = {"clears": "✓", "within 2 sd": "~", "below": "✗", "one seed": "?"}
+
+
+def margin_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Tasks x variants: each variant's mean past its task's strongest reference row (accuracy
+    in points; bits per byte: positive is fewer bits), marked ✓ beyond two seed standard
+    deviations, ~ past it by less, ✗ not past it, ? past it with one seed."""
+    top = headline(df)
+    strongest = strongest_references(top)
+    found = margins(top)
+    if strongest.empty:
+        return pd.DataFrame()
+    names = sorted({m.label for m in found})
+    rows = []
+    for best in strongest.itertuples():
+        scale, digits = (100, 1) if best.metric == "accuracy" else (1, 3)
+        row = {"task": best.task, "strongest reference": _display(df, best.label),
+               "its value": f"{best.value * scale:.{digits}f}"}
+        for m in found:
+            if m.task == best.task:
+                row[m.label] = f"{m.margin * scale:+.{digits}f} {MARGIN_MARKS[m.verdict]}"
+        rows.append(row)
+    order = {t: i for i, t in enumerate(task_order(df))}
+    table = pd.DataFrame(rows, columns=["task", "strongest reference", "its value", *names])
+    return table.sort_values("task", key=lambda s: s.map(order)).fillna("-")
+
+
+def parameter_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Trained models x tasks: parameter count, and how many more or fewer than full
+    attention's model on the same task (a relative bias's tables, a recurrent layer)."""
+    top = trained(headline(df))
+    counts = top.groupby(["label", "task"]).param_count.median().unstack("task")
+    tasks = [t for t in task_order(df) if t in counts.columns]
+    rows = []
+    for name in counts.index:
+        row = {"model": _display(df, name)}
+        for task in tasks:
+            value, full = counts.at[name, task], counts[task].get("full")
+            if pd.isna(value):
+                row[task] = "-"
+                continue
+            extra = "" if full is None or pd.isna(full) or value == full else f" ({value - full:+,.0f})"
+            row[task] = f"{value:,.0f}{extra}"
+        rows.append(row)
+    return pd.DataFrame(rows, columns=["model", *tasks])
+
+
 def cost_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per task and variant: training throughput, train time, peak memory, parameters."""
-    top = headline(df)
+    top = trained(headline(df))
     grouped = top.groupby(["task", "label"], sort=False).agg(
         seeds=("seed", "nunique"), train_tokens_per_s=("train_tokens_per_s", "median"),
         train_time_s=("train_time_s", "median"), peak_mem_mib=("peak_mem_bytes", "median"),
@@ -251,8 +328,27 @@ def build_quality_report(run_dir: str | Path) -> str:
              "in the grid, e.g. a model without position information), uniform chance "
              "(1 / number of classes) and the majority class (always answering the training "
              "set's most frequent label; below uniform chance when that label is rarer in "
-             "the test split).", "",
+             "the test split); then the references without attention (role: reference; "
+             "docs/quality.md says what each computes).", "",
              markdown_table(table), ""]
+    beyond = margin_table(df)
+    if len(beyond):
+        parts += ["## Past what needs no attention", "",
+                  "Per task, the strongest reference row (the best mean among the rows with role "
+                  "reference) and each variant's mean past it (accuracy in points; bits per byte: "
+                  "positive is fewer bits). ✓: past it by at least "
+                  f"{SD_MARGIN:g} standard deviations of the variant's seeds, the bar for reading "
+                  "the task's ranking as a finding about attention; ~: past it by less; ✗: not "
+                  "past it (the model has not learned more than counting, compressing or "
+                  "recurrence gives); ?: past it, one seed.", "",
+                  markdown_table(beyond), ""]
+    sizes = parameter_table(df)
+    if len(sizes):
+        parts += ["## Parameters per model", "",
+                  "Every variant's model has the same sizes; a variant whose attention carries "
+                  "parameters of its own (a learned relative bias table) or a reference with "
+                  "another layer (a recurrent one) differs from full attention's model by the "
+                  "number in parentheses.", "", markdown_table(sizes), ""]
     differences = significance_table(df)
     if len(differences):
         parts += ["## Difference from full attention (paired by seed)", "",

@@ -286,7 +286,8 @@ def build(spec: RunSpec) -> tuple[TaskSettings, Task, dict[str, Any], Any]:
     settings = task_settings(spec.task, spec.preset, spec.overrides)
     task = get_task(spec.task, settings.data, spec.seed)
     params = attention_params(spec.variant, spec.params, settings)
-    parts = model_parts(task.model_kind, spec.variant, params, task.causal_self_attention)
+    parts = model_parts(task.model_kind, spec.variant, params, task.causal_self_attention,
+                        settings.model.get("mixer", "attention"))
     return settings, task, params, parts
 
 

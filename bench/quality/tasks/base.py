@@ -157,6 +157,12 @@ class ClassificationTask(Task):
         labels = self.splits[split]["labels"][:count]
         return Metric("majority_accuracy", float((labels == common).float().mean()))
 
+    def condition_metrics(self, split: str, preds: Tensor, labels: Tensor) -> list[Metric]:
+        """Accuracy per condition of the first ``len(labels)`` examples of ``split`` (e.g. per
+        distance), from predicted and true labels; none by default. The final evaluation of a
+        model and the reference rows (bench/quality/reference) both report these."""
+        return []
+
     def evaluate(self, model: nn.Module, split: str, *, limit: int | None, batch_size: int,
                  final: bool) -> list[Metric]:
         preds, labels, tokens, seconds = self.predictions(model, split, limit, batch_size)
@@ -164,6 +170,7 @@ class ClassificationTask(Task):
         metrics = [Metric("accuracy", accuracy, "", tokens, seconds)]
         if final:
             metrics.append(self.majority_accuracy(split, len(labels)))
+            metrics += self.condition_metrics(split, preds, labels)
         return metrics
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor
 
 from bench.data import recall
 from bench.quality.tasks.base import ClassificationTask, Metric, as_tensors
@@ -47,15 +47,12 @@ class Recall(ClassificationTask):
             keep = {"ids": arrays["ids"], "labels": arrays["labels"], "distance": arrays["distance"]}
             self.splits[split] = as_tensors(keep, np.arange(len(arrays["labels"])))
 
-    def evaluate(self, model: nn.Module, split: str, *, limit: int | None, batch_size: int,
-                 final: bool) -> list[Metric]:
-        preds, labels, tokens, seconds = self.predictions(model, split, limit, batch_size)
-        metrics = [Metric("accuracy", float((preds == labels).float().mean()), "", tokens, seconds)]
-        if final:
-            metrics.append(self.majority_accuracy(split, len(labels)))
-            distance = self.splits[split]["distance"][: len(labels)]
-            for d in torch.unique(distance).tolist():
-                hit = distance == d
-                metrics.append(Metric("accuracy", float((preds[hit] == labels[hit]).float().mean()),
-                                      f"distance={d}"))
-        return metrics
+    def condition_metrics(self, split: str, preds: Tensor, labels: Tensor) -> list[Metric]:
+        """Accuracy at each key-query distance (``distance=d``)."""
+        distance = self.splits[split]["distance"][: len(labels)]
+        found = []
+        for d in torch.unique(distance).tolist():
+            hit = distance == d
+            found.append(Metric("accuracy", float((preds[hit] == labels[hit]).float().mean()),
+                                f"distance={d}"))
+        return found

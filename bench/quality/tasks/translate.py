@@ -58,9 +58,13 @@ class Translate(Task):
                               groups=bible.chapter_groups(refs))
         train_text = [text for i in parts["train"] for text in items[i][1:]]
         self.tokenizer = bible.train_bpe(train_text, int(d.get("bpe_vocab", 2000)))
-        self.references: dict[str, list[str]] = {}
+        self.references: dict[str, list[str]] = {}  # cleaned Spanish, per split
+        self.sources: dict[str, list[str]] = {}  # cleaned English, per split
         self.verse_refs: dict[str, list[str]] = {}  # the first verse of each passage
+        order = np.random.default_rng([int(d.get("data_seed", 0)), 0xB1E0])
         for split, index in parts.items():
+            if split != "train":  # a seeded order: the first passages sample every chapter
+                index = order.permutation(index)
             chosen = [items[i] for i in index]
             self.verse_refs[split] = [c[0] for c in chosen]
             arrays = bible.encode_pairs(self.tokenizer, [c[1] for c in chosen], [c[2] for c in chosen],
@@ -68,6 +72,7 @@ class Translate(Task):
             keep = {k: arrays[k] for k in ("src_ids", "src_mask", "tgt_ids", "tgt_mask")}
             self.splits[split] = as_tensors(keep, np.arange(len(chosen)))
             self.references[split] = [c[2] for c in chosen]
+            self.sources[split] = [c[1] for c in chosen]
 
     @property
     def seq_len(self) -> int:
@@ -100,12 +105,18 @@ class Translate(Task):
             tokens += int(batch["src_mask"].sum() + batch["tgt_mask"].sum())
         return Metric("loss", total / max(count, 1), "", tokens, time.perf_counter() - start)
 
+    def bleu_count(self) -> int:
+        """How many passages BLEU scores: the first ``bleu_examples`` of a split (setting
+        ``all``: every one)."""
+        count = self.data.get("bleu_examples", 64)
+        return 10**9 if count == "all" else int(count)
+
     @torch.no_grad()
     def bleu(self, model: nn.Module, split: str, strategy: str, batch_size: int) -> Metric:
         """Corpus BLEU of decoded test passages against the cleaned references."""
         import sacrebleu  # the tasks extra: imported where BLEU is scored
 
-        limit = int(self.data.get("bleu_examples", 64))
+        limit = self.bleu_count()
         hypotheses, start = [], time.perf_counter()
         tokens = 0
         for batch in self.batches(split, batch_size, limit):

@@ -1,0 +1,73 @@
+"""Does a variant beat what needs no attention? Per task, the strongest reference row (the
+best of the grid's rows with role ``reference``: naive Bayes, n-gram models, compressors,
+nearest neighbours, a recurrent network trained by the same recipe, ...) against every
+variant's mean over seeds.
+
+A variant *clears* its task when its mean is past the strongest reference by at least two
+standard deviations of its own seeds (the bar a finding about attention has to pass: a
+model below what no attention reaches has not learned what the task measures). With one
+seed the spread is unknown and the verdict says so."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from bench.quality.significance import LOWER_IS_BETTER
+
+CLEARS, SHORT, BELOW, ONE_SEED = "clears", "within 2 sd", "below", "one seed"
+#: how many of the variant's seed standard deviations the margin must reach
+SD_MARGIN = 2.0
+
+
+@dataclass(frozen=True)
+class Margin:
+    """One variant on one task against the task's strongest reference."""
+
+    task: str
+    label: str
+    reference: str
+    reference_value: float
+    mean: float
+    sd: float | None  # over seeds; None with one seed
+    n: int
+    margin: float  # mean past the reference, in the metric's better direction
+    verdict: str
+
+
+def strongest_references(top: pd.DataFrame) -> pd.DataFrame:
+    """Per task, the reference row with the best mean over its seeds: ``task, label, metric,
+    value``. ``top``: headline test rows with columns ``task, label, role, seed, metric,
+    value``."""
+    refs = top[top.role == "reference"]
+    rows = []
+    for task, part in refs.groupby("task", sort=False):
+        means = part.groupby("label").value.mean()
+        metric = part.metric.iloc[0]
+        best = means.idxmin() if metric in LOWER_IS_BETTER else means.idxmax()
+        rows.append({"task": task, "label": best, "metric": metric, "value": float(means[best])})
+    return pd.DataFrame(rows, columns=["task", "label", "metric", "value"])
+
+
+def margins(top: pd.DataFrame) -> list[Margin]:
+    """Every variant (role ``variant``) on every task that has a reference row."""
+    found = []
+    strongest = strongest_references(top).set_index("task")
+    for (task, name), part in top[top.role == "variant"].groupby(["task", "label"], sort=False):
+        if task not in strongest.index:
+            continue
+        best = strongest.loc[task]
+        values = part.groupby("seed").value.mean()
+        n, mean = len(values), float(values.mean())
+        sd = float(values.std(ddof=1)) if n > 1 else None
+        sign = -1.0 if best.metric in LOWER_IS_BETTER else 1.0
+        margin = sign * (mean - best.value)
+        if margin <= 0:
+            verdict = BELOW
+        elif sd is None:
+            verdict = ONE_SEED
+        else:
+            verdict = CLEARS if margin >= SD_MARGIN * sd else SHORT
+        found.append(Margin(task, name, best.label, best.value, mean, sd, n, margin, verdict))
+    return found

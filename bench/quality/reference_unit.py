@@ -1,0 +1,98 @@
+"""A grid's reference rows as units: one (task, reference) is computed in its own worker
+process, like a training run, and returns rows of the grid's ``quality.csv`` with role
+``reference`` (bench/quality/reference lists what each computes).
+
+A reference reads the task's data settings only (no model, no training, no seed: its
+splits are the ones every seed of the task trains on), so its id and its staleness depend
+on the task, the preset and the data settings alone."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bench.process import Worker, WorkerGone
+from bench.quality.reference import get_reference
+from bench.quality.tasks import get_task
+
+#: what the ``attention_parts`` column says of a reference row
+NO_ATTENTION = "none (reference without attention)"
+
+
+@dataclass(frozen=True)
+class ReferenceUnit:
+    """The reference ``reference`` on ``task`` with the preset's ``data`` settings."""
+
+    task: str
+    reference: str
+    preset: str
+    data: dict[str, Any]
+    settings: str  # the task's resolved settings as recorded in every row (JSON)
+    seed: int
+    timeout_s: float
+    device: str = "cpu"
+
+    @property
+    def unit_id(self) -> str:
+        key = {"task": self.task, "reference": self.reference, "preset": self.preset,
+               "data": self.data}
+        return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    @property
+    def label(self) -> str:
+        return get_reference(self.reference).title
+
+    def describe(self) -> str:
+        return f"reference {self.task} {self.label} ({self.preset})"
+
+    def _identity(self) -> dict[str, Any]:
+        return {"unit_id": self.unit_id, "task": self.task, "variant": self.reference,
+                "label": self.label, "seed": self.seed, "preset": self.preset,
+                "role": "reference", "title": self.label, "overrides": "",
+                "settings": self.settings, "attention_parts": NO_ATTENTION}
+
+    def failure_rows(self, status: str, reason: str) -> list[dict[str, Any]]:
+        return [{**self._identity(), "params": "{}", "split": "-", "metric": "-",
+                 "condition": "", "status": status, "reason": reason}]
+
+    def run(self, cuda_visible: str | None = None) -> list[dict[str, Any]]:
+        """Compute in a fresh worker; a death or a timeout becomes a failure row."""
+        worker = Worker(reference_worker_main, (self.task, self.reference, self.data, self.seed))
+        try:
+            kind, payload = worker.receive(self.timeout_s)
+        except TimeoutError:
+            return self.failure_rows("timeout", f"timed out after {self.timeout_s:g} s")
+        except WorkerGone as gone:
+            return self.failure_rows(gone.status, gone.reason)
+        finally:
+            worker.kill()
+        if kind == "failed":
+            return self.failure_rows("error", payload)
+        return [{**self._identity(), **row} for row in payload]
+
+
+def reference_rows(task_name: str, reference: str, data: dict[str, Any], seed: int) -> list[dict[str, Any]]:
+    """Prepare the task and compute the reference: one ``test`` row per metric."""
+    task = get_task(task_name, data, seed)
+    start = time.perf_counter()
+    task.prepare()
+    outcome = get_reference(reference).compute(task)
+    seconds = time.perf_counter() - start
+    return [{"params": json.dumps(outcome.chosen, sort_keys=True), "split": "test",
+             "metric": m.name, "condition": m.condition, "value": m.value, "status": "ok",
+             "reason": "", "train_time_s": seconds, "seq_len": task.seq_len,
+             "model_kind": task.model_kind} for m in outcome.metrics]
+
+
+def reference_worker_main(task_name: str, reference: str, data: dict[str, Any], seed: int,
+                          conn: Any) -> None:
+    """Entry point of a reference worker: compute, then send the rows (or the error)."""
+    try:
+        rows = reference_rows(task_name, reference, data, seed)
+    except Exception as err:  # one reference failing never loses another's rows
+        conn.send(("failed", f"{type(err).__name__}: {err}"[:500]))
+        return
+    conn.send(("rows", rows))
