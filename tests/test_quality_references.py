@@ -13,7 +13,15 @@ import torch
 
 from bench.config import ConfigError
 from bench.quality.grid import parse_grid, run_grid, superseded_units, units
-from bench.quality.margins import BELOW, CLEARS, ONE_SEED, SHORT, margins, strongest_references
+from bench.quality.margins import (
+    BELOW,
+    CLEARS,
+    ONE_SEED,
+    SHORT,
+    margins,
+    strongest_references,
+    unlearned_tasks,
+)
 from bench.quality.reference import counts, get_reference, list_references, translation
 from bench.quality.reference.bytes_model import (
     NGramModel,
@@ -186,6 +194,9 @@ def test_a_grid_computes_its_references_and_trains_a_decoder_once(tmp_path):
     text = build_quality_report(tmp_path)
     assert "| causal | " in text and "= full (one model in a decoder)" in text
     assert "## Past what needs no attention" in text and "## Parameters per model" in text
+    # tiny models learn nothing: every task is moved out of the headline table, with why
+    assert "## Tasks full attention has not learned at this budget" in text
+    assert "(No task: full attention is past its strongest reference" in text
     assert run_grid(config, tmp_path) == []  # resumed: the references are done too
     # a data setting edited since: the reference of that task runs again, the other does not
     stale = df[df.variant == "ngram_2"].unit_id.iloc[0]
@@ -221,6 +232,9 @@ def test_margins_against_the_strongest_reference():
     assert strongest_references(top).label.tolist() == ["lstm"]
     verdicts = {m.label: m.verdict for m in margins(top)}
     assert verdicts == {"full": CLEARS, "wide": SHORT, "weak": BELOW, "one": ONE_SEED}
+    assert unlearned_tasks(top) == {}  # full attention clears task a
+    weak_full = top.assign(label=top.label.replace({"full": "strong", "weak": "full"}))
+    assert list(unlearned_tasks(weak_full)) == ["a"]
     lower = _top([("b", "xz", "reference", 0, 2.9), ("b", "ngram", "reference", 0, 2.4),
                   ("b", "full", "variant", 0, 2.5), ("b", "full", "variant", 1, 2.6)],
                  metric="bits_per_byte")

@@ -27,6 +27,7 @@ class Margin:
 
     task: str
     label: str
+    metric: str
     reference: str
     reference_value: float
     mean: float
@@ -69,5 +70,14 @@ def margins(top: pd.DataFrame) -> list[Margin]:
             verdict = ONE_SEED
         else:
             verdict = CLEARS if margin >= SD_MARGIN * sd else SHORT
-        found.append(Margin(task, name, best.label, best.value, mean, sd, n, margin, verdict))
+        found.append(Margin(task, name, best.metric, best.label, best.value, mean, sd, n, margin,
+                            verdict))
     return found
+
+
+def unlearned_tasks(top: pd.DataFrame, reference: str = "full") -> dict[str, Margin]:
+    """Tasks where ``reference`` (full attention) is not past the strongest reference row:
+    below it, or past it by less than two seed standard deviations. A task without reference
+    rows, or with one seed of full attention past its reference, is not judged here."""
+    return {m.task: m for m in margins(top)
+            if m.label == reference and m.verdict in (BELOW, SHORT)}

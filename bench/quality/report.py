@@ -14,7 +14,7 @@ import pandas as pd
 from bench.fsutil import atomic_write_text
 from bench.quality.budget import budget_table, split_budget
 from bench.quality.grid import QUALITY_COLUMNS, QUALITY_FILE
-from bench.quality.margins import SD_MARGIN, margins, strongest_references
+from bench.quality.margins import SD_MARGIN, Margin, margins, strongest_references, unlearned_tasks
 from bench.quality.model_parts import label
 from bench.quality.reference import list_references, reference_names
 from bench.quality.significance import BETTER, LOWER_IS_BETTER, WORSE, differences_from_reference
@@ -101,7 +101,8 @@ def _display(df: pd.DataFrame, name: str) -> str:
     if rows.empty or rows.role.iloc[0] == "variant":
         return name
     role = rows.role.iloc[0]
-    title = next((t for t in rows.title if t and t != name), "")
+    computed = rows.variant.isin(reference_names()).any()  # its label is its title already
+    title = "" if computed else next((t for t in rows.title if t and t != name), "")
     return f"{name} ({role}{': ' + title if title else ''})"
 
 
@@ -244,11 +245,17 @@ def margin_table(df: pd.DataFrame) -> pd.DataFrame:
                "its value": f"{best.value * scale:.{digits}f}"}
         for m in found:
             if m.task == best.task:
-                row[m.label] = f"{m.margin * scale:+.{digits}f} {MARGIN_MARKS[m.verdict]}"
+                row[m.label] = f"{_signed(m)} {MARGIN_MARKS[m.verdict]}"
         rows.append(row)
     order = {t: i for i, t in enumerate(task_order(df))}
     table = pd.DataFrame(rows, columns=["task", "strongest reference", "its value", *names])
     return table.sort_values("task", key=lambda s: s.map(order)).fillna("-")
+
+
+def _signed(m: Margin) -> str:
+    """A margin in the tables' unit (accuracy in points)."""
+    scale, digits = (100, 1) if m.metric == "accuracy" else (1, 3)
+    return f"{m.margin * scale:+.{digits}f}"
 
 
 def parameter_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -314,7 +321,8 @@ def build_quality_report(run_dir: str | Path) -> str:
     df, budget = split_budget(load_quality(run_dir))  # matched-compute rows apart: budget.py
     if df.empty:
         raise ValueError(f"RUN_DIR {run_dir}: {QUALITY_FILE} has no rows yet; run or resume the grid")
-    table = quality_table(df)
+    unlearned = unlearned_tasks(headline(df))
+    table = quality_table(df[~df.task.isin(list(unlearned))])
     metrics = ", ".join(f"{t}: {HEADLINE.get(m, m)}" for t, m in
                         headline(df).groupby("task").metric.first().items())
     counts = df.drop_duplicates("unit_id").groupby("status").size().to_dict()
@@ -325,30 +333,38 @@ def build_quality_report(run_dir: str | Path) -> str:
              "evaluated once on the test split. The average is over the accuracy tasks. ▲ / ▼: "
              "better / worse than full attention beyond seed noise (the paired 95% interval "
              "below excludes 0). Below the variants, the floors: control rows (role: control "
-             "in the grid, e.g. a model without position information), uniform chance "
-             "(1 / number of classes) and the majority class (always answering the training "
-             "set's most frequent label; below uniform chance when that label is rarer in "
-             "the test split); then the references without attention (role: reference; "
-             "docs/quality.md says what each computes).", "",
-             markdown_table(table), ""]
-    beyond = margin_table(df)
-    if len(beyond):
-        parts += ["## Past what needs no attention", "",
-                  "Per task, the strongest reference row (the best mean among the rows with role "
-                  "reference) and each variant's mean past it (accuracy in points; bits per byte: "
-                  "positive is fewer bits). ✓: past it by at least "
-                  f"{SD_MARGIN:g} standard deviations of the variant's seeds, the bar for reading "
-                  "the task's ranking as a finding about attention; ~: past it by less; ✗: not "
-                  "past it (the model has not learned more than counting, compressing or "
-                  "recurrence gives); ?: past it, one seed.", "",
-                  markdown_table(beyond), ""]
-    sizes = parameter_table(df)
-    if len(sizes):
-        parts += ["## Parameters per model", "",
-                  "Every variant's model has the same sizes; a variant whose attention carries "
-                  "parameters of its own (a learned relative bias table) or a reference with "
-                  "another layer (a recurrent one) differs from full attention's model by the "
-                  "number in parentheses.", "", markdown_table(sizes), ""]
+             "in the grid, e.g. a model without position information), the references "
+             "without attention (role: reference; docs/quality.md says what each computes), "
+             "uniform chance (1 / number of classes) and the majority class (always "
+             "answering the training set's most frequent label; below uniform chance when "
+             "that label is rarer in the test split).", "",
+             markdown_table(table) if len(table.columns) > 2 else
+             "(No task: full attention is past its strongest reference without attention on "
+             "none of them; see the next table.)", ""]
+    if unlearned:
+        parts += _section(
+            "Tasks full attention has not learned at this budget", quality_table(
+                df[df.task.isin(list(unlearned))]),
+            "Out of the table above: on these tasks full attention is not past the strongest "
+            "reference without attention by two seed standard deviations ("
+            + "; ".join(f"{t}: {_display(df, m.reference)}, margin {_signed(m)}"
+                        for t, m in unlearned.items())
+            + "), so a ranking of patterns read off them is not a finding about attention. "
+            "Their figures stay here, beside the same floors.")
+    parts += _section(
+        "Past what needs no attention", margin_table(df),
+        "Per task, the strongest reference row (the best mean among the rows with role "
+        "reference) and each variant's mean past it (accuracy in points; bits per byte: "
+        f"positive is fewer bits). ✓: past it by at least {SD_MARGIN:g} standard deviations of "
+        "the variant's seeds, the bar for reading the task's ranking as a finding about "
+        "attention; ~: past it by less; ✗: not past it (the model has not learned more than "
+        "counting, compressing or recurrence gives); ?: past it, one seed.")
+    parts += _section(
+        "Parameters per model", parameter_table(df),
+        "Every variant's model has the same sizes; a variant whose attention carries "
+        "parameters of its own (a learned relative bias table) or a reference with another "
+        "layer (a recurrent one) differs from full attention's model by the number in "
+        "parentheses.")
     differences = significance_table(df)
     if len(differences):
         parts += ["## Difference from full attention (paired by seed)", "",
@@ -386,6 +402,11 @@ def build_quality_report(run_dir: str | Path) -> str:
     text = "\n".join(parts)
     atomic_write_text(run_dir / REPORT_FILE, text + "\n")
     return text
+
+
+def _section(title: str, table: pd.DataFrame, intro: str) -> list[str]:
+    """A report section (title, one paragraph, the table), or nothing for an empty table."""
+    return [f"## {title}", "", intro, "", markdown_table(table), ""] if len(table) else []
 
 
 def is_quality_run(run_dir: str | Path) -> bool:
