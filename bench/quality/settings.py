@@ -47,6 +47,10 @@ class TrainSettings:
     #: attention spends in `steps` steps; the run's steps are what that budget buys, with
     #: warm-up and eval_every stretched to them. None: train for `steps` steps.
     budget_x: float | None = None
+    #: self-pretraining (bench/quality/pretrain.py): the first this many of `steps` denoise
+    #: the task's own inputs before fine-tuning on its labels; 0: none
+    pretrain_steps: int = 0
+    pretrain_mask_rate: float = 0.15  # share of real tokens replaced while pretraining
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "eval_every", "eval_examples", "checkpoint_every"):
@@ -61,6 +65,15 @@ class TrainSettings:
                               "train.min_lr_ratio")
         require_choice("train.schedule", self.schedule, SCHEDULES,
                        error=functools.partial(ConfigError, key="train.schedule"))
+        _require_int("train.pretrain_steps", self.pretrain_steps, minimum=0)
+        if self.pretrain_steps >= self.steps:
+            raise ConfigError(f"train.pretrain_steps: must be less than train.steps "
+                              f"({self.steps}), which it is part of; got {self.pretrain_steps!r}",
+                              "train.pretrain_steps")
+        rate = self.pretrain_mask_rate
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate <= 1:
+            raise ConfigError(f"train.pretrain_mask_rate: must be a number in (0, 1]; got "
+                              f"{rate!r}", "train.pretrain_mask_rate")
         if self.budget_x is not None:
             value = self.budget_x
             if (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -101,6 +114,8 @@ def settings_that_apply(settings_json: str, variant: str, params: dict[str, Any]
 
     - ``train.budget_x`` left unset (``None``, or absent from rows older than it) is the
       preset's step count, as before the setting existed;
+    - ``train.pretrain_steps`` left at 0 (or absent) is no self-pretraining, whatever
+      ``train.pretrain_mask_rate`` says;
     - ``train.position_bias_lr_scale`` moves only relative-position bias tables, so it is
       dropped for a variant that carries none (anything but ``relative`` without
       ``position_bias``).
@@ -109,6 +124,9 @@ def settings_that_apply(settings_json: str, variant: str, params: dict[str, Any]
     train = settings.get("train", {})
     if train.get("budget_x") is None:
         train.pop("budget_x", None)
+    if not train.get("pretrain_steps"):  # no self-pretraining (or a row older than it)
+        train.pop("pretrain_steps", None)
+        train.pop("pretrain_mask_rate", None)
     if variant != "relative" and not params.get("position_bias"):
         train.pop("position_bias_lr_scale", None)
     return settings

@@ -41,6 +41,7 @@ from bench.quality.checkpoint import (
     save_checkpoint,
 )
 from bench.quality.model_parts import label, model_parts
+from bench.quality.pretrain import check_pretraining, denoising_loss, phase_settings
 from bench.quality.settings import TaskSettings, TrainSettings, attention_params, task_settings
 from bench.quality.tasks import Metric, Task, get_task
 from bench.threads import torch_threads
@@ -70,7 +71,9 @@ class RunSpec:
 
 
 def learning_rate(step: int, train: TrainSettings) -> float:
-    """Linear warm-up to ``lr``, then cosine or linear decay to ``min_lr_ratio * lr``."""
+    """Linear warm-up to ``lr``, then cosine or linear decay to ``min_lr_ratio * lr``; with
+    self-pretraining, once over its steps and once over fine-tuning's (bench/quality/pretrain.py)."""
+    step, train = phase_settings(step, train)
     if step < train.warmup_steps:
         return train.lr * (step + 1) / train.warmup_steps
     span = max(1, train.steps - train.warmup_steps)
@@ -183,7 +186,11 @@ class Trainer:
             group["lr"] = learning_rate(step, self.train) * group.get("lr_scale", 1.0)
         batch = {k: v.to(self.device) for k, v in self.task.train_batch(step, self.train.batch_size).items()}
         with self._autocast():
-            loss, tokens = self.task.loss(self.model, batch)
+            if step < self.train.pretrain_steps:  # self-pretraining: denoise the inputs
+                loss, tokens = denoising_loss(self.model, batch, self.train.pretrain_mask_rate,
+                                              self.spec.seed, step)
+            else:
+                loss, tokens = self.task.loss(self.model, batch)
         loss.backward()
         if self.train.grad_clip > 0:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip)
@@ -222,6 +229,8 @@ class Trainer:
         """Train from the current step to ``steps`` (validating and checkpointing on the way)."""
         first = self.progress.step
         for step in range(first, self.train.steps):
+            if step == self.train.pretrain_steps > 0:  # fine-tuning starts with a fresh optimizer
+                self.optimizer = make_optimizer(self.model, self.train)
             if step == first:
                 loss, _ = self._measured_step(step)
             else:
@@ -231,7 +240,8 @@ class Trainer:
                 self.progress.tokens += tokens
             self.progress.step = step + 1
             last = step + 1 == self.train.steps
-            if (step + 1) % self.train.eval_every == 0 or last:
+            fine_tuning = step >= self.train.pretrain_steps  # no model selection before it
+            if fine_tuning and ((step + 1) % self.train.eval_every == 0 or last):
                 self.validate(step)
             if (step + 1) % self.train.checkpoint_every == 0 or last:
                 self.save_last()
@@ -347,6 +357,7 @@ def _train_run(spec: RunSpec, log: Callable[[str], None],
         rows = unsupported_rows(spec, settings, task, params, parts)
         atomic_write_json(out / METRICS, rows)
         return rows
+    check_pretraining(task, settings.train)
     task.prepare()
     torch.manual_seed(spec.seed)
     model = _model(spec, settings, task, parts)
