@@ -211,10 +211,16 @@ def test_a_grid_computes_its_references_and_trains_a_decoder_once(tmp_path):
 @pytest.mark.parametrize(("change", "fragment"), [
     ({"references": ["bigram"]}, "'references': unknown reference 'bigram'"),
     ({"references": 3}, "'references': must be 'all' or a list"),
+    ({"variants": [], "references": []}, "'variants': must be a non-empty list"),
 ])
 def test_bad_references_name_the_key(change, fragment):
     with pytest.raises(ConfigError, match=fragment):
         parse_grid({**GRID, **change})
+
+
+def test_a_grid_of_references_only_has_no_training_units(tmp_path):
+    todo = units(parse_grid({**GRID, "variants": []}), tmp_path)
+    assert todo and all(isinstance(u, ReferenceUnit) for u in todo)
 
 
 def _top(rows: list[tuple[str, str, str, int, float]], metric: str = "accuracy") -> pd.DataFrame:

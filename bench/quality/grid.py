@@ -273,8 +273,9 @@ def parse_grid(raw: dict[str, Any], only: Collection[str] | None = None) -> Grid
                                   "alike); give it other settings or remove it",
                                   f"variants[{index}]")
         variants.append(variant)
-    if not variants:
-        raise ConfigError("config key 'variants': must be a non-empty list like [{name: full}]",
+    if not variants and not raw.get("references"):
+        raise ConfigError("config key 'variants': must be a non-empty list like [{name: full}] "
+                          "(or empty beside a 'references' list: a grid of references only)",
                           "variants")
     if only is not None:
         names = sorted({v.name for v in variants})
