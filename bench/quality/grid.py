@@ -4,12 +4,16 @@ through the same executors, worker isolation, resume and failure rows as speed s
 Config keys: ``name``, ``kind: quality``, ``preset`` (a task preset, ``small`` or ``lra``),
 ``tasks`` (names), ``variants`` (``{name, <params>}``; task presets add their shared
 attention settings such as the window), ``seeds`` (a list, or ``{default: [...], <task>:
-[...]}``), ``device``, ``threads``, ``timeout_s`` (per training run), ``kernel``.
+[...]}``), ``device``, ``threads``, ``timeout_s`` (per training run), ``kernel``,
+``references`` (``all`` or names: the reference rows without attention computed on each task
+they apply to, one unit per (task, reference): bench/quality/reference_unit.py; with them
+``variants`` may be empty).
 
 A variant entry may also carry ``tasks`` (the grid tasks it trains on, default all),
 ``model`` (model settings overriding the preset's for this
-entry only, e.g. ``{position: none}``), ``role`` (``variant``, the default, or ``control``:
-a reference row such as an order-blind model, shown apart in the report) and ``title`` (a
+entry only, e.g. ``{position: none}``), ``role`` (``variant``, the default; ``control``: an
+ablation such as an order-blind model; ``reference``: a model without attention such as
+``model: {mixer: lstm}``; both shown apart in the report) and ``title`` (a
 short description, e.g. ``order-blind``). The overrides are part of the unit's identity, its
 run directory and its label: ``full [position=none]``.
 
