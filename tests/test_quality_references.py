@@ -197,6 +197,9 @@ def test_a_grid_computes_its_references_and_trains_a_decoder_once(tmp_path):
     # tiny models learn nothing: every task is moved out of the headline table, with why
     assert "## Tasks full attention has not learned at this budget" in text
     assert "(No task: full attention is past its strongest reference" in text
+    from bench.quality.plots import plot_quality_run  # reference rows have no mask to reach
+
+    assert {"pareto.png", "recall_distance.png"} <= {p.name for p in plot_quality_run(tmp_path)}
     assert run_grid(config, tmp_path) == []  # resumed: the references are done too
     # a data setting edited since: the reference of that task runs again, the other does not
     stale = df[df.variant == "ngram_2"].unit_id.iloc[0]
