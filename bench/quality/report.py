@@ -212,7 +212,7 @@ def significance_table(df: pd.DataFrame) -> pd.DataFrame:
     found = found.sort_values(["task", "label"], key=lambda s: s.map(order) if s.name == "task" else s)
     rows = []
     for r in found.itertuples():
-        scale, digits = (100, 1) if r.metric == "accuracy" else (1, 3)
+        scale, digits = display_unit(r.metric)
         interval = "-" if r.low is None or pd.isna(r.low) else \
             f"[{r.low * scale:+.{digits}f}, {r.high * scale:+.{digits}f}]"
         rows.append({"task": r.task, "variant": _display(df, r.label), "seeds": r.n,
@@ -240,7 +240,7 @@ def margin_table(df: pd.DataFrame) -> pd.DataFrame:
     names = sorted({m.label for m in found})
     rows = []
     for best in strongest.itertuples():
-        scale, digits = (100, 1) if best.metric == "accuracy" else (1, 3)
+        scale, digits = display_unit(best.metric)
         row = {"task": best.task, "strongest reference": _display(df, best.label),
                "its value": f"{best.value * scale:.{digits}f}"}
         for m in found:
@@ -252,9 +252,14 @@ def margin_table(df: pd.DataFrame) -> pd.DataFrame:
     return table.sort_values("task", key=lambda s: s.map(order)).fillna("-")
 
 
+def display_unit(metric: str) -> tuple[int, int]:
+    """``(scale, decimals)`` a metric is shown in: accuracy in % to 0.1, others to 0.001."""
+    return (100, 1) if metric == "accuracy" else (1, 3)
+
+
 def _signed(m: Margin) -> str:
     """A margin in the tables' unit (accuracy in points)."""
-    scale, digits = (100, 1) if m.metric == "accuracy" else (1, 3)
+    scale, digits = display_unit(m.metric)
     return f"{m.margin * scale:+.{digits}f}"
 
 
