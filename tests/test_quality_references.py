@@ -249,3 +249,15 @@ def test_margins_against_the_strongest_reference():
                  metric="bits_per_byte")
     (found,) = margins(lower)
     assert found.reference == "ngram" and found.margin == pytest.approx(-0.15) and found.verdict == BELOW
+
+
+def test_the_cli_and_the_grid_import_without_the_tasks_extra():
+    """`pip install -e .` (no extras) runs the quick sweep: scipy and scikit-learn, which only
+    the references use, must not be imported when the CLI or a grid module is."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['scipy'] = sys.modules['sklearn'] = None; "
+            "import bench.cli.app, bench.quality.grid, bench.quality.report, bench.quality.plots")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert found.returncode == 0, found.stderr

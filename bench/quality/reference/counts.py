@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy import sparse
+
+if TYPE_CHECKING:  # scipy and scikit-learn come with the tasks extra: imported where used
+    from scipy import sparse
 
 #: naive Bayes's additive smoothing, chosen on validation (Manning et al. 2008, ch. 13)
 NB_ALPHAS = (0.01, 0.1, 0.3, 1.0)
@@ -32,6 +34,8 @@ class Fitted:
 def token_counts(ids: np.ndarray, vocab_size: int, mask: np.ndarray | None = None) -> sparse.csr_matrix:
     """Bag of tokens: ``ids (n, L)`` -> counts ``(n, vocab_size)``; positions where ``mask``
     is False (padding) are not counted."""
+    from scipy import sparse
+
     ids = np.asarray(ids, dtype=np.int64)
     keep = np.ones(ids.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
     rows = np.broadcast_to(np.arange(ids.shape[0])[:, None], ids.shape)[keep]
