@@ -9,10 +9,13 @@ class (:data:`CLASSES`):
 - ``worse`` / ``better``: ok in both, and B is slower / faster than A by more than all three
   of: the absolute threshold (``abs_ms``), the relative one (``rel_pct`` percent of A's time)
   and the noise of the two rows (half of A's IQR plus half of B's IQR, ``time_iqr_ms``);
-- ``unchanged``: ok in both within those margins, or not ok in both.
+- ``unchanged``: ok in both within those margins, or not ok in both;
+- ``broken``: a row of either run is damaged (a value its column does not allow, see
+  :mod:`bench.row_schema`) or says ``ok`` without a finite time: there is no number to
+  compare, so it can be neither unchanged nor better.
 
-The gate (:func:`gate_failures`) fails on any ``worse``, ``lost`` or ``newly failing`` case,
-and when no case is ok in both runs (nothing was compared).
+The gate (:func:`gate_failures`) fails on any ``broken``, ``worse``, ``lost`` or ``newly
+failing`` case, and when no case is ok in both runs (nothing was compared).
 """
 
 from __future__ import annotations
@@ -28,13 +31,13 @@ from bench.results import load_results
 KEY = ["label", "kernel_requested", "seq_len", "batch", "heads", "head_dim", "dtype", "device",
        "causal", "pass"]
 #: the classes of :func:`classify_runs`, most alarming first
-CLASSES = ("newly failing", "lost", "worse", "better", "fixed", "new", "unchanged")
+CLASSES = ("broken", "newly failing", "lost", "worse", "better", "fixed", "new", "unchanged")
 #: classes that make the gate fail
-FAILING = ("newly failing", "lost", "worse")
+FAILING = ("broken", "newly failing", "lost", "worse")
 DEFAULT_ABS_MS = 1.0
 #: relative threshold used to classify when no gate percentage is given
 DEFAULT_REL_PCT = 5.0
-_SIDE_COLUMNS = ["status", "time_ms", "time_iqr_ms", "kernel", "peak_mem_bytes"]
+_SIDE_COLUMNS = ["status", "time_ms", "time_iqr_ms", "kernel", "peak_mem_bytes", "problem"]
 
 
 def compare_runs(run_a: str | Path, run_b: str | Path) -> pd.DataFrame:
@@ -60,8 +63,9 @@ def regressions(table: pd.DataFrame, max_pct: float) -> pd.DataFrame:
 
 
 def _one_row_per_key(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per key: the first ok row if there is one, else the first row."""
-    order = (df.status != "ok").astype(int)
+    """One row per key: the first sound ok row if there is one, else the first row (a
+    damaged row only when the key has no other)."""
+    order = (df.status != "ok").astype(int) + 2 * (df.problem != "").astype(int)
     df = df.assign(_order=order).sort_values("_order", kind="stable")
     return df.drop_duplicates(KEY)[[*KEY, *_SIDE_COLUMNS]]
 
@@ -81,8 +85,13 @@ def noise_ms(iqr_a: float, iqr_b: float) -> float:
 
 
 def classify_case(status_a: str | None, status_b: str | None, time_a: float, time_b: float,
-                  noise: float, rel_pct: float, abs_ms: float) -> str:
-    """The class of one key (see the module docstring); ``None`` status: not in that run."""
+                  noise: float, rel_pct: float, abs_ms: float,
+                  damaged: tuple[bool, bool] = (False, False)) -> str:
+    """The class of one key (see the module docstring); ``None`` status: not in that run;
+    ``damaged``: whether A's and B's rows failed their schema."""
+    for status, time, bad in zip((status_a, status_b), (time_a, time_b), damaged):
+        if status is not None and (bad or (status == "ok" and not math.isfinite(time))):
+            return "broken"
     if status_b is None:
         return "lost"
     if status_a is None:
@@ -115,8 +124,8 @@ def classify_runs(run_a: str | Path, run_b: str | Path, rel_pct: float = DEFAULT
     """
     require_number("rel_pct", rel_pct, minimum=0)
     require_number("abs_ms", abs_ms, minimum=0)
-    a = _one_row_per_key(load_results(run_a))
-    b = _one_row_per_key(load_results(run_b))
+    a = _one_row_per_key(load_results(run_a, damaged=True))
+    b = _one_row_per_key(load_results(run_b, damaged=True))
     table = a.merge(b, on=KEY, how="outer", suffixes=("_a", "_b"))
     table = table.rename(columns={"time_ms_a": "time_a_ms", "time_ms_b": "time_b_ms",
                                   "time_iqr_ms_a": "iqr_a_ms", "time_iqr_ms_b": "iqr_b_ms",
@@ -126,9 +135,10 @@ def classify_runs(run_a: str | Path, run_b: str | Path, rel_pct: float = DEFAULT
     for row in table.itertuples(index=False):
         noise = noise_ms(_number(row.iqr_a_ms), _number(row.iqr_b_ms))
         noises.append(noise)
+        damaged = (bool(_status(row.problem_a)), bool(_status(row.problem_b)))
         classes.append(classify_case(_status(row.status_a), _status(row.status_b),
                                      _number(row.time_a_ms), _number(row.time_b_ms), noise,
-                                     rel_pct, abs_ms))
+                                     rel_pct, abs_ms, damaged))
     table["class"] = pd.Series(classes, index=table.index, dtype=object)
     table["noise_ms"] = noises
     table["change_pct"] = (table.time_b_ms / table.time_a_ms - 1.0) * 100.0
@@ -145,13 +155,14 @@ def class_counts(table: pd.DataFrame) -> dict[str, int]:
 
 
 def compared_count(table: pd.DataFrame) -> int:
-    """Keys ok in both runs (whose times were compared)."""
-    return int(((table.status_a == "ok") & (table.status_b == "ok")).sum())
+    """Keys ok in both runs whose times were compared (not broken)."""
+    return int(((table.status_a == "ok") & (table.status_b == "ok")
+                & (table["class"] != "broken")).sum())
 
 
 def gate_failures(table: pd.DataFrame) -> list[str]:
-    """Why the regression gate fails (empty: it passes): any ``worse``, ``lost`` or
-    ``newly failing`` case, or no case ok in both runs."""
+    """Why the regression gate fails (empty: it passes): any ``broken``, ``worse``, ``lost``
+    or ``newly failing`` case, or no case ok in both runs."""
     counts = class_counts(table)
     reasons = [f"{counts[name]} {name}" for name in FAILING if counts[name]]
     if compared_count(table) == 0:
@@ -173,4 +184,10 @@ def changed_cases(table: pd.DataFrame) -> pd.DataFrame:
     varying = [c for c in KEY if c not in always and table[c].nunique(dropna=False) > 1]
     cols = ["class", *always, *varying, "status_a", "status_b", "time_a_ms", "time_b_ms",
             "change_pct", "noise_ms"]
-    return table[table["class"] != "unchanged"][cols]
+    changed = table[table["class"] != "unchanged"]
+    if (changed["class"] == "broken").any():
+        problems = [a or b for a, b in zip(changed.problem_a.fillna(""), changed.problem_b.fillna(""))]
+        changed = changed.assign(problem=[p or ("ok without a finite time" if c == "broken" else "")
+                                          for p, c in zip(problems, changed["class"])])
+        cols.append("problem")
+    return changed[cols]

@@ -1,7 +1,11 @@
-"""Sweep configs: YAML (``yaml.safe_load``) into frozen dataclasses, validated on load.
+"""Sweep configs: YAML (``yaml.safe_load`` within limits, :mod:`bench.bounded_yaml`) into
+frozen dataclasses, validated on load.
 
 Every error is a :class:`ConfigError` (a ``ValueError``) whose message names the key and the
-allowed values, so the CLI prints one line instead of a traceback. Command-line overrides go
+allowed values, so the CLI prints one line instead of a traceback; a value it echoes is cut
+to a readable length (:func:`bench.messages.shown`). A file over the limits of
+:class:`bench.bounded_yaml.YamlLimits` (its size, the items and characters it stands for
+once its aliases are expanded, one string's length) is refused before it is expanded. Command-line overrides go
 through the same validation (:func:`with_overrides` re-parses the config with them applied).
 
 ``plugins:`` imports the named modules: a config is as trusted as a script.
@@ -18,8 +22,6 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from attn import attention_info, check_attention_params, list_attention, list_kernels
 from attn.validation import (
     invalid,
@@ -28,7 +30,9 @@ from attn.validation import (
     require_int_list,
     require_number,
 )
+from bench.bounded_yaml import LIMITS, YamlLimitError, load_bounded
 from bench.labels import variant_label
+from bench.messages import cut, shown
 
 PRESET_DIR = Path(__file__).parent / "configs"
 PASSES = ("fwd", "bwd", "fwd_bwd")
@@ -118,7 +122,7 @@ def _default(key: str) -> Any:
 
 
 def _subject(key: str) -> str:
-    return f"config key {key!r}"
+    return f"config key {shown(key)}"
 
 
 def _invalid(key: str, problem: str) -> ConfigError:
@@ -137,13 +141,13 @@ def _optional(check: Callable[..., Any], key: str, value: Any, **rules: Any) -> 
 
 def _fit_ranges(key: str, value: Any) -> tuple[tuple[int, int], ...]:
     if not isinstance(value, (list, tuple)):
-        raise _invalid(key, f"must be a list of [lo, hi] sequence lengths; got {value!r}")
+        raise _invalid(key, f"must be a list of [lo, hi] sequence lengths; got {shown(value)}")
     out = []
     for item in value:
         if (not isinstance(item, (list, tuple)) or len(item) != 2
                 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in item)
                 or item[0] >= item[1]):
-            raise _invalid(key, f"each range must be [lo, hi] with integers 1 <= lo < hi; got {item!r}")
+            raise _invalid(key, f"each range must be [lo, hi] with integers 1 <= lo < hi; got {shown(item)}")
         out.append((item[0], item[1]))
     return tuple(out)
 
@@ -177,8 +181,8 @@ def import_plugins(modules: tuple[str, ...]) -> None:
             importlib.import_module(module)
         except Exception as err:  # ImportError, SyntaxError, or the module's own failure
             detail = str(err).splitlines()[0] if str(err) else ""
-            raise _invalid("plugins", f"cannot import module {module!r}: "
-                                   f"{type(err).__name__}: {detail}") from None
+            raise _invalid("plugins", f"cannot import module {shown(module)}: "
+                                   f"{type(err).__name__}: {cut(detail, 500)}") from None
 
 
 def _variant(index: int, raw: Any, kernel_names: tuple[str, ...]) -> VariantSpec:
@@ -186,11 +190,11 @@ def _variant(index: int, raw: Any, kernel_names: tuple[str, ...]) -> VariantSpec
     if isinstance(raw, str):
         raw = {"name": raw}
     if not isinstance(raw, dict) or "name" not in raw:
-        raise _invalid(key, f"must be a mapping with a 'name' (e.g. {{name: full}}); got {raw!r}")
+        raise _invalid(key, f"must be a mapping with a 'name' (e.g. {{name: full}}); got {shown(raw)}")
     name = raw["name"]
     known = list_attention()
     if name not in known:
-        raise _invalid(f"{key}.name", f"unknown variant {name!r}; registered variants are {known}")
+        raise _invalid(f"{key}.name", f"unknown variant {shown(name)}; registered variants are {known}")
     info = attention_info(name)
     params = {k: v for k, v in raw.items() if k not in _VARIANT_KEYS}
     unknown = sorted(set(params) - set(info.params))
@@ -202,11 +206,11 @@ def _variant(index: int, raw: Any, kernel_names: tuple[str, ...]) -> VariantSpec
         )
     for pkey, pval in params.items():
         if not isinstance(pval, (int, float, str, bool, type(None))):
-            raise _invalid(f"{key}.{pkey}", f"must be a number, string, bool or null; got {pval!r}")
+            raise _invalid(f"{key}.{pkey}", f"must be a number, string, bool or null; got {shown(pval)}")
     try:  # the variant's own rules speak (bad window, bad bias, ...), from its class
         check_attention_params(name, num_heads=8, head_dim=64, **params)
     except (ValueError, TypeError) as err:
-        raise _invalid(f"{key}", str(err)) from None
+        raise _invalid(f"{key}", cut(str(err), 1000)) from None
     causal = _check(require_bool, f"{key}.causal", raw["causal"]) if "causal" in raw else None
     seq_len = _check(require_int_list, f"{key}.seq_len", raw["seq_len"]) if "seq_len" in raw else None
     kernels = None
@@ -231,11 +235,11 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
 
     plugins = get("plugins")
     if not isinstance(plugins, (list, tuple)) or not all(isinstance(p, str) for p in plugins):
-        raise _invalid("plugins", f"must be a list of importable module names; got {plugins!r}")
+        raise _invalid("plugins", f"must be a list of importable module names; got {shown(plugins)}")
     import_plugins(tuple(plugins))
     name = raw["name"]
     if not isinstance(name, str) or not name:
-        raise _invalid("name", f"must be a non-empty string; got {name!r}")
+        raise _invalid("name", f"must be a non-empty string; got {shown(name)}")
     kernel_names = ("auto", "all", *list_kernels())
     variants = raw["variants"]
     if not isinstance(variants, (list, tuple)) or not variants:
@@ -293,11 +297,11 @@ def resolve_config_path(config: str) -> Path:
     path = Path(config)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
-            raise ConfigError(f"config file {config!r} does not exist")
+            raise ConfigError(f"config file {shown(config)} does not exist")
         return path
     preset = PRESET_DIR / f"{config}.yaml"
     if not preset.is_file():
-        raise ConfigError(f"unknown config {config!r}; presets are {list_presets()}")
+        raise ConfigError(f"unknown config {shown(config)}; presets are {list_presets()}")
     return preset
 
 
@@ -307,11 +311,16 @@ def list_presets() -> list[str]:
 
 
 def load_yaml(path: Path) -> Any:
-    """``yaml.safe_load`` of a file; ``ConfigError`` naming the file when it is not YAML."""
+    """``yaml.safe_load`` of a file within :class:`bench.bounded_yaml.YamlLimits`;
+    ``ConfigError`` naming the file when it is not YAML, cannot be read or is over a limit."""
     try:
-        return yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path}: invalid YAML: {err}") from None
+        size = path.stat().st_size
+        if size > LIMITS.max_bytes:  # not read at all
+            raise ConfigError(f"{path}: {size:,} bytes; a config may have at most "
+                              f"{LIMITS.max_bytes:,}")
+        return load_bounded(path.read_text(), str(path))
+    except YamlLimitError as err:
+        raise ConfigError(str(err)) from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"{path}: cannot read the config: {err}") from None
 

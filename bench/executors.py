@@ -120,8 +120,11 @@ class LocalExecutor:
 EXECUTORS = ("local", "ray")
 
 
-def make_executor(name: str, *, device: str, address: str | None = None) -> Executor:
-    """The executor called ``name`` (``local`` or ``ray``); ``ValueError`` names the allowed ones."""
+def make_executor(name: str, *, device: str, address: str | None = None,
+                  connect_timeout_s: float | None = None) -> Executor:
+    """The executor called ``name`` (``local`` or ``ray``); ``ValueError`` names the allowed ones.
+    ``connect_timeout_s``: how long a Ray at ``address`` may take to answer and be joined
+    (default :data:`bench.ray_executor.CONNECT_S`)."""
     if name == "local":
         if address is not None:
             raise ValueError("--address: only the 'ray' executor takes an address")
@@ -130,5 +133,7 @@ def make_executor(name: str, *, device: str, address: str | None = None) -> Exec
         # the Ray executor module builds on this one (and on ray, an optional dependency)
         from bench.ray_executor import RayExecutor
 
-        return RayExecutor(device=device, address=address)
+        if connect_timeout_s is None:
+            return RayExecutor(device=device, address=address)
+        return RayExecutor(device=device, address=address, connect_timeout_s=connect_timeout_s)
     raise ValueError(f"--executor: unknown executor {name!r}; allowed values are {list(EXECUTORS)}")

@@ -28,6 +28,13 @@ lost worker or node (or a cancelled task), ``oom`` when Ray's memory monitor kil
 (they watch the process that started them). When no live node can run units any more, the
 running units end as ``killed`` rows instead of waiting forever.
 
+Connecting to ``--address`` waits at most ``connect_timeout_s`` (default :data:`CONNECT_S`)
+for each of: the TCP connection, an answer in Ray's protocol (gRPC over HTTP/2: the head
+must answer the HTTP/2 connection preface with its SETTINGS frame, RFC 7540 section 3.5)
+and ``ray.init`` joining the cluster. Anything else there (nothing, a server that says
+nothing, an HTTP/1 server, a TLS server, a gRPC server that is not Ray) is a one-line error
+saying what was found.
+
 A Ray started here runs on this machine only: no dashboard, quiet logs, a small object store
 (rows are small; the rest of the memory stays with the cases), workers at normal priority
 (Ray nices them to 15 by default), one retry after a kill by Ray's memory monitor (Ray's
@@ -45,6 +52,7 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -52,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.executors import execute
+from bench.messages import shown
 
 DEVICES = ("cpu", "cuda")
 #: custom Ray resource marking the nodes that take speed units (one unit per unit of it)
@@ -69,8 +78,14 @@ LOCAL_RAY_CONFIG = {"worker_niceness": 0, "task_oom_retries": MAX_RETRIES}
 POLL_S = 0.05
 #: how often ``wait_any`` checks that some node can still run units
 CHECK_S = 5.0
-#: how long ``--address`` may take to answer
-CONNECT_S = 10.0
+#: how long ``--address`` may take to answer, for each of: connecting, answering in Ray's
+#: protocol, and joining the cluster (``attn-bench sweep --connect-timeout-s``)
+CONNECT_S = 30.0
+#: the HTTP/2 client connection preface and an empty SETTINGS frame (RFC 7540 section 3.5):
+#: a gRPC server such as a Ray head answers with a SETTINGS frame of its own
+_H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_H2_SETTINGS = 0x04  # frame type
+_RAY_TLS = "RAY_USE_TLS"
 INSTALL_HINT = "the ray executor needs Ray: pip install 'attn-bench[ray]'"
 #: Ray's switch for token authentication (``token`` or ``disabled``)
 AUTH_MODE = "RAY_AUTH_MODE"
@@ -206,21 +221,77 @@ def failure_status(err: BaseException) -> tuple[str, str]:
 
 
 def check_reachable(address: str, timeout_s: float = CONNECT_S) -> None:
-    """``ValueError`` naming ``--address`` unless something answers at ``HOST:PORT`` (Ray
-    itself keeps retrying for minutes). ``ray://HOST:PORT`` is checked the same way; ``auto``
-    (a Ray already running on this machine) is left to Ray."""
+    """``ValueError`` naming ``--address`` and what answers there unless a server speaking
+    Ray's protocol (gRPC) answers at ``HOST:PORT`` within ``timeout_s`` (Ray itself keeps
+    retrying for minutes, or forever). ``ray://HOST:PORT`` is checked the same way; ``auto``
+    (a Ray already running on this machine) is left to Ray. With ``RAY_USE_TLS`` set only
+    the connection is checked (the head then speaks TLS first)."""
     if address == "auto":
         return
     hostport = address.split("://", 1)[1] if "://" in address else address
     host, _, port = hostport.rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(f"--address: expected HOST:PORT of a Ray head node (e.g. "
-                         f"10.0.0.1:6379); got {address!r}")
+                         f"10.0.0.1:6379); got {shown(address)}")
+    where = f"--address {shown(address)}"
+    start = "start one with 'ray start --head --port=6379'"
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
     except OSError as err:
-        raise ValueError(f"--address {address!r}: no Ray head answers there ({err.strerror or err}); "
-                         "start one with 'ray start --head --port=6379'") from None
+        raise ValueError(f"{where}: no Ray head answers there ({err.strerror or err}); "
+                         f"{start}") from None
+    with sock:
+        if os.environ.get(_RAY_TLS, "").lower() in ("1", "true"):
+            return
+        first = _first_answer(sock, timeout_s)
+    if first is None:
+        raise ValueError(f"{where}: something accepts connections there but says nothing in "
+                         f"{timeout_s:g} s; a Ray head answers at once (is this the head's GCS "
+                         f"port, 6379 by default?)")
+    if len(first) >= 9 and first[3] == _H2_SETTINGS:
+        return  # an HTTP/2 server: gRPC, as a Ray head speaks
+    raise ValueError(f"{where}: {_what_answers(first)}, not a Ray head; {start}, or give the "
+                     "head's address")
+
+
+def _first_answer(sock: socket.socket, timeout_s: float) -> bytes | None:
+    """The first bytes (at least a frame header's 9) a server sends back to the HTTP/2
+    preface; ``None`` when it says nothing within ``timeout_s``; ``b""`` when it closes."""
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    try:
+        sock.sendall(_H2_HELLO)
+        while len(data) < 9:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return data or None
+            sock.settimeout(remaining)
+            try:
+                chunk = sock.recv(256)
+            except TimeoutError:
+                continue
+            if not chunk:
+                return data
+            data += chunk
+            if data[0] != 0:  # not the length of a SETTINGS frame: no HTTP/2, no need to wait
+                return data
+    except OSError:
+        return data
+    return data
+
+
+def _what_answers(first: bytes) -> str:
+    """What kind of server sent ``first`` in answer to the HTTP/2 preface, in words."""
+    if not first:
+        return "something accepts connections there but closes them without answering"
+    if first.startswith(b"HTTP/"):
+        line = first.split(b"\r\n", 1)[0].decode("latin-1")
+        return f"an HTTP/1 server answers there ({shown(line)})"
+    if first.lstrip().lower().startswith((b"<!doctype html", b"<html")):
+        return "an HTTP server answers there (it sent an HTML page)"
+    if first[0] in (0x15, 0x16):
+        return (f"a TLS server answers there (set {_RAY_TLS}=1 if the Ray cluster uses TLS)")
+    return f"a server that does not speak gRPC answers there (it said {shown(first[:40])})"
 
 
 def connect_error(address: str, err: BaseException) -> str:
@@ -251,10 +322,38 @@ def _env_default(name: str, value: str) -> Iterator[None]:
         os.environ.pop(name, None)
 
 
+class ConnectTimeoutError(ValueError):
+    """Joining the Ray cluster at ``--address`` took longer than its limit."""
+
+
+def _init_within(ray: Any, timeout_s: float, address: str, **options: Any) -> None:
+    """``ray.init(address=address, **options)``, waiting at most ``timeout_s``:
+    :class:`ConnectTimeoutError` naming ``--address`` when it has not joined by then (it keeps trying in a thread that
+    does not hold the process open)."""
+    outcome: dict[str, BaseException] = {}
+
+    def join() -> None:
+        try:
+            ray.init(address=address, **options)
+        except BaseException as err:  # handed to the caller
+            outcome["error"] = err
+
+    thread = threading.Thread(target=join, daemon=True, name="ray-connect")
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive():
+        raise ConnectTimeoutError(f"--address {shown(address)}: a gRPC server answers there, but no Ray "
+                         f"cluster was joined within {timeout_s:g} s (--connect-timeout-s); is it "
+                         "a Ray head of the same Ray version?")
+    if "error" in outcome:
+        raise outcome["error"]
+
+
 class RayExecutor:
     """Units as Ray tasks: one timed unit per node (CPU) or per GPU (CUDA); see the module doc.
 
-    ``address`` (``HOST:PORT`` of a Ray head): connect to that cluster, and disconnect at
+    ``address`` (``HOST:PORT`` of a Ray head): connect to that cluster, waiting at most
+    ``connect_timeout_s`` for it to answer and to be joined, and disconnect at
     :meth:`shutdown` (the cluster keeps running); ``None``: start a Ray on this machine
     (``num_cpus`` CPUs, default all; ``object_store_memory`` bytes of object store) and stop it
     at :meth:`shutdown`. ``ValueError`` names the argument when either cannot be done.
@@ -262,11 +361,16 @@ class RayExecutor:
 
     def __init__(self, device: str = "cpu", address: str | None = None, *,
                  num_cpus: int | None = None,
-                 object_store_memory: int = OBJECT_STORE_BYTES) -> None:
+                 object_store_memory: int = OBJECT_STORE_BYTES,
+                 connect_timeout_s: float = CONNECT_S) -> None:
         if device not in DEVICES:
             raise ValueError(f"device: unknown value {device!r}; allowed values are {list(DEVICES)}")
         if address is not None and (not isinstance(address, str) or not address.strip()):
             raise ValueError(f"--address: expected HOST:PORT of a Ray head node; got {address!r}")
+        if not (isinstance(connect_timeout_s, (int, float)) and connect_timeout_s > 0):
+            raise ValueError(f"--connect-timeout-s: must be a number > 0; got "
+                             f"{shown(connect_timeout_s)}")
+        self.connect_timeout_s = float(connect_timeout_s)
         if address is not None and num_cpus is not None:
             raise ValueError("num_cpus: only for a Ray started here (no --address); a cluster's "
                              "nodes say their own CPU counts")
@@ -303,9 +407,11 @@ class RayExecutor:
                          object_store_memory=object_store_memory,
                          _system_config=dict(LOCAL_RAY_CONFIG), **quiet)
             return True
-        check_reachable(address)
+        check_reachable(address, self.connect_timeout_s)
         try:
-            ray.init(address=address, **quiet)
+            _init_within(ray, self.connect_timeout_s, address, **quiet)
+        except ConnectTimeoutError:
+            raise
         except Exception as err:  # ConnectionError, AuthenticationError, ... from Ray
             raise ValueError(connect_error(address, err)) from None
         return True

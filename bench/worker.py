@@ -10,8 +10,11 @@ The parent (:mod:`bench.rounds`) drives it pass by pass over a pipe:
   and bytes over every call of the pass). Reply ``("finished", info)``.
 - ``("exit",)``.
 
-A failure replies ``("failed", status, reason)`` (``unsupported``, ``oom`` or ``error``) and
-the worker keeps serving the next pass. The first message is ``("ready", info)`` or, when
+A failure replies ``("failed", status, reason)`` (``unsupported``, ``oom``, ``nonfinite`` or
+``error``) and the worker keeps serving the next pass. ``nonfinite``: the planning call of a
+pass gave an output or a gradient (of q, k, v or the module's parameters; of a model-step
+case, the logits or the weights after the update) with NaN or inf values, so its time would
+be the time of a wrong answer. The first message is ``("ready", info)`` or, when
 the attention cannot be built, ``("failed", "error", reason)``.
 """
 
@@ -52,10 +55,25 @@ def limit_memory(max_memory_gb: float | None) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
 
 
+class NonFiniteOutput(Exception):
+    """The measured call gave NaN or inf values (the message says where)."""
+
+
+def nonfinite_problem(what: str, tensor: Any) -> str | None:
+    """``None`` when ``tensor`` is all finite, else how many NaN and inf values ``what`` has."""
+    if tensor is None or not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
+        return None
+    nans = int(torch.isnan(tensor).sum())
+    infs = int(torch.isinf(tensor).sum())
+    return f"{what} has {nans} NaN and {infs} inf values of {tensor.numel()}"
+
+
 def failure(err: BaseException, case: Case) -> tuple[str, str, str]:
     """``("failed", status, reason)`` for an exception raised while measuring ``case``."""
     if isinstance(err, NotImplementedError):
         return "failed", "unsupported", str(err)
+    if isinstance(err, NonFiniteOutput):
+        return "failed", "nonfinite", str(err)[:500]
     last = traceback.format_exception_only(type(err), err)[-1].strip()[:500]
     if not is_oom(err):
         return "failed", "error", last
@@ -81,6 +99,8 @@ class PassRunner:
             .to(device=self.device, dtype=self.dtype).requires_grad_(grad) for _ in range(3))
         self.d_out = torch.randn(b, h, n, d, generator=gen).to(device=self.device, dtype=self.dtype)
         self.paths: list[Any] = []  # KernelPath of every call of this pass
+        self._keep_output = False  # the planning call keeps its output for the finiteness check
+        self._output: Any = None
         fn, setup = self._callables()
         self.fn, self.setup = fn, setup
         self.timer = CallTimer(fn, setup, self.device)
@@ -88,7 +108,20 @@ class PassRunner:
     def _forward(self) -> Any:
         out = self.module(self.q, self.k, self.v, causal=self.case.causal)
         self.paths.append(self.module.last_path)
+        if self._keep_output:
+            self._output = out.detach()
         return out
+
+    def nonfinite(self) -> str | None:
+        """What of the last call (the planning call) was NaN or inf: its output, or a gradient
+        of q, k, v or a parameter after a backward (``None``: all finite)."""
+        found = [nonfinite_problem("the output", self._output)]
+        if self.grad:
+            found += [nonfinite_problem(f"the gradient of {name}", t.grad) for name, t in
+                      (("q", self.q), ("k", self.k), ("v", self.v))]
+            found += [nonfinite_problem(f"the gradient of parameter {name}", p.grad)
+                      for name, p in self.module.named_parameters()]
+        return next((f for f in found if f is not None), None)
 
     def _clear_grads(self) -> None:
         for t in (self.q, self.k, self.v, *self.module.parameters()):
@@ -120,7 +153,14 @@ class PassRunner:
         first = self.timer.time_once()
         for _ in range(self.case.warmup - 1):
             self.timer.time_once()
-        estimate = self.timer.time_once()
+        self._keep_output = True  # a reference kept during the call, checked after it
+        try:
+            estimate = self.timer.time_once()
+            problem = self.nonfinite()
+        finally:
+            self._keep_output, self._output = False, None
+        if problem is not None:
+            raise NonFiniteOutput(f"{problem} ({self.pass_name} pass)")
         memory = measure_memory(self.fn, self.setup, self.device)
         return {"first_call_ms": first * 1e3, "estimate_ms": estimate * 1e3,
                 "peak_mem_bytes": memory.peak_bytes, "rss_peak_bytes": memory.rss_peak_bytes}
@@ -152,6 +192,28 @@ def _runner(case: Case, module: Any, pass_name: str) -> Any:
     return PassRunner(case, module, pass_name)
 
 
+def _model_step_nonfinite(runner: Any) -> str | None:
+    """A model-step case after its planning calls: the logits of one more (untimed) forward,
+    and the weights after the updates of a ``train_step`` pass (``None``: all finite)."""
+    with torch.no_grad():
+        found = nonfinite_problem("the model's output", runner.model(runner.ids))
+    if found is None and runner.pass_name == "train_step":
+        found = next((f for name, p in runner.model.named_parameters()
+                      if (f := nonfinite_problem(f"parameter {name} after the update", p))), None)
+    return found
+
+
+def _prepare(runner: Any) -> dict[str, Any]:
+    """The runner's warm-up, planning call and memory readings; :class:`NonFiniteOutput` when
+    the planning call's values are not finite."""
+    info = runner.prepare()
+    if isinstance(runner, ModelStepRunner):
+        problem = _model_step_nonfinite(runner)
+        if problem is not None:
+            raise NonFiniteOutput(f"{problem} ({runner.pass_name} pass)")
+    return info
+
+
 def _serve(case: Case, module: Any, conn: Connection) -> None:
     runner: Any = None
     while True:
@@ -163,7 +225,7 @@ def _serve(case: Case, module: Any, conn: Connection) -> None:
             if command == "prepare":
                 runner = None
                 runner = _runner(case, module, message[1])
-                reply: tuple[Any, ...] = ("prepared", runner.prepare())
+                reply: tuple[Any, ...] = ("prepared", _prepare(runner))
             elif command == "time" and runner is not None:
                 reply = ("timed", runner.timer.time_once())
             elif command == "finish" and runner is not None:

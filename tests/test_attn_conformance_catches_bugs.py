@@ -163,7 +163,8 @@ def fake_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def sweep_result(kernel: str) -> str:
-    report = check_attention(WindowOnFakeKernels, kernels=[kernel], quick=True)
+    # in this process: the fake kernels are patched into this process's kernel table only
+    report = check_attention(WindowOnFakeKernels, kernels=[kernel], quick=True, isolate=False)
     others = [f for f in report.failures if "shape_sweep" not in f]
     assert not others, others  # every other check passes: only the sweep sees the bug
     (result,) = [str(r) for r in report.results if r.check == "shape_sweep"]

@@ -45,7 +45,7 @@ def test_five_of_six_cases_going_from_ok_to_timeout_fail_the_gate(tmp_path):
     b = _run(tmp_path / "b", [_row(256)] + [_row(n, "timeout") for n in LENGTHS[1:]])
     code, output = _compare(a, b, "--fail-if-regression", "10")
     assert code == 1, output
-    assert "6 cases: newly failing 5, lost 0, worse 0, better 0, fixed 0, new 0, unchanged 1" in output
+    assert "6 cases: broken 0, newly failing 5, lost 0, worse 0, better 0, fixed 0, new 0, unchanged 1" in output
     assert "regression gate failed: 5 newly failing" in output
     assert output.count("| newly failing |") == 5  # each one in the table
 

@@ -27,9 +27,13 @@ does not support a call is reported as skipped with its reason):
   reference, so a stale compiled entry or a kernel reading past its inputs is named by shape;
 - ``converges`` (approximate variants with ``convergence_param``): error against full
   attention falls as the parameter grows and is exact once it reaches N.
+
+Each check runs in a child process with a time limit (``timeout_s``, default
+:data:`CHECK_TIMEOUT_S`): a variant that exits, crashes or hangs fails that check with the
+cause, and the other checks still run (``isolate=False`` runs them in this process).
 """
 
-from attn.conformance.driver import Factory, check_attention
+from attn.conformance.driver import CHECK_TIMEOUT_S, Factory, check_attention
 from attn.conformance.harness import (
     ATOL,
     GRAD_ATOL,
@@ -48,6 +52,7 @@ from attn.conformance.report import CheckResult, ConformanceReport
 
 __all__ = [
     "ATOL",
+    "CHECK_TIMEOUT_S",
     "GRAD_ATOL",
     "GUARD_ROWS",
     "HEADS",

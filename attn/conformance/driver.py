@@ -1,21 +1,20 @@
 """The kit's driver: :func:`check_attention` builds the variant for each parameter set and
-runs every check on every kernel it declares."""
+runs every check on every kernel it declares, each check in a child process under a time
+limit (:mod:`attn.conformance.isolation`), or here when asked (``isolate=False``)."""
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from attn.base import Attention
-from attn.conformance.checks import CHECKS, check_convergence
-from attn.conformance.harness import HEADS, QUICK_SHAPES, SHAPES, active_shapes
-from attn.conformance.report import CheckResult, ConformanceReport
-from attn.registry import attention_info, build_attention, create_attention
+from attn.conformance.harness import QUICK_SHAPES, SHAPES, active_shapes
+from attn.conformance.isolation import CHECK_TIMEOUT_S, Job, run_isolated, sendable
+from attn.conformance.plan import Factory, builder, steps
+from attn.conformance.report import ConformanceReport
 
-Factory = Callable[..., Attention]
+__all__ = ["CHECK_TIMEOUT_S", "Factory", "check_attention"]
 
 
 def check_attention(
@@ -26,6 +25,8 @@ def check_attention(
     device: str | torch.device = "cpu",
     seed: int = 0,
     quick: bool = False,
+    timeout_s: float | None = CHECK_TIMEOUT_S,
+    isolate: bool = True,
 ) -> ConformanceReport:
     """Run the conformance checks on a registered name or a factory/class.
 
@@ -33,56 +34,31 @@ def check_attention(
     ``kernels``: which kernels to check (default: every kernel the variant declares).
     ``quick``: the first parameter set and two shapes only (for kernels that compile per
     shape, e.g. ``flex`` on CPU); every check still runs.
+    ``isolate`` (default): every check runs in a child process and gets at most
+    ``timeout_s`` seconds (None: no limit); a variant that exits, crashes or hangs gives a
+    FAIL result naming the check and the cause, and the checks after it still run. A
+    variant that cannot be sent to a child process (a class defined inside a function) is
+    checked here, without a time limit, and the report says so. ``isolate=False`` checks
+    here (what this process changed, e.g. a patched kernel table, is then seen).
     """
+    device = torch.device(device)
+    name = builder(attention)[0]  # an unknown name raises here, as the registry says
+    note = None
+    if isolate:
+        target, why = sendable(attention)
+        if why is None:
+            job = Job(attention, target if isinstance(attention, str) else None, params,
+                      None if kernels is None else tuple(kernels), str(device), seed, quick)
+            return run_isolated(job, name, timeout_s)
+        note = (f"checked in this process with no time limit: {name} cannot be sent to a child "
+                f"process ({why}); define it at the top level of an importable module")
     token = active_shapes.set(QUICK_SHAPES if quick else SHAPES)
     try:
-        return _check_all(attention, params, kernels, torch.device(device), seed, quick)
+        report = ConformanceReport(name)
+        for step in steps(attention, params, kernels, device, seed, quick):
+            report.results.extend(step.run())
     finally:
         active_shapes.reset(token)
-
-
-def _check_all(attention, params, kernels, device: torch.device, seed: int, quick: bool) -> ConformanceReport:
-    if isinstance(attention, str):
-        name = attention
-        param_sets = list(attention_info(name).example_params)
-
-        def build(kernel: str, heads: int, dim: int, p: dict[str, Any]) -> Attention:
-            return create_attention(name, num_heads=heads, head_dim=dim, kernel=kernel, **p)
-
-    else:
-        name = getattr(attention, "name", getattr(attention, "__name__", repr(attention)))
-        param_sets = list(getattr(attention, "example_params", ({},)))
-
-        def build(kernel: str, heads: int, dim: int, p: dict[str, Any]) -> Attention:
-            return build_attention(attention, name=name, kernel=kernel, num_heads=heads,
-                                   head_dim=dim, **p)
-
-    if params is not None:
-        param_sets = [params] if isinstance(params, dict) else list(params)
-    if quick:
-        param_sets = param_sets[:1]
-    report = ConformanceReport(name)
-    for p in param_sets:
-        heads, dim = HEADS, SHAPES[0][4]  # H divisible by per-head-group parameters
-        try:
-            base = build("auto", heads, dim, p)
-        except Exception as err:
-            report.results.append(CheckResult("construct", "-", p, "fail", f"{type(err).__name__}: {err}"))
-            continue
-        _randomise_parameters(base, seed)
-        for kernel in kernels if kernels is not None else base.kernels:
-            module = copy.deepcopy(base).to(device)
-            module.kernel = kernel
-            for check in CHECKS:
-                report.results.extend(check(module, kernel, p, device, seed))
-        if not base.exact and base.convergence_param is not None:
-            report.results.extend(check_convergence(build, base, p, device, seed))
+    if note is not None:
+        report.notes.append(note)
     return report
-
-
-def _randomise_parameters(module: Attention, seed: int) -> None:
-    """Give learned parameters (e.g. a relative bias table) values large enough to matter."""
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for param in module.parameters():
-            param.copy_(torch.randn(param.shape, generator=gen, dtype=param.dtype) * 0.5)

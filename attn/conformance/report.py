@@ -27,6 +27,7 @@ class ConformanceReport:
 
     name: str
     results: list[CheckResult] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # how the checks ran, when it matters
 
     @property
     def passed(self) -> bool:
@@ -52,5 +53,6 @@ class ConformanceReport:
             f"conformance of {self.name!r}: {counts['pass']} passed, {counts['fail']} failed, "
             f"{counts['skip']} skipped"
         ]
+        lines += [f"note: {note}" for note in self.notes]
         lines += [str(r) for r in self.results if r.status != "pass"]
         return "\n".join(lines)

@@ -7,6 +7,7 @@ allowed values, exit code 2; ``--debug`` shows the traceback instead.
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Annotated, Any
 
 import typer
@@ -37,7 +38,9 @@ class OneLineErrorsGroup(typer.core.TyperGroup):
         click = _click()
         no_args = getattr(click.exceptions, "NoArgsIsHelpError", ())
         try:
-            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            with warnings.catch_warnings():
+                warnings.showwarning = _one_line_warning
+                code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except no_args as err:  # bare `attn-bench`: the help
             err.show()
             sys.exit(err.exit_code)
@@ -51,6 +54,16 @@ class OneLineErrorsGroup(typer.core.TyperGroup):
             typer.echo("Aborted!", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _one_line_warning(message: Warning | str, category: type[Warning], filename: str,
+                      lineno: int, file: Any = None, line: str | None = None) -> None:
+    """A warning as one line ``warning: ...`` on stderr (a damaged row, idle Ray nodes), not
+    Python's two lines naming the source file that raised it."""
+    from bench.messages import cut
+
+    text = " ".join(str(message).split())
+    typer.secho(f"warning: {cut(text)}", fg=typer.colors.YELLOW, err=True)
 
 
 def _abort_classes(click: Any) -> tuple[type[BaseException], ...]:

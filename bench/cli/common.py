@@ -25,7 +25,10 @@ class UsageError(ValueError):
 
 
 def fail(message: str, code: int = 2) -> None:
-    typer.secho(f"error: {message}", fg=typer.colors.RED, err=True)
+    """Print ``error: MESSAGE`` (cut to a readable length) and exit with ``code``."""
+    from bench.messages import cut
+
+    typer.secho(f"error: {cut(message)}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
 
 

@@ -89,8 +89,9 @@ def compare(
     run_a: Annotated[Path, typer.Argument(help="Baseline run directory.")],
     run_b: Annotated[Path, typer.Argument(help="New run directory.")],
     fail_if_regression: Annotated[float | None, typer.Option(
-        help="Regression gate: exit 1 on any worse, lost or newly failing case, or when no case "
-             "is ok in both runs. Worse: B slower than A by more than PCT percent of A's time, "
+        help="Regression gate: exit 1 on any broken, worse, lost or newly failing case, or when "
+             "no case is ok in both runs. Broken: a damaged row, or an ok row without a finite "
+             "time. Worse: B slower than A by more than PCT percent of A's time, "
              "more than --abs-threshold-ms and more than the noise (half of A's IQR plus half "
              "of B's). Without it the classes use 5%, and the exit code is 0 unless no case is ok "
              "in both runs (1).",
@@ -102,8 +103,9 @@ def compare(
     """Compare two runs case by case; with --fail-if-regression, a gate for CI.
 
     Rows match on (label, kernel_requested, seq_len, batch, heads, head_dim, dtype, device,
-    causal, pass). Each case is newly failing (ok in A, not in B), lost (in A only), worse,
-    better, fixed (ok in B only), new (in B only) or unchanged. Worse (better): B slower
+    causal, pass). Each case is broken (a damaged row, or ok without a finite time), newly
+    failing (ok in A, not in B), lost (in A only), worse, better, fixed (ok in B only), new
+    (in B only) or unchanged. Worse (better): B slower
     (faster) than A by more than all of --abs-threshold-ms, PCT percent of A's time and the
     noise (half of A's IQR plus half of B's). Prints the count of each class and a table of
     every case that is not unchanged.
@@ -138,6 +140,6 @@ def compare(
         typer.secho(f"regression gate failed: {'; '.join(reasons)}", fg=typer.colors.RED, err=True)
         raise typer.Exit(1)
     typer.echo(f"no regression: no case worse by more than {rel_pct:g}% and {abs_threshold_ms:g} "
-               "ms, none lost or newly failing")
+               "ms, none broken, lost or newly failing")
 
 

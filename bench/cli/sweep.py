@@ -58,14 +58,22 @@ def _no_cases(cfg: Any, kernel_option: bool) -> UsageError:
                       f"kernels {requested}; allowed values: {have}")
 
 
-def _check_executor(executor: str, address: str | None) -> None:
-    """``--executor`` is known and ``--address`` goes only with ``ray``."""
+def _check_executor(executor: str, address: str | None, connect_timeout_s: float | None) -> None:
+    """``--executor`` is known, ``--address`` goes only with ``ray`` and
+    ``--connect-timeout-s`` only with ``--address``."""
     from bench.executors import EXECUTORS
 
     choice("--executor", executor, EXECUTORS)
     if address is not None and executor != "ray":
         raise UsageError(f"--address: only the 'ray' executor takes an address; got --executor "
                          f"{executor}; allowed: --executor ray --address HOST:PORT, or no --address")
+    if connect_timeout_s is not None:
+        if address is None:
+            raise UsageError("--connect-timeout-s: only with --executor ray --address HOST:PORT "
+                             "(how long the Ray head there may take to answer)")
+        if not connect_timeout_s > 0:
+            raise UsageError(f"--connect-timeout-s: must be a number > 0 (e.g. 30); got "
+                             f"{connect_timeout_s:g}")
 
 
 @app.command()
@@ -87,6 +95,9 @@ def sweep(
     executor: Annotated[str, typer.Option(help="Where cases run: local or ray.")] = "local",
     address: Annotated[str | None, typer.Option(
         help="Ray cluster address HOST:PORT (ray executor; default: start a local Ray).")] = None,
+    connect_timeout_s: Annotated[float | None, typer.Option(
+        help="How long the Ray head at --address may take to answer and be joined (s; "
+             "default 30).")] = None,
     resume: Annotated[bool, typer.Option(
         "--resume", help="Skip finished cases (the default; kept for clarity).")] = True,
     retry_failed: Annotated[bool, typer.Option(
@@ -107,15 +118,17 @@ def sweep(
 
     from bench.cases import expand_cases
     from bench.config import safe_name
-    from bench.results import read_rows
+    from bench.results import COLUMNS, RESULTS_FILE
+    from bench.rundir import resumable_rows
 
     import_plugin_options(plugin)
-    _check_executor(executor, address)
+    _check_executor(executor, address, connect_timeout_s)
     options = {"variant": variant, "kernel": kernel, "seq_len": seq_len, "pass_": pass_,
                "repeats": repeats, "timeout_s": timeout_s, "device": device, "dtype": dtype,
                "threads": threads}
     run_options = {"executor": executor, "address": address, "allow_mixed": allow_mixed,
-                   "retry_failed": retry_failed, "overwrite": overwrite}
+                   "retry_failed": retry_failed, "overwrite": overwrite,
+                   "connect_timeout_s": connect_timeout_s}
     raw = _raw_config(config)
     if _is_grid(raw):
         if plugin:
@@ -132,7 +145,8 @@ def sweep(
         raise _no_cases(cfg, kernel_option=kernel is not None)
     console = Console(stderr=True)
     if dry_run:
-        done = {(r["case_id"], r["pass"]) for r in read_rows(run_dir)} if resume else set()
+        done = ({(r["case_id"], r["pass"]) for r in resumable_rows(run_dir, RESULTS_FILE, COLUMNS)}
+                if resume else set())
         finished = [all((c.case_id, p) in done for p in c.passes) for c in cases]
         for i, (case, mark) in enumerate(zip(cases, finished)):
             typer.echo(f"{i + 1:4d} {case.case_id} {'done' if mark else 'todo'} {case.describe()}")
@@ -140,7 +154,6 @@ def sweep(
         return
     check_device_option(cfg.device, "--device" if device is not None else None)
     check_writable(run_dir)
-    from bench.results import RESULTS_FILE
     from bench.sweep import run_sweep
 
     statuses = _run_with_progress(run_sweep, cfg, run_dir, console, _speed_states,
@@ -192,7 +205,7 @@ def _sweep_grid(raw: dict[str, Any], out: Path | None, options: dict[str, Any],
         superseded_units,
         units,
     )
-    from bench.results import read_rows
+    from bench.rundir import resumable_rows
 
     for key, option in _SPEED_ONLY.items():
         if options.get(key) is not None:
@@ -207,7 +220,7 @@ def _sweep_grid(raw: dict[str, Any], out: Path | None, options: dict[str, Any],
     run_dir = out or Path("runs") / safe_name(grid.name)
     todo = units(grid, run_dir)
     if dry_run:
-        rows = read_rows(run_dir, QUALITY_FILE, QUALITY_COLUMNS)
+        rows = resumable_rows(run_dir, QUALITY_FILE, QUALITY_COLUMNS)
         stale = superseded_units(rows, grid)
         done = {r["unit_id"] for r in rows} - stale
         for i, unit in enumerate(todo):
@@ -245,7 +258,8 @@ def _run_with_progress(run: Any, cfg: Any, run_dir: Path, console: Any,
     from bench.process import kill_all_workers
 
     executor = make_executor(options.pop("executor"), device=cfg.device,
-                             address=options.pop("address"))
+                             address=options.pop("address"),
+                             connect_timeout_s=options.pop("connect_timeout_s"))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     statuses: dict[str, int] = {}

@@ -21,8 +21,10 @@ from bench.cli.common import (
 
 def _values(option: str, items: list[str] | None, sections: tuple[str, ...] | None
             ) -> dict[str, Any]:
-    """``KEY=VALUE`` (or ``SECTION.KEY=VALUE`` with ``sections``) items with YAML values."""
-    import yaml
+    """``KEY=VALUE`` (or ``SECTION.KEY=VALUE`` with ``sections``) items with YAML values
+    (within :class:`bench.bounded_yaml.YamlLimits`)."""
+    from bench.bounded_yaml import YamlLimitError, load_bounded
+    from bench.messages import shown
 
     out: dict[str, Any] = {}
     for item in items or []:
@@ -30,9 +32,9 @@ def _values(option: str, items: list[str] | None, sections: tuple[str, ...] | No
         if not sep or not key:
             raise UsageError(f"{option} must be KEY=VALUE; got {item!r}")
         try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise UsageError(f"{option} {key}: the value {text!r} is not a YAML value") from None
+            value = load_bounded(text, f"{option} {shown(key)}")
+        except YamlLimitError as err:
+            raise UsageError(f"{err} (the value {shown(text)} must be a YAML value)") from None
         if sections is None:
             out[key] = value
             continue

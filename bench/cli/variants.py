@@ -81,9 +81,9 @@ def _attention_info(name: str) -> Any:
 
 def _check_params(name: str, info: Any, items: list[str] | None) -> dict[str, Any] | None:
     """``--param KEY=VALUE`` items as variant parameters, validated by building the variant."""
-    import yaml
-
     from attn import create_attention
+    from bench.bounded_yaml import YamlLimitError, load_bounded
+    from bench.messages import cut, shown
 
     if not items:
         return None
@@ -97,14 +97,14 @@ def _check_params(name: str, info: Any, items: list[str] | None) -> dict[str, An
             raise UsageError(f"--param {key}: unknown parameter of {name!r}; allowed keys are "
                              f"{sorted(info.params)}")
         try:
-            params[key] = yaml.safe_load(value)
-        except yaml.YAMLError:
-            raise UsageError(f"--param {key}: the value {value!r} is not a YAML value "
-                             "(e.g. 128, 0.5, alibi, null)") from None
+            params[key] = load_bounded(value, f"--param {key}")
+        except YamlLimitError as err:
+            raise UsageError(f"{err} (the value {shown(value)} must be a YAML value, e.g. 128, "
+                             "0.5, alibi, null)") from None
     try:
         create_attention(name, num_heads=8, head_dim=64, **params)
     except (ValueError, TypeError) as err:
-        raise UsageError(f"--param: {err}") from None
+        raise UsageError(f"--param: {cut(str(err), 1000)}") from None
     return params
 
 
@@ -117,10 +117,15 @@ def check(
         help="Variant parameter KEY=VALUE (YAML value); repeatable.")] = None,
     device: Annotated[str, typer.Option(help="Device (cpu, cuda).")] = "cpu",
     plugin: PluginOpt = None,
+    timeout_s: Annotated[float, typer.Option(  # attn.conformance.CHECK_TIMEOUT_S (no torch here)
+        help="Time limit of each check (s); each runs in a child process, so a variant that "
+             "exits, crashes or hangs fails that check with the cause.")] = 300.0,
 ) -> None:
     """Run the conformance kit on a variant; non-zero exit with the reasons when it fails."""
     from bench.config import DEVICES
 
+    if not timeout_s > 0:
+        raise UsageError(f"--timeout-s: must be a number > 0 (e.g. 300); got {timeout_s:g}")
     import_plugin_options(plugin)
     choice("--device", device, DEVICES)
     check_device_option(device)
@@ -132,7 +137,8 @@ def check(
     params = _check_params(name, info, param)
     from attn.conformance import check_attention
 
-    result = check_attention(name, params=params, kernels=kernel, device=device)
+    result = check_attention(name, params=params, kernels=kernel, device=device,
+                             timeout_s=timeout_s)
     typer.echo(str(result))
     if not result.passed:
         for failure in result.failures:

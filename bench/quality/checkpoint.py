@@ -1,13 +1,23 @@
-"""Checkpoints as ``safetensors`` files (no pickle), written atomically.
+"""Checkpoints as ``safetensors`` files (no pickle), written atomically, verified on load.
 
 A checkpoint holds named tensors and a JSON metadata record. Tensors that share storage
 (tied embeddings) are stored once and their other names listed in the metadata, so loading
 restores the sharing. The file is written to a temporary name, fsynced and renamed: a run
 killed while saving leaves the previous checkpoint intact.
+
+Every checkpoint carries, in its safetensors header, a SHA-256 digest of its metadata record
+and of every tensor (name, dtype, shape and bytes). :func:`load_checkpoint` checks that the
+file parses, that the digest matches and that every floating-point tensor is finite, and
+raises a :class:`CheckpointError` naming the file and what is wrong otherwise: a checkpoint
+with random bytes written into it, cut short or with a broken header is never loaded.
+(A checkpoint written before digests existed is loaded with the other checks only.)
+:func:`move_aside` renames a bad one to ``<name>.corrupt`` so that it is kept for a look but
+never read again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -20,6 +30,24 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 _META = "attn_bench"
+_DIGEST = "attn_bench_sha256"
+#: suffix of a checkpoint moved aside because it failed verification
+CORRUPT_SUFFIX = ".corrupt"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be trusted: unreadable, cut short, or not what was written."""
+
+
+def checkpoint_digest(record: str, tensors: dict[str, Tensor]) -> str:
+    """SHA-256 of a checkpoint's metadata record and of its stored tensors (name, dtype,
+    shape and bytes, in name order)."""
+    digest = hashlib.sha256(record.encode())
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().to("cpu").contiguous()
+        digest.update(b"\0" + f"{name}|{tensor.dtype}|{tuple(tensor.shape)}".encode() + b"\0")
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
 
 
 def save_checkpoint(path: str | Path, tensors: dict[str, Tensor], meta: dict[str, Any]) -> None:
@@ -36,10 +64,11 @@ def save_checkpoint(path: str | Path, tensors: dict[str, Tensor], meta: dict[str
         owner_of[key] = name
         unique[name] = tensor.detach().to("cpu").contiguous().clone()
     record = json.dumps({"meta": meta, "aliases": aliases})
+    metadata = {_META: record, _DIGEST: checkpoint_digest(record, unique)}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        save_file(unique, tmp, metadata={_META: record})
+        save_file(unique, tmp, metadata=metadata)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -49,13 +78,52 @@ def save_checkpoint(path: str | Path, tensors: dict[str, Tensor], meta: dict[str
 
 
 def load_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """Tensors (with shared names restored) and the metadata of a checkpoint."""
-    with safe_open(str(path), framework="pt") as f:
-        record = json.loads((f.metadata() or {}).get(_META, "{}"))
-        tensors = {name: f.get_tensor(name) for name in f.keys()}
-    for alias, owner in record.get("aliases", {}).items():
-        tensors[alias] = tensors[owner]
-    return tensors, record.get("meta", {})
+    """Tensors (with shared names restored) and the metadata of a verified checkpoint;
+    :class:`CheckpointError` naming the file when it does not parse, its digest does not
+    match or a tensor holds NaN or inf (``FileNotFoundError`` when there is none)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no checkpoint there")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+            text = metadata.get(_META, "{}")
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
+        record = json.loads(text)
+        aliases = record.get("aliases", {})
+        meta = record.get("meta", {})
+        if not isinstance(aliases, dict) or not isinstance(meta, dict):
+            raise ValueError("its metadata record is not a mapping")
+    except Exception as err:  # safetensors' own error, a JSON error, an OSError, ...
+        detail = " ".join(str(err).split())[:300] or type(err).__name__
+        raise CheckpointError(f"{path}: not a readable checkpoint ({detail}); it was cut short "
+                              "or overwritten") from None
+    expected = metadata.get(_DIGEST)
+    if expected is not None and checkpoint_digest(text, tensors) != expected:
+        raise CheckpointError(f"{path}: its contents do not match the digest written with it "
+                              "(the file was changed or damaged after it was saved)")
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CheckpointError(f"{path}: tensor {name!r} holds NaN or inf values")
+    try:
+        for alias, owner in aliases.items():
+            tensors[alias] = tensors[owner]
+    except KeyError as err:
+        raise CheckpointError(f"{path}: its metadata names a tensor it lacks ({err})") from None
+    return tensors, meta
+
+
+def move_aside(path: str | Path) -> Path:
+    """Rename a checkpoint that failed verification to ``<name>.corrupt`` (or ``.corrupt.2``,
+    ... when that exists) and return the new path: it is kept, never loaded again."""
+    path = Path(path)
+    target = path.with_name(path.name + CORRUPT_SUFFIX)
+    for index in range(2, 1000):
+        if not target.exists():
+            break
+        target = path.with_name(f"{path.name}{CORRUPT_SUFFIX}.{index}")
+    os.replace(path, target)
+    return target
 
 
 def model_state(model: nn.Module) -> dict[str, Tensor]:

@@ -17,6 +17,7 @@ import contextlib
 import hashlib
 import json
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -33,10 +34,12 @@ from bench.fsutil import atomic_write_json
 from bench.measure import tensor_peak_bytes_cpu, tensor_peak_bytes_cuda
 from bench.quality.budget import REFERENCE, StepFlops, matched_budget, task_step_flops
 from bench.quality.checkpoint import (
+    CheckpointError,
     load_checkpoint,
     load_model_state,
     load_optimizer_state,
     model_state,
+    move_aside,
     optimizer_state,
     save_checkpoint,
 )
@@ -48,6 +51,9 @@ from bench.threads import torch_threads
 from models import create_model
 
 LAST, BEST, METRICS, SETTINGS = "last.safetensors", "best.safetensors", "metrics.json", "settings.json"
+#: the checkpoint before ``last.safetensors``: a resume falls back to it when the last fails
+#: verification (bench/quality/checkpoint.py)
+PREVIOUS = "last.prev.safetensors"
 
 
 @dataclass(frozen=True)
@@ -141,23 +147,74 @@ class Trainer:
         self.fingerprint = fingerprint
         self.progress = _Progress(threads=torch.get_num_threads())
         self.log = log
+        #: what happened to checkpoints that failed verification (said in metrics.json too)
+        self.recovery: list[str] = []
+        #: ``(step, what)`` when the run diverged (a NaN or inf loss or weight); it stopped there
+        self.diverged: tuple[int, str] | None = None
 
     # checkpoints
     def save_last(self) -> None:
+        """Write ``last.safetensors``; the one before it becomes ``last.prev.safetensors``."""
         tensors, optim_meta = optimizer_state(self.optimizer)
         tensors = {**model_state(self.model), **tensors, "rng.torch": torch.get_rng_state()}
         meta = {"fingerprint": self.fingerprint, "optimizer": optim_meta,
                 "progress": asdict(self.progress)}
+        if (self.out / LAST).exists():
+            os.replace(self.out / LAST, self.out / PREVIOUS)
         save_checkpoint(self.out / LAST, tensors, meta)
 
-    def resume(self) -> bool:
-        """Continue from ``last.safetensors`` when it belongs to this run."""
-        path = self.out / LAST
-        if not path.exists():
+    def _bad_checkpoint(self, path: Path, err: CheckpointError, then: str) -> None:
+        """Move a checkpoint that failed verification aside and say so, in one line."""
+        aside = move_aside(path)
+        note = f"{err}; moved to {aside.name}; {then}"
+        self.recovery.append(note)
+        self.log(note)
+
+    def _verified(self) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
+        """The newest checkpoint of this run that passes verification (the last one, else the
+        one before it), or None; each that fails is moved aside and said."""
+        candidates = [path for path in (self.out / LAST, self.out / PREVIOUS) if path.exists()]
+        for index, path in enumerate(candidates):
+            try:
+                tensors, meta = load_checkpoint(path)
+            except CheckpointError as err:
+                fallback = index + 1 < len(candidates)
+                self._bad_checkpoint(path, err, f"trying {candidates[index + 1].name}"
+                                     if fallback else "training starts over")
+                continue
+            return path, tensors, meta
+        return None
+
+    def _best_is_sound(self, meta: dict[str, Any]) -> bool:
+        """Whether the best-validation checkpoint a resumed run counts on is there and passes
+        verification (a bad one is moved aside and said)."""
+        if meta.get("progress", {}).get("best_step") is None:
+            return True
+        try:
+            load_checkpoint(self.out / BEST)
+        except FileNotFoundError:
+            note = f"{self.out / BEST}: missing, and the run counts on it; training starts over"
+            self.recovery.append(note)
+            self.log(note)
             return False
-        tensors, meta = load_checkpoint(path)
+        except CheckpointError as err:
+            self._bad_checkpoint(self.out / BEST, err, "the best weights are lost: training "
+                                                       "starts over")
+            return False
+        return True
+
+    def resume(self) -> bool:
+        """Continue from ``last.safetensors`` when it belongs to this run and passes
+        verification, else from the checkpoint before it; a checkpoint that fails is moved
+        aside (``<name>.corrupt``) and said, and with none left training starts over."""
+        found = self._verified()
+        if found is None:
+            return False
+        path, tensors, meta = found
         if meta.get("fingerprint") != self.fingerprint:
             self.log(f"{path}: a checkpoint of another configuration; starting over")
+            return False
+        if not self._best_is_sound(meta):
             return False
         load_model_state(self.model, tensors)
         load_optimizer_state(self.optimizer, tensors, meta["optimizer"])
@@ -171,7 +228,8 @@ class Trainer:
                 self.progress.threads = self.spec.threads
             else:
                 torch.set_num_threads(recorded)  # restored by train_run's torch_threads scope
-        self.log(f"resumed from step {self.progress.step}")
+        where = "" if path.name == LAST else f" ({path.name})"
+        self.log(f"resumed from step {self.progress.step}{where}")
         return True
 
     # one step
@@ -239,6 +297,10 @@ class Trainer:
                 self.progress.train_time_s += time.perf_counter() - start
                 self.progress.tokens += tokens
             self.progress.step = step + 1
+            if not math.isfinite(loss):  # diverged: stop, and keep the last sound checkpoint
+                self.diverged = (step + 1, f"the training loss became {loss}")
+                self.log(f"step {step + 1}: the training loss is {loss}; the run diverged")
+                return
             last = step + 1 == self.train.steps
             fine_tuning = step >= self.train.pretrain_steps  # no model selection before it
             if fine_tuning and ((step + 1) % self.train.eval_every == 0 or last):
@@ -248,6 +310,11 @@ class Trainer:
             if on_step is not None:
                 rate = self.progress.tokens / max(self.progress.train_time_s, 1e-9)
                 on_step(step + 1, loss, rate)
+        broken = next((name for name, p in self.model.named_parameters()  # the last update:
+                       if not bool(torch.isfinite(p).all())), None)   # no loss came after it
+        if broken is not None:
+            self.diverged = (self.progress.step, f"parameter {broken} became NaN or inf")
+            self.log(f"step {self.progress.step}: parameter {broken} is not finite; the run diverged")
 
 
 def _param_count(model: nn.Module) -> int:
@@ -312,6 +379,26 @@ def unsupported_rows(spec: RunSpec, settings: TaskSettings, task: Task, params: 
              "settings": settings.to_json()}]
 
 
+def diverged_rows(spec: RunSpec, settings: TaskSettings, task: Task, params: dict[str, Any],
+                  parts: Any, trainer: Trainer, model: nn.Module,
+                  budget: dict[str, Any]) -> list[dict[str, Any]]:
+    """The one row of a run whose training loss became NaN or inf: status ``diverged``, never
+    ``ok``, and no metric (the weights are not evaluated)."""
+    assert trainer.diverged is not None
+    step, what = trainer.diverged
+    progress = trainer.progress
+    reason = (f"{what} at step {step} of {trainer.train.steps}; the run stopped there (its last "
+              "sound checkpoint is kept)")
+    return [{"task": spec.task, "variant": spec.variant, "label": label(spec.variant, params),
+             "params": json.dumps(params, sort_keys=True), "seed": spec.seed,
+             "preset": spec.preset, "model_kind": task.model_kind, "seq_len": task.seq_len,
+             "split": "-", "metric": "-", "condition": "", "status": "diverged",
+             "reason": reason, "attention_parts": parts.description, "steps": step,
+             "best_step": progress.best_step, "train_time_s": progress.train_time_s,
+             "peak_mem_bytes": progress.peak_mem_bytes, "param_count": _param_count(model),
+             "kernel_path": _kernel_paths(model), "settings": settings.to_json(), **budget}]
+
+
 def _model(spec: RunSpec, settings: TaskSettings, task: Task, parts: Any) -> nn.Module:
     """The task's model with ``parts``' attention, on the run's device."""
     sizes = {**task.model_overrides(), **settings.model}  # the preset may override the task
@@ -370,6 +457,11 @@ def _train_run(spec: RunSpec, log: Callable[[str], None],
                       _fingerprint(settings, spec, params), log)
     trainer.resume()
     trainer.run(on_step)
+    recovery = "; ".join(trainer.recovery)
+    if trainer.diverged is not None:
+        rows = diverged_rows(spec, settings, task, params, parts, trainer, model, budget)
+        atomic_write_json(out / METRICS, [{**row, "recovery": recovery} for row in rows])
+        return rows
     tensors, _ = load_checkpoint(out / BEST)
     load_model_state(model, tensors)
     model.eval()
@@ -380,5 +472,5 @@ def _train_run(spec: RunSpec, log: Callable[[str], None],
                                            settings.train.eval_examples,
                                            batch_size=settings.train.batch_size, final=split == "test")
     rows = _rows(spec, settings, task, params, parts, trainer.progress, metrics, model, budget)
-    atomic_write_json(out / METRICS, rows)
+    atomic_write_json(out / METRICS, [{**row, "recovery": recovery} for row in rows])
     return rows

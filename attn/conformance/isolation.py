@@ -1,0 +1,217 @@
+"""The kit's checks in a child process, each under a time limit, as a sweep runs its cases.
+
+A variant is code the kit does not control: it may call ``os._exit``, crash the interpreter
+or never return. :func:`run_isolated` runs the plan (:mod:`attn.conformance.plan`) in one
+child process, which announces each step before running it; the parent waits at most
+``timeout_s`` for each step. A child that exits, dies by a signal or runs past the limit is
+killed (with its process group: whatever it started), its step becomes a FAIL result naming
+the check and the cause, and a new child goes on with the steps after it. The child watches
+its parent and kills its own group when the parent is gone.
+
+The child rebuilds the variant from what can be sent to it: a registered name with the
+registered object (sent by reference, so its module must be importable; it is registered
+again in the child), or a factory or class. What cannot be sent (a class defined inside a
+function) is reported by :func:`sendable`, and the caller then runs the checks here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import threading
+import time
+from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from attn.conformance.harness import QUICK_SHAPES, SHAPES, active_shapes
+from attn.conformance.plan import Factory, steps
+from attn.conformance.report import CheckResult, ConformanceReport
+from attn.registration import REGISTRY, register_attention
+
+#: default time limit of one check, in seconds (``attn-bench check --timeout-s``)
+CHECK_TIMEOUT_S = 300.0
+POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a child needs to run the plan from step ``start`` on (picklable)."""
+
+    attention: str | Factory
+    registered: Factory | None  # the object registered under a name, registered again there
+    params: Any
+    kernels: tuple[str, ...] | None
+    device: str
+    seed: int
+    quick: bool
+    start: int = 0
+    crashed: frozenset[int] = frozenset()  # steps whose child died: not run again
+
+
+def sendable(attention: str | Factory) -> tuple[Factory | None, str | None]:
+    """The object to send for ``attention`` (the registered one for a name) and ``None``, or
+    ``None`` and why it cannot be sent to a child process."""
+    target = REGISTRY.entries.get(attention) if isinstance(attention, str) else attention
+    if target is None:
+        return None, None  # unknown name: the child reports it like the parent would
+    try:
+        pickle.dumps(target)
+    except Exception as err:
+        return None, f"{type(err).__name__}: {err}"
+    return target, None
+
+
+@cache
+def _context() -> Any:
+    if "forkserver" in mp.get_all_start_methods():
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["torch", "attn", "attn.conformance"])
+        return ctx
+    return mp.get_context("spawn")
+
+
+def _identity(pid: int) -> tuple[int, int] | None:
+    """``(pid, start time)``: names a process even after its pid is reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return pid, int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _watch(parent: tuple[int, int] | None) -> None:
+    while True:
+        time.sleep(0.25)
+        if parent is not None and _identity(parent[0]) != parent:
+            os.killpg(os.getpgrp(), signal.SIGKILL)  # the kit's caller is gone
+
+
+def _child_main(job: Job, parent: tuple[int, int] | None, conn: Any) -> None:
+    """Entry point of a child: run the steps of ``job`` and send each one's results."""
+    os.setpgrp()
+    threading.Thread(target=_watch, args=(parent,), daemon=True, name="kit-watchdog").start()
+    active_shapes.set(QUICK_SHAPES if job.quick else SHAPES)
+    try:
+        if isinstance(job.attention, str) and job.registered is not None \
+                and REGISTRY.entries.get(job.attention) is not job.registered:
+            register_attention(job.attention, overwrite=True)(job.registered)
+        import torch
+
+        for step in steps(job.attention, job.params, job.kernels, torch.device(job.device),
+                          job.seed, job.quick):
+            if step.index in job.crashed:
+                continue
+            if step.index < job.start:
+                if step.check == "construct":
+                    step.run()  # the module the steps after it need
+                continue
+            conn.send(("start", step.index, step.check, step.kernel, step.params))
+            conn.send(("results", step.index, step.run()))
+    except Exception as err:  # outside any check: the kit could not run here
+        conn.send(("error", f"{type(err).__name__}: {err}"))
+        return
+    conn.send(("done",))
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def death_cause(exitcode: int | None) -> str:
+    """How a child that did not finish its check ended, in words."""
+    if exitcode is not None and exitcode < 0:
+        return f"the check's process was killed by {_signal_name(-exitcode)}"
+    if exitcode:
+        return (f"the check's process exited with code {exitcode} before the check finished "
+                "(the variant ended the process)")
+    return "the check's process ended before the check finished"
+
+
+@dataclass(frozen=True)
+class _Cut:
+    """A step that did not finish: which, and why."""
+
+    index: int | None
+    check: str
+    kernel: str
+    params: dict[str, Any]
+    cause: str
+
+
+def _run_child(job: Job, timeout_s: float | None, report: ConformanceReport) -> _Cut | None:
+    """Run ``job`` in one child; its results go into ``report``. ``None`` when every step
+    finished, else the step that did not."""
+    ctx = _context()
+    conn, child_conn = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_child_main, args=(job, _identity(os.getpid()), child_conn),
+                          daemon=True)
+    process.start()
+    child_conn.close()
+    current = _Cut(None, "kit", "-", {}, "")
+    limit = float("inf") if timeout_s is None else timeout_s
+    deadline = time.monotonic() + limit
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return replace(current, cause=f"did not finish within {timeout_s:g} s (the "
+                                              "per-check limit); its process was killed")
+            if conn.poll(min(remaining, POLL_S)):
+                try:
+                    message = conn.recv()
+                except (EOFError, OSError):
+                    break
+                if message[0] == "start":
+                    current = _Cut(*message[1:], cause="")
+                    deadline = time.monotonic() + limit
+                elif message[0] == "results":
+                    report.results.extend(message[2])
+                    current = _Cut(None, "kit", "-", {}, "")
+                elif message[0] == "error":
+                    return _Cut(None, "kit", "-", {}, f"the kit could not run in its process: "
+                                                      f"{message[1]}")
+                else:  # done
+                    return None
+            elif not process.is_alive() and not conn.poll(0):
+                break
+        process.join(5)
+        if current.index is None:
+            return replace(current, cause=f"{death_cause(process.exitcode)}, outside any check "
+                                          "(the kit's process could not start or go on; "
+                                          "isolate=False checks in the calling process)")
+        return replace(current, cause=death_cause(process.exitcode))
+    finally:
+        _kill(process)
+        conn.close()
+
+
+def _kill(process: Any) -> None:
+    """Kill a child and its process group (whatever it started)."""
+    if process.pid is not None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        if process.is_alive():
+            process.kill()
+    process.join(10)
+
+
+def run_isolated(job: Job, name: str, timeout_s: float | None) -> ConformanceReport:
+    """Every step of ``job`` in child processes, each under ``timeout_s`` seconds (None: no
+    limit); a step whose process died or ran out of time is a FAIL result saying so."""
+    report = ConformanceReport(name)
+    while True:
+        cut = _run_child(job, timeout_s, report)
+        if cut is None:
+            return report
+        report.results.append(CheckResult(cut.check, cut.kernel, cut.params, "fail", cut.cause))
+        if cut.index is None:  # outside any check: nothing to go on with
+            return report
+        job = replace(job, start=cut.index + 1, crashed=job.crashed | {cut.index})
