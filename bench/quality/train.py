@@ -459,8 +459,9 @@ def _train_run(spec: RunSpec, log: Callable[[str], None],
     trainer.run(on_step)
     recovery = "; ".join(trainer.recovery)
     if trainer.diverged is not None:
-        rows = diverged_rows(spec, settings, task, params, parts, trainer, model, budget)
-        atomic_write_json(out / METRICS, [{**row, "recovery": recovery} for row in rows])
+        rows = [{**row, "recovery": recovery} for row in
+                diverged_rows(spec, settings, task, params, parts, trainer, model, budget)]
+        atomic_write_json(out / METRICS, rows)
         return rows
     tensors, _ = load_checkpoint(out / BEST)
     load_model_state(model, tensors)
@@ -471,6 +472,7 @@ def _train_run(spec: RunSpec, log: Callable[[str], None],
             metrics[split] = task.evaluate(model, split, limit=None if split == "test" else
                                            settings.train.eval_examples,
                                            batch_size=settings.train.batch_size, final=split == "test")
-    rows = _rows(spec, settings, task, params, parts, trainer.progress, metrics, model, budget)
-    atomic_write_json(out / METRICS, [{**row, "recovery": recovery} for row in rows])
+    rows = [{**row, "recovery": recovery} for row in
+            _rows(spec, settings, task, params, parts, trainer.progress, metrics, model, budget)]
+    atomic_write_json(out / METRICS, rows)  # the rows returned, as they are saved
     return rows
