@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 import torch
 
-from bench.config import ConfigError
+from bench.engine.config import ConfigError
 from bench.quality.budget import (
     BUDGET_COLUMNS,
     budget_of,

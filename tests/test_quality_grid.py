@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.config import ConfigError
+from bench.engine.config import ConfigError
 from bench.quality.grid import QUALITY_FILE, parse_grid, run_grid, units
 from bench.quality.report import build_quality_report, load_quality
 
@@ -137,7 +137,7 @@ def test_a_grid_through_the_cli_with_a_killed_unit(tmp_path):
         **GRID, "tasks": ["recall"], "seeds": [0], "timeout_s": 120,
         "variants": [{"name": "bench_crash", "how": "kill"}, {"name": "full"}]}))
     result = subprocess.run([sys.executable, "-m", "bench.cli", "sweep", str(config), "--out",
-                             str(tmp_path / "out"), "--plugin", "bench.testing"], cwd=ROOT,
+                             str(tmp_path / "out"), "--plugin", "bench.engine.testing"], cwd=ROOT,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     df = load_quality(tmp_path / "out")
@@ -178,7 +178,7 @@ def _alternative(value):
 
 def test_configurations_that_differ_in_any_pattern_parameter_never_share_a_label():
     from attn import attention_info, list_attention
-    from bench.config import VariantSpec
+    from bench.engine.config import VariantSpec
     from bench.quality.model_parts import label
 
     checked = 0
@@ -219,7 +219,7 @@ def _plain_unit_id(spec):
 
 
 def test_a_control_entry_carries_its_model_override_into_the_run(tmp_path):
-    from bench.config import safe_name
+    from bench.engine.config import safe_name
 
     config = parse_grid({**GRID, "tasks": ["recall"], "seeds": [0],
                          "variants": ["full", CONTROL, {"name": "dilated", "window": 64}]})
@@ -293,8 +293,8 @@ def _done_rows(config, out, extra=()):
 def test_rows_of_entries_the_config_no_longer_lists_move_to_superseded(tmp_path):
     import pandas as pd
 
+    from bench.engine.results import ResultsWriter
     from bench.quality.grid import QUALITY_COLUMNS, SUPERSEDED_FILE, foreign_units
-    from bench.results import ResultsWriter
 
     base = {**GRID, "tasks": ["recall"], "seeds": [0]}
     before = parse_grid({**base, "variants": ["full", "sliding_window",

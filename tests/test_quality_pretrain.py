@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.config import ConfigError
+from bench.engine.config import ConfigError
 from bench.quality.checkpoint import load_checkpoint
 from bench.quality.pretrain import corrupt, phase_settings
 from bench.quality.settings import TrainSettings, settings_that_apply, task_settings

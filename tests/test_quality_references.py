@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 import torch
 
-from bench.config import ConfigError
+from bench.engine.config import ConfigError
 from bench.quality.grid import parse_grid, run_grid, superseded_units, units
 from bench.quality.margins import (
     BELOW,
@@ -94,7 +94,7 @@ def test_token_counts_skip_padding_and_bytes_decode_back_to_text():
     mask = ids > 0
     found = counts.token_counts(ids, 4, mask).toarray()
     np.testing.assert_array_equal(found, [[0, 1, 0, 2], [0, 0, 1, 0]])
-    from bench.data import bbc
+    from bench.quality.data import bbc
 
     encoded, key_mask = bbc.encode_bytes(["Señor go", "ok"], 12)
     assert counts.bytes_to_text(encoded, key_mask) == ["Señor go", "ok"]

@@ -9,6 +9,7 @@ import math
 import pandas as pd
 import pytest
 
+from bench.engine.results import ResultsWriter
 from bench.quality.grid import QUALITY_COLUMNS, QUALITY_FILE
 from bench.quality.report import (
     MAJORITY,
@@ -29,7 +30,6 @@ from bench.quality.significance import (
     paired_difference,
     t_quantile_975,
 )
-from bench.results import ResultsWriter
 
 RECALL = task_settings("recall", "tiny")  # num_values in its data: 1 / classes is known
 

@@ -13,10 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from bench.cli import app
-from bench.compare import classify_runs
-from bench.config import parse_config
-from bench.report import build_report
-from bench.results import (
+from bench.engine.config import parse_config
+from bench.engine.results import (
     COLUMNS,
     RESULTS_FILE,
     DamagedFileError,
@@ -24,8 +22,10 @@ from bench.results import (
     ResultsWriter,
     read_rows,
 )
-from bench.rundir import RunRecorder
-from bench.sweep import run_sweep
+from bench.engine.rundir import RunRecorder
+from bench.speed.compare import classify_runs
+from bench.speed.report import build_report
+from bench.speed.sweep import run_sweep
 
 runner = CliRunner()
 LENGTHS = (256, 512, 1024, 2048)
@@ -116,11 +116,11 @@ def test_the_report_and_its_fits_never_crash_on_a_bad_row(tmp_path):
 
 @pytest.fixture
 def sweep_config():
-    from bench.testing import unregister_test_variants
+    from bench.engine.testing import unregister_test_variants
 
     yield lambda: parse_config({
         "name": "damaged", "passes": ["fwd"], "seq_len": [16, 32], "heads": 1, "head_dim": 8,
-        "repeats": 2, "timeout_s": 30, "plugins": ["bench.testing"], "peak_matmul_size": 128,
+        "repeats": 2, "timeout_s": 30, "plugins": ["bench.engine.testing"], "peak_matmul_size": 128,
         "variants": [{"name": "bench_sleep", "seconds": 0.01}]})
     unregister_test_variants()
 

@@ -33,10 +33,10 @@ from torch import nn
 
 from attn import Attention
 from attn.cost import CostQuery
-from bench.config import ConfigError
+from bench.engine.config import ConfigError
 from bench.quality.settings import TrainSettings
 from bench.quality.tasks import list_tasks
-from bench.report import markdown_table
+from bench.speed.report import markdown_table
 
 #: the attention whose FLOPs at the preset's steps define ``budget_x: 1``
 REFERENCE = "full"
@@ -220,7 +220,7 @@ def strip_budget(overrides: dict[str, Any], allowed: Collection[float]) -> dict[
 
 def base_label(label: str) -> str:
     """A row's label less its ``train.budget_x=...`` override (labels name every override,
-    bench/labels.py): one line per variant across budgets."""
+    bench/engine/labels.py): one line per variant across budgets."""
     text = re.sub(r"train\.budget_x=[^,\]]*(, )?", "", label)
     return text.replace(", ]", "]").replace(" []", "")
 

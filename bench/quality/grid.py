@@ -44,11 +44,12 @@ import yaml
 
 from attn import attention_info, list_attention
 from attn.validation import require_int
-from bench.config import ConfigError, import_plugins, safe_name
-from bench.executors import LocalExecutor
-from bench.fsutil import RunLock, atomic_write_text
-from bench.process import Worker, WorkerGone
-from bench.provenance import ROW_FIELDS, environment
+from bench.engine.config import ConfigError, import_plugins, safe_name
+from bench.engine.executors import LocalExecutor
+from bench.engine.fsutil import RunLock, atomic_write_text
+from bench.engine.process import Worker, WorkerGone
+from bench.engine.provenance import ROW_FIELDS, environment
+from bench.engine.rundir import RunRecorder
 from bench.quality.budget import BUDGET_COLUMNS, budget_of, budget_overrides, parse_budgets, strip_budget
 from bench.quality.model_parts import label
 from bench.quality.reference import get_reference, reference_names
@@ -56,10 +57,9 @@ from bench.quality.reference_unit import ReferenceUnit
 from bench.quality.settings import attention_params, list_presets, settings_that_apply, task_settings
 from bench.quality.tasks import get_task, list_tasks
 from bench.quality.train import RunSpec, train_run
-from bench.rundir import RunRecorder
-from bench.schedule import drive
-from bench.sweep import check_device
-from bench.worker import failure
+from bench.speed.schedule import drive
+from bench.speed.sweep import check_device
+from bench.speed.worker import failure
 
 QUALITY_FILE = "quality.csv"
 SUPERSEDED_FILE = "superseded.csv"  # rows of units whose task settings have since changed
@@ -418,7 +418,7 @@ def train_worker_main(spec: dict[str, Any], cuda_visible: str | None, conn: Any)
 
 @dataclass(frozen=True)
 class _NoCap:
-    """What :func:`bench.worker.failure` reads of a case: no address-space cap here."""
+    """What :func:`bench.speed.worker.failure` reads of a case: no address-space cap here."""
 
     device: str = "cpu"
     max_memory_gb: float | None = None

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.fsutil import atomic_write_text
+from bench.engine.fsutil import atomic_write_text
+from bench.engine.results import read_rows
 from bench.quality.budget import budget_table, split_budget
 from bench.quality.grid import QUALITY_COLUMNS, QUALITY_FILE
 from bench.quality.margins import SD_MARGIN, Margin, margins, strongest_references, unlearned_tasks
@@ -19,8 +20,7 @@ from bench.quality.model_parts import label
 from bench.quality.reference import list_references, reference_names
 from bench.quality.significance import BETTER, LOWER_IS_BETTER, WORSE, differences_from_reference
 from bench.quality.tasks import ClassificationTask, get_task, list_tasks
-from bench.report import markdown_table
-from bench.results import read_rows
+from bench.speed.report import markdown_table
 
 REPORT_FILE = "report.md"
 #: the headline metric of each task (test split, no condition) and its unit
@@ -51,7 +51,7 @@ def load_quality(run_dir: str | Path) -> pd.DataFrame:
 
 
 def _labels(df: pd.DataFrame) -> pd.Series:
-    """Every row's label by the current labelling (:func:`bench.labels.variant_label`), so
+    """Every row's label by the current labelling (:func:`bench.engine.labels.variant_label`), so
     rows written under an older one group with new ones; a row whose parameters do not
     parse keeps its own."""
     cache: dict[tuple[str, str, str], str] = {}

@@ -29,9 +29,10 @@ from torch import nn
 
 from attn import Attention
 from attn.position_bias import RelativePositionBias
-from bench.config import import_plugins
-from bench.fsutil import atomic_write_json
-from bench.measure import tensor_peak_bytes_cpu, tensor_peak_bytes_cuda
+from bench.engine.config import import_plugins
+from bench.engine.fsutil import atomic_write_json
+from bench.engine.measure import tensor_peak_bytes_cpu, tensor_peak_bytes_cuda
+from bench.engine.threads import torch_threads
 from bench.quality.budget import REFERENCE, StepFlops, matched_budget, task_step_flops
 from bench.quality.checkpoint import (
     CheckpointError,
@@ -47,7 +48,6 @@ from bench.quality.model_parts import label, model_parts
 from bench.quality.pretrain import check_pretraining, denoising_loss, phase_settings
 from bench.quality.settings import TaskSettings, TrainSettings, attention_params, task_settings
 from bench.quality.tasks import Metric, Task, get_task
-from bench.threads import torch_threads
 from models import create_model
 
 LAST, BEST, METRICS, SETTINGS = "last.safetensors", "best.safetensors", "metrics.json", "settings.json"
