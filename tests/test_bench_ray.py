@@ -25,11 +25,10 @@ from bench.engine.executors.ray import (  # noqa: E402
     NODE_RESOURCE,
     RayExecutor,
     RayMissingError,
-    check_reachable,
-    connect_error,
     fits,
     plan_reservation,
 )
+from bench.engine.executors.ray_connect import check_reachable, connect_error  # noqa: E402
 from bench.engine.results import read_rows  # noqa: E402
 from bench.speed.schedule import drive  # noqa: E402
 from bench.speed.sweep import run_sweep  # noqa: E402

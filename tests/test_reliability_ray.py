@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.engine.executors.ray import check_reachable
+from bench.engine.executors.ray_connect import check_reachable
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS_FRAME = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty HTTP/2 SETTINGS frame

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.engine.fsutil import atomic_write_json
-from bench.engine.provenance import RESUME_FIELDS, ROW_FIELDS
+from bench.engine.provenance import RESUME_FIELDS
 from bench.engine.results import (
     REJECTED_SUFFIX,
     RETRY_STATUSES,
@@ -122,12 +122,11 @@ class RunRecorder:
             atomic_write_json(self.run_dir / config_file, config)
 
     def record(self, rows: list[Row]) -> None:
-        """Append ``rows`` (environment columns the machine that ran them did not set come
-        from the driver)."""
+        """Append ``rows``, which carry the environment of the machine that ran them (the
+        executor stamped it, :mod:`bench.engine.executors.base`). A row that does not say its
+        thread count ran with this run segment's: the resume check compares it."""
         assert self.writer is not None, "start() first"
         for row in rows:
-            for key in ROW_FIELDS:
-                row.setdefault(key, self.env[key])
             row.setdefault("threads", self.env["threads"])
         self.writer.append(rows)
 

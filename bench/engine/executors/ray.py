@@ -1,8 +1,9 @@
 """The ``ray`` executor: units run as Ray tasks on a cluster (or on a Ray started here).
 
-One Ray task per unit runs :func:`bench.engine.executors.execute` on some node; the unit starts its
-isolated case workers there as it would locally, and its rows come back to the driver, which
-alone writes results. Ray is the optional extra ``attn-bench[ray]``, imported only when an
+One Ray task per unit runs :func:`bench.engine.executors.base.execute` on some node (which
+stamps the rows with the node's environment); the unit starts its isolated case workers
+there as it would locally, and its rows come back to the driver, which alone writes
+results. Ray is the optional extra ``attn-bench[ray]``, imported only when an
 executor is made.
 
 What a task reserves (:func:`plan_reservation`):
@@ -21,19 +22,17 @@ choose their threads as in a local run: the ``OMP_NUM_THREADS`` Ray sets for a t
 reservation) is dropped unless the node's own environment sets it.
 
 Failures: Ray retries a task once after a system failure (its worker process died, its node
-was lost), on any node that fits; a unit that still fails becomes
-``unit.failure_rows(status, reason)``, the reason naming what Ray reported: ``killed`` for a
+was lost), on any node that fits; a unit that still fails becomes its failure rows
+(:func:`bench.engine.executors.base.failed`, stamped with the driver's environment), the
+reason naming what Ray reported: ``killed`` for a
 lost worker or node (or a cancelled task), ``oom`` when Ray's memory monitor killed it,
 ``error`` otherwise. A unit's case workers are children of its Ray worker and die with it
 (they watch the process that started them). When no live node can run units any more, the
 running units end as ``killed`` rows instead of waiting forever.
 
 Connecting to ``--address`` waits at most ``connect_timeout_s`` (default :data:`CONNECT_S`)
-for each of: the TCP connection, an answer in Ray's protocol (gRPC over HTTP/2: the head
-must answer the HTTP/2 connection preface with its SETTINGS frame, RFC 7540 section 3.5)
-and ``ray.init`` joining the cluster. Anything else there (nothing, a server that says
-nothing, an HTTP/1 server, a TLS server, a gRPC server that is not Ray) is a one-line error
-saying what was found.
+for the head to answer in Ray's protocol and for the cluster to be joined; anything else
+there is a one-line error saying what was found (:mod:`bench.engine.executors.ray_connect`).
 
 A Ray started here runs on this machine only: no dashboard, quiet logs, a small object store
 (rows are small; the rest of the memory stays with the cases), workers at normal priority
@@ -51,15 +50,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
-import threading
 import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.engine.executors import execute
+from bench.engine.executors.base import execute, failed
+from bench.engine.executors.ray_connect import (
+    AUTH_MODE,
+    CONNECT_S,
+    ConnectTimeoutError,
+    check_reachable,
+    connect_error,
+    first_line,
+    init_within,
+)
 from bench.engine.messages import shown
 
 DEVICES = ("cpu", "cuda")
@@ -78,17 +84,7 @@ LOCAL_RAY_CONFIG = {"worker_niceness": 0, "task_oom_retries": MAX_RETRIES}
 POLL_S = 0.05
 #: how often ``wait_any`` checks that some node can still run units
 CHECK_S = 5.0
-#: how long ``--address`` may take to answer, for each of: connecting, answering in Ray's
-#: protocol, and joining the cluster (``attn-bench sweep --connect-timeout-s``)
-CONNECT_S = 30.0
-#: the HTTP/2 client connection preface and an empty SETTINGS frame (RFC 7540 section 3.5):
-#: a gRPC server such as a Ray head answers with a SETTINGS frame of its own
-_H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
-_H2_SETTINGS = 0x04  # frame type
-_RAY_TLS = "RAY_USE_TLS"
 INSTALL_HINT = "the ray executor needs Ray: pip install 'attn-bench[ray]'"
-#: Ray's switch for token authentication (``token`` or ``disabled``)
-AUTH_MODE = "RAY_AUTH_MODE"
 _UNSET = object()
 
 
@@ -187,16 +183,7 @@ def run_unit_task(unit: Any, gpu: bool) -> list[dict[str, Any]]:
     _thread_env_as_started()
     _normal_priority()
     cuda_visible = os.environ.get("CUDA_VISIBLE_DEVICES") if gpu else None
-    rows = execute(unit, cuda_visible)
-    host = socket.gethostname()
-    for row in rows:
-        row.setdefault("hostname", host)  # the node that measured it
-    return rows
-
-
-def _first_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[0] if lines else ""
+    return execute(unit, cuda_visible)  # stamped with this node's environment
 
 
 def failure_status(err: BaseException) -> tuple[str, str]:
@@ -205,10 +192,10 @@ def failure_status(err: BaseException) -> tuple[str, str]:
 
     if isinstance(err, rex.RayTaskError):  # the task body raised (e.g. the unit did not unpickle)
         cause = err.cause if err.cause is not None else err
-        what = f"{type(cause).__name__}: {_first_line(str(cause))}"
+        what = f"{type(cause).__name__}: {first_line(str(cause))}"
         return "error", f"Ray task failed: {what}"[:500]
     name = type(err).__name__
-    said = f"Ray reported {name}: {_first_line(str(err))}"
+    said = f"Ray reported {name}: {first_line(str(err))}"
     if isinstance(err, rex.OutOfMemoryError):
         return "oom", f"{said} (killed by Ray's memory monitor)"[:500]
     if isinstance(err, rex.TaskCancelledError):
@@ -218,95 +205,6 @@ def failure_status(err: BaseException) -> tuple[str, str]:
     if isinstance(err, lost):
         return "killed", f"{said} (after {MAX_RETRIES} retry)"[:500]
     return "error", said[:500]
-
-
-def check_reachable(address: str, timeout_s: float = CONNECT_S) -> None:
-    """``ValueError`` naming ``--address`` and what answers there unless a server speaking
-    Ray's protocol (gRPC) answers at ``HOST:PORT`` within ``timeout_s`` (Ray itself keeps
-    retrying for minutes, or forever). ``ray://HOST:PORT`` is checked the same way; ``auto``
-    (a Ray already running on this machine) is left to Ray. With ``RAY_USE_TLS`` set only
-    the connection is checked (the head then speaks TLS first)."""
-    if address == "auto":
-        return
-    hostport = address.split("://", 1)[1] if "://" in address else address
-    host, _, port = hostport.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"--address: expected HOST:PORT of a Ray head node (e.g. "
-                         f"10.0.0.1:6379); got {shown(address)}")
-    where = f"--address {shown(address)}"
-    start = "start one with 'ray start --head --port=6379'"
-    try:
-        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s)
-    except OSError as err:
-        raise ValueError(f"{where}: no Ray head answers there ({err.strerror or err}); "
-                         f"{start}") from None
-    with sock:
-        if os.environ.get(_RAY_TLS, "").lower() in ("1", "true"):
-            return
-        first = _first_answer(sock, timeout_s)
-    if first is None:
-        raise ValueError(f"{where}: something accepts connections there but says nothing in "
-                         f"{timeout_s:g} s; a Ray head answers at once (is this the head's GCS "
-                         f"port, 6379 by default?)")
-    if len(first) >= 9 and first[3] == _H2_SETTINGS:
-        return  # an HTTP/2 server: gRPC, as a Ray head speaks
-    raise ValueError(f"{where}: {_what_answers(first)}, not a Ray head; {start}, or give the "
-                     "head's address")
-
-
-def _first_answer(sock: socket.socket, timeout_s: float) -> bytes | None:
-    """The first bytes (at least a frame header's 9) a server sends back to the HTTP/2
-    preface; ``None`` when it says nothing within ``timeout_s``; ``b""`` when it closes."""
-    deadline = time.monotonic() + timeout_s
-    data = b""
-    try:
-        sock.sendall(_H2_HELLO)
-        while len(data) < 9:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return data or None
-            sock.settimeout(remaining)
-            try:
-                chunk = sock.recv(256)
-            except TimeoutError:
-                continue
-            if not chunk:
-                return data
-            data += chunk
-            if data[0] != 0:  # not the length of a SETTINGS frame: no HTTP/2, no need to wait
-                return data
-    except OSError:
-        return data
-    return data
-
-
-def _what_answers(first: bytes) -> str:
-    """What kind of server sent ``first`` in answer to the HTTP/2 preface, in words."""
-    if not first:
-        return "something accepts connections there but closes them without answering"
-    if first.startswith(b"HTTP/"):
-        line = first.split(b"\r\n", 1)[0].decode("latin-1")
-        return f"an HTTP/1 server answers there ({shown(line)})"
-    if first.lstrip().lower().startswith((b"<!doctype html", b"<html")):
-        return "an HTTP server answers there (it sent an HTML page)"
-    if first[0] in (0x15, 0x16):
-        return (f"a TLS server answers there (set {_RAY_TLS}=1 if the Ray cluster uses TLS)")
-    return f"a server that does not speak gRPC answers there (it said {shown(first[:40])})"
-
-
-def connect_error(address: str, err: BaseException) -> str:
-    """One line saying why connecting to the Ray at ``address`` failed, and what to do."""
-    chain, seen = [], err
-    while seen is not None and len(chain) < 5:
-        chain.append(seen)
-        seen = seen.__cause__ or seen.__context__
-    said = f"{type(err).__name__}: {_first_line(str(err))}"
-    if any("AuthenticationError" in type(e).__name__ or "InvalidAuthToken" in str(e) for e in chain):
-        return (f"--address {address!r}: the Ray cluster there wants its authentication token "
-                f"({said}); set {AUTH_MODE}=token and give this machine the head's token "
-                "(~/.ray/auth_token, or RAY_AUTH_TOKEN)")
-    return (f"--address {address!r}: cannot connect to a Ray cluster there ({said}); start one "
-            "with 'ray start --head --port=6379'")
 
 
 @contextlib.contextmanager
@@ -320,33 +218,6 @@ def _env_default(name: str, value: str) -> Iterator[None]:
         yield
     finally:
         os.environ.pop(name, None)
-
-
-class ConnectTimeoutError(ValueError):
-    """Joining the Ray cluster at ``--address`` took longer than its limit."""
-
-
-def _init_within(ray: Any, timeout_s: float, address: str, **options: Any) -> None:
-    """``ray.init(address=address, **options)``, waiting at most ``timeout_s``:
-    :class:`ConnectTimeoutError` naming ``--address`` when it has not joined by then (it keeps trying in a thread that
-    does not hold the process open)."""
-    outcome: dict[str, BaseException] = {}
-
-    def join() -> None:
-        try:
-            ray.init(address=address, **options)
-        except BaseException as err:  # handed to the caller
-            outcome["error"] = err
-
-    thread = threading.Thread(target=join, daemon=True, name="ray-connect")
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise ConnectTimeoutError(f"--address {shown(address)}: a gRPC server answers there, but no Ray "
-                         f"cluster was joined within {timeout_s:g} s (--connect-timeout-s); is it "
-                         "a Ray head of the same Ray version?")
-    if "error" in outcome:
-        raise outcome["error"]
 
 
 class RayExecutor:
@@ -409,7 +280,7 @@ class RayExecutor:
             return True
         check_reachable(address, self.connect_timeout_s)
         try:
-            _init_within(ray, self.connect_timeout_s, address, **quiet)
+            init_within(ray, self.connect_timeout_s, address, **quiet)
         except ConnectTimeoutError:
             raise
         except Exception as err:  # ConnectionError, AuthenticationError, ... from Ray
@@ -434,8 +305,8 @@ class RayExecutor:
         try:
             ref = self._task.options(**options).remote(unit, res.num_gpus > 0)
         except Exception as err:  # the unit could not be sent (not picklable, ...)
-            reason = f"Ray could not start the unit: {type(err).__name__}: {_first_line(str(err))}"
-            self._done.append((unit, unit.failure_rows("error", reason[:500])))
+            reason = f"Ray could not start the unit: {type(err).__name__}: {first_line(str(err))}"
+            self._done.append((unit, failed(unit, "error", reason[:500])))
             return
         self._running[ref] = unit
 
@@ -466,7 +337,7 @@ class RayExecutor:
         try:
             return unit, self._ray.get(ref)
         except self._ray.exceptions.RayError as err:
-            return unit, unit.failure_rows(*failure_status(err))
+            return unit, failed(unit, *failure_status(err))
 
     def _fail_if_no_node(self) -> tuple[Any, list[dict[str, Any]]] | None:
         """When no node can run units any more, end every running unit with failure rows
@@ -478,7 +349,7 @@ class RayExecutor:
         for ref, unit in list(self._running.items()):
             with contextlib.suppress(Exception):
                 self._ray.cancel(ref, force=True)
-            self._done.append((unit, unit.failure_rows("killed", reason)))
+            self._done.append((unit, failed(unit, "killed", reason)))
         self._running.clear()
         return self._done.pop(0) if self._done else None
 
