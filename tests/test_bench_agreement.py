@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from bench.speed.cases import Case
-from bench.speed.rounds import run_case
+from bench.speed.unit import run_case
 
 MiB = 2**20
 FIRST_S, FWD_S, BWD_S, BWD_BYTES = 0.4, 0.05, 0.08, 48 * MiB

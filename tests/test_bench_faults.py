@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.engine.config import parse_config
 from bench.engine.fsutil import RunLock, RunLockedError, atomic_write_text
-from bench.engine.results import COLUMNS, RESULTS_FILE, load_results, read_rows
+from bench.engine.results import RESULTS_FILE, read_rows
+from bench.engine.row_schema import COLUMNS
+from bench.speed.config import parse_config
+from bench.speed.results import load_results
 from bench.speed.sweep import MixedEnvironmentError, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from bench.engine.config import parse_config
-from bench.engine.results import load_results
+from bench.speed.config import parse_config
+from bench.speed.results import load_results
 from bench.speed.sweep import run_sweep
 
 pytestmark = pytest.mark.gpu

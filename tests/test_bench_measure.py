@@ -11,8 +11,8 @@ import json
 import pytest
 import torch
 
-from bench.engine.config import parse_config
-from bench.engine.results import load_results
+from bench.speed.config import parse_config
+from bench.speed.results import load_results
 from bench.speed.sweep import run_sweep
 
 MiB = 2**20
@@ -161,7 +161,7 @@ def test_fwd_bwd_memory_counts_the_gradients_of_the_call():
     """fwd_bwd peak includes the call's output and its q, k, v gradients: the previous call's
     gradients are dropped before the baseline, not inside the measured call."""
     from bench.speed.cases import Case
-    from bench.speed.rounds import run_case
+    from bench.speed.unit import run_case
 
     n, heads, dim = 16384, 8, 64
     case = Case(variant="sliding_window", label="sliding_window", params=(("window", 128),),

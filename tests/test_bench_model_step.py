@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench.engine.config import ConfigError, load_config, parse_config
-from bench.engine.results import load_results
+from bench.engine.config import ConfigError
 from bench.speed.cases import Case, expand_cases
+from bench.speed.config import load_config, parse_config
 from bench.speed.model_step import model_flops
+from bench.speed.results import load_results
 from bench.speed.sweep import run_sweep
 
 MODEL = {"d_model": 32, "num_heads": 2, "num_layers": 2, "d_ff": 64}

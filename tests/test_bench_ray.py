@@ -19,7 +19,6 @@ import yaml
 
 ray = pytest.importorskip("ray", reason="the ray executor needs Ray: pip install 'attn-bench[ray]'")
 
-from bench.engine.config import parse_config  # noqa: E402
 from bench.engine.executors import LocalExecutor  # noqa: E402
 from bench.engine.executors.ray import (  # noqa: E402
     NODE_RESOURCE,
@@ -30,7 +29,8 @@ from bench.engine.executors.ray import (  # noqa: E402
 )
 from bench.engine.executors.ray_connect import check_reachable, connect_error  # noqa: E402
 from bench.engine.results import read_rows  # noqa: E402
-from bench.speed.schedule import drive  # noqa: E402
+from bench.engine.rundir import drive  # noqa: E402
+from bench.speed.config import parse_config  # noqa: E402
 from bench.speed.sweep import run_sweep  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench.engine.results import ResultsWriter, load_results
+from bench.engine.results import ResultsWriter
 from bench.speed.compare import compare_runs, regressions
 from bench.speed.plots import plot_run
 from bench.speed.report import build_report
+from bench.speed.results import load_results
 from bench.speed.scaling import scaling_table
 
 LENGTHS = [512, 1024, 2048, 4096, 8192]

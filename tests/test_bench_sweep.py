@@ -11,7 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from bench.engine.results import RESULTS_FILE, load_results, read_rows
+from bench.engine.results import RESULTS_FILE, read_rows
+from bench.speed.results import load_results
 
 ROOT = Path(__file__).resolve().parents[1] if (Path(__file__).parents[1] / "bench").exists() \
     else Path(__file__).parents[1]

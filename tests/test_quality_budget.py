@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from bench.engine.config import ConfigError
+from bench.engine.row_schema import BUDGET_COLUMNS, QUALITY_COLUMNS
 from bench.quality.budget import (
-    BUDGET_COLUMNS,
     budget_of,
     budget_table,
     count_step_flops,
@@ -21,7 +21,7 @@ from bench.quality.budget import (
     plot_budget,
     split_budget,
 )
-from bench.quality.grid import QUALITY_COLUMNS, parse_grid, units
+from bench.quality.grid import parse_grid, units
 from bench.quality.settings import TrainSettings, task_settings
 from models import create_model
 

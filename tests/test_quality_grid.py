@@ -178,8 +178,8 @@ def _alternative(value):
 
 def test_configurations_that_differ_in_any_pattern_parameter_never_share_a_label():
     from attn import attention_info, list_attention
-    from bench.engine.config import VariantSpec
     from bench.quality.model_parts import label
+    from bench.speed.config import VariantSpec
 
     checked = 0
     for name in list_attention():
@@ -294,7 +294,8 @@ def test_rows_of_entries_the_config_no_longer_lists_move_to_superseded(tmp_path)
     import pandas as pd
 
     from bench.engine.results import ResultsWriter
-    from bench.quality.grid import QUALITY_COLUMNS, SUPERSEDED_FILE, foreign_units
+    from bench.engine.row_schema import QUALITY_COLUMNS
+    from bench.quality.grid import SUPERSEDED_FILE, foreign_units
 
     base = {**GRID, "tasks": ["recall"], "seeds": [0]}
     before = parse_grid({**base, "variants": ["full", "sliding_window",

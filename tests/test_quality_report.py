@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from bench.engine.results import ResultsWriter
-from bench.quality.grid import QUALITY_COLUMNS, QUALITY_FILE
+from bench.engine.row_schema import QUALITY_COLUMNS
+from bench.quality.grid import QUALITY_FILE
 from bench.quality.report import (
     MAJORITY,
     UNIFORM,

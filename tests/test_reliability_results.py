@@ -13,17 +13,11 @@ import pytest
 from typer.testing import CliRunner
 
 from bench.cli import app
-from bench.engine.config import parse_config
-from bench.engine.results import (
-    COLUMNS,
-    RESULTS_FILE,
-    DamagedFileError,
-    DamagedRowWarning,
-    ResultsWriter,
-    read_rows,
-)
+from bench.engine.results import RESULTS_FILE, DamagedFileError, DamagedRowWarning, ResultsWriter, read_rows
+from bench.engine.row_schema import COLUMNS
 from bench.engine.rundir import RunRecorder
 from bench.speed.compare import classify_runs
+from bench.speed.config import parse_config
 from bench.speed.report import build_report
 from bench.speed.sweep import run_sweep
 
@@ -140,7 +134,8 @@ def test_a_damaged_row_is_measured_again_on_resume_and_its_line_kept(tmp_path, s
 
 
 def test_a_quality_unit_with_a_damaged_row_trains_again_whole(tmp_path):
-    from bench.quality.grid import QUALITY_COLUMNS, QUALITY_FILE
+    from bench.engine.row_schema import QUALITY_COLUMNS
+    from bench.quality.grid import QUALITY_FILE
 
     def row(unit: str, metric: str, value: object, **extra) -> dict:
         return {"unit_id": unit, "task": "recall", "variant": "full", "params": "{}",

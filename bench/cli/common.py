@@ -95,8 +95,7 @@ def choice(option: str, value: str, allowed: tuple[str, ...]) -> str:
 
 def check_device_option(device: str, option: str | None = "--device") -> None:
     """``device`` is usable here (cuda needs CUDA); ``option``: what set it (None: the config)."""
-    from bench.engine.config import ConfigError
-    from bench.speed.sweep import check_device
+    from bench.engine.config import ConfigError, check_device
 
     try:
         check_device(device)

@@ -31,7 +31,8 @@ _OPTION_NAMES = {"variants": "--variant", "kernels": "--kernel", "seq_len": "--s
 
 def _load_with_overrides(config: str, options: dict[str, Any], plugin: list[str] | None):
     """The config with CLI overrides, validated like the YAML (errors name the option)."""
-    from bench.engine.config import ConfigError, load_config, with_overrides
+    from bench.engine.config import ConfigError
+    from bench.speed.config import load_config, with_overrides
 
     cfg = load_config(config)
     overrides = {_OVERRIDES[k]: v for k, v in options.items() if v is not None}
@@ -117,7 +118,8 @@ def sweep(
     from rich.console import Console
 
     from bench.engine.config import safe_name
-    from bench.engine.results import COLUMNS, RESULTS_FILE
+    from bench.engine.results import RESULTS_FILE
+    from bench.engine.row_schema import COLUMNS
     from bench.engine.rundir import resumable_rows
     from bench.speed.cases import expand_cases
 
@@ -196,16 +198,9 @@ def _sweep_grid(raw: dict[str, Any], out: Path | None, options: dict[str, Any],
     from rich.console import Console
 
     from bench.engine.config import safe_name
+    from bench.engine.row_schema import QUALITY_COLUMNS
     from bench.engine.rundir import resumable_rows
-    from bench.quality.grid import (
-        QUALITY_COLUMNS,
-        QUALITY_FILE,
-        only_tasks,
-        parse_grid,
-        run_grid,
-        superseded_units,
-        units,
-    )
+    from bench.quality.grid import QUALITY_FILE, only_tasks, parse_grid, run_grid, superseded_units, units
 
     for key, option in _SPEED_ONLY.items():
         if options.get(key) is not None:

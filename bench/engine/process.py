@@ -1,24 +1,29 @@
-"""Worker processes that can always be stopped, and the honest name of how one died.
+"""Worker processes that can always be stopped, and the honest name of how one died or failed.
 
 Each worker runs in a process group of its own, so that killing it (a timeout, a stop of
 the sweep) also kills whatever it started (compiler workers, subprocesses). A watchdog
 thread in the worker kills its group when the driver that started it is gone (checked by
 pid and start time, so a reused pid does not fool it): a driver that dies, even by SIGKILL,
-leaves nothing running. Workers start from a ``forkserver`` with torch preloaded where
-available (``spawn`` elsewhere): a fresh interpreter state per case, cheap to start.
+leaves nothing running. Workers start from a ``forkserver`` where available (``spawn``
+elsewhere), with torch, attn and the module of the first worker's entry point preloaded: a
+fresh interpreter state per case, cheap to start.
 
 How a worker ended becomes a status: ``killed`` for a SIGKILL from outside, ``oom`` only when
 the kernel's OOM killer reports a kill during the case, ``error`` for a crash (any other
-signal, real-time signals included) or a non-zero exit.
+signal, real-time signals included) or a non-zero exit. An exception a worker caught becomes
+one too (:func:`failure`): ``unsupported``, ``oom`` (an allocation failure, naming the
+address-space cap of :func:`limit_memory` when it refused it) or ``error``.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import resource
 import signal
 import threading
 import time
+import traceback
 import weakref
 from functools import cache
 from multiprocessing.connection import Connection
@@ -26,16 +31,58 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 POLL_S = 0.25
+_OOM_MARKERS = ("can't allocate", "out of memory", "not enough memory", "cannot allocate")
 
 
 @cache
 def context() -> Any:
-    """The multiprocessing context of this process: one forkserver with torch preloaded."""
+    """The multiprocessing context of this process: a forkserver where there is one."""
     if "forkserver" in mp.get_all_start_methods():
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "attn", "bench.speed.worker"])
-        return ctx
+        return mp.get_context("forkserver")
     return mp.get_context("spawn")
+
+
+def _preload(ctx: Any, target: Any) -> None:
+    """Have the forkserver import torch, attn and ``target``'s module when it starts (read
+    once, by the first worker), so that workers start with them imported."""
+    if ctx.get_start_method() != "forkserver":
+        return
+    modules = ["torch", "attn"]
+    if getattr(target, "__module__", "__main__") != "__main__":  # a script is not re-imported
+        modules.append(target.__module__)
+    ctx.set_forkserver_preload(modules)
+
+
+def is_oom(err: BaseException) -> bool:
+    """True for an allocation failure (MemoryError, torch's "can't allocate", CUDA OOM)."""
+    return isinstance(err, MemoryError) or any(m in str(err).lower() for m in _OOM_MARKERS)
+
+
+def limit_memory(max_memory_gb: float | None) -> None:
+    """Cap this process's address space (RLIMIT_AS) so that a huge CPU case fails as oom."""
+    if max_memory_gb is None:
+        return
+    cap = int(max_memory_gb * 2**30)
+    _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+
+
+def failure(err: BaseException, device: str, max_memory_gb: float | None = None) -> tuple[str, str]:
+    """``(status, reason)`` for an exception a worker on ``device`` caught: ``unsupported``
+    (``NotImplementedError``), ``oom`` (naming the per-process address-space cap
+    ``max_memory_gb`` of a CPU worker, :func:`limit_memory`, when one was set) or
+    ``error``."""
+    if isinstance(err, NotImplementedError):
+        return "unsupported", str(err)
+    last = traceback.format_exception_only(type(err), err)[-1].strip()[:500]
+    if not is_oom(err):
+        return "error", last
+    if device == "cpu" and max_memory_gb is not None:
+        return "oom", (f"allocation refused by the per-case address-space cap "
+                       f"(max_memory_gb={max_memory_gb:g}, RLIMIT_AS): {last}")
+    return "oom", last
 
 
 def signal_name(signum: int) -> str:
@@ -118,6 +165,7 @@ class Worker:
 
     def __init__(self, target: Any, args: tuple[Any, ...]) -> None:
         ctx = context()
+        _preload(ctx, target)
         self._conn, child = ctx.Pipe(duplex=True)
         self.oom_kills_before = oom_kill_count()
         driver = process_identity(os.getpid())

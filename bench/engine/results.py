@@ -19,20 +19,15 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 from bench.engine.fsutil import atomic_write_json, atomic_write_text, read_json
-from bench.engine.labels import variant_label
-from bench.engine.provenance import ROW_FIELDS
 from bench.engine.row_schema import (
-    SPEED_STATUSES,
+    COLUMNS,
     RowSchema,
     missing_columns,
     row_problem,
@@ -41,22 +36,10 @@ from bench.engine.row_schema import (
 
 RESULTS_FILE = "results.csv"
 ENV_FILE = "env.json"
-STATUSES = SPEED_STATUSES
 #: statuses that ``--retry-failed`` measures (or trains) again
 RETRY_STATUSES = ("oom", "killed", "timeout", "error", "skipped", "nonfinite", "diverged")
 #: where the lines a resume leaves out are kept: ``results.csv.rejected``
 REJECTED_SUFFIX = ".rejected"
-COLUMNS = [
-    "case_id", "label", "variant", "kernel_requested", "kernel", "kernel_path", "params",
-    "seq_len", "batch", "heads", "head_dim", "dtype", "device", "causal", "pass", "status",
-    "reason", "time_ms", "time_iqr_ms", "repeats", "times_ms", "estimate_ms", "first_call_ms",
-    "compile_ms", "setup_ms", "setup_mem_bytes", "peak_mem_bytes", "rss_peak_bytes", "flops",
-    "flops_kind", "density", "tflops", "peak_fraction", "mask_emulated", "fallback",
-    "interleave_id", "interleaved", "threads", *ROW_FIELDS,
-]
-NUMERIC = ("time_ms", "time_iqr_ms", "repeats", "estimate_ms", "first_call_ms", "compile_ms",
-           "setup_ms", "setup_mem_bytes", "peak_mem_bytes", "rss_peak_bytes", "flops", "density",
-           "tflops", "peak_fraction", "interleaved")
 
 
 class DamagedFileError(ValueError):
@@ -219,48 +202,3 @@ def read_env(run_dir: str | Path) -> list[dict[str, Any]]:
 def write_env(run_dir: str | Path, segments: list[dict[str, Any]]) -> None:
     """Write every segment's environment (atomically)."""
     atomic_write_json(Path(run_dir) / ENV_FILE, {"segments": segments})
-
-
-def load_results(run_dir: str | Path, *, damaged: bool = False) -> pd.DataFrame:
-    """The results of a run directory as a DataFrame (typed columns, one row per case and pass).
-
-    Damaged rows are left out (with a :class:`DamagedRowWarning`); with ``damaged`` they are
-    kept, with what is wrong in the column ``problem`` (empty for valid rows), so that a
-    comparison can call them broken instead of losing them.
-    """
-    run_dir = Path(run_dir)
-    if not (run_dir / RESULTS_FILE).exists():
-        raise FileNotFoundError(f"no {RESULTS_FILE} in {run_dir}")
-    read = read_table(run_dir)
-    warn_rejected(read, "counted as broken" if damaged else "left out")
-    records = [{**row, "problem": ""} for row in read.rows]
-    if damaged:
-        records += [{**bad.row, "problem": bad.problem} for bad in read.rejected if bad.row]
-    df = pd.DataFrame(records, columns=[*COLUMNS, "problem"])
-    for col in ("seq_len", "batch", "heads", "head_dim", "threads"):
-        df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
-    for col in NUMERIC:
-        df[col] = pd.to_numeric(df[col], errors="coerce")
-    for col in ("causal", "mask_emulated"):
-        df[col] = df[col].map({"True": True, "False": False, True: True, False: False})
-    for col in ("reason", "fallback", "kernel_path", "flops_kind", "xformers_version", "times_ms",
-                "interleave_id", "problem"):
-        df[col] = df[col].fillna("")
-    df["label"] = [_label(row.variant, row.params, row.label) for row in df.itertuples()]
-    return df
-
-
-def _label(variant: Any, params: Any, recorded: Any) -> Any:
-    """The label of a row as :func:`bench.engine.labels.variant_label` writes it now (every pattern
-    parameter, defaults included), so runs recorded before a default was named in labels
-    still match newer runs in ``compare``, reports and plots; the recorded one when the
-    ``params`` column does not parse or the label is not one written from the variant's name."""
-    try:
-        parsed = json.loads(params) if isinstance(params, str) and params else {}
-    except ValueError:
-        return recorded
-    if not isinstance(variant, str) or not variant or not isinstance(parsed, dict):
-        return recorded
-    if not (recorded == variant or str(recorded).startswith(f"{variant}(")):
-        return recorded  # a label of the caller's own, not one written from the variant
-    return variant_label(variant, parsed)

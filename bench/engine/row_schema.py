@@ -1,4 +1,7 @@
-"""What a row of a results file may hold: each column's type and allowed values, in one place.
+"""What a row of a results file may hold: its columns in file order (:data:`COLUMNS`,
+:data:`QUALITY_COLUMNS`), each column's type and allowed values, in one place. The engine's
+run directories read, repair, resume and validate both kinds of file; the products fill the
+rows (:mod:`bench.speed.rows`, :mod:`bench.quality.train`).
 
 Two schemas, chosen by a file's first column: :data:`SPEED` for a speed sweep's
 ``results.csv`` (``case_id``) and :data:`QUALITY` for a training grid's ``quality.csv`` and
@@ -26,13 +29,38 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench.engine.config import ALL_PASSES, DEVICES, DTYPES
+from bench.engine.config import DEVICES, DTYPES
 from bench.engine.messages import shown
+from bench.engine.provenance import ROW_FIELDS
 
+#: the columns of a speed sweep's ``results.csv``, in file order (one row per case and pass)
+COLUMNS = [
+    "case_id", "label", "variant", "kernel_requested", "kernel", "kernel_path", "params",
+    "seq_len", "batch", "heads", "head_dim", "dtype", "device", "causal", "pass", "status",
+    "reason", "time_ms", "time_iqr_ms", "repeats", "times_ms", "estimate_ms", "first_call_ms",
+    "compile_ms", "setup_ms", "setup_mem_bytes", "peak_mem_bytes", "rss_peak_bytes", "flops",
+    "flops_kind", "density", "tflops", "peak_fraction", "mask_emulated", "fallback",
+    "interleave_id", "interleaved", "threads", *ROW_FIELDS,
+]
+#: the matched-compute columns of a training row (:mod:`bench.quality.budget`; ``budget_x``
+#: empty: an equal-steps run)
+BUDGET_COLUMNS = ("budget_x", "flop_budget", "flops_per_step", "train_flops")
+#: the columns of a training grid's ``quality.csv`` (and ``superseded.csv``), in file order
+QUALITY_COLUMNS = [
+    "unit_id", "task", "variant", "label", "params", "seed", "preset", "split", "metric",
+    "condition", "value", "status", "reason", "steps", "best_step", "train_time_s",
+    "train_tokens_per_s", "eval_tokens_per_s", "peak_mem_bytes", "param_count", "seq_len",
+    "model_kind", "attention_parts", "kernel_path", "settings", "threads", *ROW_FIELDS,
+    "role", "title", "overrides",  # added later: files without them read as a variant, no overrides
+    *BUDGET_COLUMNS,
+]
 #: kinds of column: free text, an integer, a number (``nan`` and ``inf`` read as numbers),
 #: ``True`` / ``False``, a JSON document, or one of ``allowed``
 KINDS = ("text", "int", "number", "bool", "json", "choice")
 
+#: the passes a speed sweep's row may name (:mod:`bench.speed.config`: ``PASSES`` of an
+#: attention case, ``MODEL_PASSES`` of a model-step case)
+SPEED_PASSES = ("fwd", "bwd", "fwd_bwd", "train_step")
 #: statuses of a speed sweep's rows (``nonfinite``: the output or a gradient had NaN or inf)
 SPEED_STATUSES = ("ok", "oom", "killed", "unsupported", "timeout", "error", "skipped", "nonfinite")
 #: statuses of a training grid's rows (``diverged``: the training loss became NaN or inf)
@@ -162,7 +190,7 @@ SPEED = RowSchema(
         Column("dtype", "choice", allowed=DTYPES),
         Column("device", "choice", allowed=DEVICES),
         Column("causal", "bool"),
-        Column("pass", "choice", required=True, allowed=ALL_PASSES),
+        Column("pass", "choice", required=True, allowed=SPEED_PASSES),
         Column("status", "choice", required=True, allowed=SPEED_STATUSES),
         *_numbers(("time_ms", "time_iqr_ms", "estimate_ms", "first_call_ms", "compile_ms",
                    "setup_ms", "setup_mem_bytes", "peak_mem_bytes", "rss_peak_bytes", "flops",

@@ -1,10 +1,24 @@
 """The driver's side of a run directory, for speed sweeps and training grids alike.
 
+:func:`run_units` is the one way units run into a run directory: it checks the device,
+locks the directory, keeps what an earlier run recorded (:class:`RunRecorder`), asks the
+product's :class:`RunPlan` for the chains of units still to run, starts the run segment,
+drives the chains through an executor (:func:`drive`) and appends every unit's rows as it
+finishes. A speed sweep (:mod:`bench.speed.sweep`) and a training grid
+(:mod:`bench.quality.grid`) differ only in their plan: the results file, the units, and what
+the driver adds to a row.
+
+A *chain* is a generator of units: it yields a unit, receives the unit's rows (``send``) and
+decides what to yield next, so dependencies between units (a curve that failed at one length
+skips its larger lengths, for that pass only) live in the chain. :func:`drive` keeps the
+executor's slots busy with the next units of the chains and hands every unit's rows to
+``on_done`` as soon as they arrive; the driver process alone writes results.
+
 :class:`RunRecorder` keeps the whole rows of an earlier run (one per key, first record wins;
 with ``retry_failed`` failed, timed-out and skipped ones are dropped to be measured again),
 refuses to mix environments on resume unless allowed, records each run segment's
 environment in ``env.json`` and appends new rows as units finish. Everything is written
-atomically or appended and fsynced; the caller holds the directory's lock.
+atomically or appended and fsynced; :func:`run_units` holds the directory's lock.
 
 A damaged row (:func:`bench.engine.results.read_table`) is not kept: its unit runs again (for a
 training grid, every row of that unit goes, so the unit trains again), and the damaged
@@ -17,12 +31,15 @@ from __future__ import annotations
 import csv
 import io
 import os
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Generator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from bench.engine.fsutil import atomic_write_json
-from bench.engine.provenance import RESUME_FIELDS
+from bench.engine.config import check_device
+from bench.engine.executors import Executor, LocalExecutor
+from bench.engine.fsutil import RunLock, atomic_write_json
+from bench.engine.provenance import RESUME_FIELDS, environment
 from bench.engine.results import (
     REJECTED_SUFFIX,
     RETRY_STATUSES,
@@ -36,6 +53,9 @@ from bench.engine.results import (
 from bench.engine.row_schema import schema_for, unit_of
 
 Row = dict[str, Any]
+Rows = list[Row]
+#: a generator of units: it yields a unit and is sent that unit's rows
+Chain = Generator[Any, Rows, None]
 
 
 class MixedEnvironmentError(ValueError):
@@ -173,3 +193,125 @@ def _keep_rejected(read: RowsRead, unit_rows: list[Row]) -> None:
         f.write(header_text + text + buffer.getvalue())
         f.flush()
         os.fsync(f.fileno())
+
+
+def drive(chains: list[Chain], executor: Executor, *,
+          on_start: Callable[[Any], None] | None = None,
+          on_done: Callable[[Any, Rows], None] | None = None) -> None:
+    """Run every unit of every chain, at most ``executor.slots`` at once."""
+    waiting: deque[Chain] = deque(chains)
+    running: dict[str, Chain] = {}
+
+    def start(chain: Chain, unit: Any) -> None:
+        running[unit.unit_id] = chain
+        if on_start is not None:
+            on_start(unit)
+        executor.submit(unit)
+
+    while waiting or running:
+        while waiting and len(running) < executor.slots:
+            chain = waiting.popleft()
+            unit = next(chain, None)
+            if unit is not None:
+                start(chain, unit)
+        if not running:
+            continue
+        unit, rows = executor.wait_any()
+        chain = running.pop(unit.unit_id)
+        if on_done is not None:
+            on_done(unit, rows)
+        try:
+            follow = chain.send(rows)
+        except StopIteration:
+            continue
+        start(chain, follow)  # the freed slot goes to the same chain: its units stay together
+
+
+class RunPlan(Protocol):
+    """What a product runs into a run directory (:func:`run_units`)."""
+
+    @property
+    def file(self) -> str:
+        """The results file (``results.csv``, ``quality.csv``)."""
+
+    @property
+    def columns(self) -> list[str]:
+        """Its columns (:mod:`bench.engine.row_schema`)."""
+
+    @property
+    def device(self) -> str:
+        """Where the units run (``cpu`` or ``cuda``): checked before anything runs."""
+
+    @property
+    def threads(self) -> int | None:
+        """The configured thread count (``None``: torch's default), part of the segment's
+        environment."""
+
+    @property
+    def dtype(self) -> str:
+        """The dtype a resume must share with the rows already there."""
+
+    @property
+    def config_file(self) -> str:
+        """Where the resolved config of a segment with work is written (``sweep.json``)."""
+
+    def key(self, row: Row) -> tuple:
+        """The identity of a row: an earlier row with the same key is kept, not run again."""
+
+    def settings(self) -> dict[str, Any]:
+        """The resolved config written to :attr:`config_file`."""
+
+    def chains(self, recorder: RunRecorder) -> list[Chain]:
+        """The chains of the units still to run, given what ``recorder`` kept (``[]``:
+        nothing to run). Called before the segment starts (a plan may still
+        :meth:`RunRecorder.supersede` rows)."""
+
+    def begin(self, run_dir: Path, env: dict[str, Any]) -> Callable[[Row], None] | None:
+        """Called once there is work, after the segment started and before any unit runs;
+        returns what the driver does to each arriving row before it is recorded (or
+        ``None``)."""
+
+
+def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | None = None,
+              allow_mixed: bool = False, retry_failed: bool = False, overwrite: bool = False,
+              on_start: Callable[[Any], None] | None = None,
+              on_done: Callable[[Any, Rows], None] | None = None) -> Rows:
+    """Run every unit ``plan`` still has into ``run_dir`` (locked, resumable); the new rows.
+
+    ``executor``: where units run (default the local one, shut down at the end either way);
+    ``allow_mixed``: add rows to a directory measured in another environment;
+    ``retry_failed``: run failed, timed-out and skipped rows again; ``overwrite``: discard
+    the earlier rows; ``on_start(unit)``, ``on_done(unit, rows)``: progress callbacks.
+    """
+    check_device(plan.device)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with RunLock(run_dir):
+        recorder = RunRecorder(run_dir, file=plan.file, columns=plan.columns, key=plan.key,
+                               overwrite=overwrite, retry_failed=retry_failed)
+        chains = plan.chains(recorder)
+        env = environment(plan.device, plan.threads)
+        executor = executor or LocalExecutor(plan.device)
+        recorder.start(env, dtype=plan.dtype, allow_mixed=allow_mixed, has_work=bool(chains),
+                       config=plan.settings(), config_file=plan.config_file,
+                       local=isinstance(executor, LocalExecutor))
+        if not chains:
+            executor.shutdown()
+            return []
+        finish = plan.begin(run_dir, env)
+        new_rows: Rows = []
+
+        def done_unit(unit: Any, rows: Rows) -> None:
+            if finish is not None:
+                for row in rows:
+                    finish(row)
+            recorder.record(rows)
+            new_rows.extend(rows)
+            if on_done is not None:
+                on_done(unit, rows)
+
+        try:
+            drive(chains, executor, on_start=on_start, on_done=done_unit)
+        finally:
+            executor.shutdown()
+        return new_rows

@@ -34,14 +34,13 @@ from torch import nn
 from attn import Attention
 from attn.cost import CostQuery
 from bench.engine.config import ConfigError
+from bench.engine.row_schema import BUDGET_COLUMNS
 from bench.quality.settings import TrainSettings
 from bench.quality.tasks import list_tasks
 from bench.speed.report import markdown_table
 
 #: the attention whose FLOPs at the preset's steps define ``budget_x: 1``
 REFERENCE = "full"
-#: result-row columns of every run (the budget ones empty for an equal-steps run)
-BUDGET_COLUMNS = ("budget_x", "flop_budget", "flops_per_step", "train_flops")
 BUDGET_FIGURE = "budget"
 DENSE_BWD_FACTOR = 2  # backward of a dense layer: gradients of inputs and of weights
 

@@ -38,39 +38,28 @@ import os
 from collections.abc import Callable, Collection, Generator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
 from attn import attention_info, list_attention
 from attn.validation import require_int
 from bench.engine.config import ConfigError, import_plugins, safe_name
-from bench.engine.executors import LocalExecutor
-from bench.engine.fsutil import RunLock, atomic_write_text
-from bench.engine.process import Worker, WorkerGone
-from bench.engine.provenance import ROW_FIELDS, environment
-from bench.engine.rundir import RunRecorder
-from bench.quality.budget import BUDGET_COLUMNS, budget_of, budget_overrides, parse_budgets, strip_budget
+from bench.engine.executors import Executor
+from bench.engine.fsutil import atomic_write_text
+from bench.engine.process import Worker, WorkerGone, failure
+from bench.engine.row_schema import QUALITY_COLUMNS
+from bench.engine.rundir import Chain, RunRecorder, run_units
+from bench.quality.budget import budget_of, budget_overrides, parse_budgets, strip_budget
 from bench.quality.model_parts import label
 from bench.quality.reference import get_reference, reference_names
 from bench.quality.reference_unit import ReferenceUnit
 from bench.quality.settings import attention_params, list_presets, settings_that_apply, task_settings
 from bench.quality.tasks import get_task, list_tasks
 from bench.quality.train import RunSpec, train_run
-from bench.speed.schedule import drive
-from bench.speed.sweep import check_device
-from bench.speed.worker import failure
 
 QUALITY_FILE = "quality.csv"
 SUPERSEDED_FILE = "superseded.csv"  # rows of units whose task settings have since changed
-QUALITY_COLUMNS = [
-    "unit_id", "task", "variant", "label", "params", "seed", "preset", "split", "metric",
-    "condition", "value", "status", "reason", "steps", "best_step", "train_time_s",
-    "train_tokens_per_s", "eval_tokens_per_s", "peak_mem_bytes", "param_count", "seq_len",
-    "model_kind", "attention_parts", "kernel_path", "settings", "threads", *ROW_FIELDS,
-    "role", "title", "overrides",  # added later: files without them read as a variant, no overrides
-    *BUDGET_COLUMNS,  # matched compute (bench/quality/budget.py); budget_x empty: equal steps
-]
 ROLES = ("variant", "control", "reference")
 #: keys of a variant entry that are not attention parameters
 _ENTRY_KEYS = ("name", "model", "role", "title", "tasks")
@@ -409,19 +398,10 @@ def train_worker_main(spec: dict[str, Any], cuda_visible: str | None, conn: Any)
 
     try:
         rows = train_run(RunSpec(**spec), log=lambda _: None)
-    except Exception as err:
-        _, status, reason = failure(err, _NoCap())
-        conn.send(("failed", (status, reason)))
+    except Exception as err:  # no address-space cap on a training worker
+        conn.send(("failed", failure(err, spec["device"])))
         return
     conn.send(("rows", rows))
-
-
-@dataclass(frozen=True)
-class _NoCap:
-    """What :func:`bench.speed.worker.failure` reads of a case: no address-space cap here."""
-
-    device: str = "cpu"
-    max_memory_gb: float | None = None
 
 
 class _SettingsCache:
@@ -605,44 +585,54 @@ def resolved_settings(config: GridConfig) -> dict[str, Any]:
                       for t in config.raw.get("tasks", config.tasks)}}  # all, also for --task
 
 
-def run_grid(config: GridConfig, out: Path, *, executor: Any = None, allow_mixed: bool = False,
-             retry_failed: bool = False, overwrite: bool = False,
+@dataclass(frozen=True)
+class GridPlan:
+    """The run plan (:class:`bench.engine.rundir.RunPlan`) of a training grid: its units
+    (:func:`units`), each a chain of its own, into ``quality.csv``."""
+
+    config: GridConfig
+
+    file: ClassVar[str] = QUALITY_FILE
+    columns: ClassVar[list[str]] = QUALITY_COLUMNS
+    config_file: ClassVar[str] = "grid.json"
+    dtype: ClassVar[str] = "float32"
+
+    @property
+    def device(self) -> str:
+        return self.config.device
+
+    @property
+    def threads(self) -> int | None:
+        return self.config.threads
+
+    def key(self, row: dict[str, Any]) -> tuple:
+        return (row["unit_id"], row["split"], row["metric"], row["condition"])
+
+    def settings(self) -> dict[str, Any]:
+        return resolved_settings(self.config)
+
+    def chains(self, recorder: RunRecorder) -> list[Chain]:
+        """The units not recorded yet; rows trained with other settings, or of entries the
+        config no longer gives, move to ``superseded.csv`` first (their units run again)."""
+        stale = (superseded_units(recorder.kept, self.config)
+                 | foreign_units(recorder.kept, self.config))
+        recorder.supersede(lambda row: row["unit_id"] in stale, SUPERSEDED_FILE)
+        done = {r["unit_id"] for r in recorder.kept}
+        return [_single(u) for u in units(self.config, recorder.run_dir) if u.unit_id not in done]
+
+    def begin(self, run_dir: Path, env: dict[str, Any]) -> None:
+        """Write the config itself beside the results (``grid.yaml``)."""
+        atomic_write_text(run_dir / "grid.yaml", yaml.safe_dump(self.config.raw, sort_keys=False))
+
+
+def run_grid(config: GridConfig, out: Path, *, executor: Executor | None = None,
+             allow_mixed: bool = False, retry_failed: bool = False, overwrite: bool = False,
              on_start: Callable[[Any], None] | None = None,
              on_done: Callable[[Any, list[dict[str, Any]]], None] | None = None) -> list[dict]:
     """Train every unfinished unit of ``config`` into ``out``; returns the new rows."""
-    check_device(config.device)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    with RunLock(out):
-        recorder = RunRecorder(out, file=QUALITY_FILE, columns=QUALITY_COLUMNS,
-                               key=lambda r: (r["unit_id"], r["split"], r["metric"], r["condition"]),
-                               overwrite=overwrite, retry_failed=retry_failed)
-        stale = superseded_units(recorder.kept, config) | foreign_units(recorder.kept, config)
-        recorder.supersede(lambda row: row["unit_id"] in stale, SUPERSEDED_FILE)
-        done = {r["unit_id"] for r in recorder.kept}
-        todo = [u for u in units(config, out) if u.unit_id not in done]
-        executor = executor or LocalExecutor(config.device)
-        recorder.start(environment(config.device, config.threads), dtype="float32",
-                       allow_mixed=allow_mixed, has_work=bool(todo),
-                       config=resolved_settings(config), config_file="grid.json",
-                       local=isinstance(executor, LocalExecutor))
-        if not todo:
-            executor.shutdown()
-            return []
-        atomic_write_text(out / "grid.yaml", yaml.safe_dump(config.raw, sort_keys=False))
-        new_rows: list[dict[str, Any]] = []
-
-        def done_unit(unit: Any, rows: list[dict[str, Any]]) -> None:
-            recorder.record(rows)
-            new_rows.extend(rows)
-            if on_done is not None:
-                on_done(unit, rows)
-
-        try:
-            drive([_single(u) for u in todo], executor, on_start=on_start, on_done=done_unit)
-        finally:
-            executor.shutdown()
-        return new_rows
+    return run_units(out, GridPlan(config), executor=executor, allow_mixed=allow_mixed,
+                     retry_failed=retry_failed, overwrite=overwrite, on_start=on_start,
+                     on_done=on_done)
 
 
 def _single(unit: TrainUnit) -> Generator[TrainUnit, Any, None]:

@@ -13,8 +13,9 @@ import pandas as pd
 
 from bench.engine.fsutil import atomic_write_text
 from bench.engine.results import read_rows
+from bench.engine.row_schema import QUALITY_COLUMNS
 from bench.quality.budget import budget_table, split_budget
-from bench.quality.grid import QUALITY_COLUMNS, QUALITY_FILE
+from bench.quality.grid import QUALITY_FILE
 from bench.quality.margins import SD_MARGIN, Margin, margins, strongest_references, unlearned_tasks
 from bench.quality.model_parts import label
 from bench.quality.reference import list_references, reference_names

@@ -5,7 +5,7 @@ holds the cases of one variant and shape at one length that differ only in their
 they are timed together, in interleaved rounds (see :mod:`bench.speed.rounds`). A *chain* is the
 sequence of groups of one variant and shape over increasing lengths; its groups run in
 order, so that a length that fails (timeout, out of memory) can skip the larger lengths of
-its curve and pass (see :mod:`bench.speed.schedule`).
+its curve and pass (see :func:`bench.speed.unit.speed_chain`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from itertools import product
 from typing import Any
 
 from attn import attention_info
-from bench.engine.config import SweepConfig
+from bench.speed.config import SweepConfig
 
 
 @dataclass(frozen=True)
@@ -141,18 +141,3 @@ def chains(cases: list[Case], interleave: bool) -> list[list[list[Case]]]:
         key = case.comparison if interleave else case.group
         by_chain.setdefault(key, {}).setdefault(case.seq_len, []).append(case)
     return [[groups[n] for n in sorted(groups)] for groups in by_chain.values()]
-
-
-def path_columns(paths: list[Any], case: Case) -> dict[str, Any]:
-    """Row columns from the ``KernelPath`` of every call of a pass."""
-    seen = [p for p in paths if p is not None]
-    last = seen[-1] if seen else None
-    return {
-        "kernel": last.kernel if last else case.kernel,
-        "kernel_path": last.path if last else "",
-        "mask_emulated": bool(last and last.mask_emulated),
-        "fallback": "; ".join(sorted({p.fallback for p in seen if p.fallback})),
-        "compile_ms": sum(p.compile_s or 0.0 for p in seen) * 1e3,
-        "setup_ms": sum(p.setup_s or 0.0 for p in seen) * 1e3,
-        "setup_mem_bytes": sum(p.setup_bytes or 0 for p in seen),
-    }

@@ -26,7 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from attn.validation import require_number
-from bench.engine.results import load_results
+from bench.speed.results import load_results
 
 KEY = ["label", "kernel_requested", "seq_len", "batch", "heads", "head_dim", "dtype", "device",
        "causal", "pass"]

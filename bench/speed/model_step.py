@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from attn import Attention
 from attn.cost import CostQuery
 from bench.engine.measure import CallTimer, measure_memory
-from bench.speed.cases import Case, path_columns
+from bench.speed.cases import Case
+from bench.speed.rows import path_columns
 from models import create_model
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bench.engine.results import load_results
+from bench.speed.results import load_results
 
 PLOT_STEM = "scaling"
 _METRICS = (("time_ms", "median time (ms), band: IQR of repeats"),

@@ -12,7 +12,8 @@ import numpy as np
 import pandas as pd
 
 from bench.engine.fsutil import atomic_write_text, read_json
-from bench.engine.results import load_results, read_env
+from bench.engine.results import read_env
+from bench.speed.results import load_results
 from bench.speed.scaling import scaling_table
 
 REPORT_FILE = "report.md"

@@ -1,5 +1,6 @@
-"""Running one unit: the kernels of a variant at one length, in isolated workers, timed in
-interleaved rounds (A, B, C, A, B, C, ...) so that their ratios share the machine's load.
+"""Timing the cases of one speed unit (:class:`bench.speed.unit.SpeedUnit`: the kernels of a
+variant at one length) in isolated workers, in interleaved rounds (A, B, C, A, B, C, ...) so
+that their ratios share the machine's load; and the matmul peak, in a worker of its own.
 
 For each pass, every case's worker first prepares (warm-up, a planning call, memory), one
 worker at a time; then the rounds run, one timed call per case per round. All cases of the
@@ -11,41 +12,22 @@ case and pass, on the case's own calls.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from bench.engine.measure import matmul_peak_flops, planned_repeats
 from bench.engine.process import Worker, WorkerGone
 from bench.speed.cases import Case
-from bench.speed.worker import tflops, worker_main
+from bench.speed.rows import failure_rows, measured_row
+from bench.speed.worker import worker_main
 
 PASS_ORDER = ("fwd", "bwd", "fwd_bwd", "train_step")
 #: idle time between two cases' calls: lets the previous case's threads stop spinning
 HANDOVER_S = 0.002
-
-
-def base_row(case: Case, pass_name: str) -> dict[str, Any]:
-    """The descriptive columns of a row (before measuring)."""
-    return {
-        "case_id": case.case_id, "label": case.label, "variant": case.variant,
-        "kernel_requested": case.kernel, "kernel": case.kernel,
-        "params": case.params_json, "seq_len": case.seq_len, "batch": case.batch,
-        "heads": case.heads, "head_dim": case.head_dim, "dtype": case.dtype,
-        "device": case.device, "causal": case.causal, "pass": pass_name,
-    }
-
-
-def failure_rows(case: Case, passes: tuple[str, ...] | list[str], status: str,
-                 reason: str) -> list[dict[str, Any]]:
-    """Rows for passes that produced no measurement."""
-    return [{**base_row(case, p), "status": status, "reason": reason} for p in passes]
 
 
 @dataclass(frozen=True)
@@ -54,47 +36,6 @@ class CaseRun:
 
     case: Case
     passes: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class SpeedUnit:
-    """Cases at one length timed together in interleaved rounds (one kernel each), plus rows
-    of passes recorded without running (skipped after a smaller length failed)."""
-
-    runs: tuple[CaseRun, ...]
-    skipped: tuple[dict[str, Any], ...] = field(default=(), compare=False)
-
-    @property
-    def unit_id(self) -> str:
-        """Stable id of the unit (rows timed together share it)."""
-        ids = sorted([r.case.case_id for r in self.runs]
-                     + [f"{row['case_id']}/{row['pass']}" for row in self.skipped])
-        return hashlib.sha1(",".join(ids).encode()).hexdigest()[:12]
-
-    @property
-    def device(self) -> str:
-        """The device its cases run on."""
-        return self.runs[0].case.device if self.runs else str(self.skipped[0]["device"])
-
-    def describe(self) -> str:
-        """One-line description for progress bars."""
-        first = (self.runs[0].case if self.runs else None)
-        if first is None:
-            return f"{len(self.skipped)} skipped row(s)"
-        kernels = "/".join(r.case.kernel for r in self.runs)
-        causal = " causal" if first.causal else ""
-        passes = "/".join(dict.fromkeys(p for r in self.runs for p in r.passes))
-        return (f"{first.label} [{kernels}] N={first.seq_len} B={first.batch} H={first.heads} "
-                f"D={first.head_dim} {first.dtype}{causal} {passes}")
-
-    def run(self, cuda_visible: str | None = None) -> list[dict[str, Any]]:
-        """Measure the runs (see :func:`run_unit`) and add the skipped rows."""
-        return [*run_unit(self, cuda_visible), *self.skipped] if self.runs else list(self.skipped)
-
-    def failure_rows(self, status: str, reason: str) -> list[dict[str, Any]]:
-        """A row per (case, pass) of the runs, all with this status (and the skipped rows)."""
-        rows = [row for r in self.runs for row in failure_rows(r.case, r.passes, status, reason)]
-        return [*rows, *self.skipped]
 
 
 class _Member:
@@ -162,17 +103,6 @@ class _CaseFailed(Exception):
         self.status, self.reason = status, reason
 
 
-def _timing_columns(times_s: list[float], flops: float) -> dict[str, Any]:
-    times_ms = np.asarray(times_s) * 1e3
-    median = float(np.median(times_ms))
-    q25, q75 = np.percentile(times_ms, [25, 75])
-    return {
-        "time_ms": median, "time_iqr_ms": float(q75 - q25), "repeats": len(times_ms),
-        "times_ms": json.dumps([float(f"{t:.6g}") for t in times_ms]),
-        "tflops": tflops(flops, median),
-    }
-
-
 def _prepare(members: list[_Member], pass_name: str) -> list[tuple[_Member, dict[str, Any]]]:
     """Warm up and read memory for each member that runs this pass; failures become rows."""
     ready = []
@@ -215,21 +145,18 @@ def _run_pass(members: list[_Member], pass_name: str, unit_id: str) -> None:
                                                   failed.reason)[0]
             continue
         assert member.info is not None
-        member.rows[pass_name] = {
-            **base_row(member.case, pass_name), "status": "ok", "reason": "",
-            **{k: v for k, v in member.info.items() if k != "flops"},
-            "flops": member.info["flops"][pass_name], **info, **finished,
-            **_timing_columns(times[id(member)], member.info["flops"][pass_name]),
-            "interleave_id": unit_id, "interleaved": len(ready),
-        }
+        member.rows[pass_name] = measured_row(member.case, pass_name, member.info, info, finished,
+                                              times[id(member)], unit_id, len(ready))
 
 
-def run_unit(unit: SpeedUnit, cuda_visible: str | None = None) -> list[dict[str, Any]]:
-    """Measure every (case, pass) of ``unit``; always one row per (case, pass) it names."""
-    members = [_Member(run, cuda_visible) for run in unit.runs]
+def run_rounds(runs: tuple[CaseRun, ...], unit_id: str,
+               cuda_visible: str | None = None) -> list[dict[str, Any]]:
+    """Measure every (case, pass) of ``runs``, the unit ``unit_id``
+    (:class:`bench.speed.unit.SpeedUnit`); always one row per (case, pass) they name."""
+    members = [_Member(run, cuda_visible) for run in runs]
     try:
         for pass_name in PASS_ORDER:
-            _run_pass(members, pass_name, unit.unit_id)
+            _run_pass(members, pass_name, unit_id)
     finally:
         for member in members:
             if member.worker is not None:
@@ -240,11 +167,6 @@ def run_unit(unit: SpeedUnit, cuda_visible: str | None = None) -> list[dict[str,
             rows.append(member.rows.get(pass_name) or failure_rows(
                 member.case, [pass_name], "error", "no result (internal error)")[0])
     return rows
-
-
-def run_case(case: Case, cuda_visible: str | None = None) -> list[dict[str, Any]]:
-    """Measure one case alone (every pass); one row per pass."""
-    return run_unit(SpeedUnit((CaseRun(case, case.passes),)), cuda_visible)
 
 
 def _peak_main(device: str, dtype: str, threads: int | None, size: int | None, conn: Any) -> None:

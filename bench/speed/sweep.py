@@ -1,5 +1,6 @@
 """Running a speed sweep into a run directory: locked, resumable, isolated, one flushed record
-per unit, every row carrying the environment that measured it.
+per unit, every row carrying the environment that measured it (:func:`bench.engine.rundir.run_units`
+with the sweep's plan).
 
 Resume: rows already in ``results.csv`` are kept (whole rows only) and their (case, pass)
 is not measured again; ``retry_failed`` measures failed, timed-out and skipped ones again.
@@ -12,34 +13,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-import torch
-
-from bench.engine.config import ConfigError, SweepConfig
-from bench.engine.executors import Executor, LocalExecutor
-from bench.engine.fsutil import RunLock, atomic_write_json, read_json
-from bench.engine.provenance import environment
-from bench.engine.results import COLUMNS, RESULTS_FILE
-from bench.engine.rundir import MixedEnvironmentError, RunRecorder
+from bench.engine.config import ConfigError
+from bench.engine.executors import Executor
+from bench.engine.fsutil import atomic_write_json, read_json
+from bench.engine.results import RESULTS_FILE
+from bench.engine.row_schema import COLUMNS
+from bench.engine.rundir import Chain, MixedEnvironmentError, Rows, RunRecorder, run_units
+from bench.speed.cases import Case, expand_cases
 from bench.speed.cases import chains as make_chains
-from bench.speed.cases import expand_cases
+from bench.speed.config import SweepConfig
 from bench.speed.rounds import measure_peak
-from bench.speed.schedule import FATAL, drive, record_failure, speed_chain
+from bench.speed.rows import Row, peak_fraction
+from bench.speed.unit import FATAL, record_failure, speed_chain
 
 PEAK_FILE = "peak.json"
-__all__ = ["MixedEnvironmentError", "check_device", "matmul_peak", "run_sweep"]
-
-
-def check_device(device: str) -> None:
-    """``ConfigError`` before any case runs when the config's device is not available here."""
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("config key 'device': cuda is not available on this machine "
-                              "(torch.cuda.is_available() is False); allowed here: ['cpu']",
-                              "device")
+__all__ = ["MixedEnvironmentError", "SweepPlan", "matmul_peak", "run_sweep"]
 
 
 def matmul_peak(run_dir: Path, config: SweepConfig) -> float:
@@ -55,13 +47,54 @@ def matmul_peak(run_dir: Path, config: SweepConfig) -> float:
     return cache[key]
 
 
-def _peak_fraction(row: dict[str, Any], peak: float, host: str) -> None:
-    """The row's FLOP/s over the same-run matmul peak, measured on the driver's machine: rows
-    from other machines (cluster nodes) have none."""
-    tflops = row.get("tflops")
-    if (row["status"] == "ok" and tflops is not None and math.isfinite(peak)
-            and row.get("hostname", host) == host):
-        row["peak_fraction"] = tflops * 1e12 / peak
+@dataclass(frozen=True)
+class SweepPlan:
+    """The run plan (:class:`bench.engine.rundir.RunPlan`) of a speed sweep: its cases as
+    chains of :class:`bench.speed.unit.SpeedUnit`, into ``results.csv``."""
+
+    config: SweepConfig
+    cases: tuple[Case, ...]
+
+    file: ClassVar[str] = RESULTS_FILE
+    columns: ClassVar[list[str]] = COLUMNS
+    config_file: ClassVar[str] = "sweep.json"
+
+    @property
+    def device(self) -> str:
+        return self.config.device
+
+    @property
+    def threads(self) -> int | None:
+        return self.config.threads
+
+    @property
+    def dtype(self) -> str:
+        return self.config.dtype
+
+    def key(self, row: Row) -> tuple:
+        return (row["case_id"], row["pass"])
+
+    def settings(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self.config).items() if k != "raw"}
+
+    def chains(self, recorder: RunRecorder) -> list[Chain]:
+        """A chain per group of cases with a (case, pass) not recorded yet; a curve whose pass
+        already failed at a smaller length skips its larger ones (``skip_larger_after_failure``)."""
+        done = {(r["case_id"], r["pass"]) for r in recorder.kept}
+        if not any((c.case_id, p) not in done for c in self.cases for p in c.passes):
+            return []
+        failures: dict[tuple[Any, str], tuple[int, str]] = {}
+        by_id = {c.case_id: c for c in self.cases}
+        for row in recorder.kept:
+            if row["case_id"] in by_id and row["status"] in FATAL:
+                record_failure(failures, by_id[row["case_id"]], row["pass"], row["status"])
+        return [speed_chain(groups, done, failures, self.config.skip_larger_after_failure)
+                for groups in make_chains(list(self.cases), self.config.interleave)]
+
+    def begin(self, run_dir: Path, env: dict[str, Any]) -> Callable[[Row], None]:
+        """Measure (or read) the matmul peak; each row then gets its share of it."""
+        peak = matmul_peak(run_dir, self.config)
+        return lambda row: peak_fraction(row, peak, env["hostname"])
 
 
 def run_sweep(
@@ -73,55 +106,18 @@ def run_sweep(
     retry_failed: bool = False,
     overwrite: bool = False,
     on_start: Callable[[Any], None] | None = None,
-    on_done: Callable[[Any, list[dict[str, Any]]], None] | None = None,
-) -> list[dict[str, Any]]:
+    on_done: Callable[[Any, Rows], None] | None = None,
+) -> Rows:
     """Measure every unfinished (case, pass) of ``config`` into ``run_dir``; returns new rows.
 
     Finished passes are skipped, so rerunning into the same directory resumes. With
     ``skip_larger_after_failure``, once a length of a curve times out or runs out of memory
     in a pass, the larger lengths of that curve and pass become ``skipped`` rows.
     """
-    check_device(config.device)
     cases = expand_cases(config)
     if not cases:
         raise ConfigError("the sweep has no cases: no variant has any of the requested kernels "
                           f"{list(config.kernels)}", "kernels")
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with RunLock(run_dir):
-        recorder = RunRecorder(run_dir, file=RESULTS_FILE, columns=COLUMNS,
-                               key=lambda r: (r["case_id"], r["pass"]), overwrite=overwrite,
-                               retry_failed=retry_failed)
-        done = {(r["case_id"], r["pass"]) for r in recorder.kept}
-        todo = [c for c in cases if any((c.case_id, p) not in done for p in c.passes)]
-        env = environment(config.device, config.threads)
-        executor = executor or LocalExecutor(config.device)
-        recorder.start(env, dtype=config.dtype, allow_mixed=allow_mixed, has_work=bool(todo),
-                       config={k: v for k, v in asdict(config).items() if k != "raw"},
-                       config_file="sweep.json", local=isinstance(executor, LocalExecutor))
-        if not todo:
-            executor.shutdown()
-            return []
-        failures: dict[tuple[Any, str], tuple[int, str]] = {}
-        by_id = {c.case_id: c for c in cases}
-        for row in recorder.kept:
-            if row["case_id"] in by_id and row["status"] in FATAL:
-                record_failure(failures, by_id[row["case_id"]], row["pass"], row["status"])
-        peak = matmul_peak(run_dir, config)
-        new_rows: list[dict[str, Any]] = []
-
-        def done_unit(unit: Any, rows: list[dict[str, Any]]) -> None:
-            for row in rows:
-                _peak_fraction(row, peak, env["hostname"])
-            recorder.record(rows)
-            new_rows.extend(rows)
-            if on_done is not None:
-                on_done(unit, rows)
-
-        chains = [speed_chain(groups, done, failures, config.skip_larger_after_failure)
-                  for groups in make_chains(cases, config.interleave)]
-        try:
-            drive(chains, executor, on_start=on_start, on_done=done_unit)
-        finally:
-            executor.shutdown()
-        return new_rows
+    return run_units(run_dir, SweepPlan(config, tuple(cases)), executor=executor,
+                     allow_mixed=allow_mixed, retry_failed=retry_failed, overwrite=overwrite,
+                     on_start=on_start, on_done=on_done)

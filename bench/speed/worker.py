@@ -20,10 +20,7 @@ the attention cannot be built, ``("failed", "error", reason)``.
 
 from __future__ import annotations
 
-import math
 import os
-import resource
-import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -32,27 +29,11 @@ import torch
 from attn import AttentionCall, create_attention
 from bench.engine.config import import_plugins
 from bench.engine.measure import CallTimer, measure_memory
-from bench.speed.cases import Case, path_columns
+from bench.engine.process import failure, limit_memory
+from bench.speed.cases import Case
 from bench.speed.flops import case_flops
 from bench.speed.model_step import ModelStepRunner, build_model, model_flops
-
-_OOM_MARKERS = ("can't allocate", "out of memory", "not enough memory", "cannot allocate")
-
-
-def is_oom(err: BaseException) -> bool:
-    """True for an allocation failure (MemoryError, torch's "can't allocate", CUDA OOM)."""
-    return isinstance(err, MemoryError) or any(m in str(err).lower() for m in _OOM_MARKERS)
-
-
-def limit_memory(max_memory_gb: float | None) -> None:
-    """Cap this process's address space (RLIMIT_AS) so a huge CPU case fails as oom."""
-    if max_memory_gb is None:
-        return
-    cap = int(max_memory_gb * 2**30)
-    _soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-    if hard != resource.RLIM_INFINITY:
-        cap = min(cap, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+from bench.speed.rows import path_columns
 
 
 class NonFiniteOutput(Exception):
@@ -68,19 +49,12 @@ def nonfinite_problem(what: str, tensor: Any) -> str | None:
     return f"{what} has {nans} NaN and {infs} inf values of {tensor.numel()}"
 
 
-def failure(err: BaseException, case: Case) -> tuple[str, str, str]:
-    """``("failed", status, reason)`` for an exception raised while measuring ``case``."""
-    if isinstance(err, NotImplementedError):
-        return "failed", "unsupported", str(err)
+def failed(err: BaseException, case: Case) -> tuple[str, str, str]:
+    """``("failed", status, reason)`` for an exception raised while measuring ``case``:
+    ``nonfinite``, or what :func:`bench.engine.process.failure` calls it."""
     if isinstance(err, NonFiniteOutput):
         return "failed", "nonfinite", str(err)[:500]
-    last = traceback.format_exception_only(type(err), err)[-1].strip()[:500]
-    if not is_oom(err):
-        return "failed", "error", last
-    if case.device == "cpu" and case.max_memory_gb is not None:
-        return "failed", "oom", (f"allocation refused by the per-case address-space cap "
-                                 f"(max_memory_gb={case.max_memory_gb:g}, RLIMIT_AS): {last}")
-    return "failed", "oom", last
+    return ("failed", *failure(err, case.device, case.max_memory_gb))
 
 
 class PassRunner:
@@ -234,7 +208,7 @@ def _serve(case: Case, module: Any, conn: Connection) -> None:
             else:
                 reply = ("failed", "error", f"worker: unexpected command {command!r}")
         except Exception as err:
-            reply = failure(err, case)
+            reply = failed(err, case)
             runner = None
         if case.device == "cuda" and runner is None:
             torch.cuda.empty_cache()
@@ -248,20 +222,13 @@ def worker_main(case_dict: dict[str, Any], cuda_visible: str | None, conn: Conne
     case = Case.from_dict(case_dict)
     if case.device == "cpu":  # CUDA reserves huge address space: never cap it there
         limit_memory(case.max_memory_gb)
-
-
     if case.threads:
         torch.set_num_threads(case.threads)
     try:
         import_plugins(case.plugins)
         module, info = _build(case)
     except Exception as err:  # a broken variant is an error row for every pass
-        conn.send(failure(err, case))
+        conn.send(failed(err, case))
         return
     conn.send(("ready", info))
     _serve(case, module, conn)
-
-
-def tflops(flops: float, time_ms: float) -> float:
-    """Achieved TFLOP/s (NaN for a zero time)."""
-    return flops / (time_ms / 1e3) / 1e12 if time_ms > 0 else math.nan
