@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from bench.engine.config import ConfigError, list_presets, resolve_config_path, safe_name
-from bench.quality.grid import parse_grid
+from bench.quality.grid_config import parse_grid
 from bench.speed.cases import expand_cases
 from bench.speed.config import load_config, parse_config
 

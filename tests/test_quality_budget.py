@@ -21,8 +21,9 @@ from bench.quality.budget import (
     plot_budget,
     split_budget,
 )
-from bench.quality.grid import parse_grid, units
+from bench.quality.grid_config import parse_grid
 from bench.quality.settings import TrainSettings, task_settings
+from bench.quality.units import units
 from models import create_model
 
 B, N, D, H, L, FF, C, VOCAB = 3, 24, 16, 2, 2, 40, 5, 11

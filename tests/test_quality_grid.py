@@ -12,8 +12,10 @@ import pytest
 import yaml
 
 from bench.engine.config import ConfigError
-from bench.quality.grid import QUALITY_FILE, parse_grid, run_grid, units
+from bench.quality.grid import QUALITY_FILE, run_grid
+from bench.quality.grid_config import parse_grid
 from bench.quality.report import build_quality_report, load_quality
+from bench.quality.units import units
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = {"name": "tiny-grid", "kind": "quality", "preset": "tiny",
@@ -351,7 +353,8 @@ def test_a_new_train_setting_supersedes_only_the_units_it_can_change():
 
 
 def test_a_grid_run_in_pieces_by_task_leaves_the_other_tasks_rows_alone(tmp_path):
-    from bench.quality.grid import foreign_units, only_tasks, superseded_units
+    from bench.quality.grid import foreign_units, superseded_units
+    from bench.quality.grid_config import only_tasks
 
     now = parse_grid({**GRID, "seeds": [0], "variants": ["full", CONTROL]})
     before = parse_grid({**GRID, "seeds": [0], "variants": ["full", "sliding_window"]})

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from bench.engine.config import ConfigError
-from bench.quality.grid import parse_grid, run_grid, superseded_units, units
+from bench.quality.grid import run_grid, superseded_units
+from bench.quality.grid_config import parse_grid
 from bench.quality.margins import (
     BELOW,
     CLEARS,
@@ -33,6 +34,7 @@ from bench.quality.reference_unit import ReferenceUnit, reference_rows
 from bench.quality.report import build_quality_report, load_quality
 from bench.quality.settings import task_settings
 from bench.quality.tasks import get_task
+from bench.quality.units import units
 
 
 def _next_byte_bits(model: NGramModel, context: list[int]) -> np.ndarray:

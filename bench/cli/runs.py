@@ -110,6 +110,7 @@ def compare(
     noise (half of A's IQR plus half of B's). Prints the count of each class and a table of
     every case that is not unchanged.
     """
+    from bench.engine.markdown import markdown_table
     from bench.speed.compare import (
         DEFAULT_REL_PCT,
         changed_cases,
@@ -118,7 +119,6 @@ def compare(
         gate_failures,
         summary_line,
     )
-    from bench.speed.report import markdown_table
 
     _non_negative("--fail-if-regression", fail_if_regression, "5 for 5%")
     _non_negative("--abs-threshold-ms", abs_threshold_ms, "1")

@@ -182,7 +182,7 @@ def _raw_config(config: str) -> Any:
 
 
 def _is_grid(raw: Any) -> bool:
-    from bench.quality.grid import is_grid
+    from bench.quality.grid_config import is_grid
 
     return is_grid(raw)
 
@@ -200,7 +200,9 @@ def _sweep_grid(raw: dict[str, Any], out: Path | None, options: dict[str, Any],
     from bench.engine.config import safe_name
     from bench.engine.row_schema import QUALITY_COLUMNS
     from bench.engine.rundir import resumable_rows
-    from bench.quality.grid import QUALITY_FILE, only_tasks, parse_grid, run_grid, superseded_units, units
+    from bench.quality.grid import QUALITY_FILE, run_grid, superseded_units
+    from bench.quality.grid_config import only_tasks, parse_grid
+    from bench.quality.units import units
 
     for key, option in _SPEED_ONLY.items():
         if options.get(key) is not None:

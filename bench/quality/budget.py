@@ -34,10 +34,10 @@ from torch import nn
 from attn import Attention
 from attn.cost import CostQuery
 from bench.engine.config import ConfigError
+from bench.engine.markdown import markdown_table
 from bench.engine.row_schema import BUDGET_COLUMNS
 from bench.quality.settings import TrainSettings
 from bench.quality.tasks import list_tasks
-from bench.speed.report import markdown_table
 
 #: the attention whose FLOPs at the preset's steps define ``budget_x: 1``
 REFERENCE = "full"
@@ -259,7 +259,7 @@ def budget_table(df: pd.DataFrame) -> str:
     """The markdown section of the budget units: per task and variant, the FLOPs of a step,
     then at each budget the test metric (mean ± std over seeds; accuracy in %) and the steps
     the budget bought. ``df``: the test headline rows of the budget units
-    (``bench.quality.report.headline`` of :func:`split_budget`'s second part)."""
+    (``bench.quality.tables.headline`` of :func:`split_budget`'s second part)."""
     if df.empty:
         return ""
     df = _numeric(df)

@@ -256,12 +256,12 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
 
 def load_config(config: str | Path) -> SweepConfig:
     """Load and validate a sweep config from a YAML file or a preset name (a training grid,
-    ``kind: quality``, is loaded by :func:`bench.quality.grid.parse_grid` instead)."""
+    ``kind: quality``, is loaded by :func:`bench.quality.grid_config.parse_grid` instead)."""
     path = resolve_config_path(str(config))
     raw = load_yaml(path)
     if isinstance(raw, dict) and raw.get("kind") == "quality":
         raise ConfigError(f"{path}: a training grid (kind: quality), not a speed sweep; run it "
-                          "with `attn-bench sweep` or load it with bench.quality.grid.parse_grid",
+                          "with `attn-bench sweep` or load it with bench.quality.grid_config.parse_grid",
                           "kind")
     return parse_config(raw, source=str(path))
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from bench.engine.fsutil import atomic_write_text, read_json
+from bench.engine.markdown import cell, markdown_table
 from bench.engine.results import read_env
 from bench.speed.results import load_results
 from bench.speed.scaling import scaling_table
@@ -19,24 +19,6 @@ from bench.speed.scaling import scaling_table
 REPORT_FILE = "report.md"
 PASSES = ("fwd", "bwd", "fwd_bwd", "train_step")
 PROVENANCE = ["git_sha", "package_version", "device_name", "threads", "torch_version", "hostname"]
-
-
-def _fmt(value: Any) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
-        return "-"
-    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1e4 else f"{value:.0f}"
-    return str(value)
-
-
-def markdown_table(df: pd.DataFrame) -> str:
-    """A GitHub markdown table of ``df`` (index ignored)."""
-    header = "| " + " | ".join(map(str, df.columns)) + " |"
-    rule = "|" + "|".join("---" for _ in df.columns) + "|"
-    body = ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join([header, rule, *body])
 
 
 def _pivot(df: pd.DataFrame, cell: pd.Series) -> pd.DataFrame:
@@ -49,7 +31,7 @@ def _pivot(df: pd.DataFrame, cell: pd.Series) -> pd.DataFrame:
 
 def _time_cells(df: pd.DataFrame) -> pd.Series:
     """``median (iqr X, n=R)`` in ms."""
-    return df.apply(lambda r: f"{_fmt(r.time_ms)} (iqr {_fmt(r.time_iqr_ms)}, n={_fmt(r.repeats)})",
+    return df.apply(lambda r: f"{cell(r.time_ms)} (iqr {cell(r.time_iqr_ms)}, n={cell(r.repeats)})",
                     axis=1) if len(df) else pd.Series(dtype=str)
 
 
@@ -134,7 +116,7 @@ def _pass_sections(df: pd.DataFrame, table: pd.DataFrame, pass_name: str, points
                   "", markdown_table(_pivot(rows, ok.rss_peak_bytes / 2**20)), ""]
     setup = ok[ok.setup_mem_bytes.fillna(0) > 0]
     if len(setup):
-        cells = setup.apply(lambda r: f"{_fmt(r.setup_ms)} ms, {_fmt(r.setup_mem_bytes / 2**20)} MiB",
+        cells = setup.apply(lambda r: f"{cell(r.setup_ms)} ms, {cell(r.setup_mem_bytes / 2**20)} MiB",
                             axis=1)
         parts += [f"### Cached mask built once per shape (time, memory kept), `{pass_name}`", "",
                   markdown_table(_pivot(setup, cells)), ""]
