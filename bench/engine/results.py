@@ -1,6 +1,7 @@
-"""The run directory of a speed sweep: ``results.csv`` (one row per (case, pass), appended and
-fsynced per unit), ``env.json`` (the environment of each run segment) and a loader returning
-a pandas DataFrame.
+"""The files of a run directory: a results file (a speed sweep's ``results.csv``, one row per
+(case, pass), the default; a training grid's ``quality.csv``), appended and fsynced per unit,
+and ``env.json`` (the environment of each run segment). A speed sweep's rows as a DataFrame
+are :func:`bench.speed.results.load_results`, a grid's :func:`bench.quality.report.load_quality`.
 
 Rows of one unit are written together, so a killed sweep leaves whole units. On resume the
 file is read back and rewritten atomically with only whole rows: a torn last line, a torn
