@@ -11,7 +11,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from attn import Attention, create_attention, register_attention
 from attn.cost import CostQuery, allowed_pairs, band_pairs, counted_pairs
 from attn.registry import unregister_attention
-from bench.flops import case_flops
+from bench.speed.flops import case_flops
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from bench.cases import Case
-from bench.rounds import run_case
+from bench.speed.cases import Case
+from bench.speed.unit import run_case
 
 MiB = 2**20
 FIRST_S, FWD_S, BWD_S, BWD_BYTES = 0.4, 0.05, 0.08, 48 * MiB
@@ -26,13 +26,13 @@ def _case(variant: str, params: tuple, passes: tuple[str, ...], **extra) -> Case
     base = dict(variant=variant, label=variant, params=params, kernel="auto", seq_len=64, batch=1,
                 heads=2, head_dim=16, dtype="float32", device="cpu", causal=False, passes=passes,
                 repeats=5, warmup=1, timeout_s=60, max_memory_gb=None, threads=None,
-                time_budget_s=10, plugins=("bench.testing",), min_repeats=5)
+                time_budget_s=10, plugins=("bench.engine.testing",), min_repeats=5)
     return Case(**{**base, **extra})
 
 
 @pytest.fixture(scope="module")
 def phases():
-    from bench.testing import unregister_test_variants
+    from bench.engine.testing import unregister_test_variants
 
     params = (("bwd_nbytes", BWD_BYTES), ("bwd_s", BWD_S), ("first_s", FIRST_S), ("fwd_s", FWD_S))
     try:

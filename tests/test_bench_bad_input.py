@@ -14,8 +14,8 @@ from test_bench_scaling import write_run
 from typer.testing import CliRunner
 
 from bench.cli import app
-from bench.fsutil import RunLock
-from bench.results import ResultsWriter
+from bench.engine.fsutil import RunLock
+from bench.engine.results import ResultsWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = "attn_bench_broken_plugin"

@@ -70,7 +70,7 @@ def test_check_passes_a_correct_variant_and_fails_a_wrong_one():
     assert good.exit_code == 0, good.output
     assert "0 failed" in good.output
     try:
-        bad = runner.invoke(app, ["check", "bench_wrong", "--plugin", "bench.testing"])
+        bad = runner.invoke(app, ["check", "bench_wrong", "--plugin", "bench.engine.testing"])
     finally:
         import sys
 
@@ -78,6 +78,6 @@ def test_check_passes_a_correct_variant_and_fails_a_wrong_one():
 
         for name in ("bench_sleep", "bench_alloc", "bench_crash", "bench_wrong"):
             unregister_attention(name)
-        sys.modules.pop("bench.testing", None)
+        sys.modules.pop("bench.engine.testing", None)
     assert bad.exit_code == 1
     assert "matches_reference" in bad.output and "FAIL" in bad.output

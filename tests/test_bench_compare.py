@@ -7,8 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from bench.cli import app
-from bench.compare import class_counts, classify_case, classify_runs, gate_failures
-from bench.results import ResultsWriter
+from bench.engine.results import ResultsWriter
+from bench.speed.compare import class_counts, classify_case, classify_runs, gate_failures
 
 runner = CliRunner()
 

@@ -5,16 +5,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from bench.cases import expand_cases
-from bench.config import (
-    ConfigError,
-    list_presets,
-    load_config,
-    parse_config,
-    resolve_config_path,
-    safe_name,
-)
-from bench.quality.grid import parse_grid
+from bench.engine.config import ConfigError, list_presets, resolve_config_path, safe_name
+from bench.quality.grid_config import parse_grid
+from bench.speed.cases import expand_cases
+from bench.speed.config import load_config, parse_config
 
 BASE = {"name": "t", "seq_len": [128, 256], "variants": [{"name": "full"}]}
 
@@ -112,7 +106,7 @@ def test_safe_name_stays_inside_out(text, expected):
 
 
 def test_cli_overrides_replace_per_variant_lists():
-    from bench.config import with_overrides
+    from bench.speed.config import with_overrides
 
     config = load_config("scaling-cpu")
     tiny = with_overrides(config, seq_len=(128, 256), kernels=("auto",))

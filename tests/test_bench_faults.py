@@ -14,23 +14,25 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.config import parse_config
-from bench.fsutil import RunLock, RunLockedError, atomic_write_text
-from bench.results import COLUMNS, RESULTS_FILE, load_results, read_rows
-from bench.sweep import MixedEnvironmentError, run_sweep
+from bench.engine.fsutil import RunLock, RunLockedError, atomic_write_text
+from bench.engine.results import RESULTS_FILE, read_rows
+from bench.engine.row_schema import COLUMNS
+from bench.speed.config import parse_config
+from bench.speed.results import load_results
+from bench.speed.sweep import MixedEnvironmentError, run_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _config(**extra) -> dict:
     return {"name": "faults", "passes": ["fwd"], "seq_len": [16, 32], "heads": 1, "head_dim": 8,
-            "repeats": 2, "timeout_s": 30, "plugins": ["bench.testing"], "peak_matmul_size": 128,
+            "repeats": 2, "timeout_s": 30, "plugins": ["bench.engine.testing"], "peak_matmul_size": 128,
             "variants": [{"name": "bench_sleep", "seconds": 0.01}], **extra}
 
 
 @pytest.fixture
 def sweep_config():
-    from bench.testing import unregister_test_variants
+    from bench.engine.testing import unregister_test_variants
 
     yield lambda **extra: parse_config(_config(**extra))
     unregister_test_variants()
@@ -114,7 +116,7 @@ def test_resume_refuses_rows_from_another_environment_unless_allowed(tmp_path, s
     run_sweep(sweep_config(), out, allow_mixed=True)
     df = load_results(out)
     assert sorted(df.seq_len) == [16, 32] and set(df.git_sha) >= {"0123abc"}
-    from bench.report import build_report
+    from bench.speed.report import build_report
 
     text = build_report(out)
     assert "Rows from more than one environment" in text and "0123abc" in text

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from bench.config import parse_config
-from bench.results import load_results
-from bench.sweep import run_sweep
+from bench.speed.config import parse_config
+from bench.speed.results import load_results
+from bench.speed.sweep import run_sweep
 
 pytestmark = pytest.mark.gpu
 

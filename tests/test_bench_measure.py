@@ -1,6 +1,6 @@
 """The harness's measurements are right: memory, time, peak fraction; failures become rows.
 
-One real sweep (worker processes and all) over test-only variants from ``bench.testing``
+One real sweep (worker processes and all) over test-only variants from ``bench.engine.testing``
 with known cost, plus reference full attention whose score matrix has a known size.
 """
 
@@ -11,9 +11,9 @@ import json
 import pytest
 import torch
 
-from bench.config import parse_config
-from bench.results import load_results
-from bench.sweep import run_sweep
+from bench.speed.config import parse_config
+from bench.speed.results import load_results
+from bench.speed.sweep import run_sweep
 
 MiB = 2**20
 ALLOC = 200 * MiB
@@ -28,7 +28,7 @@ def run(tmp_path_factory):
     raw = {
         "name": "measure", "passes": ["fwd", "fwd_bwd"], "seq_len": [64], "heads": H_REF,
         "head_dim": 16, "repeats": 3, "min_repeats": 3, "timeout_s": 10, "max_memory_gb": 3,
-        "peak_matmul_size": 1024, "plugins": ["bench.testing"],
+        "peak_matmul_size": 1024, "plugins": ["bench.engine.testing"],
         "variants": [
             {"name": "bench_alloc", "nbytes": ALLOC},
             {"name": "bench_fragment", "mib": FRAGMENT_MIB},
@@ -43,7 +43,7 @@ def run(tmp_path_factory):
             {"name": "bench_sleep", "seconds": 0.01},  # still runs after all that
         ],
     }
-    from bench.testing import unregister_test_variants
+    from bench.engine.testing import unregister_test_variants
 
     try:
         config = parse_config(raw)
@@ -77,7 +77,7 @@ def test_freed_blocks_kept_by_the_c_library_are_not_the_calls_memory(run):
     """A call that frees a heap temporary and then maps a larger block: its live peak is the
     other temporary and the block, while the resident peak also holds the freed block glibc
     keeps."""
-    from bench.testing import FragmentAttention  # already imported by the fixture
+    from bench.engine.testing import FragmentAttention  # already imported by the fixture
 
     _, df = run
     rows = df[df.variant == "bench_fragment"]
@@ -160,8 +160,8 @@ def test_rows_carry_the_environment(run):
 def test_fwd_bwd_memory_counts_the_gradients_of_the_call():
     """fwd_bwd peak includes the call's output and its q, k, v gradients: the previous call's
     gradients are dropped before the baseline, not inside the measured call."""
-    from bench.cases import Case
-    from bench.rounds import run_case
+    from bench.speed.cases import Case
+    from bench.speed.unit import run_case
 
     n, heads, dim = 16384, 8, 64
     case = Case(variant="sliding_window", label="sliding_window", params=(("window", 128),),

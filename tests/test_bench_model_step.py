@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from bench.cases import Case, expand_cases
-from bench.config import ConfigError, load_config, parse_config
-from bench.model_step import model_flops
-from bench.results import load_results
-from bench.sweep import run_sweep
+from bench.engine.config import ConfigError
+from bench.speed.cases import Case, expand_cases
+from bench.speed.config import load_config, parse_config
+from bench.speed.model_step import model_flops
+from bench.speed.results import load_results
+from bench.speed.sweep import run_sweep
 
 MODEL = {"d_model": 32, "num_heads": 2, "num_layers": 2, "d_ff": 64}
 BASE = {"name": "m", "workload": "model_step", "model": MODEL, "seq_len": [64, 128],

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-import bench.provenance as provenance
+import bench.engine.provenance as provenance
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,9 +74,9 @@ def test_an_installed_package_never_reads_the_repository_around_it(tmp_path):
     """The package copied into a virtual environment's site-packages that sits inside some
     git repository: the version says "installed package", not that repository's commit."""
     outer = tmp_path / "project"
-    site = outer / ".venv" / "lib" / "site-packages" / "bench"
+    site = outer / ".venv" / "lib" / "site-packages" / "bench" / "engine"
     site.mkdir(parents=True)
-    shutil.copy(ROOT / "bench" / "provenance.py", site / "provenance.py")
+    shutil.copy(ROOT / "bench" / "engine" / "provenance.py", site / "provenance.py")
     (outer / "pyproject.toml").write_text('[project]\nname = "attn-bench"\n')  # the outer repo
     _git(outer, "init", "-q")
     spec = importlib.util.spec_from_file_location("installed_provenance", site / "provenance.py")

@@ -19,20 +19,19 @@ import yaml
 
 ray = pytest.importorskip("ray", reason="the ray executor needs Ray: pip install 'attn-bench[ray]'")
 
-from bench.config import parse_config  # noqa: E402
-from bench.executors import LocalExecutor  # noqa: E402
-from bench.ray_executor import (  # noqa: E402
+from bench.engine.executors import LocalExecutor  # noqa: E402
+from bench.engine.executors.ray import (  # noqa: E402
     NODE_RESOURCE,
     RayExecutor,
     RayMissingError,
-    check_reachable,
-    connect_error,
     fits,
     plan_reservation,
 )
-from bench.results import read_rows  # noqa: E402
-from bench.schedule import drive  # noqa: E402
-from bench.sweep import run_sweep  # noqa: E402
+from bench.engine.executors.ray_connect import check_reachable, connect_error  # noqa: E402
+from bench.engine.results import read_rows  # noqa: E402
+from bench.engine.rundir import drive  # noqa: E402
+from bench.speed.config import parse_config  # noqa: E402
+from bench.speed.sweep import run_sweep  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 #: one CPU for the Ray started here: Ray then sets OMP_NUM_THREADS=1 for its tasks, which the
@@ -43,7 +42,7 @@ RAY_CPUS = 1
 def _sweep(**extra: Any) -> dict[str, Any]:
     return {"name": "ray", "passes": ["fwd"], "seq_len": [16], "heads": 1, "head_dim": 8,
             "repeats": 3, "min_repeats": 2, "time_budget_s": 1, "timeout_s": 60,
-            "max_memory_gb": 3, "peak_matmul_size": 128, "plugins": ["bench.testing"], **extra}
+            "max_memory_gb": 3, "peak_matmul_size": 128, "plugins": ["bench.engine.testing"], **extra}
 
 
 #: sleeps of two lengths, a real attention at two lengths, and an allocation over the 3 GiB
@@ -70,7 +69,7 @@ def ray_address():
 
 @pytest.fixture
 def test_variants():
-    from bench.testing import unregister_test_variants
+    from bench.engine.testing import unregister_test_variants
 
     yield
     unregister_test_variants()

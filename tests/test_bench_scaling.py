@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from bench.compare import compare_runs, regressions
-from bench.plots import plot_run
-from bench.report import build_report
-from bench.results import ResultsWriter, load_results
-from bench.scaling import scaling_table
+from bench.engine.results import ResultsWriter
+from bench.speed.compare import compare_runs, regressions
+from bench.speed.plots import plot_run
+from bench.speed.report import build_report
+from bench.speed.results import load_results
+from bench.speed.scaling import scaling_table
 
 LENGTHS = [512, 1024, 2048, 4096, 8192]
 

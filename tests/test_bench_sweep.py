@@ -11,7 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from bench.results import RESULTS_FILE, load_results, read_rows
+from bench.engine.results import RESULTS_FILE, read_rows
+from bench.speed.results import load_results
 
 ROOT = Path(__file__).resolve().parents[1] if (Path(__file__).parents[1] / "bench").exists() \
     else Path(__file__).parents[1]
@@ -22,7 +23,7 @@ def _config(tmp_path: Path) -> Path:
     path = tmp_path / "resume.yaml"
     path.write_text(yaml.safe_dump({
         "name": "resume", "passes": ["fwd", "fwd_bwd"], "seq_len": LENGTHS, "heads": 1,
-        "head_dim": 8, "repeats": 2, "timeout_s": 20, "plugins": ["bench.testing"],
+        "head_dim": 8, "repeats": 2, "timeout_s": 20, "plugins": ["bench.engine.testing"],
         "peak_matmul_size": 256,
         "variants": [{"name": "bench_sleep", "seconds": 0.02}],
     }))

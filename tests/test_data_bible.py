@@ -1,4 +1,4 @@
-"""bench.data.bible: aligned KJV / Reina-Valera 1909 verses, cleaning, chapter groups, BPE."""
+"""bench.quality.data.bible: aligned KJV / Reina-Valera 1909 verses, cleaning, chapter groups, BPE."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.data import bible
-from bench.data.errors import DataMissingError
-from bench.data.splits import split_indices
+from bench.quality.data import bible
+from bench.quality.data.errors import DataMissingError
+from bench.quality.data.splits import split_indices
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""bench.data.enwiki: the enwiki XML excerpt from gensim's test data, split by position."""
+"""bench.quality.data.enwiki: the enwiki XML excerpt from gensim's test data, split by position."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.data import enwiki
-from bench.data.errors import DataMissingError
+from bench.quality.data import enwiki
+from bench.quality.data.errors import DataMissingError
 
 
 def test_load_bytes_and_split() -> None:

@@ -1,4 +1,4 @@
-"""bench.data.errors and bench.data.cache: one-line errors, cache location, atomic npz cache."""
+"""bench.quality.data.errors and bench.quality.data.cache: one-line errors, cache location, atomic npz cache."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.data import cache
-from bench.data.errors import DataMissingError
+from bench.quality.data import cache
+from bench.quality.data.errors import DataMissingError
 
 
 def test_data_missing_error_is_one_line_and_picklable() -> None:
@@ -36,7 +36,7 @@ def test_cache_dir_precedence(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -
 
 
 def test_cache_dir_refuses_the_repository(monkeypatch: pytest.MonkeyPatch) -> None:
-    repo = Path(cache.__file__).resolve().parents[2]
+    repo = Path(cache.__file__).resolve().parents[3]
     if not (repo / ".git").exists():
         pytest.skip("not running from a git checkout")
     monkeypatch.setenv("ATTN_BENCH_CACHE", str(repo / "cache-here"))

@@ -1,4 +1,4 @@
-"""bench.data.fashion_mnist: IDX parsing of the Debian package's Fashion-MNIST files."""
+"""bench.quality.data.fashion_mnist: IDX parsing of the Debian package's Fashion-MNIST files."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.data import fashion_mnist
-from bench.data.errors import DataMissingError
+from bench.quality.data import fashion_mnist
+from bench.quality.data.errors import DataMissingError
 
 
 @pytest.mark.parametrize(("split", "n"), [("train", 60_000), ("test", 10_000)])

@@ -1,4 +1,4 @@
-"""bench.data.listops: LRA ListOps generation, evaluation and encoding."""
+"""bench.quality.data.listops: LRA ListOps generation, evaluation and encoding."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.data import listops
+from bench.quality.data import listops
 
 
 def _reference_value(tokens: list[str]) -> int:

@@ -1,4 +1,4 @@
-"""bench.data.near_duplicates (shingle resemblance, groups), the grouped stratified split, and the
+"""bench.quality.data.near_duplicates (shingle resemblance, groups), the grouped stratified split, and the
 ``dedupe: near`` data setting of the ``text`` and ``retrieval`` tasks on the real BBC corpus."""
 
 from __future__ import annotations
@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.data import bbc
-from bench.data.errors import DataMissingError
-from bench.data.near_duplicates import (
+from bench.quality.data import bbc
+from bench.quality.data.errors import DataMissingError
+from bench.quality.data.near_duplicates import (
     DEFAULT_THRESHOLD,
     near_duplicate_groups,
     normalise,
@@ -16,7 +16,7 @@ from bench.data.near_duplicates import (
     title_of,
     word_shingles,
 )
-from bench.data.splits import SPLIT_NAMES, split_groups_stratified, split_indices
+from bench.quality.data.splits import SPLIT_NAMES, split_groups_stratified, split_indices
 
 ORIGINAL = """Ministers unveil plan to rebuild coastal railway
 

@@ -1,4 +1,4 @@
-"""bench.data.pathfinder: labels correct by construction, determinism, caching."""
+"""bench.quality.data.pathfinder: labels correct by construction, determinism, caching."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.data import pathfinder
+from bench.quality.data import pathfinder
 
 
 @pytest.fixture(scope="module")

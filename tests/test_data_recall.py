@@ -1,4 +1,4 @@
-"""bench.data.recall: associative recall with the target key at an exact distance."""
+"""bench.quality.data.recall: associative recall with the target key at an exact distance."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from bench.data import recall
+from bench.quality.data import recall
 
 
 def test_recall_construction() -> None:

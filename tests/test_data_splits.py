@@ -1,11 +1,11 @@
-"""bench.data.splits.split_indices: disjoint, deterministic, grouped and stratified splits."""
+"""bench.quality.data.splits.split_indices: disjoint, deterministic, grouped and stratified splits."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench.data.splits import split_indices
+from bench.quality.data.splits import split_indices
 
 
 def _check_partition(parts: dict[str, np.ndarray], n: int) -> None:

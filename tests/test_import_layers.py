@@ -1,7 +1,10 @@
-"""Imports run one way: bench on models on attn, and inside each package from the
-registry down to the contract (the layers are the import-linter contracts in pyproject.toml).
+"""Imports run one way: bench on models on attn; inside bench the CLI on three products that
+know nothing of each other (speed, quality, decoding), the products on one engine; and inside
+each package from the top layer down (the layers are the import-linter contracts in
+pyproject.toml).
 
-A lower module importing a higher one, even inside a function, breaks a contract here.
+A lower module importing a higher one, or one product importing another, even inside a
+function, breaks a contract here.
 """
 
 from __future__ import annotations
@@ -35,14 +38,29 @@ def test_every_import_layer_contract_is_kept():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_the_contracts_catch_an_upward_import(tmp_path):
-    """The same contracts over a copy of the code whose bottom module imports the registry
+@pytest.mark.parametrize(("module", "imported", "broken"), [
+    # the bottom of attn importing its registry
+    ("attn/contract.py", "attn.registry", ["attn layers BROKEN", "attn.contract -> attn.registry"]),
+    # the engine importing a product (upward inside bench)
+    ("bench/engine/fsutil.py", "bench.speed.sweep",
+     ["bench: the CLI on three products, the products on one engine BROKEN",
+      "bench.engine is not allowed to import bench.speed",
+      "bench.engine.fsutil -> bench.speed.sweep"]),
+    # one product importing another (sideways)
+    ("bench/quality/significance.py", "bench.speed.report",
+     ["the three products know nothing of each other BROKEN",
+      "bench.quality is not allowed to import bench.speed",
+      "bench.quality.significance -> bench.speed.report"]),
+], ids=["attn-upward", "bench-upward", "bench-sideways"])
+def test_the_contracts_catch_a_forbidden_import(tmp_path, module, imported, broken):
+    """The same contracts over a copy of the code where ``module`` imports ``imported``
     (inside a function) report that import: the check is not vacuous."""
     for package in ("attn", "models", "bench"):
         shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    contract = tmp_path / "attn" / "contract.py"
-    contract.write_text(contract.read_text() + "\n\ndef _upward():\n    import attn.registry  # noqa: F401\n")
+    source = tmp_path / module
+    source.write_text(source.read_text() + f"\n\ndef _forbidden():\n    import {imported}  # noqa: F401\n")
     result = lint(tmp_path)
     assert result.returncode == 1
-    assert "attn.contract -> attn.registry" in result.stdout
+    for line in broken:
+        assert line in result.stdout, result.stdout

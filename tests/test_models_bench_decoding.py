@@ -1,4 +1,4 @@
-"""bench.decoding at tiny sizes: it runs, writes CSV + summary + env, and reports speedups."""
+"""bench.decoding.benchmark at tiny sizes: it runs, writes CSV + summary + env, and reports speedups."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def test_decoding_benchmark_writes_results(tmp_path):
 def test_decoding_options_hold_the_defaults_and_check_each_option():
     """One frozen options object: arguments not given take its defaults; each bad value is
     named by its command-line option (also when called from Python, without typer's checks)."""
-    from bench.decoding_options import DecodingOptions
+    from bench.decoding.options import DecodingOptions
 
     options = DecodingOptions.from_given(context=[64, 128], attention=None, threads=None, new_tokens=4)
     assert options.context == (64, 128) and options.attention == ("full",) and options.new_tokens == 4

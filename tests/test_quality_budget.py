@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
-from bench.config import ConfigError
+from bench.engine.config import ConfigError
+from bench.engine.row_schema import BUDGET_COLUMNS, QUALITY_COLUMNS
 from bench.quality.budget import (
-    BUDGET_COLUMNS,
     budget_of,
     budget_table,
     count_step_flops,
@@ -21,8 +21,9 @@ from bench.quality.budget import (
     plot_budget,
     split_budget,
 )
-from bench.quality.grid import QUALITY_COLUMNS, parse_grid, units
+from bench.quality.grid_config import parse_grid
 from bench.quality.settings import TrainSettings, task_settings
+from bench.quality.units import units
 from models import create_model
 
 B, N, D, H, L, FF, C, VOCAB = 3, 24, 16, 2, 2, 40, 5, 11

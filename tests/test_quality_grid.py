@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.config import ConfigError
-from bench.quality.grid import QUALITY_FILE, parse_grid, run_grid, units
+from bench.engine.config import ConfigError
+from bench.quality.grid import QUALITY_FILE, run_grid
+from bench.quality.grid_config import parse_grid
 from bench.quality.report import build_quality_report, load_quality
+from bench.quality.units import units
 
 ROOT = Path(__file__).resolve().parents[1]
 GRID = {"name": "tiny-grid", "kind": "quality", "preset": "tiny",
@@ -137,7 +139,7 @@ def test_a_grid_through_the_cli_with_a_killed_unit(tmp_path):
         **GRID, "tasks": ["recall"], "seeds": [0], "timeout_s": 120,
         "variants": [{"name": "bench_crash", "how": "kill"}, {"name": "full"}]}))
     result = subprocess.run([sys.executable, "-m", "bench.cli", "sweep", str(config), "--out",
-                             str(tmp_path / "out"), "--plugin", "bench.testing"], cwd=ROOT,
+                             str(tmp_path / "out"), "--plugin", "bench.engine.testing"], cwd=ROOT,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     df = load_quality(tmp_path / "out")
@@ -178,8 +180,8 @@ def _alternative(value):
 
 def test_configurations_that_differ_in_any_pattern_parameter_never_share_a_label():
     from attn import attention_info, list_attention
-    from bench.config import VariantSpec
     from bench.quality.model_parts import label
+    from bench.speed.config import VariantSpec
 
     checked = 0
     for name in list_attention():
@@ -219,7 +221,7 @@ def _plain_unit_id(spec):
 
 
 def test_a_control_entry_carries_its_model_override_into_the_run(tmp_path):
-    from bench.config import safe_name
+    from bench.engine.config import safe_name
 
     config = parse_grid({**GRID, "tasks": ["recall"], "seeds": [0],
                          "variants": ["full", CONTROL, {"name": "dilated", "window": 64}]})
@@ -293,8 +295,9 @@ def _done_rows(config, out, extra=()):
 def test_rows_of_entries_the_config_no_longer_lists_move_to_superseded(tmp_path):
     import pandas as pd
 
-    from bench.quality.grid import QUALITY_COLUMNS, SUPERSEDED_FILE, foreign_units
-    from bench.results import ResultsWriter
+    from bench.engine.results import ResultsWriter
+    from bench.engine.row_schema import QUALITY_COLUMNS
+    from bench.quality.grid import SUPERSEDED_FILE, foreign_units
 
     base = {**GRID, "tasks": ["recall"], "seeds": [0]}
     before = parse_grid({**base, "variants": ["full", "sliding_window",
@@ -350,7 +353,8 @@ def test_a_new_train_setting_supersedes_only_the_units_it_can_change():
 
 
 def test_a_grid_run_in_pieces_by_task_leaves_the_other_tasks_rows_alone(tmp_path):
-    from bench.quality.grid import foreign_units, only_tasks, superseded_units
+    from bench.quality.grid import foreign_units, superseded_units
+    from bench.quality.grid_config import only_tasks
 
     now = parse_grid({**GRID, "seeds": [0], "variants": ["full", CONTROL]})
     before = parse_grid({**GRID, "seeds": [0], "variants": ["full", "sliding_window"]})

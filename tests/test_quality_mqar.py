@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.data import mqar
+from bench.quality.data import mqar
 from bench.quality.settings import task_settings
 from bench.quality.tasks import get_task
 from models import create_model

@@ -9,7 +9,8 @@ import torch
 
 from attn.position_bias import RelativePositionBias
 from bench.quality.settings import TrainSettings
-from bench.quality.train import RunSpec, Trainer, build, make_optimizer
+from bench.quality.train import RunSpec, build
+from bench.quality.trainer import Trainer, make_optimizer
 from models import create_model
 
 

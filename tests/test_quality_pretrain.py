@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.config import ConfigError
+from bench.engine.config import ConfigError
 from bench.quality.checkpoint import load_checkpoint
 from bench.quality.pretrain import corrupt, phase_settings
 from bench.quality.settings import TrainSettings, settings_that_apply, task_settings
-from bench.quality.train import LAST, RunSpec, learning_rate, train_run
+from bench.quality.train import RunSpec, train_run
+from bench.quality.trainer import LAST, learning_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = {"train": {"steps": 16, "pretrain_steps": 8, "eval_every": 4, "checkpoint_every": 2,

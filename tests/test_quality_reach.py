@@ -161,7 +161,7 @@ def test_the_recall_plot_marks_the_computed_reach_and_both_chance_lines(tmp_path
 
 
 def test_the_recall_task_writes_the_preset_pair_gap():
-    from bench.data.recall import Layout
+    from bench.quality.data.recall import Layout
     from bench.quality.tasks import get_task
 
     settings = task_settings("recall", "tiny")

@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 import torch
 
-from bench.config import ConfigError
-from bench.quality.grid import parse_grid, run_grid, superseded_units, units
+from bench.engine.config import ConfigError
+from bench.quality.grid import run_grid, superseded_units
+from bench.quality.grid_config import parse_grid
 from bench.quality.margins import (
     BELOW,
     CLEARS,
@@ -33,6 +34,7 @@ from bench.quality.reference_unit import ReferenceUnit, reference_rows
 from bench.quality.report import build_quality_report, load_quality
 from bench.quality.settings import task_settings
 from bench.quality.tasks import get_task
+from bench.quality.units import units
 
 
 def _next_byte_bits(model: NGramModel, context: list[int]) -> np.ndarray:
@@ -94,7 +96,7 @@ def test_token_counts_skip_padding_and_bytes_decode_back_to_text():
     mask = ids > 0
     found = counts.token_counts(ids, 4, mask).toarray()
     np.testing.assert_array_equal(found, [[0, 1, 0, 2], [0, 0, 1, 0]])
-    from bench.data import bbc
+    from bench.quality.data import bbc
 
     encoded, key_mask = bbc.encode_bytes(["Señor go", "ok"], 12)
     assert counts.bytes_to_text(encoded, key_mask) == ["Señor go", "ok"]

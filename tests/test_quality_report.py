@@ -9,16 +9,10 @@ import math
 import pandas as pd
 import pytest
 
-from bench.quality.grid import QUALITY_COLUMNS, QUALITY_FILE
-from bench.quality.report import (
-    MAJORITY,
-    UNIFORM,
-    build_quality_report,
-    load_quality,
-    quality_table,
-    significance_table,
-    uniform_chance,
-)
+from bench.engine.results import ResultsWriter
+from bench.engine.row_schema import QUALITY_COLUMNS
+from bench.quality.grid import QUALITY_FILE
+from bench.quality.report import build_quality_report, load_quality
 from bench.quality.settings import task_settings
 from bench.quality.significance import (
     BETTER,
@@ -29,7 +23,7 @@ from bench.quality.significance import (
     paired_difference,
     t_quantile_975,
 )
-from bench.results import ResultsWriter
+from bench.quality.tables import MAJORITY, UNIFORM, quality_table, significance_table, uniform_chance
 
 RECALL = task_settings("recall", "tiny")  # num_values in its data: 1 / classes is known
 
@@ -102,7 +96,7 @@ def test_a_paired_difference_gives_the_t_interval_and_its_verdict():
 
 
 def test_differences_are_paired_by_seed_against_full(quality):
-    from bench.quality.report import headline
+    from bench.quality.tables import headline
 
     found = differences_from_reference(headline(quality)).set_index(["task", "label"])
     causal = found.loc[("recall", "causal")]

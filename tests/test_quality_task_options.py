@@ -80,7 +80,7 @@ def test_in_batch_retrieval_trains_on_train_articles_with_a_class_balanced_loss(
 
 
 def test_retrieval_crops_read_a_window_of_the_article_text_at_a_per_step_offset():
-    from bench.data import bbc
+    from bench.quality.data import bbc
 
     settings = task_settings("retrieval", "tiny")
     data = {**settings.data, "train_pairing": "in_batch", "train_crop_from": 256}
@@ -106,7 +106,7 @@ def test_retrieval_crops_read_a_window_of_the_article_text_at_a_per_step_offset(
 
 
 def test_pathfinder_patches_input_feeds_the_vit_the_image_it_generated():
-    from bench.data import pathfinder
+    from bench.quality.data import pathfinder
 
     data = {**task_settings("pathfinder", "tiny").data, "input": "patches", "patch_size": 4}
     task = get_task("pathfinder", data, seed=0)

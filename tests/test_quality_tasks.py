@@ -70,7 +70,7 @@ def test_classification_labels_and_chance(prepared):
 
 
 def test_image_test_examples_come_from_the_test_images_only():
-    from bench.data import fashion_mnist
+    from bench.quality.data import fashion_mnist
 
     settings = task_settings("image", "tiny")
     task = get_task("image", settings.data, seed=0)

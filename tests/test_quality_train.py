@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.engine.threads import torch_threads
 from bench.quality.checkpoint import load_checkpoint, save_checkpoint
 from bench.quality.settings import TrainSettings
-from bench.quality.train import BEST, LAST, METRICS, RunSpec, learning_rate, train_run
-from bench.threads import torch_threads
+from bench.quality.train import METRICS, RunSpec, train_run
+from bench.quality.trainer import BEST, LAST, learning_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = {"train": {"steps": 16, "eval_every": 4, "checkpoint_every": 4, "batch_size": 8},

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from bench.quality.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from bench.quality.train import LAST, METRICS, PREVIOUS, RunSpec, train_run
+from bench.quality.train import METRICS, RunSpec, train_run
+from bench.quality.trainer import LAST, PREVIOUS
 
 #: a tiny run with a checkpoint every 4 steps
 OVERRIDES = {"train": {"steps": 12, "eval_every": 4, "checkpoint_every": 4, "batch_size": 8}}

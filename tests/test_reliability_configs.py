@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.bounded_yaml import YamlLimitError, YamlLimits, load_bounded
-from bench.config import ConfigError, load_config, load_yaml
-from bench.messages import shown
+from bench.engine.bounded_yaml import YamlLimitError, YamlLimits, load_bounded
+from bench.engine.config import ConfigError, load_yaml
+from bench.engine.messages import shown
+from bench.speed.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-BASE = "name: bomb\nseq_len: [16]\nplugins: [bench.testing]\n"
+BASE = "name: bomb\nseq_len: [16]\nplugins: [bench.engine.testing]\n"
 
 
 def _bomb() -> str:

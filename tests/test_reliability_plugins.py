@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from attn.conformance import check_attention
 from attn.registry import unregister_attention
 from bench.cli import app
-from bench.config import parse_config
-from bench.sweep import run_sweep
+from bench.speed.config import parse_config
+from bench.speed.sweep import run_sweep
 
 runner = CliRunner()
 

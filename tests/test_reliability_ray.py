@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.ray_executor import check_reachable
+from bench.engine.executors.ray_connect import check_reachable
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS_FRAME = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"  # an empty HTTP/2 SETTINGS frame
@@ -122,7 +122,7 @@ def test_the_connect_timeout_goes_only_with_an_address():
 @pytest.mark.slow
 def test_a_real_ray_head_passes_the_check():
     ray = pytest.importorskip("ray")
-    from bench.ray_executor import RayExecutor
+    from bench.engine.executors.ray import RayExecutor
 
     starter = RayExecutor("cpu", num_cpus=1)
     try:

@@ -13,19 +13,13 @@ import pytest
 from typer.testing import CliRunner
 
 from bench.cli import app
-from bench.compare import classify_runs
-from bench.config import parse_config
-from bench.report import build_report
-from bench.results import (
-    COLUMNS,
-    RESULTS_FILE,
-    DamagedFileError,
-    DamagedRowWarning,
-    ResultsWriter,
-    read_rows,
-)
-from bench.rundir import RunRecorder
-from bench.sweep import run_sweep
+from bench.engine.results import RESULTS_FILE, DamagedFileError, DamagedRowWarning, ResultsWriter, read_rows
+from bench.engine.row_schema import COLUMNS
+from bench.engine.rundir import RunRecorder
+from bench.speed.compare import classify_runs
+from bench.speed.config import parse_config
+from bench.speed.report import build_report
+from bench.speed.sweep import run_sweep
 
 runner = CliRunner()
 LENGTHS = (256, 512, 1024, 2048)
@@ -116,11 +110,11 @@ def test_the_report_and_its_fits_never_crash_on_a_bad_row(tmp_path):
 
 @pytest.fixture
 def sweep_config():
-    from bench.testing import unregister_test_variants
+    from bench.engine.testing import unregister_test_variants
 
     yield lambda: parse_config({
         "name": "damaged", "passes": ["fwd"], "seq_len": [16, 32], "heads": 1, "head_dim": 8,
-        "repeats": 2, "timeout_s": 30, "plugins": ["bench.testing"], "peak_matmul_size": 128,
+        "repeats": 2, "timeout_s": 30, "plugins": ["bench.engine.testing"], "peak_matmul_size": 128,
         "variants": [{"name": "bench_sleep", "seconds": 0.01}]})
     unregister_test_variants()
 
@@ -140,7 +134,8 @@ def test_a_damaged_row_is_measured_again_on_resume_and_its_line_kept(tmp_path, s
 
 
 def test_a_quality_unit_with_a_damaged_row_trains_again_whole(tmp_path):
-    from bench.quality.grid import QUALITY_COLUMNS, QUALITY_FILE
+    from bench.engine.row_schema import QUALITY_COLUMNS
+    from bench.quality.grid import QUALITY_FILE
 
     def row(unit: str, metric: str, value: object, **extra) -> dict:
         return {"unit_id": unit, "task": "recall", "variant": "full", "params": "{}",

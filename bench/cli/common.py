@@ -26,7 +26,7 @@ class UsageError(ValueError):
 
 def fail(message: str, code: int = 2) -> None:
     """Print ``error: MESSAGE`` (cut to a readable length) and exit with ``code``."""
-    from bench.messages import cut
+    from bench.engine.messages import cut
 
     typer.secho(f"error: {cut(message)}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
@@ -44,7 +44,7 @@ def user_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from bench.fsutil import RunLockedError
+        from bench.engine.fsutil import RunLockedError
 
         try:
             return fn(*args, **kwargs)
@@ -58,14 +58,14 @@ def user_errors(fn: F) -> F:
 
 
 def as_option(err: Any, option: str) -> UsageError:
-    """A :class:`bench.config.ConfigError` about a config key, reworded for the option that
+    """A :class:`bench.engine.config.ConfigError` about a config key, reworded for the option that
     set it (``config key 'device': ...`` -> ``--device: ...``)."""
     return UsageError(str(err).replace(f"config key {err.key!r}", option, 1))
 
 
 def import_plugin_options(modules: list[str] | None) -> None:
     """Import the ``--plugin`` modules; a module that fails to import is a ``--plugin`` error."""
-    from bench.config import ConfigError, import_plugins
+    from bench.engine.config import ConfigError, import_plugins
 
     try:
         import_plugins(tuple(modules or ()))
@@ -95,8 +95,7 @@ def choice(option: str, value: str, allowed: tuple[str, ...]) -> str:
 
 def check_device_option(device: str, option: str | None = "--device") -> None:
     """``device`` is usable here (cuda needs CUDA); ``option``: what set it (None: the config)."""
-    from bench.config import ConfigError
-    from bench.sweep import check_device
+    from bench.engine.config import ConfigError, check_device
 
     try:
         check_device(device)

@@ -12,7 +12,7 @@ from bench.cli.common import (
     check_writable,
     user_errors,
 )
-from bench.decoding_options import DecodingOptions as Defaults
+from bench.decoding.options import DecodingOptions as Defaults
 
 
 def _listed(values: tuple) -> str:
@@ -47,7 +47,7 @@ def decoding_command(
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
 ) -> None:
     """Measure decoding tokens/s with and without the KV cache, and streaming step time."""
-    from bench.decoding import check_attentions, run_decoding_benchmark
+    from bench.decoding.benchmark import check_attentions, run_decoding_benchmark
 
     options = Defaults.from_given(
         context=context, new_tokens=new_tokens, attention=attention, window=window, d_model=d_model,

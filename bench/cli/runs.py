@@ -29,9 +29,9 @@ def plot(
     """Draw a run's figures (PNG and SVG in the run directory): scaling curves of a speed
     sweep; the quality/speed Pareto front, recall by distance and bits per byte by length of
     a training grid."""
-    from bench.plots import plot_run
     from bench.quality.plots import plot_patterns, plot_quality_run
     from bench.quality.report import is_quality_run
+    from bench.speed.plots import plot_run
 
     if run_dir is None and not patterns:
         raise UsageError("RUN_DIR: give a run directory, or --patterns (with --out DIR)")
@@ -68,7 +68,7 @@ def report(
     """Print a run's report as markdown (also report.md): scaling exponents, crossovers,
     interleaved ratios of a speed sweep; the quality table of a training grid."""
     from bench.quality.report import build_quality_report, is_quality_run
-    from bench.report import build_report
+    from bench.speed.report import build_report
 
     ranges = _parse_ranges(fit_range)
     require_run_dir(run_dir)
@@ -110,7 +110,8 @@ def compare(
     noise (half of A's IQR plus half of B's). Prints the count of each class and a table of
     every case that is not unchanged.
     """
-    from bench.compare import (
+    from bench.engine.markdown import markdown_table
+    from bench.speed.compare import (
         DEFAULT_REL_PCT,
         changed_cases,
         classify_runs,
@@ -118,7 +119,6 @@ def compare(
         gate_failures,
         summary_line,
     )
-    from bench.report import markdown_table
 
     _non_negative("--fail-if-regression", fail_if_regression, "5 for 5%")
     _non_negative("--abs-threshold-ms", abs_threshold_ms, "1")

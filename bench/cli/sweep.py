@@ -31,7 +31,8 @@ _OPTION_NAMES = {"variants": "--variant", "kernels": "--kernel", "seq_len": "--s
 
 def _load_with_overrides(config: str, options: dict[str, Any], plugin: list[str] | None):
     """The config with CLI overrides, validated like the YAML (errors name the option)."""
-    from bench.config import ConfigError, load_config, with_overrides
+    from bench.engine.config import ConfigError
+    from bench.speed.config import load_config, with_overrides
 
     cfg = load_config(config)
     overrides = {_OVERRIDES[k]: v for k, v in options.items() if v is not None}
@@ -61,7 +62,7 @@ def _no_cases(cfg: Any, kernel_option: bool) -> UsageError:
 def _check_executor(executor: str, address: str | None, connect_timeout_s: float | None) -> None:
     """``--executor`` is known, ``--address`` goes only with ``ray`` and
     ``--connect-timeout-s`` only with ``--address``."""
-    from bench.executors import EXECUTORS
+    from bench.engine.executors import EXECUTORS
 
     choice("--executor", executor, EXECUTORS)
     if address is not None and executor != "ray":
@@ -116,10 +117,11 @@ def sweep(
     directory; resumable: finished cases and training runs are kept."""
     from rich.console import Console
 
-    from bench.cases import expand_cases
-    from bench.config import safe_name
-    from bench.results import COLUMNS, RESULTS_FILE
-    from bench.rundir import resumable_rows
+    from bench.engine.config import safe_name
+    from bench.engine.results import RESULTS_FILE
+    from bench.engine.row_schema import COLUMNS
+    from bench.engine.rundir import resumable_rows
+    from bench.speed.cases import expand_cases
 
     import_plugin_options(plugin)
     _check_executor(executor, address, connect_timeout_s)
@@ -154,7 +156,7 @@ def sweep(
         return
     check_device_option(cfg.device, "--device" if device is not None else None)
     check_writable(run_dir)
-    from bench.sweep import run_sweep
+    from bench.speed.sweep import run_sweep
 
     statuses = _run_with_progress(run_sweep, cfg, run_dir, console, _speed_states,
                                   results_file=RESULTS_FILE, **run_options)
@@ -174,13 +176,13 @@ def _grid_states(rows: list[dict[str, Any]]) -> str:
 
 
 def _raw_config(config: str) -> Any:
-    from bench.config import load_yaml, resolve_config_path
+    from bench.engine.config import load_yaml, resolve_config_path
 
     return load_yaml(resolve_config_path(config))
 
 
 def _is_grid(raw: Any) -> bool:
-    from bench.quality.grid import is_grid
+    from bench.quality.grid_config import is_grid
 
     return is_grid(raw)
 
@@ -195,17 +197,12 @@ def _sweep_grid(raw: dict[str, Any], out: Path | None, options: dict[str, Any],
     """``attn-bench sweep`` of a training grid (``kind: quality``)."""
     from rich.console import Console
 
-    from bench.config import safe_name
-    from bench.quality.grid import (
-        QUALITY_COLUMNS,
-        QUALITY_FILE,
-        only_tasks,
-        parse_grid,
-        run_grid,
-        superseded_units,
-        units,
-    )
-    from bench.rundir import resumable_rows
+    from bench.engine.config import safe_name
+    from bench.engine.row_schema import QUALITY_COLUMNS
+    from bench.engine.rundir import resumable_rows
+    from bench.quality.grid import QUALITY_FILE, run_grid, superseded_units
+    from bench.quality.grid_config import only_tasks, parse_grid
+    from bench.quality.units import units
 
     for key, option in _SPEED_ONLY.items():
         if options.get(key) is not None:
@@ -254,8 +251,8 @@ def _run_with_progress(run: Any, cfg: Any, run_dir: Path, console: Any,
         TimeRemainingColumn,
     )
 
-    from bench.executors import make_executor
-    from bench.process import kill_all_workers
+    from bench.engine.executors import make_executor
+    from bench.engine.process import kill_all_workers
 
     executor = make_executor(options.pop("executor"), device=cfg.device,
                              address=options.pop("address"),
@@ -303,10 +300,10 @@ def _stop_progress(progress: Any) -> None:
 
 
 def _report_and_plot(run_dir: Path, console: Any) -> None:
-    from bench.plots import plot_run
     from bench.quality.plots import plot_quality_run
     from bench.quality.report import build_quality_report, is_quality_run
-    from bench.report import build_report
+    from bench.speed.plots import plot_run
+    from bench.speed.report import build_report
 
     quality = is_quality_run(run_dir)
     (build_quality_report if quality else build_report)(run_dir)

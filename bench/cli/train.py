@@ -22,9 +22,9 @@ from bench.cli.common import (
 def _values(option: str, items: list[str] | None, sections: tuple[str, ...] | None
             ) -> dict[str, Any]:
     """``KEY=VALUE`` (or ``SECTION.KEY=VALUE`` with ``sections``) items with YAML values
-    (within :class:`bench.bounded_yaml.YamlLimits`)."""
-    from bench.bounded_yaml import YamlLimitError, load_bounded
-    from bench.messages import shown
+    (within :class:`bench.engine.bounded_yaml.YamlLimits`)."""
+    from bench.engine.bounded_yaml import YamlLimitError, load_bounded
+    from bench.engine.messages import shown
 
     out: dict[str, Any] = {}
     for item in items or []:
@@ -84,7 +84,7 @@ def train(
     Resumable: rerunning the same command after a kill continues from the last checkpoint.
     """
     from attn import attention_info, list_attention
-    from bench.config import DEVICES, safe_name
+    from bench.engine.config import DEVICES, safe_name
     from bench.quality.settings import list_presets
     from bench.quality.tasks import list_tasks
     from bench.quality.train import RunSpec, train_run

@@ -31,7 +31,7 @@ def list_command(
 
     from attn import AttentionCall, attention_info, create_attention, list_attention, list_kernels
     from attn.registry import plugin_errors
-    from bench.config import DEVICES, DTYPES, list_presets
+    from bench.engine.config import DEVICES, DTYPES, list_presets
 
     choice("--device", device, DEVICES)
     choice("--dtype", dtype, DTYPES)
@@ -82,8 +82,8 @@ def _attention_info(name: str) -> Any:
 def _check_params(name: str, info: Any, items: list[str] | None) -> dict[str, Any] | None:
     """``--param KEY=VALUE`` items as variant parameters, validated by building the variant."""
     from attn import create_attention
-    from bench.bounded_yaml import YamlLimitError, load_bounded
-    from bench.messages import cut, shown
+    from bench.engine.bounded_yaml import YamlLimitError, load_bounded
+    from bench.engine.messages import cut, shown
 
     if not items:
         return None
@@ -122,7 +122,7 @@ def check(
              "exits, crashes or hangs fails that check with the cause.")] = 300.0,
 ) -> None:
     """Run the conformance kit on a variant; non-zero exit with the reasons when it fails."""
-    from bench.config import DEVICES
+    from bench.engine.config import DEVICES
 
     if not timeout_s > 0:
         raise UsageError(f"--timeout-s: must be a number > 0 (e.g. 300); got {timeout_s:g}")

@@ -2,7 +2,12 @@
 
 - :mod:`bench.quality.tasks`: the long-range tasks (data from packages or generated);
 - :mod:`bench.quality.settings`: task presets (``bench/configs/tasks/<preset>.yaml``);
-- :mod:`bench.quality.train`: one resumable training run (``attn-bench train``);
-- :mod:`bench.quality.grid`: tasks x variants x seeds (``attn-bench sweep <grid config>``);
-- :mod:`bench.quality.report` and :mod:`bench.quality.plots`: the table and the figures.
+- :mod:`bench.quality.train` and :mod:`bench.quality.trainer`: one resumable training run
+  (``attn-bench train``) and its training loop;
+- :mod:`bench.quality.grid_config`, :mod:`bench.quality.units` and :mod:`bench.quality.grid`:
+  tasks x variants x seeds, their units and their run directory (``attn-bench sweep <grid
+  config>``);
+- :mod:`bench.quality.tables`, :mod:`bench.quality.report` and :mod:`bench.quality.plots`: the
+  tables, the report and the figures;
+- :mod:`bench.quality.data`: the datasets, offline and deterministic.
 """

@@ -33,15 +33,14 @@ from torch import nn
 
 from attn import Attention
 from attn.cost import CostQuery
-from bench.config import ConfigError
+from bench.engine.config import ConfigError
+from bench.engine.markdown import markdown_table
+from bench.engine.row_schema import BUDGET_COLUMNS
 from bench.quality.settings import TrainSettings
 from bench.quality.tasks import list_tasks
-from bench.report import markdown_table
 
 #: the attention whose FLOPs at the preset's steps define ``budget_x: 1``
 REFERENCE = "full"
-#: result-row columns of every run (the budget ones empty for an equal-steps run)
-BUDGET_COLUMNS = ("budget_x", "flop_budget", "flops_per_step", "train_flops")
 BUDGET_FIGURE = "budget"
 DENSE_BWD_FACTOR = 2  # backward of a dense layer: gradients of inputs and of weights
 
@@ -220,7 +219,7 @@ def strip_budget(overrides: dict[str, Any], allowed: Collection[float]) -> dict[
 
 def base_label(label: str) -> str:
     """A row's label less its ``train.budget_x=...`` override (labels name every override,
-    bench/labels.py): one line per variant across budgets."""
+    bench/engine/labels.py): one line per variant across budgets."""
     text = re.sub(r"train\.budget_x=[^,\]]*(, )?", "", label)
     return text.replace(", ]", "]").replace(" []", "")
 
@@ -260,7 +259,7 @@ def budget_table(df: pd.DataFrame) -> str:
     """The markdown section of the budget units: per task and variant, the FLOPs of a step,
     then at each budget the test metric (mean ± std over seeds; accuracy in %) and the steps
     the budget bought. ``df``: the test headline rows of the budget units
-    (``bench.quality.report.headline`` of :func:`split_budget`'s second part)."""
+    (``bench.quality.tables.headline`` of :func:`split_budget`'s second part)."""
     if df.empty:
         return ""
     df = _numeric(df)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attn import attention_info
-from bench.labels import variant_label
+from bench.engine.labels import variant_label
 
 #: the decoder self-attention used when the variant has no causal form
 DECODER_FALLBACK = "causal"
@@ -30,7 +30,7 @@ class ModelParts:
 
 def label(variant: str, params: dict[str, Any], overrides: dict[str, Any] | None = None) -> str:
     """``name(k=v, ...)`` naming every pattern parameter, the variant's defaults included,
-    then any settings overrides in brackets (:func:`bench.labels.variant_label`, the one
+    then any settings overrides in brackets (:func:`bench.engine.labels.variant_label`, the one
     labelling function of speed sweeps and quality grids)."""
     return variant_label(variant, params, overrides)
 

@@ -17,14 +17,8 @@ from bench.quality.budget import plot_budget, split_budget
 from bench.quality.margins import strongest_references
 from bench.quality.reach import variant_recall_reach
 from bench.quality.reference import reference_names
-from bench.quality.report import (
-    condition_table,
-    headline,
-    load_quality,
-    task_order,
-    trained,
-    uniform_chance,
-)
+from bench.quality.report import load_quality
+from bench.quality.tables import condition_table, headline, task_order, trained, uniform_chance
 
 PARETO, RECALL, LENGTH, PATTERNS = "pareto", "recall_distance", "bytelm_length", "patterns"
 

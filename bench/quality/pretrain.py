@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bench.config import ConfigError
+from bench.engine.config import ConfigError
 from bench.quality.settings import TrainSettings
 from bench.quality.tasks import ClassificationTask, Task
 

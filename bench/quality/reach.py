@@ -37,7 +37,7 @@ from torch import Tensor
 from attn import Attention, attention_info, create_attention
 from attn.mods import MaskMod, dense_allowed
 from attn.validation import invalid, require_int
-from bench.data import recall
+from bench.quality.data import recall
 from models.config import PRESETS
 
 
@@ -125,7 +125,7 @@ def recall_reach(attention: Attention | MaskMod | None, *, seq_len: int, layers:
                  distances: Sequence[int] = (), pair_gap: int | Sequence[int] = 1,
                  heads: int = 1) -> RecallReach:
     """The distances at which ``layers`` layers of ``attention`` can answer the recall task
-    (:mod:`bench.data.recall`: query at ``seq_len - 1``, key at ``seq_len - 1 - d``, value
+    (:mod:`bench.quality.data.recall`: query at ``seq_len - 1``, key at ``seq_len - 1 - d``, value
     ``pair_gap`` before it). With several gaps a distance counts only if every gap is
     reachable there (a drawn gap the pattern cannot bind is answered at chance)."""
     gaps = recall.pair_gaps(pair_gap)

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from bench.process import Worker, WorkerGone
+from bench.engine.process import Worker, WorkerGone
 from bench.quality.reference import get_reference
 from bench.quality.tasks import get_task
 

@@ -1,8 +1,6 @@
-"""The quality report of a training grid: the LRA-style table (mean +- std over seeds, one
-column per task, an average over the accuracy tasks) with its floors (uniform chance, the
-majority class, and the grid's control rows), every variant's paired difference from full
-attention against seed noise, cost per run, recall by distance, bits per byte by evaluation
-length, greedy against beam BLEU, and provenance."""
+"""The quality report of a training grid (``report.md``): the tables of
+:mod:`bench.quality.tables` with their explanations, the matched-compute table, the runs
+that did not run or failed, which attention ran where, and provenance."""
 
 from __future__ import annotations
 
@@ -11,26 +9,32 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.fsutil import atomic_write_text
+from bench.engine.fsutil import atomic_write_text
+from bench.engine.markdown import markdown_table
+from bench.engine.results import read_rows
+from bench.engine.row_schema import QUALITY_COLUMNS
 from bench.quality.budget import budget_table, split_budget
-from bench.quality.grid import QUALITY_COLUMNS, QUALITY_FILE
-from bench.quality.margins import SD_MARGIN, Margin, margins, strongest_references, unlearned_tasks
+from bench.quality.grid import QUALITY_FILE
+from bench.quality.margins import SD_MARGIN, unlearned_tasks
 from bench.quality.model_parts import label
-from bench.quality.reference import list_references, reference_names
-from bench.quality.significance import BETTER, LOWER_IS_BETTER, WORSE, differences_from_reference
-from bench.quality.tasks import ClassificationTask, get_task, list_tasks
-from bench.report import markdown_table
-from bench.results import read_rows
+from bench.quality.reference import list_references
+from bench.quality.tables import (
+    HEADLINE,
+    condition_table,
+    cost_table,
+    display_name,
+    headline,
+    margin_table,
+    parameter_table,
+    quality_table,
+    signed_margin,
+    significance_table,
+)
 
 REPORT_FILE = "report.md"
-#: the headline metric of each task (test split, no condition) and its unit
-HEADLINE = {"bits_per_byte": "bits/byte (lower is better)", "bleu": "BLEU", "accuracy": "accuracy"}
-assert LOWER_IS_BETTER <= set(HEADLINE)
-#: marks of a cell whose paired difference from full attention is beyond seed noise
-MARKS = {BETTER: " ▲", WORSE: " ▼"}
-UNIFORM, MAJORITY = "uniform chance (1 / classes)", "majority class (of the training labels)"
 NUMERIC = ("value", "seed", "steps", "best_step", "train_time_s", "train_tokens_per_s",
            "eval_tokens_per_s", "peak_mem_bytes", "param_count", "seq_len")
+
 
 
 def load_quality(run_dir: str | Path) -> pd.DataFrame:
@@ -51,7 +55,7 @@ def load_quality(run_dir: str | Path) -> pd.DataFrame:
 
 
 def _labels(df: pd.DataFrame) -> pd.Series:
-    """Every row's label by the current labelling (:func:`bench.labels.variant_label`), so
+    """Every row's label by the current labelling (:func:`bench.engine.labels.variant_label`), so
     rows written under an older one group with new ones; a row whose parameters do not
     parse keeps its own."""
     cache: dict[tuple[str, str, str], str] = {}
@@ -70,245 +74,6 @@ def _labels(df: pd.DataFrame) -> pd.Series:
         return cache[key]
 
     return df.apply(one, axis=1).astype(str)
-
-
-def task_order(df: pd.DataFrame) -> list[str]:
-    """Tasks in the suite's order (LRA first), then any others."""
-    present = set(df.task)
-    return [t for t in list_tasks() if t in present] + sorted(present - set(list_tasks()))
-
-
-def headline(df: pd.DataFrame) -> pd.DataFrame:
-    """Test rows of each task's headline metric (no condition)."""
-    test = df[(df.split == "test") & (df.condition == "") & (df.status == "ok")]
-    return test[test.metric.isin(list(HEADLINE))]
-
-
-def _cell(values: pd.Series, scale: float) -> str:
-    values = values.dropna() * scale
-    if values.empty:
-        return "-"
-    if len(values) == 1:
-        return f"{values.iloc[0]:.1f}" if scale == 100 else f"{values.iloc[0]:.3f}"
-    digits = 1 if scale == 100 else 3
-    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
-
-
-def _display(df: pd.DataFrame, name: str) -> str:
-    """A label as the table shows it: a control with its title, ``full [position=none]
-    (control: order-blind)``."""
-    rows = df[df.label == name]
-    if rows.empty or rows.role.iloc[0] == "variant":
-        return name
-    role = rows.role.iloc[0]
-    computed = rows.variant.isin(reference_names()).any()  # its label is its title already
-    title = "" if computed else next((t for t in rows.title if t and t != name), "")
-    return f"{name} ({role}{': ' + title if title else ''})"
-
-
-def _table_row(df: pd.DataFrame, top: pd.DataFrame, name: str, tasks: list[str],
-               verdicts: dict[tuple[str, str], str], accuracy_tasks: int) -> dict[str, str]:
-    """One row of the quality table; the average only over a row that has every accuracy task
-    of the table (an average over fewer tasks would not compare with the others')."""
-    row = {"variant": _display(df, name)}
-    accuracies = []
-    for task in tasks:
-        part = top[(top.label == name) & (top.task == task)]
-        unsupported = df[(df.label == name) & (df.task == task) & (df.status == "unsupported")]
-        failed = df[(df.label == name) & (df.task == task) & ~df.status.isin(["ok", "unsupported"])]
-        metric = part.metric.iloc[0] if len(part) else ""
-        scale = 100 if metric == "accuracy" else 1
-        row[task] = _cell(part.value, scale) + MARKS.get(verdicts.get((task, name), ""), "")
-        if part.empty and _one_decoder_model(df, name, task):
-            row[task] = "= full (one model in a decoder)"
-        elif len(unsupported) and part.empty:
-            row[task] = "unsupported"
-        elif len(failed) and part.empty:
-            row[task] = f"failed ({failed.status.iloc[0]})"
-        if metric == "accuracy" and len(part):
-            accuracies.append(part.value.mean() * 100)
-    if set(df[df.label == name].variant) & set(reference_names()):
-        accuracies = []  # a computed reference runs where it applies: no average to compare
-    complete = accuracies and len(accuracies) == accuracy_tasks
-    row["avg (accuracy tasks)"] = (f"{sum(accuracies) / len(accuracies):.1f}" if complete else
-                                   f"- ({len(accuracies)} of {accuracy_tasks} tasks)" if accuracies
-                                   else "-")
-    return row
-
-
-def _one_decoder_model(df: pd.DataFrame, name: str, task: str) -> bool:
-    """``causal`` on a decoder-only task: the same model as ``full``, trained once (the grid
-    does not train it twice: bench/quality/grid.py ``same_model_as_full``)."""
-    kinds = set(df[df.task == task].model_kind.dropna())
-    return name == "causal" and kinds == {"decoder_lm"} and (df[df.task == task].label == "full").any()
-
-
-def quality_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Variants x tasks: mean +- std over seeds (accuracy in %), the average accuracy, a mark
-    on each cell beyond seed noise from full attention (▲ better, ▼ worse); then, below a
-    separator row, the floors: the control rows, the references without attention (trained
-    ones first, then in bench/quality/reference's order), uniform chance and the majority
-    class."""
-    top, tasks = headline(df), task_order(df)
-    found = differences_from_reference(trained(top))
-    verdicts = {(r.task, r.label): r.verdict for r in found.itertuples()}
-    roles = df.drop_duplicates("label").set_index("label").role
-    variants = sorted(n for n in roles.index if roles[n] == "variant")
-    controls = sorted(n for n in roles.index if roles[n] == "control")
-    order = {r.title: i for i, r in enumerate(list_references())}
-    references = sorted((n for n in roles.index if roles[n] == "reference"),
-                        key=lambda n: (order.get(n, -1), n))
-    controls += references
-    accuracy_tasks = top[top.metric == "accuracy"].task.nunique()
-    rows = [_table_row(df, top, name, tasks, verdicts, accuracy_tasks) for name in variants]
-    separator = {"variant": "**floors and controls**",
-                 **{c: "" for c in [*tasks, "avg (accuracy tasks)"]}}
-    rows.append(separator)
-    rows += [_table_row(df, top, name, tasks, verdicts, accuracy_tasks) for name in controls]
-    rows += [floor_row(df, UNIFORM, uniform_chance(df)), floor_row(df, MAJORITY, majority_class(df))]
-    return pd.DataFrame(rows)
-
-
-def trained(df: pd.DataFrame) -> pd.DataFrame:
-    """``df`` less the rows of computed references (no seeds, nothing to pair)."""
-    return df[~df.variant.isin(reference_names())]
-
-
-def uniform_chance(df: pd.DataFrame) -> dict[str, float]:
-    """1 / number of classes of each classification task, from its data settings (the task
-    is built, its data not loaded)."""
-    found = {}
-    for task, part in df[df.settings.fillna("") != ""].groupby("task", sort=False):
-        try:
-            data = json.loads(part.settings.iloc[0]).get("data", {})
-            built = get_task(task, data, 0)
-        except (ValueError, TypeError, KeyError):
-            continue  # a task this version does not know, or settings it cannot read
-        if isinstance(built, ClassificationTask) and built.num_classes > 0:
-            found[task] = 1 / built.num_classes
-    return found
-
-
-def majority_class(df: pd.DataFrame) -> dict[str, float]:
-    """The test accuracy of always answering the training set's most frequent label."""
-    rows = df[(df.split == "test") & (df.metric == "majority_accuracy") & (df.status == "ok")]
-    return rows.groupby("task").value.first().to_dict()
-
-
-def floor_row(df: pd.DataFrame, name: str, levels: dict[str, float]) -> dict[str, str]:
-    """A floor as a table row (in %; ``-`` where a task has none)."""
-    row = {"variant": name}
-    for task in task_order(df):
-        row[task] = f"{levels[task] * 100:.1f}" if task in levels else "-"
-    row["avg (accuracy tasks)"] = "-"
-    return row
-
-
-def significance_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per task and variant, the paired difference from full attention over shared seeds:
-    means, the difference with its 95% t-interval (accuracy in points), and the verdict."""
-    found = differences_from_reference(trained(headline(df)))
-    order = {t: i for i, t in enumerate(task_order(df))}
-    found = found.sort_values(["task", "label"], key=lambda s: s.map(order) if s.name == "task" else s)
-    rows = []
-    for r in found.itertuples():
-        scale, digits = display_unit(r.metric)
-        interval = "-" if r.low is None or pd.isna(r.low) else \
-            f"[{r.low * scale:+.{digits}f}, {r.high * scale:+.{digits}f}]"
-        rows.append({"task": r.task, "variant": _display(df, r.label), "seeds": r.n,
-                     "full": f"{r.reference * scale:.{digits}f}",
-                     "variant mean": f"{r.value * scale:.{digits}f}",
-                     "difference": f"{r.mean * scale:+.{digits}f}", "95% interval": interval,
-                     "verdict": r.verdict})
-    return pd.DataFrame(rows, columns=["task", "variant", "seeds", "full", "variant mean",
-                                       "difference", "95% interval", "verdict"])
-
-
-#: how the margin table marks each verdict (bench/quality/margins.py)
-MARGIN_MARKS = {"clears": "✓", "within 2 sd": "~", "below": "✗", "one seed": "?"}
-
-
-def margin_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Tasks x variants: each variant's mean past its task's strongest reference row (accuracy
-    in points; bits per byte: positive is fewer bits), marked ✓ beyond two seed standard
-    deviations, ~ past it by less, ✗ not past it, ? past it with one seed."""
-    top = headline(df)
-    strongest = strongest_references(top)
-    found = margins(top)
-    if strongest.empty:
-        return pd.DataFrame()
-    names = sorted({m.label for m in found})
-    rows = []
-    for best in strongest.itertuples():
-        scale, digits = display_unit(best.metric)
-        row = {"task": best.task, "strongest reference": _display(df, best.label),
-               "its value": f"{best.value * scale:.{digits}f}"}
-        for m in found:
-            if m.task == best.task:
-                row[m.label] = f"{_signed(m)} {MARGIN_MARKS[m.verdict]}"
-        rows.append(row)
-    order = {t: i for i, t in enumerate(task_order(df))}
-    table = pd.DataFrame(rows, columns=["task", "strongest reference", "its value", *names])
-    return table.sort_values("task", key=lambda s: s.map(order)).fillna("-")
-
-
-def display_unit(metric: str) -> tuple[int, int]:
-    """``(scale, decimals)`` a metric is shown in: accuracy in % to 0.1, others to 0.001."""
-    return (100, 1) if metric == "accuracy" else (1, 3)
-
-
-def _signed(m: Margin) -> str:
-    """A margin in the tables' unit (accuracy in points)."""
-    scale, digits = display_unit(m.metric)
-    return f"{m.margin * scale:+.{digits}f}"
-
-
-def parameter_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Trained models x tasks: parameter count, and how many more or fewer than full
-    attention's model on the same task (a relative bias's tables, a recurrent layer)."""
-    top = trained(headline(df))
-    counts = top.groupby(["label", "task"]).param_count.median().unstack("task")
-    tasks = [t for t in task_order(df) if t in counts.columns]
-    rows = []
-    for name in counts.index:
-        row = {"model": _display(df, name)}
-        for task in tasks:
-            value, full = counts.at[name, task], counts[task].get("full")
-            if pd.isna(value):
-                row[task] = "-"
-                continue
-            extra = "" if full is None or pd.isna(full) or value == full else f" ({value - full:+,.0f})"
-            row[task] = f"{value:,.0f}{extra}"
-        rows.append(row)
-    return pd.DataFrame(rows, columns=["model", *tasks])
-
-
-def cost_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per task and variant: training throughput, train time, peak memory, parameters."""
-    top = trained(headline(df))
-    grouped = top.groupby(["task", "label"], sort=False).agg(
-        seeds=("seed", "nunique"), train_tokens_per_s=("train_tokens_per_s", "median"),
-        train_time_s=("train_time_s", "median"), peak_mem_mib=("peak_mem_bytes", "median"),
-        params=("param_count", "median"), seq_len=("seq_len", "first"),
-        best_step=("best_step", "median"), steps=("steps", "first"))
-    grouped["peak_mem_mib"] = grouped.peak_mem_mib / 2**20
-    order = {t: i for i, t in enumerate(task_order(df))}
-    return grouped.reset_index().sort_values(["task", "label"], key=lambda s: s.map(order)
-                                             if s.name == "task" else s)
-
-
-def condition_table(df: pd.DataFrame, task: str, metric: str, prefix: str) -> pd.DataFrame:
-    """Mean test value per variant and condition (``distance=``, ``length=``, ``decoding=``)."""
-    part = df[(df.task == task) & (df.split == "test") & (df.metric == metric)
-              & df.condition.str.startswith(prefix) & (df.status == "ok")]
-    if part.empty:
-        return part
-    part = part.assign(key=part.condition.str.slice(len(prefix)))
-    table = part.pivot_table(index="label", columns="key", values="value", aggfunc="mean")
-    if prefix != "decoding=":
-        table = table[sorted(table.columns, key=lambda c: float(c))]
-    table.columns = [f"{prefix}{c}" for c in table.columns]
-    return table.reset_index()
 
 
 def _provenance(df: pd.DataFrame) -> list[str]:
@@ -352,7 +117,7 @@ def build_quality_report(run_dir: str | Path) -> str:
                 df[df.task.isin(list(unlearned))]),
             "Out of the table above: on these tasks full attention is not past the strongest "
             "reference without attention by two seed standard deviations ("
-            + "; ".join(f"{t}: {_display(df, m.reference)}, margin {_signed(m)}"
+            + "; ".join(f"{t}: {display_name(df, m.reference)}, margin {signed_margin(m)}"
                         for t, m in unlearned.items())
             + "), so a ranking of patterns read off them is not a finding about attention. "
             "Their figures stay here, beside the same floors.")
@@ -417,5 +182,3 @@ def _section(title: str, table: pd.DataFrame, intro: str) -> list[str]:
 def is_quality_run(run_dir: str | Path) -> bool:
     """True when ``run_dir`` holds a training grid's results."""
     return (Path(run_dir) / QUALITY_FILE).exists()
-
-

@@ -19,7 +19,7 @@ from typing import Any
 
 from attn import attention_info
 from attn.validation import require_choice, require_int
-from bench.config import ConfigError, load_yaml
+from bench.engine.config import ConfigError, load_yaml
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "tasks"
 SCHEDULES = ("cosine", "linear")

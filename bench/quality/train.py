@@ -1,11 +1,10 @@
 """One training run: a variant on a task with a preset and a seed, resumable after a kill.
 
-AdamW (no decay on biases and norms), linear warm-up then cosine (or linear) decay, gradient
-clipping, bf16 autocast on CUDA, validation every ``eval_every`` steps with the best-
-validation weights kept as ``best.safetensors``, a resumable ``last.safetensors`` (weights,
-optimizer state, RNG state, counters) every ``checkpoint_every`` steps, and one evaluation of
-the test split at the end, on the best checkpoint. Batches are a pure function of (seed,
-step), so a resumed run takes exactly the path of an uninterrupted one.
+The run is built (settings, the task, the variant's parameters, which attention serves which
+part of the model), trained by :class:`bench.quality.trainer.Trainer` (AdamW, warm-up and
+decay, validation with the best weights kept, resumable checkpoints), and its best
+checkpoint evaluated once on the test split at the end. A matched-compute run
+(``train.budget_x``) first works out the steps its budget buys (bench/quality/budget.py).
 
 The run directory holds ``settings.json`` (the full configuration), the checkpoints and
 ``metrics.json`` (the result rows); :func:`train_run` returns the rows.
@@ -13,12 +12,8 @@ The run directory holds ``settings.json`` (the full configuration), the checkpoi
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import math
-import os
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -28,32 +23,19 @@ import torch
 from torch import nn
 
 from attn import Attention
-from attn.position_bias import RelativePositionBias
-from bench.config import import_plugins
-from bench.fsutil import atomic_write_json
-from bench.measure import tensor_peak_bytes_cpu, tensor_peak_bytes_cuda
+from bench.engine.config import import_plugins
+from bench.engine.fsutil import atomic_write_json
+from bench.engine.threads import torch_threads
 from bench.quality.budget import REFERENCE, StepFlops, matched_budget, task_step_flops
-from bench.quality.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    load_model_state,
-    load_optimizer_state,
-    model_state,
-    move_aside,
-    optimizer_state,
-    save_checkpoint,
-)
+from bench.quality.checkpoint import load_checkpoint, load_model_state
 from bench.quality.model_parts import label, model_parts
-from bench.quality.pretrain import check_pretraining, denoising_loss, phase_settings
+from bench.quality.pretrain import check_pretraining
 from bench.quality.settings import TaskSettings, TrainSettings, attention_params, task_settings
 from bench.quality.tasks import Metric, Task, get_task
-from bench.threads import torch_threads
+from bench.quality.trainer import BEST, Progress, Trainer
 from models import create_model
 
-LAST, BEST, METRICS, SETTINGS = "last.safetensors", "best.safetensors", "metrics.json", "settings.json"
-#: the checkpoint before ``last.safetensors``: a resume falls back to it when the last fails
-#: verification (bench/quality/checkpoint.py)
-PREVIOUS = "last.prev.safetensors"
+METRICS, SETTINGS = "metrics.json", "settings.json"
 
 
 @dataclass(frozen=True)
@@ -76,43 +58,6 @@ class RunSpec:
         return asdict(self)
 
 
-def learning_rate(step: int, train: TrainSettings) -> float:
-    """Linear warm-up to ``lr``, then cosine or linear decay to ``min_lr_ratio * lr``; with
-    self-pretraining, once over its steps and once over fine-tuning's (bench/quality/pretrain.py)."""
-    step, train = phase_settings(step, train)
-    if step < train.warmup_steps:
-        return train.lr * (step + 1) / train.warmup_steps
-    span = max(1, train.steps - train.warmup_steps)
-    progress = min(1.0, (step - train.warmup_steps) / span)
-    shape = 0.5 * (1 + math.cos(math.pi * progress)) if train.schedule == "cosine" else 1 - progress
-    return train.lr * (train.min_lr_ratio + (1 - train.min_lr_ratio) * shape)
-
-
-def make_optimizer(model: nn.Module, train: TrainSettings) -> torch.optim.AdamW:
-    """AdamW in three groups: weight decay on matrices; none on biases and norms; and the
-    relative-position bias tables (:class:`attn.position_bias.RelativePositionBias`), with no
-    weight decay and the learning rate times ``train.position_bias_lr_scale``.
-
-    A bias table enters the scores additively, one scalar per head and offset, so AdamW moves
-    each entry by about the learning rate per step: at the ``small`` preset's budget the
-    tables would stay too small to change a softmax over hundreds of keys (docs/quality.md,
-    "The relative bias's learning rate"). Each group keeps its ``lr_scale``, which the
-    schedule multiplies in (:meth:`Trainer._step`).
-    """
-    tables = {id(p) for module in model.modules() if isinstance(module, RelativePositionBias)
-              for p in module.parameters(recurse=False)}
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    decay = [p for p in trainable if p.dim() >= 2 and id(p) not in tables]
-    rest = [p for p in trainable if p.dim() < 2 and id(p) not in tables]
-    bias_tables = [p for p in trainable if id(p) in tables]
-    groups = [{"params": decay, "weight_decay": train.weight_decay, "lr_scale": 1.0},
-              {"params": rest, "weight_decay": 0.0, "lr_scale": 1.0}]
-    if bias_tables:
-        groups.append({"params": bias_tables, "weight_decay": 0.0,
-                       "lr_scale": train.position_bias_lr_scale})
-    return torch.optim.AdamW(groups, lr=train.lr)
-
-
 def _fingerprint(settings: TaskSettings, spec: RunSpec, params: dict[str, Any]) -> str:
     """What a checkpoint must match to be resumed (not where it lives or how many threads)."""
     key = {"settings": settings.to_dict(), "task": spec.task, "variant": spec.variant,
@@ -120,209 +65,12 @@ def _fingerprint(settings: TaskSettings, spec: RunSpec, params: dict[str, Any]) 
     return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-@dataclass
-class _Progress:
-    """Counters a resumed run continues from."""
-
-    step: int = 0
-    tokens: int = 0
-    train_time_s: float = 0.0
-    best_value: float | None = None
-    best_step: int | None = None
-    history: list[dict[str, Any]] = field(default_factory=list)
-    peak_mem_bytes: int | None = None
-    threads: int | None = None  # torch threads of the run: a resume uses them for identical sums
-
-
-class Trainer:
-    """The training loop of one run (see the module docstring)."""
-
-    def __init__(self, spec: RunSpec, settings: TaskSettings, task: Task, model: nn.Module,
-                 fingerprint: str, log: Callable[[str], None]) -> None:
-        self.spec, self.settings, self.task, self.model = spec, settings, task, model
-        self.train = settings.train
-        self.out = Path(spec.out)
-        self.device = torch.device(spec.device)
-        self.optimizer = make_optimizer(model, self.train)
-        self.fingerprint = fingerprint
-        self.progress = _Progress(threads=torch.get_num_threads())
-        self.log = log
-        #: what happened to checkpoints that failed verification (said in metrics.json too)
-        self.recovery: list[str] = []
-        #: ``(step, what)`` when the run diverged (a NaN or inf loss or weight); it stopped there
-        self.diverged: tuple[int, str] | None = None
-
-    # checkpoints
-    def save_last(self) -> None:
-        """Write ``last.safetensors``; the one before it becomes ``last.prev.safetensors``."""
-        tensors, optim_meta = optimizer_state(self.optimizer)
-        tensors = {**model_state(self.model), **tensors, "rng.torch": torch.get_rng_state()}
-        meta = {"fingerprint": self.fingerprint, "optimizer": optim_meta,
-                "progress": asdict(self.progress)}
-        if (self.out / LAST).exists():
-            os.replace(self.out / LAST, self.out / PREVIOUS)
-        save_checkpoint(self.out / LAST, tensors, meta)
-
-    def _bad_checkpoint(self, path: Path, err: CheckpointError, then: str) -> None:
-        """Move a checkpoint that failed verification aside and say so, in one line."""
-        aside = move_aside(path)
-        note = f"{err}; moved to {aside.name}; {then}"
-        self.recovery.append(note)
-        self.log(note)
-
-    def _verified(self) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
-        """The newest checkpoint of this run that passes verification (the last one, else the
-        one before it), or None; each that fails is moved aside and said."""
-        candidates = [path for path in (self.out / LAST, self.out / PREVIOUS) if path.exists()]
-        for index, path in enumerate(candidates):
-            try:
-                tensors, meta = load_checkpoint(path)
-            except CheckpointError as err:
-                fallback = index + 1 < len(candidates)
-                self._bad_checkpoint(path, err, f"trying {candidates[index + 1].name}"
-                                     if fallback else "training starts over")
-                continue
-            return path, tensors, meta
-        return None
-
-    def _best_is_sound(self, meta: dict[str, Any]) -> bool:
-        """Whether the best-validation checkpoint a resumed run counts on is there and passes
-        verification (a bad one is moved aside and said)."""
-        if meta.get("progress", {}).get("best_step") is None:
-            return True
-        try:
-            load_checkpoint(self.out / BEST)
-        except FileNotFoundError:
-            note = f"{self.out / BEST}: missing, and the run counts on it; training starts over"
-            self.recovery.append(note)
-            self.log(note)
-            return False
-        except CheckpointError as err:
-            self._bad_checkpoint(self.out / BEST, err, "the best weights are lost: training "
-                                                       "starts over")
-            return False
-        return True
-
-    def resume(self) -> bool:
-        """Continue from ``last.safetensors`` when it belongs to this run and passes
-        verification, else from the checkpoint before it; a checkpoint that fails is moved
-        aside (``<name>.corrupt``) and said, and with none left training starts over."""
-        found = self._verified()
-        if found is None:
-            return False
-        path, tensors, meta = found
-        if meta.get("fingerprint") != self.fingerprint:
-            self.log(f"{path}: a checkpoint of another configuration; starting over")
-            return False
-        if not self._best_is_sound(meta):
-            return False
-        load_model_state(self.model, tensors)
-        load_optimizer_state(self.optimizer, tensors, meta["optimizer"])
-        torch.set_rng_state(tensors["rng.torch"])
-        self.progress = _Progress(**meta["progress"])
-        recorded = self.progress.threads
-        if recorded and recorded != torch.get_num_threads():
-            if self.spec.threads:  # asked for explicitly: honoured, with the consequence said
-                self.log(f"resuming with {self.spec.threads} threads where the run began with "
-                         f"{recorded}: sums round differently, the result is not bit-identical")
-                self.progress.threads = self.spec.threads
-            else:
-                torch.set_num_threads(recorded)  # restored by train_run's torch_threads scope
-        where = "" if path.name == LAST else f" ({path.name})"
-        self.log(f"resumed from step {self.progress.step}{where}")
-        return True
-
-    # one step
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.device.type == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
-
-    def _step(self, step: int) -> tuple[float, int]:
-        self.model.train()
-        for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate(step, self.train) * group.get("lr_scale", 1.0)
-        batch = {k: v.to(self.device) for k, v in self.task.train_batch(step, self.train.batch_size).items()}
-        with self._autocast():
-            if step < self.train.pretrain_steps:  # self-pretraining: denoise the inputs
-                loss, tokens = denoising_loss(self.model, batch, self.train.pretrain_mask_rate,
-                                              self.spec.seed, step)
-            else:
-                loss, tokens = self.task.loss(self.model, batch)
-        loss.backward()
-        if self.train.grad_clip > 0:
-            nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(loss.detach()), tokens
-
-    def _measured_step(self, step: int) -> tuple[float, int]:
-        """A step whose tensor-level peak memory is read (its time is not counted)."""
-        result: list[tuple[float, int]] = []
-        if self.device.type == "cuda":
-            peak = tensor_peak_bytes_cuda(lambda: result.append(self._step(step)), self.device)
-        else:
-            peak = tensor_peak_bytes_cpu(lambda: result.append(self._step(step)))
-        self.progress.peak_mem_bytes = peak
-        return result[0]
-
-    # validation
-    def validate(self, step: int) -> None:
-        name, higher = self.task.selection
-        self.model.eval()
-        with torch.no_grad(), self._autocast():
-            metrics = self.task.evaluate(self.model, "val", limit=self.train.eval_examples,
-                                         batch_size=self.train.batch_size, final=False)
-        value = next(m.value for m in metrics if m.name == name and not m.condition)
-        self.progress.history.append({"step": step + 1, name: value})
-        best = self.progress.best_value
-        if best is None or (value > best if higher else value < best):
-            self.progress.best_value, self.progress.best_step = value, step + 1
-            save_checkpoint(self.out / BEST, model_state(self.model),
-                            {"fingerprint": self.fingerprint, "step": step + 1, name: value})
-        self.log(f"step {step + 1}: val {name} {value:.4f} (best {self.progress.best_value:.4f} "
-                 f"at step {self.progress.best_step})")
-
-    def run(self, on_step: Callable[[int, float, float], None] | None = None) -> None:
-        """Train from the current step to ``steps`` (validating and checkpointing on the way)."""
-        first = self.progress.step
-        for step in range(first, self.train.steps):
-            if step == self.train.pretrain_steps > 0:  # fine-tuning starts with a fresh optimizer
-                self.optimizer = make_optimizer(self.model, self.train)
-            if step == first:
-                loss, _ = self._measured_step(step)
-            else:
-                start = time.perf_counter()
-                loss, tokens = self._step(step)
-                self.progress.train_time_s += time.perf_counter() - start
-                self.progress.tokens += tokens
-            self.progress.step = step + 1
-            if not math.isfinite(loss):  # diverged: stop, and keep the last sound checkpoint
-                self.diverged = (step + 1, f"the training loss became {loss}")
-                self.log(f"step {step + 1}: the training loss is {loss}; the run diverged")
-                return
-            last = step + 1 == self.train.steps
-            fine_tuning = step >= self.train.pretrain_steps  # no model selection before it
-            if fine_tuning and ((step + 1) % self.train.eval_every == 0 or last):
-                self.validate(step)
-            if (step + 1) % self.train.checkpoint_every == 0 or last:
-                self.save_last()
-            if on_step is not None:
-                rate = self.progress.tokens / max(self.progress.train_time_s, 1e-9)
-                on_step(step + 1, loss, rate)
-        broken = next((name for name, p in self.model.named_parameters()  # the last update:
-                       if not bool(torch.isfinite(p).all())), None)   # no loss came after it
-        if broken is not None:
-            self.diverged = (self.progress.step, f"parameter {broken} became NaN or inf")
-            self.log(f"step {self.progress.step}: parameter {broken} is not finite; the run diverged")
-
-
 def _param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
 def _rows(spec: RunSpec, settings: TaskSettings, task: Task, params: dict[str, Any], parts: Any,
-          progress: _Progress, metrics: dict[str, list[Metric]], model: nn.Module,
+          progress: Progress, metrics: dict[str, list[Metric]], model: nn.Module,
           budget: dict[str, Any]) -> list[dict]:
     common = {
         "task": spec.task, "variant": spec.variant, "label": label(spec.variant, params),
@@ -467,7 +215,7 @@ def _train_run(spec: RunSpec, log: Callable[[str], None],
     load_model_state(model, tensors)
     model.eval()
     metrics = {}
-    with torch.no_grad(), trainer._autocast():
+    with torch.no_grad(), trainer.autocast():
         for split in ("val", "test"):
             metrics[split] = task.evaluate(model, split, limit=None if split == "test" else
                                            settings.train.eval_examples,

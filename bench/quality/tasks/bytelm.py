@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bench.data import enwiki
+from bench.quality.data import enwiki
 from bench.quality.tasks.base import Metric, Split, Task
 
 LN2 = math.log(2.0)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.data import fashion_mnist
+from bench.quality.data import fashion_mnist
 from bench.quality.tasks.base import ClassificationTask, PatchedImageTask, as_tensors
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.data import listops
-from bench.data.splits import split_indices
+from bench.quality.data import listops
+from bench.quality.data.splits import split_indices
 from bench.quality.tasks.base import ClassificationTask, as_tensors
 
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attn.validation import invalid, require_int_list
-from bench.data import mqar
+from bench.quality.data import mqar
 from bench.quality.tasks.base import ClassificationTask, Metric, Split, as_tensors
 
 DEFAULT_BUCKETS = (16, 32, 64, 128)

@@ -9,8 +9,8 @@ import numpy as np
 from torch import Tensor, nn
 
 from attn.validation import require_choice
-from bench.data import pathfinder
-from bench.data.splits import split_indices
+from bench.quality.data import pathfinder
+from bench.quality.data.splits import split_indices
 from bench.quality.tasks.base import ClassificationTask, PatchedImageTask, Split, as_tensors
 
 INPUTS = ("pixels", "patches")

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bench.data import recall
+from bench.quality.data import recall
 from bench.quality.tasks.base import ClassificationTask, Metric, as_tensors
 
 

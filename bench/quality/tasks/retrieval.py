@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attn.validation import require_choice, require_int
-from bench.data import bbc
+from bench.quality.data import bbc
 from bench.quality.tasks.base import ClassificationTask, Split
 
 
@@ -32,7 +32,7 @@ class Retrieval(ClassificationTask):
     """Data settings: ``seq_len`` (bytes per article), ``train_pairing`` (``in_batch`` or
     ``fixed``), ``train_pairs`` (``fixed`` only), ``val_pairs``, ``test_pairs``, ``data_seed``,
     ``dedupe`` (``exact``, the default, or ``near``: near-duplicate articles go to one split
-    together, :func:`bench.data.bbc.split_articles`). Labels are balanced (same category or
+    together, :func:`bench.quality.data.bbc.split_articles`). Labels are balanced (same category or
     not)."""
 
     name = "retrieval"

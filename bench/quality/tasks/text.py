@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.data import bbc
+from bench.quality.data import bbc
 from bench.quality.tasks.base import ClassificationTask, as_tensors
 
 
@@ -14,7 +14,7 @@ class Text(ClassificationTask):
     ``dedupe`` (``exact``, the default, or ``near``). Articles whose first ``seq_len`` bytes
     repeat another's are kept once; splits 80/10/10, stratified by category. With ``dedupe:
     near``, near-duplicate articles (the same story reworded) go to one split together
-    (:func:`bench.data.bbc.split_articles`)."""
+    (:func:`bench.quality.data.bbc.split_articles`)."""
 
     name = "text"
     num_classes = len(bbc.CATEGORIES)

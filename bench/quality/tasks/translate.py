@@ -5,7 +5,7 @@ shared byte-level BPE trained on the training passages only. Model selection use
 validation loss; the test split reports BLEU (sacrebleu) of greedy and beam-search decoding.
 
 Both languages are cleaned the same way for training and evaluation
-(:func:`bench.data.bible.clean`: markup and pilcrows removed, whitespace normalised, the old
+(:func:`bench.quality.data.bible.clean`: markup and pilcrows removed, whitespace normalised, the old
 Spanish one-letter accented words such as "á" written as "a")."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from bench.data import bible
-from bench.data.splits import split_indices
+from bench.quality.data import bible
+from bench.quality.data.splits import split_indices
 from bench.quality.tasks.base import Metric, Split, Task, as_tensors
 
 PAD, BOS, EOS = 0, 1, 2

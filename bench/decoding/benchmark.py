@@ -1,0 +1,214 @@
+"""Decoding and streaming benchmarks for the shared models (``attn-bench decoding``).
+
+1. Decoding: ``decoder_lm.generate`` tokens/s with and without the KV cache at long
+   contexts (default 1K and 4K), greedy, ``--new-tokens`` new tokens after a random prompt.
+   ``tokens_per_s`` counts the whole call (prompt prefill included); ``decode_tokens_per_s``
+   leaves out the time to the first token.
+2. Streaming: :class:`models.StreamingEncoder` step time against recomputing the encoder
+   on the whole window each step (the batch forward), per window size and depth.
+
+Writes ``results.csv`` (one row per measurement, column ``benchmark``), ``summary.md``
+and ``env.json`` into ``--out``. Run: ``attn-bench decoding --out results/decoding``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+import attn
+from bench.decoding.options import DecodingOptions
+from bench.engine.fsutil import atomic_write_text
+from bench.engine.provenance import environment
+from bench.engine.results import write_env
+from bench.engine.threads import torch_threads
+from models import create_model
+from models.registry import model_config
+
+SPEEDUP_GOAL = 5.0  # the cache must be at least this much faster at the longest context
+
+
+def _median_time(fn: Callable[[], Any], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _attention_spec(spec: str, window: int) -> tuple[str, dict[str, Any]]:
+    """``--attention`` value -> (name, params); banded variants get ``--window``."""
+    params: dict[str, Any] = {}
+    if spec in ("sliding_window", "dilated"):
+        params["window"] = window
+    elif spec == "global_tokens":
+        params.update(num_global=1, window=window)
+    return spec, params
+
+
+def bench_decoding(
+    attention: str,
+    params: dict[str, Any],
+    context: int,
+    new_tokens: int,
+    sizes: dict[str, int],
+    repeats: int,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """Rows for cached and uncached greedy decoding of ``new_tokens`` after ``context`` tokens."""
+    torch.manual_seed(seed)
+    model = create_model(
+        "decoder_lm", preset="lra", attention=attention, attention_params=params,
+        max_len=context + new_tokens, **sizes,
+    ).eval()
+    prompt = torch.randint(0, model.config.vocab_size, (1, context))
+    model.generate(prompt[:, :16], 2)  # warm-up (kernel selection, allocator)
+    rows = []
+    for use_cache in (True, False):
+        total = _median_time(lambda c=use_cache: model.generate(prompt, new_tokens, use_cache=c), repeats)
+        first = _median_time(lambda c=use_cache: model.generate(prompt, 1, use_cache=c), repeats)
+        decode_s = max(total - first, 1e-9)
+        rows.append({
+            "benchmark": "decoding", "model": "decoder_lm", "attention": attention,
+            "params": str(params), "context": context, "new_tokens": new_tokens,
+            "use_cache": use_cache, "time_s": total, "time_to_first_token_s": first,
+            "tokens_per_s": new_tokens / total,
+            "decode_tokens_per_s": (new_tokens - 1) / decode_s if new_tokens > 1 else float("nan"),
+            "repeats": repeats, **sizes,
+        })
+    return rows
+
+
+def bench_streaming(
+    window: int, num_layers: int, steps: int, sizes: dict[str, int], repeats: int, seed: int = 0
+) -> dict[str, Any]:
+    """Per-step time of the streaming encoder and of recomputing the window."""
+    torch.manual_seed(seed)
+    model = create_model(
+        "encoder_classifier", preset="lra", position="none", max_len=window,
+        **{**sizes, "num_layers": num_layers},
+    ).eval()
+    ids = torch.randint(0, model.config.vocab_size, (1, window + steps * repeats))
+    stream = model.stream(window)
+    stream.prefill(ids[:, :window])
+    cursor = iter(range(window, ids.shape[1]))  # each timed repeat streams new tokens
+
+    def run_stream() -> None:
+        for _ in range(steps):
+            stream.step(ids[:, next(cursor)])
+
+    def run_recompute() -> None:
+        for t in range(window, window + steps):
+            stream.batch_forward(ids[:, t + 1 - window : t + 1])
+
+    step_s = _median_time(run_stream, repeats) / steps
+    recompute_s = _median_time(run_recompute, repeats) / steps
+    return {
+        "benchmark": "streaming", "model": "encoder_classifier", "attention": "full",
+        "window": window, "num_layers": num_layers, "steps": steps,
+        "step_ms": 1e3 * step_s, "recompute_ms": 1e3 * recompute_s,
+        "speedup": recompute_s / step_s, "repeats": repeats,
+        **{k: v for k, v in sizes.items() if k != "num_layers"},
+    }
+
+
+def summary_markdown(decoding: pd.DataFrame, streaming: pd.DataFrame, env: dict[str, Any]) -> str:
+    lines = ["# Decoding and streaming benchmarks", ""]
+    lines += [f"- {k}: {v}" for k, v in env.items()]
+    if not decoding.empty:
+        lines += ["", "## Decoding (greedy, batch 1, decoder_lm)", ""]
+        lines += [
+            "tok/s counts the whole generate call (prompt prefill included); decode tok/s "
+            "leaves out the time to the first token.",
+            "",
+            "| attention | context | new tokens | tok/s cached | tok/s uncached | speedup "
+            "| decode tok/s cached | decode tok/s uncached |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        longest = decoding["context"].max()
+        for (attention, context), group in decoding.groupby(["attention", "context"], sort=True):
+            on = group.use_cache.astype(bool)
+            cached = group[on]["tokens_per_s"].iloc[0]
+            uncached = group[~on]["tokens_per_s"].iloc[0]
+            decode_cached = group[on]["decode_tokens_per_s"].iloc[0]
+            decode_uncached = group[~on]["decode_tokens_per_s"].iloc[0]
+            speedup = cached / uncached
+            goal = ""
+            if context == longest:
+                goal = " (goal >= 5x: " + ("met" if speedup >= SPEEDUP_GOAL else "NOT met") + ")"
+            lines.append(
+                f"| {attention} | {context} | {group.new_tokens.iloc[0]} | {cached:.1f} | "
+                f"{uncached:.2f} | {speedup:.1f}x{goal} | {decode_cached:.1f} | "
+                f"{decode_uncached:.2f} |"
+            )
+    if not streaming.empty:
+        lines += ["", "## Streaming encoder step vs recomputing the window", ""]
+        lines += ["| window | layers | step ms | recompute ms | speedup |", "|---:|---:|---:|---:|---:|"]
+        for row in streaming.itertuples():
+            lines.append(
+                f"| {row.window} | {row.num_layers} | {row.step_ms:.2f} | {row.recompute_ms:.2f} | "
+                f"{row.speedup:.1f}x |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _decoder_attention(spec: str, window: int, max_len: int, sizes: dict[str, int]) -> None:
+    """``--attention spec`` can run in ``decoder_lm`` (registered, causal, buildable)."""
+    known = attn.list_attention()
+    causal = [n for n in known if attn.attention_info(n).supports_causal]
+    if spec not in known:
+        raise ValueError(f"--attention: unknown attention {spec!r}; allowed values are {causal}")
+    if spec not in causal:
+        raise ValueError(f"--attention: {spec!r} has no causal form, so a decoder cannot use it; "
+                         f"allowed values are {causal}")
+    name, params = _attention_spec(spec, window)
+    try:
+        model_config("decoder_lm", "lra", name, params, max_len=max_len, **sizes)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"--attention {spec}: {err}") from None
+
+
+def check_attentions(options: DecodingOptions) -> None:
+    """``ValueError`` naming ``--attention`` for any attention a decoder cannot run."""
+    for spec in options.attention:
+        _decoder_attention(spec, options.window, options.max_len, options.sizes)
+
+
+def run_decoding_benchmark(options: DecodingOptions, out: Path) -> None:
+    """Measure decoding tokens/s with and without the KV cache, and streaming step time."""
+    check_attentions(options)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out: {out} is a file; give a directory (it is created if missing)")
+    sizes = options.sizes
+    out.mkdir(parents=True, exist_ok=True)
+    decoding_rows: list[dict[str, Any]] = []
+    streaming_rows: list[dict[str, Any]] = []
+    with torch_threads(options.threads), torch.inference_mode():
+        for spec in options.attention:
+            name, params = _attention_spec(spec, options.window)
+            for ctx in options.context:
+                print(f"decoding {name} context={ctx} ...", flush=True)
+                decoding_rows += bench_decoding(name, params, ctx, options.new_tokens, sizes, options.repeats)
+        for n in options.stream_window:
+            for layers in options.stream_layers:
+                print(f"streaming window={n} layers={layers} ...", flush=True)
+                streaming_rows.append(
+                    bench_streaming(n, layers, options.stream_steps, sizes, options.repeats)
+                )
+    env = environment("cpu", options.threads)
+    decoding, streaming = pd.DataFrame(decoding_rows), pd.DataFrame(streaming_rows)
+    table = pd.concat([decoding, streaming], ignore_index=True).convert_dtypes()
+    table = table.assign(git_sha=env["git_sha"], torch_version=env["torch_version"],
+                         threads=env["threads"], timestamp=env["timestamp"])
+    table.to_csv(out / "results.csv", index=False)
+    write_env(out, [env])
+    summary = summary_markdown(decoding, streaming, env)
+    atomic_write_text(out / "summary.md", summary)
+    print(summary)

@@ -1,0 +1,118 @@
+"""The config layer every product shares: errors that name the key, YAML read within limits,
+preset files, plug-ins, the device check and file-name-safe names.
+
+Every error is a :class:`ConfigError` (a ``ValueError``) whose message names the key and the
+allowed values, so the CLI prints one line instead of a traceback; a value it echoes is cut
+to a readable length (:func:`bench.engine.messages.shown`). A file over the limits of
+:class:`bench.engine.bounded_yaml.YamlLimits` (its size, the items and characters it stands
+for once its aliases are expanded, one string's length) is refused before it is expanded
+(:func:`load_yaml`). A speed sweep's config is :mod:`bench.speed.config`, a training grid's
+:mod:`bench.quality.grid_config`; both live in ``bench/configs`` beside each other
+(:func:`resolve_config_path`).
+
+``plugins:`` imports the named modules: a config is as trusted as a script.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attn.validation import invalid
+from bench.engine.bounded_yaml import LIMITS, YamlLimitError, load_bounded
+from bench.engine.messages import cut, shown
+
+PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"  # bench/configs
+DEVICES = ("cpu", "cuda")
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+
+class ConfigError(ValueError):
+    """An invalid config (a sweep, a grid, a task preset, an option that overrides one); the
+    message names the offending key (also in ``key``)."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def key_subject(key: str) -> str:
+    """``config key 'KEY'``: how an error names config key ``key``."""
+    return f"config key {shown(key)}"
+
+
+def key_error(key: str, problem: str) -> ConfigError:
+    """The error for config key ``key`` (in the one dialect of :mod:`attn.validation`)."""
+    return invalid(key_subject(key), problem, functools.partial(ConfigError, key=key))
+
+
+def check_key(check: Callable[..., Any], key: str, value: Any, **rules: Any) -> Any:
+    """``check`` (one of :mod:`attn.validation`'s) applied to config key ``key``."""
+    return check(key_subject(key), value, error=functools.partial(ConfigError, key=key), **rules)
+
+
+def check_device(device: str) -> None:
+    """``ConfigError`` before anything runs when the config's device is not available here."""
+    if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("config key 'device': cuda is not available on this machine "
+                              "(torch.cuda.is_available() is False); allowed here: ['cpu']",
+                              "device")
+
+
+def import_plugins(modules: tuple[str, ...]) -> None:
+    """Import plug-in modules (which register attentions by decorator); importing runs their
+    code, so a config that names plug-ins is as trusted as a script."""
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception as err:  # ImportError, SyntaxError, or the module's own failure
+            detail = str(err).splitlines()[0] if str(err) else ""
+            raise key_error("plugins", f"cannot import module {shown(module)}: "
+                                      f"{type(err).__name__}: {cut(detail, 500)}") from None
+
+
+def resolve_config_path(config: str) -> Path:
+    """A YAML path, or a preset name from ``bench/configs`` (``quick``, ``scaling-cpu``, ...)."""
+    path = Path(config)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"config file {shown(config)} does not exist")
+        return path
+    preset = PRESET_DIR / f"{config}.yaml"
+    if not preset.is_file():
+        raise ConfigError(f"unknown config {shown(config)}; presets are {list_presets()}")
+    return preset
+
+
+def list_presets() -> list[str]:
+    """Names of the preset configs shipped in ``bench/configs``."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def load_yaml(path: Path) -> Any:
+    """``yaml.safe_load`` of a file within :class:`bench.engine.bounded_yaml.YamlLimits`;
+    ``ConfigError`` naming the file when it is not YAML, cannot be read or is over a limit."""
+    try:
+        size = path.stat().st_size
+        if size > LIMITS.max_bytes:  # not read at all
+            raise ConfigError(f"{path}: {size:,} bytes; a config may have at most "
+                              f"{LIMITS.max_bytes:,}")
+        return load_bounded(path.read_text(), str(path))
+    except YamlLimitError as err:
+        raise ConfigError(str(err)) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read the config: {err}") from None
+
+
+def safe_name(text: str) -> str:
+    """A file-name-safe version of a config value (no separators, no leading dots)."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+|\.{2,}", "_", text)
+    cleaned = re.sub(r"_+", "_", cleaned).strip("._")
+    return cleaned[:80] or "run"

@@ -1,0 +1,34 @@
+"""Executors: where units run. One small interface for speed sweeps and training grids alike
+(:mod:`bench.engine.executors.base`: the unit and executor protocols, :func:`execute`).
+
+- ``local`` (default, :mod:`bench.engine.executors.local`): on a CPU machine one unit at a
+  time, so timings stay undisturbed; on a machine with several GPUs one unit per GPU.
+- ``ray`` (:mod:`bench.engine.executors.ray`, optional extra ``.[ray]``): units as Ray tasks
+  on a cluster, or on a Ray started here.
+"""
+
+from __future__ import annotations
+
+from bench.engine.executors.base import Executor, Unit, execute, failed
+from bench.engine.executors.local import LocalExecutor
+from bench.engine.executors.ray import CONNECT_S, RayExecutor
+
+__all__ = ["EXECUTORS", "Executor", "LocalExecutor", "RayExecutor", "Unit", "execute", "failed",
+           "make_executor"]
+
+EXECUTORS = ("local", "ray")
+
+
+def make_executor(name: str, *, device: str, address: str | None = None,
+                  connect_timeout_s: float | None = None) -> Executor:
+    """The executor called ``name`` (``local`` or ``ray``); ``ValueError`` names the allowed ones.
+    ``connect_timeout_s``: how long a Ray at ``address`` may take to answer and be joined
+    (default :data:`CONNECT_S`)."""
+    if name == "local":
+        if address is not None:
+            raise ValueError("--address: only the 'ray' executor takes an address")
+        return LocalExecutor(device)
+    if name == "ray":
+        return RayExecutor(device=device, address=address,
+                           connect_timeout_s=CONNECT_S if connect_timeout_s is None else connect_timeout_s)
+    raise ValueError(f"--executor: unknown executor {name!r}; allowed values are {list(EXECUTORS)}")

@@ -1,0 +1,60 @@
+"""The ``local`` executor: units on this machine.
+
+On a CPU machine one unit at a time, so timings stay undisturbed; on a machine with several
+GPUs one unit per GPU, each unit's workers seeing only their GPU (``CUDA_VISIBLE_DEVICES``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+from typing import Any
+
+import torch
+
+from bench.engine.executors.base import execute
+
+
+class LocalExecutor:
+    """Units on this machine: one at a time on CPU, one per GPU on a multi-GPU machine."""
+
+    def __init__(self, device: str = "cpu", gpus: int | None = None) -> None:
+        if device == "cuda":
+            if gpus is None:
+                gpus = torch.cuda.device_count()
+            self.slots = max(1, gpus)
+        else:
+            self.slots = 1
+        self.device = device
+        self._pool = futures.ThreadPoolExecutor(self.slots) if self.slots > 1 else None
+        self._running: dict[futures.Future, tuple[Any, int]] = {}
+        self._done: list[tuple[Any, list[dict[str, Any]]]] = []
+        self._free = list(range(self.slots))
+
+    def _cuda_visible(self, slot: int) -> str | None:
+        return str(slot) if self.device == "cuda" and self.slots > 1 else None
+
+    def submit(self, unit: Any) -> None:
+        """Start ``unit`` (on CPU: run it now, in this thread, so Ctrl-C reaches it)."""
+        slot = self._free.pop(0)
+        if self._pool is None:
+            try:
+                self._done.append((unit, execute(unit, self._cuda_visible(slot))))
+            finally:
+                self._free.append(slot)
+            return
+        future = self._pool.submit(execute, unit, self._cuda_visible(slot))
+        self._running[future] = (unit, slot)
+
+    def wait_any(self) -> tuple[Any, list[dict[str, Any]]]:
+        """The next finished unit and its rows."""
+        if self._done:
+            return self._done.pop(0)
+        finished, _ = futures.wait(self._running, return_when=futures.FIRST_COMPLETED)
+        future = next(iter(finished))
+        unit, slot = self._running.pop(future)
+        self._free.append(slot)
+        return unit, future.result()
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

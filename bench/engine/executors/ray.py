@@ -1,0 +1,363 @@
+"""The ``ray`` executor: units run as Ray tasks on a cluster (or on a Ray started here).
+
+One Ray task per unit runs :func:`bench.engine.executors.base.execute` on some node (which
+stamps the rows with the node's environment); the unit starts its isolated case workers
+there as it would locally, and its rows come back to the driver, which alone writes
+results. Ray is the optional extra ``attn-bench[ray]``, imported only when an
+executor is made.
+
+What a task reserves (:func:`plan_reservation`):
+
+- ``cuda``: one GPU (``num_gpus=1``, no CPU), so one unit per GPU of the cluster; the GPU Ray
+  assigns reaches the case workers as ``CUDA_VISIBLE_DEVICES``.
+- ``cpu``: a whole node, so that no two timed units ever share one: all the CPUs of a node
+  (``num_cpus`` = the node's CPU count). Nodes of different sizes: a task takes the CPU count
+  of the largest node, so only the largest nodes run units (a warning names the idle ones).
+  To use nodes of every size, start them with the custom resource ``attn_bench_node``
+  (``ray start --resources='{"attn_bench_node": 1}'``): when some nodes have it, a task takes
+  one of it (and the CPU count of the smallest such node), and only those nodes run units.
+
+``slots`` is how many such tasks the cluster holds at once (nodes, or GPUs). Case workers
+choose their threads as in a local run: the ``OMP_NUM_THREADS`` Ray sets for a task (its CPU
+reservation) is dropped unless the node's own environment sets it.
+
+Failures: Ray retries a task once after a system failure (its worker process died, its node
+was lost), on any node that fits; a unit that still fails becomes its failure rows
+(:func:`bench.engine.executors.base.failed`, stamped with the driver's environment), the
+reason naming what Ray reported: ``killed`` for a
+lost worker or node (or a cancelled task), ``oom`` when Ray's memory monitor killed it,
+``error`` otherwise. A unit's case workers are children of its Ray worker and die with it
+(they watch the process that started them). When no live node can run units any more, the
+running units end as ``killed`` rows instead of waiting forever.
+
+Connecting to ``--address`` waits at most ``connect_timeout_s`` (default :data:`CONNECT_S`)
+for the head to answer in Ray's protocol and for the cluster to be joined; anything else
+there is a one-line error saying what was found (:mod:`bench.engine.executors.ray_connect`).
+
+A Ray started here runs on this machine only: no dashboard, quiet logs, a small object store
+(rows are small; the rest of the memory stays with the cases), workers at normal priority
+(Ray nices them to 15 by default), one retry after a kill by Ray's memory monitor (Ray's
+default is to retry those forever), no usage statistics unless ``RAY_USAGE_STATS_ENABLED``
+says otherwise, and Ray's token authentication (which Ray turns on for it, through
+``RAY_AUTH_MODE`` in this process's environment, put back afterwards); it is shut down with
+the executor. A cluster's nodes take these settings from the environment of ``ray start``
+(``RAY_worker_niceness=0 RAY_task_oom_retries=1``). A Ray this process had already joined
+(``ray.init`` before the executor) is used as it is, whatever the address, and left running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.engine.executors.base import execute, failed
+from bench.engine.executors.ray_connect import (
+    AUTH_MODE,
+    CONNECT_S,
+    ConnectTimeoutError,
+    check_reachable,
+    connect_error,
+    first_line,
+    init_within,
+)
+from bench.engine.messages import shown
+
+DEVICES = ("cpu", "cuda")
+#: custom Ray resource marking the nodes that take speed units (one unit per unit of it)
+NODE_RESOURCE = "attn_bench_node"
+#: object store of a Ray started here: rows are small, the memory belongs to the cases
+OBJECT_STORE_BYTES = 100 * 2**20
+#: times Ray runs a task again after a system failure (a lost worker or node)
+MAX_RETRIES = 1
+#: settings of a Ray started here: workers at normal priority, bounded retries after a kill
+#: by Ray's memory monitor (a case that fills the node would fill it again)
+LOCAL_RAY_CONFIG = {"worker_niceness": 0, "task_oom_retries": MAX_RETRIES}
+#: how often ``wait_any`` looks for a finished task: it sleeps in Python between looks, so
+#: that a signal handler's exception (SIGTERM -> KeyboardInterrupt("SIGTERM")) reaches the
+#: caller as raised (a blocking ``ray.wait`` replaces it with a bare KeyboardInterrupt)
+POLL_S = 0.05
+#: how often ``wait_any`` checks that some node can still run units
+CHECK_S = 5.0
+INSTALL_HINT = "the ray executor needs Ray: pip install 'attn-bench[ray]'"
+_UNSET = object()
+
+
+class RayMissingError(ImportError, ValueError):
+    """Ray is not installed (a ``ValueError`` too, so the CLI prints one line)."""
+
+
+def import_ray() -> Any:
+    """The ``ray`` module, or :class:`RayMissingError` naming the extra to install."""
+    try:
+        import ray
+    except ImportError:
+        raise RayMissingError(INSTALL_HINT) from None
+    return ray
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What the task of one unit asks Ray for, and how many such tasks fit the cluster."""
+
+    num_cpus: float
+    num_gpus: float
+    resources: dict[str, float] = field(default_factory=dict)
+    slots: int = 1
+    warning: str = ""  # nodes left idle, said once when the executor starts
+
+
+def _node_name(node: dict[str, Any]) -> str:
+    return str(node.get("NodeManagerHostname") or node.get("NodeManagerAddress") or node["NodeID"])
+
+
+def plan_reservation(device: str, nodes: list[dict[str, Any]]) -> Reservation:
+    """The reservation of one unit's task on a cluster whose nodes are ``nodes`` (``ray.nodes()``).
+
+    ``ValueError`` when no node can run a unit on ``device``.
+    """
+    if device not in DEVICES:
+        raise ValueError(f"device: unknown value {device!r}; allowed values are {list(DEVICES)}")
+    alive = [n for n in nodes if n.get("Alive") and n.get("Resources")]
+    if device == "cuda":
+        gpus = int(sum(n["Resources"].get("GPU", 0) for n in alive))
+        if gpus < 1:
+            raise ValueError("device 'cuda': the Ray cluster has no GPU; start the workers on GPU "
+                             "machines or use device 'cpu'")
+        return Reservation(num_cpus=0, num_gpus=1, slots=gpus)
+    marked = [n for n in alive if n["Resources"].get(NODE_RESOURCE, 0) >= 1]
+    if marked:
+        cpus = min(n["Resources"].get("CPU", 0) for n in marked)
+        slots = int(sum(n["Resources"][NODE_RESOURCE] for n in marked))
+        return Reservation(num_cpus=cpus, num_gpus=0, resources={NODE_RESOURCE: 1}, slots=slots)
+    sizes = [(_node_name(n), n["Resources"].get("CPU", 0)) for n in alive]
+    sizes = [(name, cpus) for name, cpus in sizes if cpus >= 1]
+    if not sizes:
+        raise ValueError("device 'cpu': the Ray cluster has no node with a CPU to run units on")
+    largest = max(cpus for _, cpus in sizes)
+    idle = sorted(name for name, cpus in sizes if cpus < largest)
+    warning = ""
+    if idle:
+        warning = (f"Ray nodes {idle} have fewer CPUs than the largest ({largest:g}) and run no "
+                   f"unit; start every node with --resources='{{\"{NODE_RESOURCE}\": 1}}' to "
+                   "use them all (one timed unit per node)")
+    return Reservation(num_cpus=largest, num_gpus=0, slots=len(sizes) - len(idle), warning=warning)
+
+
+def fits(node: dict[str, Any], reservation: Reservation) -> bool:
+    """True when ``node`` (an entry of ``ray.nodes()``) is alive and can hold one such task."""
+    have = node.get("Resources") or {}
+    wanted = {"CPU": reservation.num_cpus, "GPU": reservation.num_gpus, **reservation.resources}
+    return bool(node.get("Alive")) and all(have.get(k, 0) >= v for k, v in wanted.items() if v)
+
+
+def _thread_env_as_started() -> None:
+    """Drop the ``OMP_NUM_THREADS`` that Ray sets for a task (its CPU reservation) when the
+    worker process was not started with one, so case workers choose their threads as a local
+    run does (torch's default, or the config's ``threads``)."""
+    try:
+        with open("/proc/self/environ", "rb") as f:
+            started = f.read().split(b"\0")
+    except OSError:
+        return
+    if not any(item.startswith(b"OMP_NUM_THREADS=") for item in started):
+        os.environ.pop("OMP_NUM_THREADS", None)
+
+
+def _normal_priority() -> None:
+    """Undo the niceness Ray gives its workers (15 by default) where allowed, so the unit's
+    case workers run at normal priority (an unprivileged user cannot lower it: the cluster's
+    nodes should then be started with ``RAY_worker_niceness=0``)."""
+    with contextlib.suppress(OSError):
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+
+
+def run_unit_task(unit: Any, gpu: bool) -> list[dict[str, Any]]:
+    """Body of the Ray task of one unit: :func:`execute` here, on the GPU Ray assigned."""
+    _thread_env_as_started()
+    _normal_priority()
+    cuda_visible = os.environ.get("CUDA_VISIBLE_DEVICES") if gpu else None
+    return execute(unit, cuda_visible)  # stamped with this node's environment
+
+
+def failure_status(err: BaseException) -> tuple[str, str]:
+    """``(status, reason)`` for a unit whose Ray task failed with ``err``."""
+    import ray.exceptions as rex
+
+    if isinstance(err, rex.RayTaskError):  # the task body raised (e.g. the unit did not unpickle)
+        cause = err.cause if err.cause is not None else err
+        what = f"{type(cause).__name__}: {first_line(str(cause))}"
+        return "error", f"Ray task failed: {what}"[:500]
+    name = type(err).__name__
+    said = f"Ray reported {name}: {first_line(str(err))}"
+    if isinstance(err, rex.OutOfMemoryError):
+        return "oom", f"{said} (killed by Ray's memory monitor)"[:500]
+    if isinstance(err, rex.TaskCancelledError):
+        return "killed", f"{said} (the task was cancelled)"[:500]
+    lost = (rex.WorkerCrashedError, rex.NodeDiedError, rex.ObjectLostError,
+            rex.LocalRayletDiedError)
+    if isinstance(err, lost):
+        return "killed", f"{said} (after {MAX_RETRIES} retry)"[:500]
+    return "error", said[:500]
+
+
+@contextlib.contextmanager
+def _env_default(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name] = value`` meanwhile, unless it is set already."""
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        os.environ.pop(name, None)
+
+
+class RayExecutor:
+    """Units as Ray tasks: one timed unit per node (CPU) or per GPU (CUDA); see the module doc.
+
+    ``address`` (``HOST:PORT`` of a Ray head): connect to that cluster, waiting at most
+    ``connect_timeout_s`` for it to answer and to be joined, and disconnect at
+    :meth:`shutdown` (the cluster keeps running); ``None``: start a Ray on this machine
+    (``num_cpus`` CPUs, default all; ``object_store_memory`` bytes of object store) and stop it
+    at :meth:`shutdown`. ``ValueError`` names the argument when either cannot be done.
+    """
+
+    def __init__(self, device: str = "cpu", address: str | None = None, *,
+                 num_cpus: int | None = None,
+                 object_store_memory: int = OBJECT_STORE_BYTES,
+                 connect_timeout_s: float = CONNECT_S) -> None:
+        if device not in DEVICES:
+            raise ValueError(f"device: unknown value {device!r}; allowed values are {list(DEVICES)}")
+        if address is not None and (not isinstance(address, str) or not address.strip()):
+            raise ValueError(f"--address: expected HOST:PORT of a Ray head node; got {address!r}")
+        if not (isinstance(connect_timeout_s, (int, float)) and connect_timeout_s > 0):
+            raise ValueError(f"--connect-timeout-s: must be a number > 0; got "
+                             f"{shown(connect_timeout_s)}")
+        self.connect_timeout_s = float(connect_timeout_s)
+        if address is not None and num_cpus is not None:
+            raise ValueError("num_cpus: only for a Ray started here (no --address); a cluster's "
+                             "nodes say their own CPU counts")
+        self._ray = import_ray()
+        self.device = device
+        self._auth_mode: Any = _UNSET  # RAY_AUTH_MODE before a Ray started here
+        self._own = self._connect(address, num_cpus, object_store_memory)
+        self._running: dict[Any, Any] = {}  # Ray object ref -> unit
+        self._done: list[tuple[Any, list[dict[str, Any]]]] = []
+        self._last_check = time.monotonic()
+        try:
+            self.reservation = plan_reservation(device, self._ray.nodes())
+            self._task = self._ray.remote(run_unit_task)
+        except BaseException:
+            self._disconnect()
+            raise
+        if self.reservation.warning:
+            warnings.warn(self.reservation.warning, stacklevel=2)
+        self.slots = self.reservation.slots
+
+    def _connect(self, address: str | None, num_cpus: int | None,
+                 object_store_memory: int) -> bool:
+        """Join Ray; True when this executor started or connected it (and so leaves it)."""
+        ray = self._ray
+        if ray.is_initialized():
+            return False
+        quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
+        if address is None:
+            # Ray turns token authentication on for the processes of a Ray it starts (through
+            # this environment variable): put it back when that Ray stops
+            self._auth_mode = os.environ.get(AUTH_MODE)
+            with _env_default("RAY_USAGE_STATS_ENABLED", "0"):
+                ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
+                         object_store_memory=object_store_memory,
+                         _system_config=dict(LOCAL_RAY_CONFIG), **quiet)
+            return True
+        check_reachable(address, self.connect_timeout_s)
+        try:
+            init_within(ray, self.connect_timeout_s, address, **quiet)
+        except ConnectTimeoutError:
+            raise
+        except Exception as err:  # ConnectionError, AuthenticationError, ... from Ray
+            raise ValueError(connect_error(address, err)) from None
+        return True
+
+    def _disconnect(self) -> None:
+        if self._own and self._ray.is_initialized():
+            self._ray.shutdown()
+            if self._auth_mode is None:
+                os.environ.pop(AUTH_MODE, None)
+            elif self._auth_mode is not _UNSET:
+                os.environ[AUTH_MODE] = self._auth_mode
+        self._own = False
+
+    def submit(self, unit: Any) -> None:
+        """Start ``unit`` as a Ray task (it waits in Ray's queue until a node or GPU is free)."""
+        res = self.reservation
+        options = {"num_cpus": res.num_cpus, "num_gpus": res.num_gpus, "max_retries": MAX_RETRIES}
+        if res.resources:
+            options["resources"] = dict(res.resources)
+        try:
+            ref = self._task.options(**options).remote(unit, res.num_gpus > 0)
+        except Exception as err:  # the unit could not be sent (not picklable, ...)
+            reason = f"Ray could not start the unit: {type(err).__name__}: {first_line(str(err))}"
+            self._done.append((unit, failed(unit, "error", reason[:500])))
+            return
+        self._running[ref] = unit
+
+    def wait_any(self) -> tuple[Any, list[dict[str, Any]]]:
+        """The next finished unit and its rows (failure rows when Ray lost it)."""
+        if self._done:
+            return self._done.pop(0)
+        if not self._running:
+            raise RuntimeError("wait_any: no unit is running (submit one first)")
+        while True:
+            ready, _ = self._ray.wait(list(self._running), num_returns=1, timeout=0)
+            if ready:
+                return self._collect(ready[0])
+            time.sleep(POLL_S)
+            if time.monotonic() - self._last_check >= CHECK_S:
+                self._last_check = time.monotonic()
+                lost = self._fail_if_no_node()
+                if lost is not None:
+                    return lost
+
+    def _needs(self) -> str:
+        res = self.reservation
+        needs = {"CPU": res.num_cpus, "GPU": res.num_gpus, **res.resources}
+        return ", ".join(f"{k} {v:g}" for k, v in needs.items() if v)
+
+    def _collect(self, ref: Any) -> tuple[Any, list[dict[str, Any]]]:
+        unit = self._running.pop(ref)
+        try:
+            return unit, self._ray.get(ref)
+        except self._ray.exceptions.RayError as err:
+            return unit, failed(unit, *failure_status(err))
+
+    def _fail_if_no_node(self) -> tuple[Any, list[dict[str, Any]]] | None:
+        """When no node can run units any more, end every running unit with failure rows
+        (their tasks would wait forever)."""
+        if any(fits(node, self.reservation) for node in self._ray.nodes()):
+            return None
+        reason = (f"no live Ray node can run the unit any more (each needs {self._needs()}); "
+                  "the nodes that could were lost")
+        for ref, unit in list(self._running.items()):
+            with contextlib.suppress(Exception):
+                self._ray.cancel(ref, force=True)
+            self._done.append((unit, failed(unit, "killed", reason)))
+        self._running.clear()
+        return self._done.pop(0) if self._done else None
+
+    def shutdown(self) -> None:
+        """Cancel what still runs (its workers killed) and leave a Ray this executor joined."""
+        if self._ray.is_initialized():
+            for ref in list(self._running):
+                with contextlib.suppress(Exception):
+                    self._ray.cancel(ref, force=True)
+        self._running.clear()
+        self._disconnect()

@@ -1,0 +1,119 @@
+"""Where a number came from: the code version, the installed package and the machine.
+
+The code version is the git commit of the source checkout the package runs from, with
+``+dirty`` when tracked files other than committed results (``results/``) differ from it:
+rerunning a committed result set rewrites its own CSV, which must not mark the code as
+changed. A non-editable install (the package inside a virtual environment's
+site-packages) has no checkout of its own; the git repository that happens to enclose the
+environment is never read, and the installed package version stands for the code.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import socket
+import subprocess
+from functools import cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+DISTRIBUTION = "attn-bench"
+#: tracked paths whose changes (committed or not) do not change the code version: what is
+#: measured depends on the package and its configs, not on results, docs or the tests
+NOT_CODE = ("results", "docs", "tests", ".ci", ":(glob)**/*.md")  # git pathspecs
+
+
+def source_root() -> Path | None:
+    """The source checkout the running package comes from, or None (installed package)."""
+    root = Path(__file__).resolve().parents[2]  # bench/engine/provenance.py
+    pyproject = root / "pyproject.toml"
+    if not pyproject.is_file() or f'name = "{DISTRIBUTION}"' not in pyproject.read_text():
+        return None
+    return root
+
+
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True,
+                          timeout=10, check=True).stdout.strip()
+
+
+def _exclude(pathspec: str) -> str:
+    """``:(exclude)`` of a pathspec, merging magic words (``:(glob)x`` -> ``:(exclude,glob)x``)."""
+    if pathspec.startswith(":("):
+        magic, rest = pathspec[2:].split(")", 1)
+        return f":(exclude,{magic}){rest}"
+    return f":(exclude){pathspec}"
+
+
+@cache
+def code_version() -> str:
+    """``<sha>`` or ``<sha>+dirty`` of the source checkout; ``not a git checkout`` otherwise.
+
+    ``<sha>`` is the last commit that changed code (anything but :data:`NOT_CODE`), so
+    committing results or docs mid-sweep does not make a resumed sweep look like other code;
+    ``+dirty``: a tracked code file differs from it.
+    """
+    root = source_root()
+    if root is None:
+        return "installed package (no source checkout)"
+    try:
+        if Path(_git(root, "rev-parse", "--show-toplevel")).resolve() != root:
+            return "not a git checkout"
+        code = (".", *(_exclude(p) for p in NOT_CODE))
+        sha = _git(root, "log", "-1", "--format=%H", "--", *code) or _git(root, "rev-parse", "HEAD")
+        changed = _git(root, "status", "--porcelain", "--untracked-files=no", "--", *code)
+    except (OSError, subprocess.SubprocessError):
+        return "not a git checkout"
+    return sha + ("+dirty" if changed else "")
+
+
+def package_version() -> str:
+    """Version of the installed ``attn-bench`` distribution (``unknown`` if not installed)."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo (or the platform's processor string)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device: str, threads: int | None) -> dict[str, Any]:
+    """Versions, device name, threads, host and time stamp of this run."""
+    try:
+        xformers = metadata.version("xformers")
+    except metadata.PackageNotFoundError:
+        xformers = ""
+    if device == "cuda" and torch.cuda.is_available():
+        device_name = torch.cuda.get_device_name()
+    else:
+        device_name = cpu_name()
+    return {
+        "git_sha": code_version(), "package_version": package_version(),
+        "torch_version": torch.__version__, "xformers_version": xformers,
+        "device": device, "device_name": device_name,
+        "threads": threads or torch.get_num_threads(), "cpu_count": os.cpu_count(),
+        "hostname": socket.gethostname(),
+        "python": platform.python_version(), "platform": platform.platform(),
+        "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+#: environment fields copied onto every result row
+ROW_FIELDS = ("git_sha", "package_version", "device_name", "torch_version", "xformers_version",
+              "hostname", "timestamp")
+#: fields that must match for a resumed run to add rows to an existing one (plus dtype)
+RESUME_FIELDS = ("git_sha", "device_name", "threads")

@@ -1,0 +1,249 @@
+"""What a row of a results file may hold: its columns in file order (:data:`COLUMNS`,
+:data:`QUALITY_COLUMNS`), each column's type and allowed values, in one place. The engine's
+run directories read, repair, resume and validate both kinds of file; the products fill the
+rows (:mod:`bench.speed.rows`, :mod:`bench.quality.train`).
+
+Two schemas, chosen by a file's first column: :data:`SPEED` for a speed sweep's
+``results.csv`` (``case_id``) and :data:`QUALITY` for a training grid's ``quality.csv`` and
+its archive ``superseded.csv`` (``unit_id``). A schema says, per column it declares, the kind
+of value (text, integer, number, bool, JSON, one of a set), whether a blank cell is allowed
+and the smallest value; which columns the header must have; and the rules of a whole row (an
+``ok`` speed row needs a finite time > 0). Columns a schema does not declare are left alone,
+and a blank cell (or ``nan``, a missing value as pandas writes it) stays legal wherever a
+failure row leaves it blank.
+
+:func:`row_problem` names the first thing wrong with a row (``None``: nothing), in the
+suite's one dialect (``column 'time_ms': must be a number; got 'fast'``). The readers of
+:mod:`bench.engine.results` leave such rows out and say where they were.
+
+Written as plain frozen dataclasses rather than with a validation library: the rows are CSV
+text, the rules are few, and the messages must name the column and the line the way every
+other check of the suite does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bench.engine.config import DEVICES, DTYPES
+from bench.engine.messages import shown
+from bench.engine.provenance import ROW_FIELDS
+
+#: the columns of a speed sweep's ``results.csv``, in file order (one row per case and pass)
+COLUMNS = [
+    "case_id", "label", "variant", "kernel_requested", "kernel", "kernel_path", "params",
+    "seq_len", "batch", "heads", "head_dim", "dtype", "device", "causal", "pass", "status",
+    "reason", "time_ms", "time_iqr_ms", "repeats", "times_ms", "estimate_ms", "first_call_ms",
+    "compile_ms", "setup_ms", "setup_mem_bytes", "peak_mem_bytes", "rss_peak_bytes", "flops",
+    "flops_kind", "density", "tflops", "peak_fraction", "mask_emulated", "fallback",
+    "interleave_id", "interleaved", "threads", *ROW_FIELDS,
+]
+#: the matched-compute columns of a training row (:mod:`bench.quality.budget`; ``budget_x``
+#: empty: an equal-steps run)
+BUDGET_COLUMNS = ("budget_x", "flop_budget", "flops_per_step", "train_flops")
+#: the columns of a training grid's ``quality.csv`` (and ``superseded.csv``), in file order
+QUALITY_COLUMNS = [
+    "unit_id", "task", "variant", "label", "params", "seed", "preset", "split", "metric",
+    "condition", "value", "status", "reason", "steps", "best_step", "train_time_s",
+    "train_tokens_per_s", "eval_tokens_per_s", "peak_mem_bytes", "param_count", "seq_len",
+    "model_kind", "attention_parts", "kernel_path", "settings", "threads", *ROW_FIELDS,
+    "role", "title", "overrides",  # added later: files without them read as a variant, no overrides
+    *BUDGET_COLUMNS,
+]
+#: kinds of column: free text, an integer, a number (``nan`` and ``inf`` read as numbers),
+#: ``True`` / ``False``, a JSON document, or one of ``allowed``
+KINDS = ("text", "int", "number", "bool", "json", "choice")
+
+#: the passes a speed sweep's row may name (:mod:`bench.speed.config`: ``PASSES`` of an
+#: attention case, ``MODEL_PASSES`` of a model-step case)
+SPEED_PASSES = ("fwd", "bwd", "fwd_bwd", "train_step")
+#: statuses of a speed sweep's rows (``nonfinite``: the output or a gradient had NaN or inf)
+SPEED_STATUSES = ("ok", "oom", "killed", "unsupported", "timeout", "error", "skipped", "nonfinite")
+#: statuses of a training grid's rows (``diverged``: the training loss became NaN or inf)
+QUALITY_STATUSES = ("ok", "unsupported", "timeout", "error", "killed", "oom", "diverged")
+
+
+@dataclass(frozen=True)
+class Column:
+    """The rule of one column."""
+
+    name: str
+    kind: str = "text"
+    required: bool = False  # a blank cell is refused
+    minimum: float | None = None  # int, number: the smallest value allowed
+    allowed: tuple[str, ...] = ()  # choice: the allowed values
+
+    def problem(self, text: str) -> str | None:
+        """What is wrong with ``text`` in this column (``None``: nothing)."""
+        if text == "":
+            return "must not be blank" if self.required else None
+        if self.kind == "text":
+            return None
+        if self.kind == "choice":
+            if text not in self.allowed:
+                return f"unknown value {shown(text)}; allowed values are {list(self.allowed)}"
+            return None
+        if self.kind == "bool":
+            return None if text in ("True", "False") else f"must be True or False; got {shown(text)}"
+        if self.kind == "json":
+            try:
+                json.loads(text)
+            except ValueError:
+                return f"must be JSON; got {shown(text)}"
+            return None
+        return self._number_problem(text)
+
+    def _number_problem(self, text: str) -> str | None:
+        what = "an integer" if self.kind == "int" else "a number"
+        try:
+            value = float(text)
+        except ValueError:
+            return f"must be {what}; got {shown(text)}"
+        if math.isnan(value):  # a missing value as pandas writes it: as legal as a blank
+            return f"must be {what}, not NaN" if self.required else None
+        if self.kind == "int" and not (math.isfinite(value) and value == int(value)):
+            return f"must be {what}; got {shown(text)}"
+        if self.minimum is not None and not math.isnan(value) and value < self.minimum:
+            return f"must be {what} >= {self.minimum:g}; got {shown(text)}"
+        return None
+
+
+Row = dict[str, str]
+
+
+@dataclass(frozen=True)
+class RowSchema:
+    """The columns of one kind of results file and the rules of its rows."""
+
+    name: str  # what the file is, for messages ("speed sweep results")
+    columns: tuple[Column, ...]
+    #: columns the header must have (a file without them is damaged, not old)
+    header: tuple[str, ...]
+    #: rows sharing these columns' values stand or fall together (they are run together)
+    unit: tuple[str, ...]
+    #: the rule of a whole row: what is wrong with it (``None``: nothing)
+    row_rule: Callable[[Row], str | None] | None = None
+
+    def column(self, name: str) -> Column | None:
+        """The rule of column ``name`` (``None``: not declared here, left alone)."""
+        return next((c for c in self.columns if c.name == name), None)
+
+
+def row_problem(row: Row, schema: RowSchema) -> str | None:
+    """The first thing wrong with ``row`` under ``schema`` (``None``: nothing)."""
+    for column in schema.columns:
+        if column.name not in row:
+            continue  # an older file without the column: blank, as it always read
+        problem = column.problem(row[column.name])
+        if problem is not None:
+            return f"column {column.name!r}: {problem}"
+    return schema.row_rule(row) if schema.row_rule is not None else None
+
+
+def missing_columns(header: list[str], schema: RowSchema) -> list[str]:
+    """The columns ``schema`` needs that ``header`` lacks."""
+    return [c for c in schema.header if c not in header]
+
+
+def _finite_time(row: Row) -> str | None:
+    """An ``ok`` speed row must carry its time: a finite number > 0."""
+    if row.get("status") != "ok":
+        return None
+    text = row.get("time_ms", "")
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        return f"column 'time_ms': an ok row must have a finite time > 0; got {shown(text)}"
+    return None
+
+
+def _metric_value(row: Row) -> str | None:
+    """An ``ok`` quality row of a metric must carry its value (NaN is a value: an empty
+    bucket of a condition has no accuracy)."""
+    if row.get("status") != "ok" or row.get("metric", "") in ("", "-"):
+        return None
+    if row.get("value", "") == "":
+        return "column 'value': an ok row of a metric must have a value; got ''"
+    return None
+
+
+def _numbers(names: tuple[str, ...], kind: str = "number", minimum: float | None = 0) -> tuple[Column, ...]:
+    return tuple(Column(name, kind, minimum=minimum) for name in names)
+
+
+SPEED = RowSchema(
+    name="speed sweep results",
+    columns=(
+        Column("case_id", required=True),
+        Column("label", required=True),
+        Column("variant", required=True),
+        Column("kernel_requested", required=True),
+        Column("params", "json"),
+        Column("seq_len", "int", required=True, minimum=1),
+        *_numbers(("batch", "heads", "head_dim"), "int", 1),
+        Column("dtype", "choice", allowed=DTYPES),
+        Column("device", "choice", allowed=DEVICES),
+        Column("causal", "bool"),
+        Column("pass", "choice", required=True, allowed=SPEED_PASSES),
+        Column("status", "choice", required=True, allowed=SPEED_STATUSES),
+        *_numbers(("time_ms", "time_iqr_ms", "estimate_ms", "first_call_ms", "compile_ms",
+                   "setup_ms", "setup_mem_bytes", "peak_mem_bytes", "rss_peak_bytes", "flops",
+                   "density", "tflops", "peak_fraction")),
+        Column("repeats", "int", minimum=1),
+        Column("times_ms", "json"),
+        Column("mask_emulated", "bool"),
+        Column("interleaved", "int", minimum=1),
+        Column("threads", "int", minimum=1),
+        Column("timestamp", required=True),
+    ),
+    header=("case_id", "label", "variant", "kernel_requested", "seq_len", "pass", "status",
+            "time_ms", "timestamp"),
+    unit=("case_id", "pass"),
+    row_rule=_finite_time,
+)
+
+QUALITY = RowSchema(
+    name="training grid results",
+    columns=(
+        Column("unit_id", required=True),
+        Column("params", "json"),
+        Column("seed", "int", minimum=0),
+        Column("value", "number", minimum=None),
+        Column("status", "choice", required=True, allowed=QUALITY_STATUSES),
+        *_numbers(("steps", "best_step", "param_count"), "int", 0),
+        *_numbers(("train_time_s", "train_tokens_per_s", "eval_tokens_per_s", "peak_mem_bytes",
+                   "budget_x", "flop_budget", "flops_per_step", "train_flops")),
+        Column("seq_len", "int", minimum=1),
+        Column("settings", "json"),
+        Column("overrides", "json"),
+        Column("threads", "int", minimum=1),
+        Column("timestamp", required=True),
+    ),
+    header=("unit_id", "split", "metric", "status", "value", "timestamp"),
+    unit=("unit_id",),
+    row_rule=_metric_value,
+)
+
+#: the schema of a file, by the first column of its header
+SCHEMAS: dict[str, RowSchema] = {"case_id": SPEED, "unit_id": QUALITY}
+
+
+def schema_for(columns: list[str] | tuple[str, ...]) -> RowSchema:
+    """The schema of a file whose columns are ``columns`` (``ValueError`` for another kind)."""
+    if not columns or columns[0] not in SCHEMAS:
+        first = columns[0] if columns else None
+        raise ValueError(f"columns: a results file starts with one of {sorted(SCHEMAS)}; got "
+                         f"{shown(first)}")
+    return SCHEMAS[columns[0]]
+
+
+def unit_of(row: dict[str, Any], schema: RowSchema) -> tuple[str, ...] | None:
+    """The unit a row belongs to (``None`` when its unit columns are blank or missing)."""
+    values = tuple(str(row.get(c) or "") for c in schema.unit)
+    return values if all(values) else None

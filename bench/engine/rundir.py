@@ -1,0 +1,317 @@
+"""The driver's side of a run directory, for speed sweeps and training grids alike.
+
+:func:`run_units` is the one way units run into a run directory: it checks the device,
+locks the directory, keeps what an earlier run recorded (:class:`RunRecorder`), asks the
+product's :class:`RunPlan` for the chains of units still to run, starts the run segment,
+drives the chains through an executor (:func:`drive`) and appends every unit's rows as it
+finishes. A speed sweep (:mod:`bench.speed.sweep`) and a training grid
+(:mod:`bench.quality.grid`) differ only in their plan: the results file, the units, and what
+the driver adds to a row.
+
+A *chain* is a generator of units: it yields a unit, receives the unit's rows (``send``) and
+decides what to yield next, so dependencies between units (a curve that failed at one length
+skips its larger lengths, for that pass only) live in the chain. :func:`drive` keeps the
+executor's slots busy with the next units of the chains and hands every unit's rows to
+``on_done`` as soon as they arrive; the driver process alone writes results.
+
+:class:`RunRecorder` keeps the whole rows of an earlier run (one per key, first record wins;
+with ``retry_failed`` failed, timed-out and skipped ones are dropped to be measured again),
+refuses to mix environments on resume unless allowed, records each run segment's
+environment in ``env.json`` and appends new rows as units finish. Everything is written
+atomically or appended and fsynced; :func:`run_units` holds the directory's lock.
+
+A damaged row (:func:`bench.engine.results.read_table`) is not kept: its unit runs again (for a
+training grid, every row of that unit goes, so the unit trains again), and the damaged
+line is appended to ``<file>.rejected`` before the file is rewritten, so nothing read is
+lost. A damaged header stops the run before anything is written.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from collections import deque
+from collections.abc import Callable, Generator
+from pathlib import Path
+from typing import Any, Protocol
+
+from bench.engine.config import check_device
+from bench.engine.executors import Executor, LocalExecutor
+from bench.engine.fsutil import RunLock, atomic_write_json
+from bench.engine.provenance import RESUME_FIELDS, environment
+from bench.engine.results import (
+    REJECTED_SUFFIX,
+    RETRY_STATUSES,
+    ResultsWriter,
+    RowsRead,
+    read_env,
+    read_table,
+    warn_rejected,
+    write_env,
+)
+from bench.engine.row_schema import schema_for, unit_of
+
+Row = dict[str, Any]
+Rows = list[Row]
+#: a generator of units: it yields a unit and is sent that unit's rows
+Chain = Generator[Any, Rows, None]
+
+
+class MixedEnvironmentError(ValueError):
+    """Resuming would mix rows measured in different environments."""
+
+
+def check_resume_environment(rows: list[dict[str, str]], env: dict[str, Any], dtype: str,
+                             fields: tuple[str, ...] = RESUME_FIELDS) -> None:
+    """``MixedEnvironmentError`` naming what differs between existing rows and this run."""
+    current = {**{k: str(env[k]) for k in fields}, "dtype": dtype}
+    differences: dict[str, set[str]] = {}
+    for row in rows:
+        for key, value in current.items():
+            if row.get(key) and row[key] != value:
+                differences.setdefault(key, set()).add(row[key])
+    if differences:
+        said = "; ".join(f"{k} {', '.join(sorted(v))} -> {current[k]}" for k, v in differences.items())
+        raise MixedEnvironmentError(
+            f"the run directory holds rows from another environment ({said}); rerun with "
+            "--allow-mixed to add rows anyway (the report then says which rows came from where), "
+            "or use another --out")
+
+
+class RunRecorder:
+    """Kept rows, environment segments and the results writer of one run directory."""
+
+    def __init__(self, run_dir: Path, *, file: str, columns: list[str],
+                 key: Callable[[Row], tuple], overwrite: bool = False,
+                 retry_failed: bool = False) -> None:
+        self.run_dir, self.file, self.columns = Path(run_dir), file, columns
+        self.overwrite = overwrite
+        #: damaged lines (and the other rows of their units), kept in <file>.rejected at start
+        self._rejected: list[tuple[RowsRead, list[Row]]] = []
+        existing: list[Row] = []
+        if not overwrite:
+            read = read_table(self.run_dir, file, columns)
+            warn_rejected(read, "run again (the line is kept in "
+                                f"{file}{REJECTED_SUFFIX})")
+            existing, unit_rows = _without_damaged_units(read, columns)
+            self._rejected.append((read, unit_rows))
+        seen: set[tuple] = set()
+        self.kept: list[Row] = []
+        for row in existing:
+            k = key(row)
+            if k in seen or (retry_failed and row["status"] in RETRY_STATUSES):
+                continue
+            seen.add(k)
+            self.kept.append(row)
+        self.writer: ResultsWriter | None = None
+        self.env: dict[str, Any] = {}
+
+    def supersede(self, stale: Callable[[Row], bool], archive: str) -> None:
+        """Drop the kept rows for which ``stale(row)`` holds (their units run again) and append
+        them to ``archive`` in the run directory, so nothing measured is lost. Before
+        :meth:`start`."""
+        kept: list[Row] = []
+        dropped: list[Row] = []
+        for row in self.kept:
+            (dropped if stale(row) else kept).append(row)
+        if dropped:
+            self.kept = kept
+            # rewritten whole: an archive written before a column was added keeps its rows
+            earlier = read_table(self.run_dir, archive, self.columns)
+            warn_rejected(earlier, f"left out (the line is kept in {archive}{REJECTED_SUFFIX})")
+            _keep_rejected(earlier, [])
+            ResultsWriter(self.run_dir, [*earlier.rows, *dropped], archive, self.columns)
+
+    def start(self, env: dict[str, Any], *, dtype: str, allow_mixed: bool, has_work: bool,
+              config: dict[str, Any], config_file: str, local: bool = True) -> None:
+        """Check the environment, rewrite the kept rows and record this segment. On a cluster
+        (``local`` False) the driver's device and threads say nothing of the nodes', so only
+        the code version and the dtype are compared."""
+        if has_work and not allow_mixed:
+            fields = RESUME_FIELDS if local else ("git_sha",)
+            check_resume_environment(self.kept, env, dtype, fields)
+        for read, unit_rows in self._rejected:
+            _keep_rejected(read, unit_rows)
+        self._rejected = []
+        self.writer = ResultsWriter(self.run_dir, self.kept, self.file, self.columns)
+        self.env = env
+        if has_work:
+            segments = [] if self.overwrite else read_env(self.run_dir)
+            write_env(self.run_dir, [*segments, env])
+            atomic_write_json(self.run_dir / config_file, config)
+
+    def record(self, rows: list[Row]) -> None:
+        """Append ``rows``, which carry the environment of the machine that ran them (the
+        executor stamped it, :mod:`bench.engine.executors.base`). A row that does not say its
+        thread count ran with this run segment's: the resume check compares it."""
+        assert self.writer is not None, "start() first"
+        for row in rows:
+            row.setdefault("threads", self.env["threads"])
+        self.writer.append(rows)
+
+
+def resumable_rows(run_dir: Path, file: str, columns: list[str]) -> list[Row]:
+    """The rows a resume keeps (before ``--retry-failed``): the valid rows of units without
+    a damaged row; each damaged line is named in a warning (a dry run's view of
+    :class:`RunRecorder`)."""
+    read = read_table(run_dir, file, columns)
+    warn_rejected(read, "run again")
+    return _without_damaged_units(read, columns)[0]
+
+
+def _without_damaged_units(read: RowsRead, columns: list[str]) -> tuple[list[Row], list[Row]]:
+    """The valid rows of ``read`` whose unit has no damaged row, and the others: a unit runs
+    whole, so a training run with one damaged row trains again rather than keep half its
+    rows."""
+    schema = schema_for(columns)
+    damaged = {unit_of(bad.row, schema) for bad in read.rejected if bad.row}
+    damaged.discard(None)
+    kept: list[Row] = []
+    dropped: list[Row] = []
+    for row in read.rows:
+        (dropped if unit_of(row, schema) in damaged else kept).append(row)
+    return kept, dropped
+
+
+def _keep_rejected(read: RowsRead, unit_rows: list[Row]) -> None:
+    """Append the damaged lines of ``read`` and the other rows of their units to
+    ``<file>.rejected`` (the file's header first when it is new), fsynced, before the file is
+    rewritten without them."""
+    if not read.rejected:
+        return
+    path = read.path.with_name(read.path.name + REJECTED_SUFFIX)
+    text = "".join(bad.text if bad.text.endswith("\n") else bad.text + "\n" for bad in read.rejected)
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    if not path.exists():
+        writer.writerow(read.header)
+    header_text = buffer.getvalue()
+    buffer = io.StringIO()
+    csv.DictWriter(buffer, fieldnames=read.header, extrasaction="ignore").writerows(unit_rows)
+    with path.open("a", newline="") as f:
+        f.write(header_text + text + buffer.getvalue())
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def drive(chains: list[Chain], executor: Executor, *,
+          on_start: Callable[[Any], None] | None = None,
+          on_done: Callable[[Any, Rows], None] | None = None) -> None:
+    """Run every unit of every chain, at most ``executor.slots`` at once."""
+    waiting: deque[Chain] = deque(chains)
+    running: dict[str, Chain] = {}
+
+    def start(chain: Chain, unit: Any) -> None:
+        running[unit.unit_id] = chain
+        if on_start is not None:
+            on_start(unit)
+        executor.submit(unit)
+
+    while waiting or running:
+        while waiting and len(running) < executor.slots:
+            chain = waiting.popleft()
+            unit = next(chain, None)
+            if unit is not None:
+                start(chain, unit)
+        if not running:
+            continue
+        unit, rows = executor.wait_any()
+        chain = running.pop(unit.unit_id)
+        if on_done is not None:
+            on_done(unit, rows)
+        try:
+            follow = chain.send(rows)
+        except StopIteration:
+            continue
+        start(chain, follow)  # the freed slot goes to the same chain: its units stay together
+
+
+class RunPlan(Protocol):
+    """What a product runs into a run directory (:func:`run_units`)."""
+
+    @property
+    def file(self) -> str:
+        """The results file (``results.csv``, ``quality.csv``)."""
+
+    @property
+    def columns(self) -> list[str]:
+        """Its columns (:mod:`bench.engine.row_schema`)."""
+
+    @property
+    def device(self) -> str:
+        """Where the units run (``cpu`` or ``cuda``): checked before anything runs."""
+
+    @property
+    def threads(self) -> int | None:
+        """The configured thread count (``None``: torch's default), part of the segment's
+        environment."""
+
+    @property
+    def dtype(self) -> str:
+        """The dtype a resume must share with the rows already there."""
+
+    @property
+    def config_file(self) -> str:
+        """Where the resolved config of a segment with work is written (``sweep.json``)."""
+
+    def key(self, row: Row) -> tuple:
+        """The identity of a row: an earlier row with the same key is kept, not run again."""
+
+    def settings(self) -> dict[str, Any]:
+        """The resolved config written to :attr:`config_file`."""
+
+    def chains(self, recorder: RunRecorder) -> list[Chain]:
+        """The chains of the units still to run, given what ``recorder`` kept (``[]``:
+        nothing to run). Called before the segment starts (a plan may still
+        :meth:`RunRecorder.supersede` rows)."""
+
+    def begin(self, run_dir: Path, env: dict[str, Any]) -> Callable[[Row], None] | None:
+        """Called once there is work, after the segment started and before any unit runs;
+        returns what the driver does to each arriving row before it is recorded (or
+        ``None``)."""
+
+
+def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | None = None,
+              allow_mixed: bool = False, retry_failed: bool = False, overwrite: bool = False,
+              on_start: Callable[[Any], None] | None = None,
+              on_done: Callable[[Any, Rows], None] | None = None) -> Rows:
+    """Run every unit ``plan`` still has into ``run_dir`` (locked, resumable); the new rows.
+
+    ``executor``: where units run (default the local one, shut down at the end either way);
+    ``allow_mixed``: add rows to a directory measured in another environment;
+    ``retry_failed``: run failed, timed-out and skipped rows again; ``overwrite``: discard
+    the earlier rows; ``on_start(unit)``, ``on_done(unit, rows)``: progress callbacks.
+    """
+    check_device(plan.device)
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with RunLock(run_dir):
+        recorder = RunRecorder(run_dir, file=plan.file, columns=plan.columns, key=plan.key,
+                               overwrite=overwrite, retry_failed=retry_failed)
+        chains = plan.chains(recorder)
+        env = environment(plan.device, plan.threads)
+        executor = executor or LocalExecutor(plan.device)
+        recorder.start(env, dtype=plan.dtype, allow_mixed=allow_mixed, has_work=bool(chains),
+                       config=plan.settings(), config_file=plan.config_file,
+                       local=isinstance(executor, LocalExecutor))
+        if not chains:
+            executor.shutdown()
+            return []
+        finish = plan.begin(run_dir, env)
+        new_rows: Rows = []
+
+        def done_unit(unit: Any, rows: Rows) -> None:
+            if finish is not None:
+                for row in rows:
+                    finish(row)
+            recorder.record(rows)
+            new_rows.extend(rows)
+            if on_done is not None:
+                on_done(unit, rows)
+
+        try:
+            drive(chains, executor, on_start=on_start, on_done=done_unit)
+        finally:
+            executor.shutdown()
+        return new_rows

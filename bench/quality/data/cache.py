@@ -1,0 +1,126 @@
+"""Cache for generated datasets: where it lives and an atomic load-or-generate ``.npz`` helper.
+
+Generated data (e.g. Pathfinder images) is written under :func:`cache_dir`, never inside the
+git repository. Each file is keyed by a name and a hash of every generation parameter plus the
+generator's version, so a change to either produces a new file instead of stale data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from attn.validation import invalid
+
+ENV_VAR = "ATTN_BENCH_CACHE"
+_META_KEY = "__cache_meta__"
+
+
+def _repository_root() -> Path | None:
+    """The git work tree holding this package, or None when installed elsewhere."""
+    root = Path(__file__).resolve().parents[3]  # bench/quality/data/cache.py
+    return root if (root / ".git").exists() else None
+
+
+def cache_dir() -> Path:
+    """Directory for generated data, created on demand.
+
+    ``$ATTN_BENCH_CACHE`` if set, else ``$XDG_CACHE_HOME/attn-bench``, else
+    ``~/.cache/attn-bench``. Raises ValueError if the chosen directory lies inside this
+    package's git repository (generated data must not end up in the work tree).
+    """
+    if os.environ.get(ENV_VAR):
+        path, source = Path(os.environ[ENV_VAR]), ENV_VAR
+    elif os.environ.get("XDG_CACHE_HOME"):
+        path, source = Path(os.environ["XDG_CACHE_HOME"]) / "attn-bench", "XDG_CACHE_HOME"
+    else:
+        path, source = Path.home() / ".cache" / "attn-bench", "HOME"
+    path = path.expanduser().resolve()
+    repo = _repository_root()
+    if repo is not None and path.is_relative_to(repo):
+        raise ValueError(
+            f"cache directory {path} (from ${source}) is inside the git repository {repo}; "
+            f"set {ENV_VAR} to a directory outside it"
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def params_hash(name: str, params: Mapping[str, Any], version: int | str) -> str:
+    """Hex digest (16 chars) identifying ``name``, ``params`` and ``version``.
+
+    ``params`` must be JSON-serialisable (tuples become lists); key order does not matter.
+    """
+    blob = json.dumps({"name": name, "params": params, "version": version}, sort_keys=True, default=_jsonable)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"cache parameter of type {type(value).__name__} is not JSON-serialisable")
+
+
+def load_or_generate_npz(
+    name: str,
+    params: Mapping[str, Any],
+    version: int | str,
+    generate: Callable[[], Mapping[str, np.ndarray]],
+    *,
+    directory: Path | None = None,
+) -> dict[str, np.ndarray]:
+    """Load the arrays cached for (name, params, version), or generate and cache them.
+
+    ``generate()`` returns a mapping of array names to numpy arrays; it is called only on a
+    cache miss (or when the cached file is unreadable or its stored parameters differ). The
+    file ``<directory>/<name>-<hash>.npz`` is written to a temporary file in the same
+    directory and moved into place with ``os.replace``, so readers never see a partial file.
+    ``directory`` defaults to :func:`cache_dir`. Returns a dict of arrays (numeric arrays only;
+    no pickled objects are stored or loaded).
+    """
+    if not name or any(c in name for c in "/\\\0"):
+        raise invalid("name", f"must be a non-empty file-name-safe string; got {name!r}")
+    directory = cache_dir() if directory is None else Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = json.dumps({"name": name, "params": params, "version": version}, sort_keys=True, default=_jsonable)
+    path = directory / f"{name}-{params_hash(name, params, version)}.npz"
+
+    cached = _read(path, meta)
+    if cached is not None:
+        return cached
+
+    arrays = {key: np.asarray(value) for key, value in generate().items()}
+    if _META_KEY in arrays:
+        raise ValueError(f"generate() must not return the reserved key {_META_KEY!r}")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            np.savez(handle, **arrays, **{_META_KEY: np.array(meta)})
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return arrays
+
+
+def _read(path: Path, meta: str) -> dict[str, np.ndarray] | None:
+    """Arrays from ``path`` if it exists, is readable and was made with ``meta``; else None."""
+    if not path.exists():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            if _META_KEY not in npz.files or str(npz[_META_KEY]) != meta:
+                return None
+            return {key: npz[key] for key in npz.files if key != _META_KEY}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        return None

@@ -1,0 +1,290 @@
+"""Training-grid configs: tasks x variants x seeds from a YAML mapping, validated into frozen
+dataclasses (errors name the key and the allowed values, :class:`bench.engine.config.ConfigError`).
+
+Config keys: ``name``, ``kind: quality``, ``preset`` (a task preset, ``small`` or ``lra``),
+``tasks`` (names), ``variants`` (``{name, <params>}``; task presets add their shared
+attention settings such as the window), ``seeds`` (a list, or ``{default: [...], <task>:
+[...]}``), ``device``, ``threads``, ``timeout_s`` (per training run), ``kernel``,
+``references`` (``all`` or names: the reference rows without attention computed on each task
+they apply to, one unit per (task, reference): bench/quality/reference_unit.py; with them
+``variants`` may be empty).
+
+A variant entry may also carry ``tasks`` (the grid tasks it trains on, default all),
+``model`` (model settings overriding the preset's for this
+entry only, e.g. ``{position: none}``), ``role`` (``variant``, the default; ``control``: an
+ablation such as an order-blind model; ``reference``: a model without attention such as
+``model: {mixer: lstm}``; both shown apart in the report) and ``title`` (a
+short description, e.g. ``order-blind``). The overrides are part of the unit's identity, its
+run directory and its label: ``full [position=none]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from collections.abc import Collection
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from attn import attention_info, list_attention
+from attn.validation import require_int
+from bench.engine.config import ConfigError, import_plugins
+from bench.quality.budget import parse_budgets
+from bench.quality.reference import reference_names
+from bench.quality.settings import attention_params, list_presets, task_settings
+from bench.quality.tasks import get_task, list_tasks
+from models.config import ModelConfig
+from models.registration import MODELS
+from models.registry import model_config
+
+ROLES = ("variant", "control", "reference")
+#: keys of a variant entry that are not attention parameters
+_ENTRY_KEYS = ("name", "model", "role", "title", "tasks")
+#: model-config fields a grid entry may not override (the attention is the entry's own)
+_NOT_MODEL = ("attention", "attention_params", "attention_kernel")
+_KEYS = {"name", "kind", "description", "preset", "tasks", "variants", "seeds", "device",
+         "threads", "timeout_s", "kernel", "plugins", "budgets", "references"}
+
+
+@dataclass(frozen=True)
+class GridVariant:
+    """One variant entry of a grid: the attention, its explicit parameters, model-setting
+    overrides, and whether it is a variant or a control (a reference row)."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()
+    model: tuple[tuple[str, Any], ...] = ()
+    role: str = "variant"
+    title: str = ""
+    #: the grid tasks this entry trains on (None: every task of the grid)
+    tasks: tuple[str, ...] | None = None
+
+    def trains_on(self, task: str) -> bool:
+        """Whether this entry has a unit on ``task``."""
+        return self.tasks is None or task in self.tasks
+
+    @property
+    def overrides(self) -> dict[str, Any]:
+        """The task-settings overrides of this entry (``{"model": {...}}`` or ``{}``)."""
+        return {"model": dict(self.model)} if self.model else {}
+
+    @property
+    def identity(self) -> str:
+        """What makes two entries the same training run (not the role or title)."""
+        return canonical([self.name, dict(self.params), self.overrides])
+
+
+@dataclass(frozen=True)
+class GridConfig:
+    """A validated training grid."""
+
+    name: str
+    preset: str
+    tasks: tuple[str, ...]
+    variants: tuple[GridVariant, ...]
+    seeds: tuple[tuple[str, tuple[int, ...]], ...]  # per task
+    device: str = "cpu"
+    threads: int | None = None
+    timeout_s: float = 1800.0
+    kernel: str = "auto"
+    plugins: tuple[str, ...] = ()
+    #: variant names a command line selected (``--variant``): rows of the others are left alone
+    only: tuple[str, ...] | None = None
+    budget_tasks: tuple[str, ...] = ()  # `budgets: {tasks, x}`: also trained at matched FLOPs
+    budget_x: tuple[float, ...] = ()
+    #: reference rows without attention computed on each task they apply to (``references``)
+    references: tuple[str, ...] = ()
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+def only_tasks(config: GridConfig, tasks: Collection[str]) -> GridConfig:
+    """``config`` restricted to ``tasks`` (a command line's ``--task``): a grid run in pieces.
+    The rows of the grid's other tasks are neither trained nor judged (superseded or foreign
+    units are looked for among the kept tasks only)."""
+    unknown = [t for t in tasks if t not in config.tasks]
+    if unknown:
+        raise ConfigError(f"--task: unknown value {unknown[0]!r}; allowed values are the grid's "
+                          f"tasks {list(config.tasks)}", "task")
+    return dataclasses.replace(config, tasks=tuple(t for t in config.tasks if t in tasks),
+                               budget_tasks=tuple(t for t in config.budget_tasks if t in tasks))
+
+
+def canonical(value: Any) -> str:
+    """``value`` as sorted JSON: equal settings give equal text (identities, cache keys)."""
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def is_grid(raw: Any) -> bool:
+    """True for a training-grid config (``kind: quality``)."""
+    return isinstance(raw, dict) and raw.get("kind") == "quality"
+
+
+def _seeds(raw: Any, tasks: tuple[str, ...]) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    def check(key: str, value: Any) -> tuple[int, ...]:
+        if (not isinstance(value, list) or not value
+                or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value)):
+            raise ConfigError(f"config key {key!r}: must be a non-empty list of integers >= 0; "
+                              f"got {value!r}", key)
+        return tuple(value)
+
+    if isinstance(raw, list):
+        return tuple((t, check("seeds", raw)) for t in tasks)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config key 'seeds': must be a list or a mapping {{default: [...], "
+                          f"<task>: [...]}}; got {raw!r}", "seeds")
+    unknown = sorted(set(raw) - {"default", *tasks})
+    if unknown:
+        raise ConfigError(f"config key 'seeds.{unknown[0]}': not a task of the grid; allowed "
+                          f"keys are {['default', *tasks]}", f"seeds.{unknown[0]}")
+    default = check("seeds.default", raw.get("default", [0]))
+    return tuple((t, check(f"seeds.{t}", raw[t]) if t in raw else default) for t in tasks)
+
+
+def _check_model(where: str, name: str, params: dict[str, Any], model: Any, preset: str,
+                 tasks: list[str]) -> None:
+    """Model overrides of a variant entry: a mapping of fields every task's model has, with
+    values its model config accepts."""
+    if not isinstance(model, dict):
+        raise ConfigError(f"config key {where!r}: must be a mapping of model settings like "
+                          f"{{position: none}}; got {model!r}", where)
+    for task in tasks:
+        settings = task_settings(task, preset)
+        kind = get_task(task, settings.data, 0).model_kind  # (built, its data not loaded)
+        config_cls = MODELS[kind].config_cls if kind in MODELS else ModelConfig
+        allowed = sorted({f.name for f in fields(config_cls)} - set(_NOT_MODEL))
+        for key in model:
+            if key not in allowed:
+                raise ConfigError(f"config key '{where}.{key}': not a model setting of task "
+                                  f"{task!r} ({kind}); allowed are {allowed}", f"{where}.{key}")
+        merged = {**settings.model, **model}
+        try:
+            model_config(kind, "tiny", attention=name,
+                         attention_params=attention_params(name, params, settings), **merged)
+        except (ValueError, TypeError) as err:
+            field_name = str(err).split(":", 1)[0]
+            if field_name in model:  # a bad override; other complaints wait for the task's data
+                raise ConfigError(f"config key '{where}.{field_name}': {err} (task {task!r})",
+                                  f"{where}.{field_name}") from err
+
+
+def _variant(index: int, item: Any, preset: str, tasks: list[str]) -> GridVariant:
+    """One validated variant entry (see the module docstring)."""
+    where = f"variants[{index}]"
+    item = {"name": item} if isinstance(item, str) else item
+    if not isinstance(item, dict) or item.get("name") not in list_attention():
+        raise ConfigError(f"config key {where!r}: must name a registered variant "
+                          f"{list_attention()}; got {item!r}", where)
+    name = item["name"]
+    params = {k: v for k, v in item.items() if k not in _ENTRY_KEYS}
+    allowed = attention_info(name).params
+    for key in params:
+        if key not in allowed:
+            raise ConfigError(f"config key '{where}.{key}': unknown parameter for {name!r}; "
+                              f"allowed are {sorted(allowed)} and the entry keys "
+                              f"{sorted(set(_ENTRY_KEYS) - {'name'})}", f"{where}.{key}")
+    role = item.get("role", "variant")
+    if role not in ROLES:
+        raise ConfigError(f"config key '{where}.role': unknown value {role!r}; allowed values "
+                          f"are {sorted(ROLES)}", f"{where}.role")
+    title = item.get("title", "")
+    if not isinstance(title, str):
+        raise ConfigError(f"config key '{where}.title': must be a string; got {title!r}",
+                          f"{where}.title")
+    only_tasks = item.get("tasks")
+    if only_tasks is not None and (not isinstance(only_tasks, list) or not only_tasks
+                                   or any(t not in tasks for t in only_tasks)):
+        raise ConfigError(f"config key '{where}.tasks': must be a non-empty list of the grid's "
+                          f"tasks {tasks}; got {only_tasks!r}", f"{where}.tasks")
+    model = item.get("model", {})
+    if model != {}:
+        _check_model(f"{where}.model", name, params, model, preset, only_tasks or tasks)
+    return GridVariant(name=name, params=tuple(sorted(params.items())),
+                       model=tuple(sorted(model.items())), role=role, title=title,
+                       tasks=None if only_tasks is None else tuple(only_tasks))
+
+
+def parse_grid(raw: dict[str, Any], only: Collection[str] | None = None) -> GridConfig:
+    """Validate a training-grid mapping; errors name the key and the allowed values.
+
+    ``only``: the variant names to run (a command line's ``--variant``); every entry is still
+    validated, and the rows of the other variants are left alone when the grid runs."""
+    unknown = sorted(set(raw) - _KEYS)
+    if unknown:
+        raise ConfigError(f"config key {unknown[0]!r}: unknown key; allowed keys are {sorted(_KEYS)}",
+                          unknown[0])
+    for key in ("name", "preset", "tasks", "variants"):
+        if key not in raw:
+            raise ConfigError(f"config key {key!r}: is required", key)
+    plugins = raw.get("plugins", [])
+    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
+        raise ConfigError(f"config key 'plugins': must be a list of importable module names; got "
+                          f"{plugins!r}", "plugins")
+    import_plugins(tuple(plugins))
+    if raw["preset"] not in list_presets():
+        raise ConfigError(f"config key 'preset': unknown preset {raw['preset']!r}; presets are "
+                          f"{list_presets()}", "preset")
+    tasks = raw["tasks"]
+    if not isinstance(tasks, list) or not tasks or any(t not in list_tasks() for t in tasks):
+        raise ConfigError(f"config key 'tasks': must be a non-empty list of tasks from "
+                          f"{list_tasks()}; got {tasks!r}", "tasks")
+    if not isinstance(raw["variants"], list):
+        raise ConfigError(f"config key 'variants': must be a list like [{{name: full}}]; got "
+                          f"{raw['variants']!r}", "variants")
+    variants: list[GridVariant] = []
+    for index, item in enumerate(raw["variants"]):
+        variant = _variant(index, item, raw["preset"], tasks)
+        for earlier, other in enumerate(variants):
+            if other.identity == variant.identity:
+                raise ConfigError(f"config key 'variants[{index}]': the same training run as "
+                                  f"variants[{earlier}] (name, parameters and model settings "
+                                  "alike); give it other settings or remove it",
+                                  f"variants[{index}]")
+        variants.append(variant)
+    if not variants and not raw.get("references"):
+        raise ConfigError("config key 'variants': must be a non-empty list like [{name: full}] "
+                          "(or empty beside a 'references' list: a grid of references only)",
+                          "variants")
+    if only is not None:
+        names = sorted({v.name for v in variants})
+        unknown = sorted(set(only) - set(names))
+        if unknown:
+            raise ConfigError(f"--variant: {unknown[0]!r} is not a variant of the grid; its "
+                              f"variants are {names}", "variants")
+        variants = [v for v in variants if v.name in only]
+        raw = {**raw, "variants": [item for item in raw["variants"]
+                                   if (item if isinstance(item, str) else item["name"]) in only]}
+    device = raw.get("device", "cpu")
+    if device not in ("cpu", "cuda"):
+        raise ConfigError(f"config key 'device': unknown value {device!r}; allowed values are "
+                          "['cpu', 'cuda']", "device")
+    threads = raw.get("threads")
+    if threads is not None:
+        require_int("config key 'threads'", threads, minimum=1, error=functools.partial(ConfigError, key="threads"))
+    timeout = raw.get("timeout_s", 1800.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ConfigError(f"config key 'timeout_s': must be a number > 0; got {timeout!r}", "timeout_s")
+    budget_tasks, budget_x = parse_budgets(raw.get("budgets"), tuple(tasks))
+    references = _references(raw.get("references", []))
+    return GridConfig(name=str(raw["name"]), preset=raw["preset"], tasks=tuple(tasks),
+                      variants=tuple(variants), seeds=_seeds(raw.get("seeds", [0]), tuple(tasks)),
+                      device=device, threads=threads, timeout_s=float(timeout),
+                      kernel=str(raw.get("kernel", "auto")), plugins=tuple(plugins),
+                      only=None if only is None else tuple(sorted(set(only))),
+                      budget_tasks=budget_tasks, budget_x=budget_x, references=references,
+                      raw=raw)
+
+
+def _references(raw: Any) -> tuple[str, ...]:
+    """The ``references`` key: ``all`` or a list of reference names (bench/quality/reference)."""
+    names = reference_names()
+    if raw == "all":
+        return tuple(names)
+    if not isinstance(raw, list) or any(not isinstance(n, str) for n in raw):
+        raise ConfigError(f"config key 'references': must be 'all' or a list of reference names "
+                          f"from {names}; got {raw!r}", "references")
+    unknown = [n for n in raw if n not in names]
+    if unknown:
+        raise ConfigError(f"config key 'references': unknown reference {unknown[0]!r}; allowed "
+                          f"values are 'all' or names from {names}", "references")
+    return tuple(dict.fromkeys(raw))

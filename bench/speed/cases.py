@@ -1,0 +1,143 @@
+"""Expanding a sweep config into cases, and cases into chains of same-length groups.
+
+A *case* is one (variant, params, kernel, shape, length) measured on some passes. A *group*
+holds the cases of one variant and shape at one length that differ only in their kernel:
+they are timed together, in interleaved rounds (see :mod:`bench.speed.rounds`). A *chain* is the
+sequence of groups of one variant and shape over increasing lengths; its groups run in
+order, so that a length that fails (timeout, out of memory) can skip the larger lengths of
+its curve and pass (see :func:`bench.speed.unit.speed_chain`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from itertools import product
+from typing import Any
+
+from attn import attention_info
+from bench.speed.config import SweepConfig
+
+
+@dataclass(frozen=True)
+class Case:
+    """Everything a worker needs to measure one configuration; plain data (picklable, JSON-able)."""
+
+    variant: str
+    label: str
+    params: tuple[tuple[str, Any], ...]
+    kernel: str  # requested kernel ("auto" or a name); the row records the one that ran
+    seq_len: int
+    batch: int
+    heads: int
+    head_dim: int
+    dtype: str
+    device: str
+    causal: bool
+    passes: tuple[str, ...]
+    repeats: int
+    warmup: int
+    timeout_s: float
+    max_memory_gb: float | None
+    threads: int | None
+    time_budget_s: float
+    plugins: tuple[str, ...]
+    min_repeats: int = 5
+    workload: str = "attention"  # or "model_step" (see bench.speed.model_step)
+    model: tuple[tuple[str, Any], ...] = ()  # model settings of a model_step case
+
+    @property
+    def params_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    @property
+    def params_json(self) -> str:
+        return json.dumps(self.params_dict, sort_keys=True)
+
+    @property
+    def group(self) -> tuple[Any, ...]:
+        """Cases that differ only in ``seq_len`` (a scaling curve)."""
+        return (self.variant, self.params, self.kernel, self.batch, self.heads, self.head_dim,
+                self.dtype, self.device, self.causal)
+
+    @property
+    def comparison(self) -> tuple[Any, ...]:
+        """Cases that differ only in ``kernel`` and ``seq_len`` (compared side by side)."""
+        return (self.variant, self.params, self.batch, self.heads, self.head_dim, self.dtype,
+                self.device, self.causal)
+
+    @property
+    def case_id(self) -> str:
+        """Stable id of what is measured (not how long it may take): the resume key."""
+        key = {
+            "variant": self.variant, "params": self.params_dict, "kernel": self.kernel,
+            "seq_len": self.seq_len, "batch": self.batch, "heads": self.heads,
+            "head_dim": self.head_dim, "dtype": self.dtype, "device": self.device,
+            "causal": self.causal, "passes": list(self.passes),
+        }
+        if self.workload != "attention":  # attention cases keep their ids of earlier runs
+            key.update(workload=self.workload, model=dict(self.model))
+        return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        """One-line description for progress bars and ``--dry-run``."""
+        causal = " causal" if self.causal else ""
+        return (f"{self.label} [{self.kernel}] N={self.seq_len} B={self.batch} H={self.heads} "
+                f"D={self.head_dim} {self.dtype}{causal} {'/'.join(self.passes)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Case:
+        """Inverse of :meth:`to_dict` (lists back to tuples)."""
+        fixed = {k: tuple(map(tuple, v)) if k in ("params", "model") else
+                 (tuple(v) if isinstance(v, list) else v) for k, v in data.items()}
+        return cls(**fixed)
+
+
+def expand_cases(config: SweepConfig) -> list[Case]:
+    """Every case of a sweep, grouped by curve and in increasing ``seq_len`` inside a curve.
+
+    A (variant, kernel) pair is a case when the variant has that kernel (or it is ``auto``;
+    ``all`` stands for every kernel of the variant); whether the kernel supports the
+    device/dtype/pass is decided in the worker (a row ``unsupported`` with the reason).
+    """
+    cases: list[Case] = []
+    for spec in config.variants:
+        info = attention_info(spec.name)
+        requested = spec.kernels or config.kernels
+        if "all" in requested:  # every kernel the variant has
+            requested = (*(k for k in requested if k != "all"), *info.kernels)
+        kernels = [k for k in dict.fromkeys(requested) if k == "auto" or k in info.kernels]
+        causal = config.causal if spec.causal is None else spec.causal
+        causal = causal or info.forces_causal
+        lengths = sorted(set(spec.seq_len or config.seq_len))
+        for kernel, batch, heads, head_dim in product(
+            kernels, config.batch, config.heads, config.head_dim
+        ):
+            for n in lengths:
+                cases.append(Case(
+                    variant=spec.name, label=spec.label, params=spec.params, kernel=kernel,
+                    seq_len=n, batch=batch, heads=heads, head_dim=head_dim, dtype=config.dtype,
+                    device=config.device, causal=causal, passes=config.passes,
+                    repeats=config.repeats, warmup=config.warmup, timeout_s=config.timeout_s,
+                    max_memory_gb=config.max_memory_gb, threads=config.threads,
+                    time_budget_s=config.time_budget_s, plugins=config.plugins,
+                    min_repeats=config.min_repeats, workload=config.workload, model=config.model,
+                ))
+    return cases
+
+
+def chains(cases: list[Case], interleave: bool) -> list[list[list[Case]]]:
+    """Cases as chains of same-length groups, in config order and increasing length.
+
+    With ``interleave`` the kernels of one variant and shape share a chain (their cases at
+    one length form one group); without it each curve is a chain of single cases.
+    """
+    by_chain: dict[tuple[Any, ...], dict[int, list[Case]]] = {}
+    for case in cases:
+        key = case.comparison if interleave else case.group
+        by_chain.setdefault(key, {}).setdefault(case.seq_len, []).append(case)
+    return [[groups[n] for n in sorted(groups)] for groups in by_chain.values()]

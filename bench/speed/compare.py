@@ -1,0 +1,193 @@
+"""Comparing two runs case by case, and the regression gate of ``attn-bench compare``.
+
+Rows of run A (the baseline) and run B are matched by :data:`KEY`. Every key is put in one
+class (:data:`CLASSES`):
+
+- ``lost``: in A, not in B; ``new``: in B only;
+- ``newly failing``: ok in A, not ok in B (timeout, oom, error, killed, skipped, unsupported);
+  ``fixed``: not ok in A, ok in B;
+- ``worse`` / ``better``: ok in both, and B is slower / faster than A by more than all three
+  of: the absolute threshold (``abs_ms``), the relative one (``rel_pct`` percent of A's time)
+  and the noise of the two rows (half of A's IQR plus half of B's IQR, ``time_iqr_ms``);
+- ``unchanged``: ok in both within those margins, or not ok in both;
+- ``broken``: a row of either run is damaged (a value its column does not allow, see
+  :mod:`bench.engine.row_schema`) or says ``ok`` without a finite time: there is no number to
+  compare, so it can be neither unchanged nor better.
+
+The gate (:func:`gate_failures`) fails on any ``broken``, ``worse``, ``lost`` or ``newly
+failing`` case, and when no case is ok in both runs (nothing was compared).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from attn.validation import require_number
+from bench.speed.results import load_results
+
+KEY = ["label", "kernel_requested", "seq_len", "batch", "heads", "head_dim", "dtype", "device",
+       "causal", "pass"]
+#: the classes of :func:`classify_runs`, most alarming first
+CLASSES = ("broken", "newly failing", "lost", "worse", "better", "fixed", "new", "unchanged")
+#: classes that make the gate fail
+FAILING = ("broken", "newly failing", "lost", "worse")
+DEFAULT_ABS_MS = 1.0
+#: relative threshold used to classify when no gate percentage is given
+DEFAULT_REL_PCT = 5.0
+_SIDE_COLUMNS = ["status", "time_ms", "time_iqr_ms", "kernel", "peak_mem_bytes", "problem"]
+
+
+def compare_runs(run_a: str | Path, run_b: str | Path) -> pd.DataFrame:
+    """Matching ok rows of two runs with ``time_a_ms``, ``time_b_ms`` and ``change_pct``
+    (positive = B slower), plus peak memory of both."""
+    a = load_results(run_a)
+    b = load_results(run_b)
+    cols = [*KEY, "kernel", "time_ms", "peak_mem_bytes"]
+    a = a[a.status == "ok"][cols].drop_duplicates(KEY)
+    b = b[b.status == "ok"][cols].drop_duplicates(KEY)
+    merged = a.merge(b, on=KEY, suffixes=("_a", "_b"))
+    merged = merged.rename(columns={"time_ms_a": "time_a_ms", "time_ms_b": "time_b_ms",
+                                    "peak_mem_bytes_a": "mem_a_bytes",
+                                    "peak_mem_bytes_b": "mem_b_bytes"})
+    merged["change_pct"] = (merged.time_b_ms / merged.time_a_ms - 1.0) * 100.0
+    return merged.sort_values(["label", "kernel_requested", "pass", "seq_len"]).reset_index(drop=True)
+
+
+def regressions(table: pd.DataFrame, max_pct: float) -> pd.DataFrame:
+    """Rows of :func:`compare_runs` that got slower by more than ``max_pct`` percent (the
+    relative test alone; the gate uses :func:`classify_runs`)."""
+    return table[table.change_pct > max_pct]
+
+
+def _one_row_per_key(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per key: the first sound ok row if there is one, else the first row (a
+    damaged row only when the key has no other)."""
+    order = (df.status != "ok").astype(int) + 2 * (df.problem != "").astype(int)
+    df = df.assign(_order=order).sort_values("_order", kind="stable")
+    return df.drop_duplicates(KEY)[[*KEY, *_SIDE_COLUMNS]]
+
+
+def _number(value: object) -> float:
+    """``value`` as a float; missing values (None, NaN, pd.NA) become NaN."""
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return math.nan
+    return number
+
+
+def noise_ms(iqr_a: float, iqr_b: float) -> float:
+    """The noise of a pair of rows: half of A's IQR plus half of B's (missing IQR counts 0)."""
+    return sum(0.0 if math.isnan(iqr) else iqr / 2.0 for iqr in (iqr_a, iqr_b))
+
+
+def classify_case(status_a: str | None, status_b: str | None, time_a: float, time_b: float,
+                  noise: float, rel_pct: float, abs_ms: float,
+                  damaged: tuple[bool, bool] = (False, False)) -> str:
+    """The class of one key (see the module docstring); ``None`` status: not in that run;
+    ``damaged``: whether A's and B's rows failed their schema."""
+    for status, time, bad in zip((status_a, status_b), (time_a, time_b), damaged):
+        if status is not None and (bad or (status == "ok" and not math.isfinite(time))):
+            return "broken"
+    if status_b is None:
+        return "lost"
+    if status_a is None:
+        return "new"
+    ok_a, ok_b = status_a == "ok", status_b == "ok"
+    if ok_a != ok_b:
+        return "newly failing" if ok_a else "fixed"
+    if not ok_a:
+        return "unchanged"
+    margin = max(abs_ms, rel_pct / 100.0 * time_a, noise)
+    diff = time_b - time_a
+    if diff > margin:
+        return "worse"
+    if -diff > margin:
+        return "better"
+    return "unchanged"
+
+
+def _status(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def classify_runs(run_a: str | Path, run_b: str | Path, rel_pct: float = DEFAULT_REL_PCT,
+                  abs_ms: float = DEFAULT_ABS_MS) -> pd.DataFrame:
+    """Every key of either run with its class (column ``class``), statuses, times, the
+    relative change (``change_pct``, positive = B slower) and the noise (``noise_ms``).
+
+    A time change counts (``worse`` / ``better``) only when it exceeds ``abs_ms``,
+    ``rel_pct`` percent of A's time and the noise, all three.
+    """
+    require_number("rel_pct", rel_pct, minimum=0)
+    require_number("abs_ms", abs_ms, minimum=0)
+    a = _one_row_per_key(load_results(run_a, damaged=True))
+    b = _one_row_per_key(load_results(run_b, damaged=True))
+    table = a.merge(b, on=KEY, how="outer", suffixes=("_a", "_b"))
+    table = table.rename(columns={"time_ms_a": "time_a_ms", "time_ms_b": "time_b_ms",
+                                  "time_iqr_ms_a": "iqr_a_ms", "time_iqr_ms_b": "iqr_b_ms",
+                                  "peak_mem_bytes_a": "mem_a_bytes",
+                                  "peak_mem_bytes_b": "mem_b_bytes"})
+    classes, noises = [], []
+    for row in table.itertuples(index=False):
+        noise = noise_ms(_number(row.iqr_a_ms), _number(row.iqr_b_ms))
+        noises.append(noise)
+        damaged = (bool(_status(row.problem_a)), bool(_status(row.problem_b)))
+        classes.append(classify_case(_status(row.status_a), _status(row.status_b),
+                                     _number(row.time_a_ms), _number(row.time_b_ms), noise,
+                                     rel_pct, abs_ms, damaged))
+    table["class"] = pd.Series(classes, index=table.index, dtype=object)
+    table["noise_ms"] = noises
+    table["change_pct"] = (table.time_b_ms / table.time_a_ms - 1.0) * 100.0
+    rank = {name: i for i, name in enumerate(CLASSES)}
+    table["_rank"] = table["class"].map(rank)
+    table = table.sort_values(["_rank", "label", "kernel_requested", "pass", "seq_len"])
+    return table.drop(columns="_rank").reset_index(drop=True)
+
+
+def class_counts(table: pd.DataFrame) -> dict[str, int]:
+    """How many keys of a :func:`classify_runs` table fall in each class (every class listed)."""
+    counts = table["class"].value_counts().to_dict()
+    return {name: int(counts.get(name, 0)) for name in CLASSES}
+
+
+def compared_count(table: pd.DataFrame) -> int:
+    """Keys ok in both runs whose times were compared (not broken)."""
+    return int(((table.status_a == "ok") & (table.status_b == "ok")
+                & (table["class"] != "broken")).sum())
+
+
+def gate_failures(table: pd.DataFrame) -> list[str]:
+    """Why the regression gate fails (empty: it passes): any ``broken``, ``worse``, ``lost``
+    or ``newly failing`` case, or no case ok in both runs."""
+    counts = class_counts(table)
+    reasons = [f"{counts[name]} {name}" for name in FAILING if counts[name]]
+    if compared_count(table) == 0:
+        in_both = int((table.status_a.notna() & table.status_b.notna()).sum())
+        reasons.append(f"no case is ok in both runs ({in_both} case(s) in both), so nothing "
+                       "was compared")
+    return reasons
+
+
+def summary_line(table: pd.DataFrame) -> str:
+    """``N cases: newly failing 5, lost 0, ...`` for a :func:`classify_runs` table."""
+    counts = class_counts(table)
+    return f"{len(table)} cases: " + ", ".join(f"{name} {n}" for name, n in counts.items())
+
+
+def changed_cases(table: pd.DataFrame) -> pd.DataFrame:
+    """The cases that are not ``unchanged``, with the key columns that tell them apart."""
+    always = ["label", "kernel_requested", "pass", "seq_len"]
+    varying = [c for c in KEY if c not in always and table[c].nunique(dropna=False) > 1]
+    cols = ["class", *always, *varying, "status_a", "status_b", "time_a_ms", "time_b_ms",
+            "change_pct", "noise_ms"]
+    changed = table[table["class"] != "unchanged"]
+    if (changed["class"] == "broken").any():
+        problems = [a or b for a, b in zip(changed.problem_a.fillna(""), changed.problem_b.fillna(""))]
+        changed = changed.assign(problem=[p or ("ok without a finite time" if c == "broken" else "")
+                                          for p, c in zip(problems, changed["class"])])
+        cols.append("problem")
+    return changed[cols]

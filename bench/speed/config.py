@@ -1,0 +1,290 @@
+"""Speed sweep configs: YAML (read within limits, :func:`bench.engine.config.load_yaml`) into
+frozen dataclasses, validated on load.
+
+Every error is a :class:`bench.engine.config.ConfigError` whose message names the key and the
+allowed values. Command-line overrides go through the same validation
+(:func:`with_overrides` re-parses the config with them applied).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from attn import attention_info, check_attention_params, list_attention, list_kernels
+from attn.validation import (
+    require_bool,
+    require_choices,
+    require_int_list,
+    require_number,
+)
+from bench.engine.config import (
+    DEVICES,
+    DTYPES,
+    ConfigError,
+    check_key,
+    import_plugins,
+    key_error,
+    load_yaml,
+    resolve_config_path,
+)
+from bench.engine.labels import variant_label
+from bench.engine.messages import cut, shown
+
+PASSES = ("fwd", "bwd", "fwd_bwd")
+#: what a case measures: one attention call, or one training step of a whole model
+WORKLOADS = ("attention", "model_step")
+#: the passes of a model-step case: the optimiser step included (forward, backward, update)
+MODEL_PASSES = ("fwd", "train_step")
+#: model settings a model-step sweep may give (encoder_classifier)
+MODEL_KEYS = ("d_model", "num_heads", "num_layers", "d_ff", "vocab_size", "num_classes", "norm")
+_VARIANT_KEYS = {"name", "causal", "seq_len", "kernels"}
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """One attention variant of a sweep: registered name, its params, optional overrides."""
+
+    name: str
+    params: tuple[tuple[str, Any], ...] = ()
+    causal: bool | None = None
+    seq_len: tuple[int, ...] | None = None
+    kernels: tuple[str, ...] | None = None
+
+    @property
+    def params_dict(self) -> dict[str, Any]:
+        return dict(self.params)
+
+    @property
+    def label(self) -> str:
+        """Display name naming every pattern parameter, defaults included, e.g.
+        ``dilated(dilation=2, window=128)`` (:func:`bench.engine.labels.variant_label`)."""
+        return variant_label(self.name, self.params_dict)
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """A whole sweep; :func:`bench.speed.cases.expand_cases` expands it into cases.
+
+    The field defaults are the only place sweep defaults are written: a key the YAML leaves
+    out takes its field's default. ``raw`` keeps the validated mapping (for overrides).
+    """
+
+    name: str
+    variants: tuple[VariantSpec, ...]
+    seq_len: tuple[int, ...]
+    device: str = "cpu"
+    dtype: str = "float32"
+    passes: tuple[str, ...] = PASSES
+    batch: tuple[int, ...] = (1,)
+    heads: tuple[int, ...] = (8,)
+    head_dim: tuple[int, ...] = (64,)
+    kernels: tuple[str, ...] = ("auto",)
+    repeats: int = 10  # at most this many timed repeats per pass
+    min_repeats: int = 5  # at least this many, even past time_budget_s
+    warmup: int = 1
+    causal: bool = False
+    timeout_s: float = 300.0  # per case and pass
+    max_memory_gb: float | None = 20.0  # CPU cases only (RLIMIT_AS); ignored on CUDA
+    threads: int | None = None
+    time_budget_s: float = 20.0  # the timed repeats of one pass aim to fit in this
+    interleave: bool = True  # kernels of one variant at one length timed in rounds
+    workload: str = "attention"  # or "model_step": a training step of encoder_classifier
+    model: tuple[tuple[str, Any], ...] = ()  # model settings of a model_step sweep
+    plugins: tuple[str, ...] = ()
+    skip_larger_after_failure: bool = True
+    peak_matmul_size: int | None = None  # side of the square matmul giving the FLOP/s peak
+    fit_ranges: tuple[tuple[int, int], ...] = ()  # extra exponent fits in the report, [lo, hi] N
+    description: str = ""
+    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+_TOP_KEYS = {f.name for f in fields(SweepConfig)} - {"raw"}
+
+
+def _default(key: str) -> Any:
+    return SweepConfig.__dataclass_fields__[key].default
+
+
+def _optional(check: Callable[..., Any], key: str, value: Any, **rules: Any) -> Any:
+    return None if value is None else check_key(check, key, value, **rules)
+
+
+def _fit_ranges(key: str, value: Any) -> tuple[tuple[int, int], ...]:
+    if not isinstance(value, (list, tuple)):
+        raise key_error(key, f"must be a list of [lo, hi] sequence lengths; got {shown(value)}")
+    out = []
+    for item in value:
+        if (not isinstance(item, (list, tuple)) or len(item) != 2
+                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in item)
+                or item[0] >= item[1]):
+            raise key_error(key, f"each range must be [lo, hi] with integers 1 <= lo < hi; got {shown(item)}")
+        out.append((item[0], item[1]))
+    return tuple(out)
+
+
+def _model_settings(value: Any, workload: str) -> tuple[tuple[str, Any], ...]:
+    """The ``model`` mapping of a model-step sweep (required there, refused elsewhere)."""
+    if workload != "model_step":
+        if value:
+            raise key_error("model", "only a 'workload: model_step' sweep takes model settings")
+        return ()
+    if not isinstance(value, dict) or not {"d_model", "num_heads", "num_layers"} <= set(value):
+        raise key_error("model", "a model_step sweep needs model settings with at least d_model, "
+                                f"num_heads and num_layers; allowed keys are {list(MODEL_KEYS)}")
+    unknown = sorted(set(value) - set(MODEL_KEYS))
+    if unknown:
+        raise key_error(f"model.{unknown[0]}", f"unknown model setting; allowed keys are {list(MODEL_KEYS)}")
+    for key, item in value.items():
+        if key != "norm":
+            check_key(require_number, f"model.{key}", item, minimum=1, integer=True)
+    if value["d_model"] % value["num_heads"]:
+        raise key_error("model.d_model", f"must be divisible by num_heads={value['num_heads']}; "
+                                        f"got {value['d_model']}")
+    return tuple(sorted(value.items()))
+
+
+def _variant(index: int, raw: Any, kernel_names: tuple[str, ...]) -> VariantSpec:
+    key = f"variants[{index}]"
+    if isinstance(raw, str):
+        raw = {"name": raw}
+    if not isinstance(raw, dict) or "name" not in raw:
+        raise key_error(key, f"must be a mapping with a 'name' (e.g. {{name: full}}); got {shown(raw)}")
+    name = raw["name"]
+    known = list_attention()
+    if name not in known:
+        raise key_error(f"{key}.name", f"unknown variant {shown(name)}; registered variants are {known}")
+    info = attention_info(name)
+    params = {k: v for k, v in raw.items() if k not in _VARIANT_KEYS}
+    unknown = sorted(set(params) - set(info.params))
+    if unknown:
+        raise key_error(
+            f"{key}.{unknown[0]}",
+            f"unknown parameter for {name!r}; allowed keys are "
+            f"{sorted(set(info.params) | _VARIANT_KEYS)}",
+        )
+    for pkey, pval in params.items():
+        if not isinstance(pval, (int, float, str, bool, type(None))):
+            raise key_error(f"{key}.{pkey}", f"must be a number, string, bool or null; got {shown(pval)}")
+    try:  # the variant's own rules speak (bad window, bad bias, ...), from its class
+        check_attention_params(name, num_heads=8, head_dim=64, **params)
+    except (ValueError, TypeError) as err:
+        raise key_error(f"{key}", cut(str(err), 1000)) from None
+    causal = check_key(require_bool, f"{key}.causal", raw["causal"]) if "causal" in raw else None
+    seq_len = check_key(require_int_list, f"{key}.seq_len", raw["seq_len"]) if "seq_len" in raw else None
+    kernels = None
+    if "kernels" in raw:
+        kernels = check_key(require_choices, f"{key}.kernels", raw["kernels"], allowed=kernel_names)
+    return VariantSpec(name, tuple(sorted(params.items())), causal, seq_len, kernels)
+
+
+def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
+    """Validate a loaded YAML mapping into a :class:`SweepConfig`."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: a sweep config must be a YAML mapping; got {type(raw).__name__}")
+    unknown = sorted(set(raw) - _TOP_KEYS)
+    if unknown:
+        raise key_error(unknown[0], f"unknown key; allowed keys are {sorted(_TOP_KEYS)}")
+    for required in ("name", "variants", "seq_len"):
+        if required not in raw:
+            raise key_error(required, "is required")
+
+    def get(key: str) -> Any:
+        return raw.get(key, _default(key))
+
+    plugins = get("plugins")
+    if not isinstance(plugins, (list, tuple)) or not all(isinstance(p, str) for p in plugins):
+        raise key_error("plugins", f"must be a list of importable module names; got {shown(plugins)}")
+    import_plugins(tuple(plugins))
+    name = raw["name"]
+    if not isinstance(name, str) or not name:
+        raise key_error("name", f"must be a non-empty string; got {shown(name)}")
+    kernel_names = ("auto", "all", *list_kernels())
+    variants = raw["variants"]
+    if not isinstance(variants, (list, tuple)) or not variants:
+        raise key_error("variants", "must be a non-empty list like [{name: full}]")
+    workload = check_key(require_choices, "workload", get("workload"), allowed=WORKLOADS)[0]
+    model = _model_settings(get("model"), workload)
+    passes = MODEL_PASSES if workload == "model_step" else PASSES
+    if model:  # the model's own heads and head size
+        sizes = dict(model)
+        heads, head_dim = (sizes["num_heads"],), (sizes["d_model"] // sizes["num_heads"],)
+    else:
+        heads = check_key(require_int_list, "heads", get("heads"))
+        head_dim = check_key(require_int_list, "head_dim", get("head_dim"))
+    repeats = check_key(require_number, "repeats", get("repeats"), minimum=1, integer=True)
+    min_repeats = check_key(require_number, "min_repeats", get("min_repeats"), minimum=1, integer=True)
+    if "min_repeats" not in raw:
+        min_repeats = min(min_repeats, repeats)
+    if min_repeats > repeats:
+        raise key_error("min_repeats", f"must be <= repeats={repeats}; got {min_repeats}")
+    return SweepConfig(
+        name=name,
+        description=str(get("description")),
+        variants=tuple(_variant(i, v, kernel_names) for i, v in enumerate(variants)),
+        seq_len=check_key(require_int_list, "seq_len", raw["seq_len"]),
+        device=check_key(require_choices, "device", get("device"), allowed=DEVICES)[0],
+        dtype=check_key(require_choices, "dtype", get("dtype"), allowed=DTYPES)[0],
+        passes=check_key(require_choices, "passes", raw.get("passes", list(passes)), allowed=passes),
+        batch=check_key(require_int_list, "batch", get("batch")),
+        heads=heads,
+        head_dim=head_dim,
+        workload=workload,
+        model=model,
+        kernels=check_key(require_choices, "kernels", get("kernels"), allowed=kernel_names),
+        repeats=repeats,
+        min_repeats=min_repeats,
+        warmup=check_key(require_number, "warmup", get("warmup"), minimum=1, integer=True),
+        causal=check_key(require_bool, "causal", get("causal")),
+        timeout_s=float(check_key(require_number, "timeout_s", get("timeout_s"), minimum=0.1)),
+        max_memory_gb=_optional(require_number, "max_memory_gb", get("max_memory_gb"), minimum=0.1),
+        threads=_optional(require_number, "threads", get("threads"), minimum=1, integer=True),
+        time_budget_s=float(check_key(require_number, "time_budget_s", get("time_budget_s"), minimum=0.0)),
+        interleave=check_key(require_bool, "interleave", get("interleave")),
+        plugins=tuple(plugins),
+        peak_matmul_size=_optional(require_number, "peak_matmul_size", get("peak_matmul_size"), minimum=64,
+                                   integer=True),
+        skip_larger_after_failure=check_key(require_bool, "skip_larger_after_failure",
+                                         get("skip_larger_after_failure")),
+        fit_ranges=_fit_ranges("fit_ranges", get("fit_ranges")),
+        raw=copy.deepcopy(raw),
+    )
+
+
+def load_config(config: str | Path) -> SweepConfig:
+    """Load and validate a sweep config from a YAML file or a preset name (a training grid,
+    ``kind: quality``, is loaded by :func:`bench.quality.grid_config.parse_grid` instead)."""
+    path = resolve_config_path(str(config))
+    raw = load_yaml(path)
+    if isinstance(raw, dict) and raw.get("kind") == "quality":
+        raise ConfigError(f"{path}: a training grid (kind: quality), not a speed sweep; run it "
+                          "with `attn-bench sweep` or load it with bench.quality.grid_config.parse_grid",
+                          "kind")
+    return parse_config(raw, source=str(path))
+
+
+def with_overrides(config: SweepConfig, **overrides: Any) -> SweepConfig:
+    """``config`` re-validated with the non-None overrides (config keys) applied.
+
+    ``variants`` is a list of names (default parameters); ``seq_len`` and ``kernels`` given
+    here also replace the per-variant lists. Errors are :class:`ConfigError` naming the key.
+    """
+    changes = {k: list(v) if isinstance(v, tuple) else v
+               for k, v in overrides.items() if v is not None}
+    unknown = sorted(set(changes) - _TOP_KEYS)
+    if unknown:
+        raise key_error(unknown[0], f"unknown key; allowed keys are {sorted(_TOP_KEYS)}")
+    raw = copy.deepcopy(config.raw) or {"name": config.name, "seq_len": list(config.seq_len)}
+    if "variants" in changes:
+        raw["variants"] = [{"name": name} for name in changes.pop("variants")]
+    elif not raw.get("variants"):
+        raw["variants"] = [{"name": v.name, **v.params_dict} for v in config.variants]
+    for key in ("seq_len", "kernels"):
+        if key in changes:
+            raw["variants"] = [{k: v for k, v in (item if isinstance(item, dict) else {"name": item})
+                                .items() if k != key} for item in raw["variants"]]
+    raw.update(changes)
+    return parse_config(raw, source=f"{config.name} with overrides")

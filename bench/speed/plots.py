@@ -1,0 +1,105 @@
+"""Scaling plots: log-log time and memory against N, one panel per pass, one colour per variant.
+
+Time curves are medians with a band from the 25th to the 75th percentile of the repeats;
+memory is the tensor-level peak. Dashed slope-1 and slope-2 guides are anchored at the
+smallest N of each panel. Written as ``scaling.png`` and ``scaling.svg`` into the run
+directory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from bench.speed.results import load_results
+
+PLOT_STEM = "scaling"
+_METRICS = (("time_ms", "median time (ms), band: IQR of repeats"),
+            ("peak_mem_mib", "peak tensor memory above inputs (MiB)"))
+
+
+def _quartiles(times_ms: str, median: float) -> tuple[float, float]:
+    values = json.loads(times_ms) if times_ms else []
+    if not values:
+        return median, median
+    q25, q75 = np.percentile(values, [25, 75])
+    return float(q25), float(q75)
+
+
+def _bands(ax, data: pd.DataFrame, palette: dict) -> None:
+    """A translucent IQR band around each time curve."""
+    for (label, _kernel), curve in data.groupby(["label", "kernel"]):
+        curve = curve.sort_values("seq_len")
+        ax.fill_between(curve.seq_len, curve.time_q25, curve.time_q75, color=palette[label],
+                        alpha=0.2, linewidth=0)
+
+
+def _guides(ax, data: pd.DataFrame, column: str) -> None:
+    values = data[data[column] > 0]
+    if values.empty or values.seq_len.nunique() < 2:
+        return
+    n0, n1 = float(values.seq_len.min()), float(values.seq_len.max())
+    y0 = float(np.exp(np.log(values[values.seq_len == n0][column]).mean()))
+    xs = np.array([n0, n1])
+    for slope, style in ((1, "--"), (2, ":")):
+        ax.plot(xs, y0 * (xs / n0) ** slope, style, color="grey", linewidth=1.2,
+                label=f"slope {slope}")
+
+
+def plot_run(run_dir: str | Path) -> list[Path]:
+    """Draw the scaling figure of ``run_dir``; returns the written files."""
+    import matplotlib  # plotting stack: heavy, imported only to draw
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    run_dir = Path(run_dir)
+    df = load_results(run_dir)
+    ok = df[df.status == "ok"].copy()
+    if ok.empty:
+        raise ValueError(f"{run_dir}: no ok rows to plot")
+    ok["peak_mem_mib"] = ok.peak_mem_bytes / 2**20
+    ok["seq_len"] = ok.seq_len.astype(float)
+    ok["kernel"] = ok.kernel_requested
+    quartiles = [_quartiles(t, m) for t, m in zip(ok.times_ms, ok.time_ms)]
+    ok["time_q25"] = [q[0] for q in quartiles]
+    ok["time_q75"] = [q[1] for q in quartiles]
+    passes = [p for p in ("fwd", "bwd", "fwd_bwd", "train_step") if p in set(ok["pass"])]
+    labels = sorted(ok.label.unique())
+    palette = dict(zip(labels, sns.color_palette("tab10", len(labels))))
+    sns.set_theme(style="whitegrid", context="paper")
+    fig, axes = plt.subplots(len(_METRICS), len(passes), figsize=(5.2 * len(passes), 8.5),
+                             squeeze=False)
+    for col, pass_name in enumerate(passes):
+        data = ok[ok["pass"] == pass_name]
+        for row, (metric, title) in enumerate(_METRICS):
+            ax = axes[row][col]
+            sns.lineplot(data=data, x="seq_len", y=metric, hue="label", style="kernel",
+                         markers=True, dashes=False, palette=palette, ax=ax,
+                         legend=(row == 0 and col == len(passes) - 1), errorbar=None)
+            if metric == "time_ms":
+                _bands(ax, data, palette)
+            _guides(ax, data, metric)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length N")
+            ax.set_ylabel(title)
+            ax.set_title(f"{pass_name}: {title.split(' (')[0]}")
+    handles, names = axes[0][-1].get_legend_handles_labels()  # curves, then the two guides
+    if axes[0][-1].get_legend() is not None:
+        axes[0][-1].get_legend().remove()
+    fig.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    meta = df.iloc[0]
+    fig.suptitle(f"{run_dir.name}: B={meta['batch']} H={meta['heads']} D={meta['head_dim']} "
+                 f"{meta['dtype']} on {meta['device']} ({meta['device_name']}); "
+                 "dashed: slope 1, dotted: slope 2")
+    fig.tight_layout()
+    paths = [run_dir / f"{PLOT_STEM}.png", run_dir / f"{PLOT_STEM}.svg"]
+    for path in paths:
+        fig.savefig(path, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    return paths

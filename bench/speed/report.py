@@ -1,0 +1,153 @@
+"""Markdown report of a speed run: provenance, scaling fits, interleaved ratios, times with
+their spread and repeats, memory, and the rows that did not run."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from bench.engine.fsutil import atomic_write_text, read_json
+from bench.engine.markdown import cell, markdown_table
+from bench.engine.results import read_env
+from bench.speed.results import load_results
+from bench.speed.scaling import scaling_table
+
+REPORT_FILE = "report.md"
+PASSES = ("fwd", "bwd", "fwd_bwd", "train_step")
+PROVENANCE = ["git_sha", "package_version", "device_name", "threads", "torch_version", "hostname"]
+
+
+def _pivot(df: pd.DataFrame, cell: pd.Series) -> pd.DataFrame:
+    ok = df[df.status == "ok"].assign(cell=cell)
+    table = ok.pivot_table(index=["label", "kernel_requested"], columns="seq_len", values="cell",
+                           aggfunc="first")
+    table.columns = [f"N={c}" for c in table.columns]
+    return table.reset_index()
+
+
+def _time_cells(df: pd.DataFrame) -> pd.Series:
+    """``median (iqr X, n=R)`` in ms."""
+    return df.apply(lambda r: f"{cell(r.time_ms)} (iqr {cell(r.time_iqr_ms)}, n={cell(r.repeats)})",
+                    axis=1) if len(df) else pd.Series(dtype=str)
+
+
+def _times(text: str) -> np.ndarray:
+    return np.asarray(json.loads(text) if text else [], dtype=float)
+
+
+def interleaved_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """For kernels timed together (one ``interleave_id``), each kernel's time over the
+    fastest one's: the median of the per-round ratios and their quartiles; memory ratio too."""
+    rows = []
+    ok = df[(df.status == "ok") & (df.interleaved.fillna(1) > 1)]
+    for (_unit, pass_name), group in ok.groupby(["interleave_id", "pass"], sort=False):
+        fastest = group.loc[group.time_ms.idxmin()]
+        base = _times(fastest.times_ms)
+        for row in group.itertuples():
+            times = _times(row.times_ms)
+            rounds = min(len(times), len(base))
+            ratios = times[:rounds] / base[:rounds]
+            q25, q50, q75 = np.percentile(ratios, [25, 50, 75]) if rounds else (math.nan,) * 3
+            mem = (row.peak_mem_bytes / fastest.peak_mem_bytes
+                   if fastest.peak_mem_bytes and fastest.peak_mem_bytes > 0 else math.nan)
+            rows.append({"label": row.label, "pass": pass_name, "seq_len": row.seq_len,
+                         "kernel": row.kernel_requested, "vs": fastest.kernel_requested,
+                         "time_ratio": q50, "ratio_q25": q25, "ratio_q75": q75, "rounds": rounds,
+                         "memory_ratio": mem})
+    return pd.DataFrame(rows)
+
+
+def _provenance(df: pd.DataFrame, run_dir: Path) -> list[str]:
+    parts = ["## Provenance", ""]
+    segments = read_env(run_dir)
+    if segments:
+        parts.append(f"Run segments (sweep invocations that added rows): {len(segments)}.")
+    cols = [c for c in PROVENANCE if c in df.columns]
+    groups = df.assign(**{c: df[c].astype("string").fillna("") for c in cols}).groupby(cols)
+    table = groups.agg(rows=("case_id", "size"), first=("timestamp", "min"),
+                       last=("timestamp", "max")).reset_index()
+    if len(table) > 1:
+        parts.append("**Rows from more than one environment** (resumed with --allow-mixed):")
+    return [*parts, "", markdown_table(table), ""]
+
+
+def _config_fit_ranges(run_dir: Path) -> tuple[tuple[int, int], ...]:
+    """``fit_ranges`` of the sweep config saved in the run (``sweep.json``), if any."""
+    saved = run_dir / "sweep.json"
+    if not saved.exists():
+        return ()
+    ranges = read_json(saved, what="sweep config").get("fit_ranges", [])
+    return tuple((int(lo), int(hi)) for lo, hi in ranges)
+
+
+def _pass_sections(df: pd.DataFrame, table: pd.DataFrame, pass_name: str, points: int,
+                   ranges: tuple[tuple[int, int], ...]) -> list[str]:
+    columns = ["label", "kernel_requested", "kernel", "causal", "time_exponent",
+               "memory_exponent", "fit_range", "max_n", "time_ms_at_max_n",
+               "peak_fraction_at_max_n", "first_failure", "crossover_vs_full", "mask_emulated"]
+    part = table[table["pass"] == pass_name]
+    parts = [f"## Scaling, pass `{pass_name}` (fit over the {points} largest ok N)", "",
+             markdown_table(part[columns]), ""]
+    rows = df[df["pass"] == pass_name]
+    for lo, hi in ranges:
+        ranged = scaling_table(rows, n_range=(lo, hi))
+        ranged = ranged[ranged.fit_points >= 2]
+        if len(ranged):
+            parts += [f"### Exponents over N = {lo}..{hi}, `{pass_name}`", "",
+                      markdown_table(ranged[["label", "kernel_requested", "kernel", "causal",
+                                             "time_exponent", "memory_exponent", "fit_range",
+                                             "fit_points"]]), ""]
+    ratios = interleaved_ratios(rows)
+    if len(ratios):
+        parts += [f"### Interleaved ratios, `{pass_name}`: time over the fastest kernel timed in "
+                  "the same rounds (median of per-round ratios [q25, q75])", "",
+                  markdown_table(ratios.drop(columns="pass")), ""]
+    ok = rows[rows.status == "ok"]
+    parts += [f"### Median time in ms (IQR, repeats), `{pass_name}`", "",
+              markdown_table(_pivot(rows, _time_cells(ok))), ""]
+    parts += [f"### Peak tensor memory above inputs (MiB), `{pass_name}`", "",
+              markdown_table(_pivot(rows, ok.peak_mem_bytes / 2**20)), ""]
+    if ok.rss_peak_bytes.notna().any():
+        parts += [f"### Peak resident memory above inputs (MiB, what the OS saw), `{pass_name}`",
+                  "", markdown_table(_pivot(rows, ok.rss_peak_bytes / 2**20)), ""]
+    setup = ok[ok.setup_mem_bytes.fillna(0) > 0]
+    if len(setup):
+        cells = setup.apply(lambda r: f"{cell(r.setup_ms)} ms, {cell(r.setup_mem_bytes / 2**20)} MiB",
+                            axis=1)
+        parts += [f"### Cached mask built once per shape (time, memory kept), `{pass_name}`", "",
+                  markdown_table(_pivot(setup, cells)), ""]
+    return parts
+
+
+def build_report(run_dir: str | Path, points: int = 4,
+                 fit_ranges: tuple[tuple[int, int], ...] = ()) -> str:
+    """The report of ``run_dir`` as markdown (also written to ``report.md`` there).
+
+    Besides the fit over the ``points`` largest N, exponents are fitted over each ``[lo, hi]``
+    of ``fit_ranges`` and of the run's config (``fit_ranges:`` in the YAML).
+    """
+    run_dir = Path(run_dir)
+    df = load_results(run_dir)
+    if df.empty:
+        raise ValueError(f"RUN_DIR {run_dir}: results.csv has no result rows yet (header only); "
+                         "run or resume the sweep first")
+    counts = df.groupby("status").size().to_dict()
+    parts = [f"# Benchmark report: {run_dir.name}", "",
+             "Rows by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), "",
+             *_provenance(df, run_dir)]
+    table = scaling_table(df, points)
+    ranges = tuple(dict.fromkeys((*_config_fit_ranges(run_dir), *fit_ranges)))
+    for pass_name in PASSES:
+        if (table["pass"] == pass_name).any():
+            parts += _pass_sections(df, table, pass_name, points, ranges)
+    problems = df[df.status != "ok"]
+    if len(problems):
+        slim = problems[["label", "kernel_requested", "seq_len", "pass", "status", "reason"]]
+        parts += ["## Rows that did not run", "", markdown_table(slim.drop_duplicates()), ""]
+    text = "\n".join(parts)
+    atomic_write_text(run_dir / REPORT_FILE, text + "\n")
+    return text

@@ -1,0 +1,187 @@
+"""Timing the cases of one speed unit (:class:`bench.speed.unit.SpeedUnit`: the kernels of a
+variant at one length) in isolated workers, in interleaved rounds (A, B, C, A, B, C, ...) so
+that their ratios share the machine's load; and the matmul peak, in a worker of its own.
+
+For each pass, every case's worker first prepares (warm-up, a planning call, memory), one
+worker at a time; then the rounds run, one timed call per case per round. All cases of the
+unit get the same number of rounds: as many as the slowest case fits in its time budget,
+never fewer than ``min_repeats``. A case that fails, times out or dies becomes a row with its
+status and the others go on; its worker is restarted for its next pass. The timeout is per
+case and pass, on the case's own calls.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from bench.engine.measure import matmul_peak_flops, planned_repeats
+from bench.engine.process import Worker, WorkerGone
+from bench.speed.cases import Case
+from bench.speed.rows import failure_rows, measured_row
+from bench.speed.worker import worker_main
+
+PASS_ORDER = ("fwd", "bwd", "fwd_bwd", "train_step")
+#: idle time between two cases' calls: lets the previous case's threads stop spinning
+HANDOVER_S = 0.002
+
+
+@dataclass(frozen=True)
+class CaseRun:
+    """A case and the passes a unit runs for it (the others are done or skipped)."""
+
+    case: Case
+    passes: tuple[str, ...]
+
+
+class _Member:
+    """One case of a unit: its worker, its per-pass budget and what it measured."""
+
+    def __init__(self, run: CaseRun, cuda_visible: str | None) -> None:
+        self.case, self.passes, self.cuda_visible = run.case, run.passes, cuda_visible
+        self.worker: Worker | None = None
+        self.info: dict[str, Any] | None = None  # from "ready"
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.spent = 0.0  # seconds of the current pass's own calls
+        self.broken: _CaseFailed | None = None  # the attention could not be built
+
+    def ensure_worker(self) -> None:
+        """Start the worker if none is alive (first pass, or after a death)."""
+        if self.worker is not None and self.worker.process.is_alive():
+            return
+        if self.broken is not None:
+            raise self.broken
+        self.worker = Worker(worker_main, (self.case.to_dict(), self.cuda_visible))
+        try:
+            message = self.worker.receive(self.case.timeout_s)
+        except TimeoutError:
+            self.stop()
+            raise _CaseFailed("timeout", f"timed out after {self.case.timeout_s:g} s building "
+                                         "the attention") from None
+        except WorkerGone as gone:
+            self.stop()
+            raise _CaseFailed(gone.status, gone.reason) from None
+        if message[0] != "ready":
+            self.stop()
+            self.broken = _CaseFailed(message[1], message[2])
+            raise self.broken
+        self.info = message[1]
+
+    def ask(self, message: tuple[Any, ...], pass_name: str) -> tuple[Any, ...]:
+        """Send a command and wait, counting the time against the pass's timeout."""
+        assert self.worker is not None
+        remaining = self.case.timeout_s - self.spent
+        start = time.monotonic()
+        try:
+            reply = self.worker.request(message, max(remaining, 0.0))
+        except TimeoutError:
+            self.stop()
+            raise _CaseFailed("timeout", f"timed out after {self.case.timeout_s:g} s in pass "
+                                         f"{pass_name}") from None
+        except WorkerGone as gone:
+            self.stop()
+            raise _CaseFailed(gone.status, gone.reason) from None
+        finally:
+            self.spent += time.monotonic() - start
+        if reply[0] == "failed":
+            raise _CaseFailed(reply[1], reply[2])
+        return reply
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker = None
+
+
+class _CaseFailed(Exception):
+    def __init__(self, status: str, reason: str) -> None:
+        super().__init__(reason)
+        self.status, self.reason = status, reason
+
+
+def _prepare(members: list[_Member], pass_name: str) -> list[tuple[_Member, dict[str, Any]]]:
+    """Warm up and read memory for each member that runs this pass; failures become rows."""
+    ready = []
+    for member in members:
+        member.spent = 0.0
+        try:
+            member.ensure_worker()
+            ready.append((member, member.ask(("prepare", pass_name), pass_name)[1]))
+        except _CaseFailed as failed:
+            member.rows[pass_name] = failure_rows(member.case, [pass_name], failed.status,
+                                                  failed.reason)[0]
+    return ready
+
+
+def _run_pass(members: list[_Member], pass_name: str, unit_id: str) -> None:
+    """Prepare, time in rounds and record one pass of every member that runs it."""
+    ready = _prepare([m for m in members if pass_name in m.passes], pass_name)
+    if not ready:
+        return
+    rounds = min(planned_repeats(info["estimate_ms"] / 1e3, budget_s=m.case.time_budget_s,
+                                 minimum=m.case.min_repeats, maximum=m.case.repeats)
+                 for m, info in ready)
+    times: dict[int, list[float]] = {id(m): [] for m, _ in ready}
+    alive = list(ready)
+    for _ in range(rounds):
+        for member, info in list(alive):
+            try:
+                times[id(member)].append(member.ask(("time", pass_name), pass_name)[1])
+            except _CaseFailed as failed:
+                member.rows[pass_name] = failure_rows(member.case, [pass_name], failed.status,
+                                                      failed.reason)[0]
+                alive.remove((member, info))
+            if len(ready) > 1:
+                time.sleep(HANDOVER_S)
+    for member, info in alive:
+        try:
+            finished = member.ask(("finish", pass_name), pass_name)[1]
+        except _CaseFailed as failed:
+            member.rows[pass_name] = failure_rows(member.case, [pass_name], failed.status,
+                                                  failed.reason)[0]
+            continue
+        assert member.info is not None
+        member.rows[pass_name] = measured_row(member.case, pass_name, member.info, info, finished,
+                                              times[id(member)], unit_id, len(ready))
+
+
+def run_rounds(runs: tuple[CaseRun, ...], unit_id: str,
+               cuda_visible: str | None = None) -> list[dict[str, Any]]:
+    """Measure every (case, pass) of ``runs``, the unit ``unit_id``
+    (:class:`bench.speed.unit.SpeedUnit`); always one row per (case, pass) they name."""
+    members = [_Member(run, cuda_visible) for run in runs]
+    try:
+        for pass_name in PASS_ORDER:
+            _run_pass(members, pass_name, unit_id)
+    finally:
+        for member in members:
+            if member.worker is not None:
+                member.worker.close()
+    rows = []
+    for member in members:
+        for pass_name in member.passes:
+            rows.append(member.rows.get(pass_name) or failure_rows(
+                member.case, [pass_name], "error", "no result (internal error)")[0])
+    return rows
+
+
+def _peak_main(device: str, dtype: str, threads: int | None, size: int | None, conn: Any) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+    conn.send(matmul_peak_flops(torch.device(device), getattr(torch, dtype), size))
+
+
+def measure_peak(device: str, dtype: str, threads: int | None, size: int | None = None,
+                 timeout_s: float = 300) -> float:
+    """Matmul peak FLOP/s measured in a fresh worker on ``device`` (NaN if it fails)."""
+    worker = Worker(_peak_main, (device, dtype, threads, size))
+    try:
+        return float(worker.receive(timeout_s))
+    except (TimeoutError, WorkerGone):
+        return math.nan
+    finally:
+        worker.kill()

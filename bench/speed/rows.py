@@ -1,0 +1,101 @@
+"""A row of a speed sweep's ``results.csv``, built in one place.
+
+Its columns, in file order, are :data:`bench.engine.row_schema.COLUMNS`: the results-file
+formats belong to the engine, which reads, repairs and resumes them. What fills them:
+
+- :func:`base_row`: what was measured (the case and the pass), before measuring;
+- :func:`failure_rows`: a pass that produced no measurement (status and reason);
+- :func:`measured_row`: an ``ok`` pass: what the worker reported when the attention was
+  built (flops, density, threads), when it prepared the pass (warm-up, planning call,
+  memory), what ran (:func:`path_columns`, in the worker) and the timed rounds
+  (:func:`timing_columns`);
+- :func:`peak_fraction`: the driver's share of the matmul peak, when the row arrives;
+- the environment of the machine that ran it, stamped by the executor
+  (:mod:`bench.engine.executors.base`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+
+from bench.speed.cases import Case
+
+Row = dict[str, Any]
+
+
+def base_row(case: Case, pass_name: str) -> Row:
+    """The descriptive columns of a row (before measuring)."""
+    return {
+        "case_id": case.case_id, "label": case.label, "variant": case.variant,
+        "kernel_requested": case.kernel, "kernel": case.kernel,
+        "params": case.params_json, "seq_len": case.seq_len, "batch": case.batch,
+        "heads": case.heads, "head_dim": case.head_dim, "dtype": case.dtype,
+        "device": case.device, "causal": case.causal, "pass": pass_name,
+    }
+
+
+def failure_rows(case: Case, passes: tuple[str, ...] | list[str], status: str,
+                 reason: str) -> list[Row]:
+    """Rows for passes that produced no measurement."""
+    return [{**base_row(case, p), "status": status, "reason": reason} for p in passes]
+
+
+def tflops(flops: float, time_ms: float) -> float:
+    """Achieved TFLOP/s (NaN for a zero time)."""
+    return flops / (time_ms / 1e3) / 1e12 if time_ms > 0 else math.nan
+
+
+def timing_columns(times_s: list[float], flops: float) -> Row:
+    """The median, interquartile range and every repeat of a pass's timed calls, in ms, and
+    the TFLOP/s of the median."""
+    times_ms = np.asarray(times_s) * 1e3
+    median = float(np.median(times_ms))
+    q25, q75 = np.percentile(times_ms, [25, 75])
+    return {
+        "time_ms": median, "time_iqr_ms": float(q75 - q25), "repeats": len(times_ms),
+        "times_ms": json.dumps([float(f"{t:.6g}") for t in times_ms]),
+        "tflops": tflops(flops, median),
+    }
+
+
+def path_columns(paths: list[Any], case: Case) -> Row:
+    """Row columns from the ``KernelPath`` of every call of a pass."""
+    seen = [p for p in paths if p is not None]
+    last = seen[-1] if seen else None
+    return {
+        "kernel": last.kernel if last else case.kernel,
+        "kernel_path": last.path if last else "",
+        "mask_emulated": bool(last and last.mask_emulated),
+        "fallback": "; ".join(sorted({p.fallback for p in seen if p.fallback})),
+        "compile_ms": sum(p.compile_s or 0.0 for p in seen) * 1e3,
+        "setup_ms": sum(p.setup_s or 0.0 for p in seen) * 1e3,
+        "setup_mem_bytes": sum(p.setup_bytes or 0 for p in seen),
+    }
+
+
+def measured_row(case: Case, pass_name: str, built: Row, prepared: Row, finished: Row,
+                 times_s: list[float], unit_id: str, interleaved: int) -> Row:
+    """The ``ok`` row of a pass: ``built`` (the worker's ``ready`` info: FLOPs per pass,
+    flops kind, density, threads), ``prepared`` (its warm-up, planning call and memory),
+    ``finished`` (:func:`path_columns`), the timed calls ``times_s`` and the unit they were
+    interleaved in with ``interleaved`` cases."""
+    flops = built["flops"][pass_name]
+    return {
+        **base_row(case, pass_name), "status": "ok", "reason": "",
+        **{k: v for k, v in built.items() if k != "flops"}, "flops": flops,
+        **prepared, **finished, **timing_columns(times_s, flops),
+        "interleave_id": unit_id, "interleaved": interleaved,
+    }
+
+
+def peak_fraction(row: Row, peak: float, host: str) -> None:
+    """Set the row's FLOP/s over the same-run matmul ``peak``, measured on the driver's
+    machine ``host``: rows from other machines (cluster nodes) have none."""
+    rate = row.get("tflops")
+    if (row["status"] == "ok" and rate is not None and math.isfinite(peak)
+            and row.get("hostname", host) == host):
+        row["peak_fraction"] = rate * 1e12 / peak

@@ -1,0 +1,123 @@
+"""Running a speed sweep into a run directory: locked, resumable, isolated, one flushed record
+per unit, every row carrying the environment that measured it (:func:`bench.engine.rundir.run_units`
+with the sweep's plan).
+
+Resume: rows already in ``results.csv`` are kept (whole rows only) and their (case, pass)
+is not measured again; ``retry_failed`` measures failed, timed-out and skipped ones again.
+Rows measured under another code version, device, dtype or thread count are never silently
+mixed with new ones: the sweep refuses unless ``allow_mixed``, and the report then lists
+which rows came from where.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from bench.engine.config import ConfigError
+from bench.engine.executors import Executor
+from bench.engine.fsutil import atomic_write_json, read_json
+from bench.engine.results import RESULTS_FILE
+from bench.engine.row_schema import COLUMNS
+from bench.engine.rundir import Chain, MixedEnvironmentError, Rows, RunRecorder, run_units
+from bench.speed.cases import Case, expand_cases
+from bench.speed.cases import chains as make_chains
+from bench.speed.config import SweepConfig
+from bench.speed.rounds import measure_peak
+from bench.speed.rows import Row, peak_fraction
+from bench.speed.unit import FATAL, record_failure, speed_chain
+
+PEAK_FILE = "peak.json"
+__all__ = ["MixedEnvironmentError", "SweepPlan", "matmul_peak", "run_sweep"]
+
+
+def matmul_peak(run_dir: Path, config: SweepConfig) -> float:
+    """Matmul FLOP/s peak for this device/dtype/threads, measured once and cached in the run dir."""
+    path = run_dir / PEAK_FILE
+    size = config.peak_matmul_size or "default"
+    key = f"{config.device}/{config.dtype}/{config.threads or 'default'}/matmul{size}"
+    cache = read_json(path, what="matmul peak cache") if path.exists() else {}
+    if key not in cache or not math.isfinite(cache[key]):
+        cache[key] = measure_peak(config.device, config.dtype, config.threads,
+                                  config.peak_matmul_size)
+        atomic_write_json(path, cache)
+    return cache[key]
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """The run plan (:class:`bench.engine.rundir.RunPlan`) of a speed sweep: its cases as
+    chains of :class:`bench.speed.unit.SpeedUnit`, into ``results.csv``."""
+
+    config: SweepConfig
+    cases: tuple[Case, ...]
+
+    file: ClassVar[str] = RESULTS_FILE
+    columns: ClassVar[list[str]] = COLUMNS
+    config_file: ClassVar[str] = "sweep.json"
+
+    @property
+    def device(self) -> str:
+        return self.config.device
+
+    @property
+    def threads(self) -> int | None:
+        return self.config.threads
+
+    @property
+    def dtype(self) -> str:
+        return self.config.dtype
+
+    def key(self, row: Row) -> tuple:
+        return (row["case_id"], row["pass"])
+
+    def settings(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self.config).items() if k != "raw"}
+
+    def chains(self, recorder: RunRecorder) -> list[Chain]:
+        """A chain per group of cases with a (case, pass) not recorded yet; a curve whose pass
+        already failed at a smaller length skips its larger ones (``skip_larger_after_failure``)."""
+        done = {(r["case_id"], r["pass"]) for r in recorder.kept}
+        if not any((c.case_id, p) not in done for c in self.cases for p in c.passes):
+            return []
+        failures: dict[tuple[Any, str], tuple[int, str]] = {}
+        by_id = {c.case_id: c for c in self.cases}
+        for row in recorder.kept:
+            if row["case_id"] in by_id and row["status"] in FATAL:
+                record_failure(failures, by_id[row["case_id"]], row["pass"], row["status"])
+        return [speed_chain(groups, done, failures, self.config.skip_larger_after_failure)
+                for groups in make_chains(list(self.cases), self.config.interleave)]
+
+    def begin(self, run_dir: Path, env: dict[str, Any]) -> Callable[[Row], None]:
+        """Measure (or read) the matmul peak; each row then gets its share of it."""
+        peak = matmul_peak(run_dir, self.config)
+        return lambda row: peak_fraction(row, peak, env["hostname"])
+
+
+def run_sweep(
+    config: SweepConfig,
+    run_dir: Path,
+    *,
+    executor: Executor | None = None,
+    allow_mixed: bool = False,
+    retry_failed: bool = False,
+    overwrite: bool = False,
+    on_start: Callable[[Any], None] | None = None,
+    on_done: Callable[[Any, Rows], None] | None = None,
+) -> Rows:
+    """Measure every unfinished (case, pass) of ``config`` into ``run_dir``; returns new rows.
+
+    Finished passes are skipped, so rerunning into the same directory resumes. With
+    ``skip_larger_after_failure``, once a length of a curve times out or runs out of memory
+    in a pass, the larger lengths of that curve and pass become ``skipped`` rows.
+    """
+    cases = expand_cases(config)
+    if not cases:
+        raise ConfigError("the sweep has no cases: no variant has any of the requested kernels "
+                          f"{list(config.kernels)}", "kernels")
+    return run_units(run_dir, SweepPlan(config, tuple(cases)), executor=executor,
+                     allow_mixed=allow_mixed, retry_failed=retry_failed, overwrite=overwrite,
+                     on_start=on_start, on_done=on_done)

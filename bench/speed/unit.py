@@ -1,0 +1,115 @@
+"""The unit of a speed sweep, and the chains that yield its units.
+
+A :class:`SpeedUnit` is the cases of one variant and shape at one length (one kernel each),
+timed together in interleaved rounds (:mod:`bench.speed.rounds`), plus the rows of passes
+recorded without running (skipped after a smaller length failed). It is what an executor
+runs (:mod:`bench.engine.executors`): plain, picklable data.
+
+A chain (:func:`speed_chain`) yields the units of one chain of same-length groups
+(:func:`bench.speed.cases.chains`) in increasing length and receives each unit's rows, so
+that a length that timed out or ran out of memory skips the larger lengths of its curve,
+for that pass only (:func:`bench.engine.rundir.drive` runs the chains).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.engine.rundir import Chain
+from bench.speed.cases import Case
+from bench.speed.rounds import CaseRun, run_rounds
+from bench.speed.rows import failure_rows
+
+#: statuses after which larger lengths of the same curve and pass are skipped
+FATAL = ("timeout", "oom")
+
+
+@dataclass(frozen=True)
+class SpeedUnit:
+    """Cases at one length timed together in interleaved rounds (one kernel each), plus rows
+    of passes recorded without running (skipped after a smaller length failed)."""
+
+    runs: tuple[CaseRun, ...]
+    skipped: tuple[dict[str, Any], ...] = field(default=(), compare=False)
+
+    @property
+    def unit_id(self) -> str:
+        """Stable id of the unit (rows timed together share it)."""
+        ids = sorted([r.case.case_id for r in self.runs]
+                     + [f"{row['case_id']}/{row['pass']}" for row in self.skipped])
+        return hashlib.sha1(",".join(ids).encode()).hexdigest()[:12]
+
+    @property
+    def device(self) -> str:
+        """The device its cases run on."""
+        return self.runs[0].case.device if self.runs else str(self.skipped[0]["device"])
+
+    def describe(self) -> str:
+        """One-line description for progress bars."""
+        first = (self.runs[0].case if self.runs else None)
+        if first is None:
+            return f"{len(self.skipped)} skipped row(s)"
+        kernels = "/".join(r.case.kernel for r in self.runs)
+        causal = " causal" if first.causal else ""
+        passes = "/".join(dict.fromkeys(p for r in self.runs for p in r.passes))
+        return (f"{first.label} [{kernels}] N={first.seq_len} B={first.batch} H={first.heads} "
+                f"D={first.head_dim} {first.dtype}{causal} {passes}")
+
+    def run(self, cuda_visible: str | None = None) -> list[dict[str, Any]]:
+        """Measure the runs (:func:`bench.speed.rounds.run_rounds`) and add the skipped rows."""
+        if not self.runs:
+            return list(self.skipped)
+        return [*run_rounds(self.runs, self.unit_id, cuda_visible), *self.skipped]
+
+    def failure_rows(self, status: str, reason: str) -> list[dict[str, Any]]:
+        """A row per (case, pass) of the runs, all with this status (and the skipped rows)."""
+        rows = [row for r in self.runs for row in failure_rows(r.case, r.passes, status, reason)]
+        return [*rows, *self.skipped]
+
+
+def run_case(case: Case, cuda_visible: str | None = None) -> list[dict[str, Any]]:
+    """Measure one case alone (every pass), here; one row per pass."""
+    return SpeedUnit((CaseRun(case, case.passes),)).run(cuda_visible)
+
+
+def speed_chain(groups: list[list[Case]], done: set[tuple[str, str]],
+                failures: dict[tuple[Any, str], tuple[int, str]], skip_larger: bool) -> Chain:
+    """Units of one chain of same-length groups (increasing length).
+
+    ``done``: (case_id, pass) already recorded. ``failures``: (curve, pass) -> (smallest
+    failing length, status), updated from each unit's rows; with ``skip_larger`` the passes
+    of a curve longer than its failure are recorded as ``skipped`` without running.
+    """
+    for group in groups:
+        runs, skipped = [], []
+        for case in group:
+            passes = []
+            for pass_name in case.passes:
+                if (case.case_id, pass_name) in done:
+                    continue
+                failed = failures.get((case.group, pass_name))
+                if skip_larger and failed and failed[0] < case.seq_len:
+                    reason = f"skipped: N={failed[0]} already hit {failed[1]} in pass {pass_name}"
+                    skipped += failure_rows(case, [pass_name], "skipped", reason)
+                else:
+                    passes.append(pass_name)
+            if passes:
+                runs.append(CaseRun(case, tuple(passes)))
+        if not runs and not skipped:
+            continue
+        rows = yield SpeedUnit(tuple(runs), tuple(skipped))
+        by_id = {case.case_id: case for case in group}
+        for row in rows:
+            case = by_id.get(row["case_id"])
+            if case is not None and row["status"] in FATAL:
+                record_failure(failures, case, row["pass"], row["status"])
+
+
+def record_failure(failures: dict[tuple[Any, str], tuple[int, str]], case: Case, pass_name: str,
+                   status: str) -> None:
+    """Remember the smallest length at which a curve's pass failed."""
+    key = (case.group, pass_name)
+    if key not in failures or case.seq_len < failures[key][0]:
+        failures[key] = (case.seq_len, status)

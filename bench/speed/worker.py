@@ -1,0 +1,234 @@
+"""The worker process of one speed case: builds the attention once, then serves commands.
+
+The parent (:mod:`bench.speed.rounds`) drives it pass by pass over a pipe:
+
+- ``("prepare", pass)``: build the inputs, check support, make the warm-up call(s) (compile
+  and cache building happen there), one more call whose time plans the repeats, then the
+  memory readings (one call each, untimed). Reply ``("prepared", info)``.
+- ``("time", pass)``: one timed call (its setup untimed). Reply ``("timed", seconds)``.
+- ``("finish", pass)``: what ran (kernel path, fallbacks, compile and cache-building time
+  and bytes over every call of the pass). Reply ``("finished", info)``.
+- ``("exit",)``.
+
+A failure replies ``("failed", status, reason)`` (``unsupported``, ``oom``, ``nonfinite`` or
+``error``) and the worker keeps serving the next pass. ``nonfinite``: the planning call of a
+pass gave an output or a gradient (of q, k, v or the module's parameters; of a model-step
+case, the logits or the weights after the update) with NaN or inf values, so its time would
+be the time of a wrong answer. The first message is ``("ready", info)`` or, when
+the attention cannot be built, ``("failed", "error", reason)``.
+"""
+
+from __future__ import annotations
+
+import os
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+
+from attn import AttentionCall, create_attention
+from bench.engine.config import import_plugins
+from bench.engine.measure import CallTimer, measure_memory
+from bench.engine.process import failure, limit_memory
+from bench.speed.cases import Case
+from bench.speed.flops import case_flops
+from bench.speed.model_step import ModelStepRunner, build_model, model_flops
+from bench.speed.rows import path_columns
+
+
+class NonFiniteOutput(Exception):
+    """The measured call gave NaN or inf values (the message says where)."""
+
+
+def nonfinite_problem(what: str, tensor: Any) -> str | None:
+    """``None`` when ``tensor`` is all finite, else how many NaN and inf values ``what`` has."""
+    if tensor is None or not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
+        return None
+    nans = int(torch.isnan(tensor).sum())
+    infs = int(torch.isinf(tensor).sum())
+    return f"{what} has {nans} NaN and {infs} inf values of {tensor.numel()}"
+
+
+def failed(err: BaseException, case: Case) -> tuple[str, str, str]:
+    """``("failed", status, reason)`` for an exception raised while measuring ``case``:
+    ``nonfinite``, or what :func:`bench.engine.process.failure` calls it."""
+    if isinstance(err, NonFiniteOutput):
+        return "failed", "nonfinite", str(err)[:500]
+    return ("failed", *failure(err, case.device, case.max_memory_gb))
+
+
+class PassRunner:
+    """The calls of one pass (fwd, bwd or fwd_bwd) of one built attention module."""
+
+    def __init__(self, case: Case, module: Any, pass_name: str) -> None:
+        self.case, self.module, self.pass_name = case, module, pass_name
+        self.device = torch.device(case.device)
+        self.dtype = getattr(torch, case.dtype)
+        b, h, n, d = case.batch, case.heads, case.seq_len, case.head_dim
+        grad = pass_name != "fwd"
+        self.grad = grad
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        self.q, self.k, self.v = (
+            torch.randn(b, h, n, d, generator=gen, dtype=torch.float32)  # (B, H, N, D)
+            .to(device=self.device, dtype=self.dtype).requires_grad_(grad) for _ in range(3))
+        self.d_out = torch.randn(b, h, n, d, generator=gen).to(device=self.device, dtype=self.dtype)
+        self.paths: list[Any] = []  # KernelPath of every call of this pass
+        self._keep_output = False  # the planning call keeps its output for the finiteness check
+        self._output: Any = None
+        fn, setup = self._callables()
+        self.fn, self.setup = fn, setup
+        self.timer = CallTimer(fn, setup, self.device)
+
+    def _forward(self) -> Any:
+        out = self.module(self.q, self.k, self.v, causal=self.case.causal)
+        self.paths.append(self.module.last_path)
+        if self._keep_output:
+            self._output = out.detach()
+        return out
+
+    def nonfinite(self) -> str | None:
+        """What of the last call (the planning call) was NaN or inf: its output, or a gradient
+        of q, k, v or a parameter after a backward (``None``: all finite)."""
+        found = [nonfinite_problem("the output", self._output)]
+        if self.grad:
+            found += [nonfinite_problem(f"the gradient of {name}", t.grad) for name, t in
+                      (("q", self.q), ("k", self.k), ("v", self.v))]
+            found += [nonfinite_problem(f"the gradient of parameter {name}", p.grad)
+                      for name, p in self.module.named_parameters()]
+        return next((f for f in found if f is not None), None)
+
+    def _clear_grads(self) -> None:
+        for t in (self.q, self.k, self.v, *self.module.parameters()):
+            t.grad = None
+
+    def _callables(self) -> tuple[Any, Any]:
+        if self.pass_name == "fwd":
+            def forward() -> None:
+                with torch.no_grad():
+                    self._forward()
+
+            return forward, None
+        if self.pass_name == "bwd":
+            def forward_again() -> Any:  # untimed: the backward alone is timed
+                self._clear_grads()
+                return self._forward()
+
+            return (lambda out: out.backward(self.d_out)), forward_again
+        # gradients of the previous call are dropped in the untimed setup, before the memory
+        # baseline: dropped inside the call they would hide its own gradients' pages
+        return (lambda _: self._forward().backward(self.d_out)), self._clear_grads
+
+    def prepare(self) -> dict[str, Any]:
+        """Warm-up, one planning call and the memory readings; raises when unsupported."""
+        call = AttentionCall.from_tensors(self.q, self.k, self.v, self.case.causal, None, self.grad)
+        reasons = self.module.not_supported_reasons(call)
+        if reasons:
+            raise NotImplementedError("; ".join(reasons))
+        first = self.timer.time_once()
+        for _ in range(self.case.warmup - 1):
+            self.timer.time_once()
+        self._keep_output = True  # a reference kept during the call, checked after it
+        try:
+            estimate = self.timer.time_once()
+            problem = self.nonfinite()
+        finally:
+            self._keep_output, self._output = False, None
+        if problem is not None:
+            raise NonFiniteOutput(f"{problem} ({self.pass_name} pass)")
+        memory = measure_memory(self.fn, self.setup, self.device)
+        return {"first_call_ms": first * 1e3, "estimate_ms": estimate * 1e3,
+                "peak_mem_bytes": memory.peak_bytes, "rss_peak_bytes": memory.rss_peak_bytes}
+
+    def finish(self) -> dict[str, Any]:
+        """What ran over the pass's calls: kernel path, fallbacks, compile and cache cost."""
+        return path_columns(self.paths, self.case)
+
+
+def _build(case: Case) -> tuple[Any, dict[str, Any]]:
+    """The measured object (an attention module, or a model for ``model_step``) and the
+    case's FLOPs per pass."""
+    module = create_attention(case.variant, num_heads=case.heads, head_dim=case.head_dim,
+                              kernel=case.kernel, **case.params_dict).to(case.device)
+    if case.workload == "model_step":
+        flops, flops_kind, density = model_flops(case, module)
+        module = build_model(case)
+    else:
+        flops, flops_kind, density = case_flops(module, batch=case.batch, heads=case.heads,
+                                                n=case.seq_len, head_dim=case.head_dim,
+                                                causal=case.causal)
+    return module, {"flops": flops, "flops_kind": flops_kind, "density": density,
+                    "threads": torch.get_num_threads()}
+
+
+def _runner(case: Case, module: Any, pass_name: str) -> Any:
+    if case.workload == "model_step":
+        return ModelStepRunner(case, module, pass_name)
+    return PassRunner(case, module, pass_name)
+
+
+def _model_step_nonfinite(runner: Any) -> str | None:
+    """A model-step case after its planning calls: the logits of one more (untimed) forward,
+    and the weights after the updates of a ``train_step`` pass (``None``: all finite)."""
+    with torch.no_grad():
+        found = nonfinite_problem("the model's output", runner.model(runner.ids))
+    if found is None and runner.pass_name == "train_step":
+        found = next((f for name, p in runner.model.named_parameters()
+                      if (f := nonfinite_problem(f"parameter {name} after the update", p))), None)
+    return found
+
+
+def _prepare(runner: Any) -> dict[str, Any]:
+    """The runner's warm-up, planning call and memory readings; :class:`NonFiniteOutput` when
+    the planning call's values are not finite."""
+    info = runner.prepare()
+    if isinstance(runner, ModelStepRunner):
+        problem = _model_step_nonfinite(runner)
+        if problem is not None:
+            raise NonFiniteOutput(f"{problem} ({runner.pass_name} pass)")
+    return info
+
+
+def _serve(case: Case, module: Any, conn: Connection) -> None:
+    runner: Any = None
+    while True:
+        message = conn.recv()
+        command = message[0]
+        if command == "exit":
+            return
+        try:
+            if command == "prepare":
+                runner = None
+                runner = _runner(case, module, message[1])
+                reply: tuple[Any, ...] = ("prepared", _prepare(runner))
+            elif command == "time" and runner is not None:
+                reply = ("timed", runner.timer.time_once())
+            elif command == "finish" and runner is not None:
+                reply = ("finished", runner.finish())
+                runner = None
+            else:
+                reply = ("failed", "error", f"worker: unexpected command {command!r}")
+        except Exception as err:
+            reply = failed(err, case)
+            runner = None
+        if case.device == "cuda" and runner is None:
+            torch.cuda.empty_cache()
+        conn.send(reply)
+
+
+def worker_main(case_dict: dict[str, Any], cuda_visible: str | None, conn: Connection) -> None:
+    """Entry point of a case's process (see the module docstring for the protocol)."""
+    if cuda_visible is not None:  # one GPU per local worker slot
+        os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible
+    case = Case.from_dict(case_dict)
+    if case.device == "cpu":  # CUDA reserves huge address space: never cap it there
+        limit_memory(case.max_memory_gb)
+    if case.threads:
+        torch.set_num_threads(case.threads)
+    try:
+        import_plugins(case.plugins)
+        module, info = _build(case)
+    except Exception as err:  # a broken variant is an error row for every pass
+        conn.send(failed(err, case))
+        return
+    conn.send(("ready", info))
+    _serve(case, module, conn)
