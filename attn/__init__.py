@@ -4,24 +4,39 @@ Public interface (docs/contract.md): :func:`register_attention`, :func:`create_a
 :func:`list_attention`, :func:`attention_info`; every module follows the tensor contract
 ``forward(q, k, v, *, causal=False, key_mask=None)`` with ``(B, H, N, D)`` tensors.
 A plain ``nn.Module`` with that forward can be registered as it is (see :mod:`attn.plain_module`).
+
+The names below are resolved on first use (PEP 562), so importing a torch-free submodule
+such as :mod:`attn.validation` does not load torch or the registry.
 """
 
-from attn.base import Attention, Band, ExactAttention, KernelPath
-from attn.call import AttentionCall
-from attn.kernels import get_kernel, list_kernels
-from attn.mods import MaskMod, ScoreMod
-from attn.plain_module import PlainModuleAttention
-from attn.registry import (
-    AttentionInfo,
-    attention_info,
-    build_attention,
-    check_attention_params,
-    create_attention,
-    list_attention,
-    load_plugins,
-    plugin_errors,
-    register_attention,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: public name -> the module that defines it
+_HOMES = {
+    "Attention": "attn.base",
+    "AttentionCall": "attn.call",
+    "AttentionInfo": "attn.registry",
+    "Band": "attn.pattern",
+    "ExactAttention": "attn.base",
+    "KernelPath": "attn.call",
+    "MaskMod": "attn.mods",
+    "Pattern": "attn.pattern",
+    "PlainModuleAttention": "attn.plain_module",
+    "ScoreMod": "attn.mods",
+    "attention_info": "attn.registry",
+    "build_attention": "attn.registry",
+    "check_attention_params": "attn.registry",
+    "create_attention": "attn.registry",
+    "get_kernel": "attn.kernels",
+    "list_attention": "attn.registry",
+    "list_kernels": "attn.kernels",
+    "load_plugins": "attn.registry",
+    "plugin_errors": "attn.registry",
+    "register_attention": "attn.registry",
+}
 
 __all__ = [
     "Attention",
@@ -31,6 +46,7 @@ __all__ = [
     "ExactAttention",
     "KernelPath",
     "MaskMod",
+    "Pattern",
     "PlainModuleAttention",
     "ScoreMod",
     "attention_info",
@@ -44,3 +60,42 @@ __all__ = [
     "plugin_errors",
     "register_attention",
 ]
+
+if TYPE_CHECKING:  # for type checkers and IDEs only: the names resolve lazily at run time
+    from attn.base import Attention, ExactAttention
+    from attn.call import AttentionCall, KernelPath
+    from attn.kernels import get_kernel, list_kernels
+    from attn.mods import MaskMod, ScoreMod
+    from attn.pattern import Band, Pattern
+    from attn.plain_module import PlainModuleAttention
+    from attn.registry import (
+        AttentionInfo,
+        attention_info,
+        build_attention,
+        check_attention_params,
+        create_attention,
+        list_attention,
+        load_plugins,
+        plugin_errors,
+        register_attention,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module that defines public ``name`` on first use and cache the name here.
+
+    Every public name resolves through the registry's import chain as before (asking for any
+    of them registers the built-in variants), just not at ``import attn``: the package stays
+    cheap for the torch-free modules below it.
+    """
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'attn' has no attribute {name!r}")
+    importlib.import_module("attn.registry")  # the built-in variants are registered first
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

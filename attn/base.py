@@ -8,27 +8,34 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from attn.call import AttentionCall
+from attn.call import AttentionCall, KernelPath
 from attn.contract import check_qkv
 from attn.cost import Cost, CostQuery, exact_cost, pairs_cost
-from attn.kernels import auto, get_kernel
-from attn.kernels.base import Band, KernelPath
+from attn.kernels import auto, get_kernel, kernel_names, kernels_for
 from attn.mods import MaskMod, ScoreMod
+from attn.pattern import Band, Native, Pattern, PatternOwner
 from attn.position_bias import POSITION_BIASES, RelativePositionBias
 from attn.validation import Param, require_choice
+
+#: the head count and head dim of the probe that finds a class's kernels (:meth:`Attention.class_kernels`)
+PROBE_HEADS, PROBE_DIM = 8, 64
 
 
 class Attention(nn.Module):
     """Base of every registered attention.
 
-    Subclasses declare which kernels can run them (``kernels``) and either a mask_mod /
-    score_mod (exact variants, see :class:`ExactAttention`) or a ``native_forward``.
-    ``forward`` validates the contract, describes the call (:class:`AttentionCall`), resolves
-    ``kernel="auto"`` for it and records what ran in ``last_path``.
+    Subclasses declare either a mask_mod / score_mod (exact variants, see
+    :class:`ExactAttention`) or a ``native_forward`` (their own implementation). ``forward``
+    validates the contract, builds the call's :class:`~attn.pattern.Pattern` once and describes
+    the call (:class:`AttentionCall`), resolves ``kernel="auto"`` for it, runs the kernel on
+    the pattern and records what ran in ``last_path``. Which kernels a variant has is derived
+    from what each kernel supports (:meth:`supported_kernels`); a variant never lists them.
     """
 
     name: ClassVar[str] = "attention"
-    kernels: ClassVar[tuple[str, ...]] = ("native",)
+    #: kernels ``auto`` tries first, in this order (those the variant has): a preference, not
+    #: a statement of support
+    preferred_kernels: ClassVar[tuple[str, ...]] = ()
     exact: ClassVar[bool] = True
     supports_causal: ClassVar[bool] = True
     forces_causal: ClassVar[bool] = False
@@ -37,18 +44,20 @@ class Attention(nn.Module):
     #: for approximate variants: the parameter whose growth must converge to full attention
     convergence_param: ClassVar[str | None] = None
     #: the rules of this class's own constructor parameters (merged along the MRO by
-    #: :meth:`check_params`); ``kernel`` is checked against ``kernels``
+    #: :meth:`check_params`); ``kernel`` is checked against :meth:`class_kernels`
     param_rules: ClassVar[dict[str, Param]] = {
         "num_heads": Param(minimum=1, optional=True),
         "head_dim": Param(minimum=1, optional=True),
     }
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Attention:
-        """Record the constructor arguments in ``_init_args``: compiled-kernel caches share code
-        between tensor-free modules only when they were built with equal arguments."""
-        module = super().__new__(cls)
-        module.__dict__["_init_args"] = (args, dict(kwargs))
-        return module
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kernels" in vars(cls):
+            raise TypeError(
+                f"{cls.__qualname__}: an attention does not list its kernels; they are derived from "
+                "what each kernel supports (attn.kernels.kernels_for). Name the kernels 'auto' "
+                "should try first in 'preferred_kernels'"
+            )
 
     def __init__(
         self, *, kernel: str = "auto", num_heads: int | None = None, head_dim: int | None = None
@@ -65,10 +74,11 @@ class Attention(nn.Module):
     def check_params(cls, **params: Any) -> None:
         """``ValueError`` naming the parameter for any value the constructor refuses.
 
-        Each given parameter is checked by its rule in ``param_rules`` (``kernel`` against
-        ``kernels``), then the rules that join several parameters (:meth:`check_together`).
-        The constructors call this, so every rule is written once; the registry calls it to
-        validate a configuration without instantiating (with every default filled in).
+        Each given parameter is checked by its rule in ``param_rules`` (a ``kernel`` other
+        than ``auto`` against :meth:`class_kernels`), then the rules that join several
+        parameters (:meth:`check_together`). The constructors call this, so every rule is
+        written once; the registry calls it to validate a configuration without
+        instantiating (with every default filled in).
         """
         rules: dict[str, Param] = {}
         for klass in reversed(cls.__mro__):
@@ -76,7 +86,8 @@ class Attention(nn.Module):
         for key, value in params.items():
             subject = f"{cls.name}: parameter '{key}'"
             if key == "kernel":
-                require_choice(subject, value, ("auto", *cls.kernels))
+                if value != "auto":
+                    require_choice(subject, value, ("auto", *cls.class_kernels()))
             elif key in rules:
                 rules[key].check(subject, value)
         cls.check_together(params)
@@ -86,6 +97,29 @@ class Attention(nn.Module):
         """Rules that join several parameters (e.g. one that needs ``num_heads``); a rule
         applies only when ``params`` holds what it joins."""
 
+    # kernels: derived from what each kernel supports
+    @classmethod
+    def default_pattern(cls) -> Pattern | None:
+        """The pattern of this class built with its default parameters (``num_heads=8``,
+        ``head_dim=64``), on the meta device and leaving the random state as it was; None when
+        the class cannot be built that way."""
+        try:
+            with torch.random.fork_rng(devices=[]), torch.device("meta"):
+                return cls(num_heads=PROBE_HEADS, head_dim=PROBE_DIM).pattern()
+        except Exception:  # e.g. a constructor argument without a default
+            return None
+
+    @classmethod
+    def class_kernels(cls) -> tuple[str, ...]:
+        """The kernels of this class: those that support its :meth:`default_pattern` (every
+        kernel when it has none; a module refuses then per call)."""
+        pattern = cls.default_pattern()
+        return kernel_names() if pattern is None else kernels_for(pattern)
+
+    def supported_kernels(self) -> tuple[str, ...]:
+        """The kernels that can run this module's pattern (on some call)."""
+        return kernels_for(self.pattern())
+
     # semantics (exact variants override)
     def mask_mod(self) -> MaskMod | None:
         """The allowed(b, h, i, j) predicate, or None when every key is allowed."""
@@ -94,6 +128,11 @@ class Attention(nn.Module):
     def score_mod(self) -> ScoreMod | None:
         """The additive score term score_mod(score, b, h, i, j), or None."""
         return None
+
+    def score_params(self) -> tuple[Tensor, ...]:
+        """The tensors ``score_mod`` reads, which autograd must see through every kernel
+        (default: every parameter of the module)."""
+        return tuple(self.parameters())
 
     def mask_depends_on_head(self) -> bool:
         """True when ``mask_mod`` reads the head index ``h`` (e.g. per-head dilations).
@@ -106,14 +145,33 @@ class Attention(nn.Module):
 
     def band(self) -> Band | None:
         """Banded structure for O(N*w) kernels, or None when the pattern is not banded
-        (its per-head form: :attr:`Band.group_dilations`)."""
+        (its per-head form: :attr:`Band.group_dilations`). The conformance kit checks that it
+        admits exactly the pairs ``mask_mod`` admits."""
         return None
 
     def native_forward(
         self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None
     ) -> Tensor:
-        """The variant's own implementation (kernel ``native``)."""
-        raise NotImplementedError(f"{self.name}: no native implementation; use kernels {self.kernels}")
+        """The variant's own implementation (kernel ``native``); overriding it makes the
+        variant run as itself (the kernels that run definitions then refuse it)."""
+        raise NotImplementedError(
+            f"{self.name}: no native implementation; use kernels {list(self.supported_kernels())}"
+        )
+
+    def pattern(self) -> Pattern:
+        """What this module computes, as the value its kernel reads (built once per call)."""
+        return Pattern(
+            name=self.name, exact=self.exact, mask_mod=self.mask_mod(), score_mod=self.score_mod(),
+            band=self.band(), per_head=self.mask_depends_on_head(), heads=self.num_heads,
+            always_causal=self.forces_causal, score_params=self.score_params(),
+            native=self._native(), owner=self.__dict__.setdefault("_pattern_owner", PatternOwner()),
+        )
+
+    def _native(self) -> Native | None:
+        if type(self).native_forward is Attention.native_forward:
+            return None
+        return Native(self.native_forward, getattr(self, "native_not_supported_reasons", None),
+                      getattr(self, "native_path", None))
 
     def cost(self, query: CostQuery) -> Cost:
         """FLOPs of a call of this shape (see :mod:`attn.cost`).
@@ -123,7 +181,7 @@ class Attention(nn.Module):
         attention and labelled ``full_equivalent``.
         """
         if self.exact:
-            return exact_cost(self, query)
+            return exact_cost(self.pattern(), query)
         return pairs_cost(query.q_len * query.k_len, query, kind="full_equivalent")
 
     # dispatch
@@ -134,15 +192,16 @@ class Attention(nn.Module):
             call = replace(call, causal=True)
         if call.causal and not self.supports_causal:
             return [f"{self.name} does not support causal=True"]
+        pattern = self.pattern()
         if kernel == "auto":
             try:
-                self.resolve_kernel(call)
+                self._auto_kernel(pattern, call)
             except NotImplementedError as err:
                 return [str(err)]
             return []
-        if kernel not in self.kernels:
-            return [f"{self.name} has no kernel {kernel!r}; its kernels are {list(self.kernels)}"]
-        return get_kernel(kernel).not_supported_reasons(self, call)
+        if kernel not in kernel_names():
+            return [f"{self.name} has no kernel {kernel!r}; its kernels are {list(kernels_for(pattern))}"]
+        return get_kernel(kernel).not_supported_reasons(pattern, call)
 
     def resolve_kernel(self, call: AttentionCall) -> str:
         """The kernel that runs ``call``: this module's, or for ``auto`` the one it chooses;
@@ -155,18 +214,23 @@ class Attention(nn.Module):
         """
         if self.kernel != "auto":
             return self.kernel
+        return self._auto_kernel(self.pattern(), call)
+
+    def _auto_kernel(self, pattern: Pattern, call: AttentionCall) -> str:
+        """``auto``'s kernel for ``call``, asking each kernel's reasons at most once."""
         device_type = call.device.type
         # the short-call limit follows the variant's kind: as fixed as the choices themselves
         limits = self.__dict__.setdefault("_auto_short_keys", {})
         if device_type not in limits:
-            limits[device_type] = auto.short_keys(self, call.device)
+            limits[device_type] = auto.short_keys(pattern, call.device)
         limit = limits[device_type]
         short = limit is not None and call.k_len is not None and call.k_len < limit
         key = (call.device, call.dtype, call.causal, call.requires_grad, call.has_key_mask, short)
         cache = self.__dict__.setdefault("_auto_choices", {})
         name = cache.get(key)
-        if name is None or get_kernel(name).not_supported_reasons(self, call):
-            chosen = auto.choose_kernel(self, call)
+        known = {} if name is None else {name: get_kernel(name).not_supported_reasons(pattern, call)}
+        if name is None or known[name]:
+            chosen = auto.choose_kernel(pattern, call, self.preferred_kernels, known)
             if name is None:  # a kernel the remembered one refuses (for its lengths) is not remembered
                 cache[key] = chosen
             name = chosen
@@ -192,15 +256,17 @@ class Attention(nn.Module):
             or any(p.requires_grad for p in self.parameters())
         )
         call = AttentionCall.from_tensors(q, k, v, causal, key_mask, requires_grad)
-        name = self.resolve_kernel(call)
-        kernel = get_kernel(name)
-        if self.kernel != "auto":  # auto chose a kernel that supports the call
-            reasons = kernel.not_supported_reasons(self, call)
+        pattern = self.pattern()
+        if self.kernel == "auto":  # auto chose a kernel that supports the call
+            name = self._auto_kernel(pattern, call)
+        else:
+            name = self.kernel
+            reasons = get_kernel(name).not_supported_reasons(pattern, call)
             if reasons:
                 raise NotImplementedError(
                     f"{self.name}: kernel {name!r} cannot run this call: {'; '.join(reasons)}"
                 )
-        out, path = kernel.run(self, q, k, v, causal, key_mask)
+        out, path = get_kernel(name).run(pattern, q, k, v, causal, key_mask)  # (B, H, Nq, Dv)
         self.last_path = path
         return out
 
@@ -215,7 +281,6 @@ class ExactAttention(Attention):
     ``None``, ``"learned"`` (one scalar per head per clipped offset) or ``"alibi"``.
     """
 
-    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa")
     param_rules: ClassVar[dict[str, Param]] = {
         "position_bias": Param(choices=(None, *POSITION_BIASES)),
         "max_distance": Param(minimum=0),

@@ -1,6 +1,7 @@
-"""The description of one attention call: what a kernel judges to say whether it can run it.
+"""The description of one attention call (what a kernel judges to say whether it can run it)
+and of what ran for it (:class:`KernelPath`).
 
-Kernels answer ``not_supported_reasons(attention, call) -> list[str]`` (empty: supported), as
+Kernels answer ``not_supported_reasons(pattern, call) -> list[str]`` (empty: supported), as
 xformers' operators answer ``not_supported_reasons(inputs)``. A call built from tensors
 (:meth:`AttentionCall.from_tensors`) knows its lengths and whether a ``key_mask`` is given;
 one built without tensors (``attn-bench list``, a harness before it makes inputs) may leave
@@ -71,3 +72,23 @@ class AttentionCall:
         if self.has_key_mask:
             parts.append("key_mask given")
         return ", ".join(parts)
+
+
+@dataclass(frozen=True)
+class KernelPath:
+    """What actually ran for the last forward call: recorded on every benchmark row.
+
+    ``mask_emulated`` is True when a sparse pattern was computed through a dense
+    materialised mask (the cost of full attention); ``fallback`` names a known slow path;
+    ``compile_s`` is the compilation time spent inside this call, if any; ``setup_s`` and
+    ``setup_bytes`` are the time and bytes of cached structures this call built (a dense
+    mask, a block mask), which later calls of the same shape reuse.
+    """
+
+    kernel: str
+    path: str
+    mask_emulated: bool = False
+    fallback: str | None = None
+    compile_s: float | None = None  # time spent compiling in this call (first call of a shape)
+    setup_s: float | None = None  # time building a cached mask in this call
+    setup_bytes: int | None = None  # bytes of the cached mask built in this call

@@ -1,13 +1,14 @@
 """What one attention call costs in FLOPs: the variant says, generic code only asks.
 
 Every attention answers :meth:`attn.base.Attention.cost` for a :class:`CostQuery` (the shape
-of a call). Exact variants count *useful* FLOPs by the FlashAttention convention on the exact
-number of allowed (query, key) pairs ``P`` of one (batch, head): forward
-``2 * P * (D + Dv)`` (``4 * P * D`` when ``Dv == D``), backward 2.5x forward. When the mask
-depends on the head (:meth:`attn.base.Attention.mask_depends_on_head`, e.g. per-head
-dilations) each head is counted on its own and the FLOPs sum the heads' counts. Approximate
-variants count the matmuls their code performs (``kind`` says which count a number is), so a
-plug-in approximation is measured correctly by overriding ``cost`` in its own file.
+of a call). Exact variants count *useful* FLOPs by the FlashAttention convention on the
+exact number of allowed (query, key) pairs ``P`` of one (batch, head) of their
+:class:`~attn.pattern.Pattern`: forward ``2 * P * (D + Dv)`` (``4 * P * D`` when
+``Dv == D``), backward 2.5x forward. When the mask depends on the head
+(``Pattern.per_head``, e.g. per-head dilations) each head is counted on its own and the
+FLOPs sum the heads' counts. Approximate variants count the matmuls their code performs
+(``kind`` says which count a number is), so a plug-in approximation is measured correctly
+by overriding ``cost`` in its own file.
 
 Position-bias terms and softmax arithmetic are not counted (as in the convention).
 """
@@ -15,14 +16,11 @@ Position-bias terms and softmax arithmetic are not counted (as in the convention
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from attn.mods import and_masks, causal_mask_mod, index_grids
-
-if TYPE_CHECKING:
-    from attn.base import Attention, Band
+from attn.pattern import Band, Pattern
 
 BWD_FACTOR = 2.5
 _COUNT_CHUNK = 1 << 24  # elements of the mask counted at once
@@ -86,10 +84,10 @@ def band_pairs(band: Band, n: int, causal: bool) -> int:
     return inner_pairs + global_pairs
 
 
-def counted_head_pairs(module: Attention, q_len: int, k_len: int, causal: bool, heads: int) -> tuple[int, ...]:
+def counted_head_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool, heads: int) -> tuple[int, ...]:
     """Allowed pairs of each of ``heads`` heads, counted from the mask_mod in chunks of query
     rows (exact, O(H*Nq*Nk) work)."""
-    mod = and_masks(module.mask_mod(), causal_mask_mod if causal else None)
+    mod = and_masks(pattern.mask_mod, causal_mask_mod if causal else None)
     if mod is None:
         return (q_len * k_len,) * heads
     b, h, i, j = index_grids(1, heads, q_len, k_len, torch.device("cpu"))
@@ -101,53 +99,53 @@ def counted_head_pairs(module: Attention, q_len: int, k_len: int, causal: bool, 
     return tuple(int(t) for t in totals)
 
 
-def counted_pairs(module: Attention, q_len: int, k_len: int, causal: bool) -> int:
+def counted_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool) -> int:
     """Allowed pairs counted from the mask_mod (head 0), in chunks of query rows (exact, O(Nq*Nk) work)."""
-    return counted_head_pairs(module, q_len, k_len, causal, 1)[0]
+    return counted_head_pairs(pattern, q_len, k_len, causal, 1)[0]
 
 
-def allowed_pairs(module: Attention, q_len: int, k_len: int, causal: bool) -> int | float:
+def allowed_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool) -> int | float:
     """Allowed (i, j) pairs of one (batch, head) of a call (bottom-right aligned).
 
-    With a head-dependent mask: the mean over the module's ``num_heads`` heads (see
-    :func:`head_pairs` for each head's count).
+    With a head-dependent mask: the mean over the pattern's ``heads`` (the module's
+    ``num_heads``; see :func:`head_pairs` for each head's count).
     """
-    if module.mask_depends_on_head():
-        heads = module.num_heads
+    if pattern.per_head:
+        heads = pattern.heads
         if heads is None:
             raise ValueError(
-                f"{module.name}: its mask depends on the head, so counting its pairs needs "
+                f"{pattern.name}: its mask depends on the head, so counting its pairs needs "
                 "parameter 'num_heads'; got None"
             )
-        return _mean(sum(head_pairs(module, q_len, k_len, causal, heads)), heads)
-    causal = causal or module.forces_causal
-    band = module.band()
+        return _mean(sum(head_pairs(pattern, q_len, k_len, causal, heads)), heads)
+    causal = causal or pattern.always_causal
+    band = pattern.band
     if band is not None and q_len == k_len:
         return band_pairs(band, q_len, causal)
-    if module.mask_mod() is None:
+    if pattern.mask_mod is None:
         if not causal:
             return q_len * k_len
         offset = k_len - q_len  # row r sees keys j <= offset + r
         return sum(max(0, min(k_len, offset + r + 1)) for r in range(q_len))
-    return counted_pairs(module, q_len, k_len, causal)
+    return counted_pairs(pattern, q_len, k_len, causal)
 
 
-def head_pairs(module: Attention, q_len: int, k_len: int, causal: bool, heads: int) -> tuple[int, ...]:
+def head_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool, heads: int) -> tuple[int, ...]:
     """Allowed pairs of each of ``heads`` heads (one batch element): the same count in every
     head unless the mask depends on the head; a per-head band in closed form per head group."""
-    if not module.mask_depends_on_head():
-        return (allowed_pairs(module, q_len, k_len, causal),) * heads
-    if module.num_heads is not None and heads != module.num_heads:
+    if not pattern.per_head:
+        return (allowed_pairs(pattern, q_len, k_len, causal),) * heads
+    if pattern.heads is not None and heads != pattern.heads:
         raise ValueError(
-            f"{module.name}: a call with {heads} heads but the module was built with "
-            f"num_heads={module.num_heads} (its mask depends on the head)"
+            f"{pattern.name}: a call with {heads} heads but the module was built with "
+            f"num_heads={pattern.heads} (its mask depends on the head)"
         )
-    causal = causal or module.forces_causal
-    band = module.band()
+    causal = causal or pattern.always_causal
+    band = pattern.band
     if band is not None and q_len == k_len:
         return tuple(band_pairs(group, q_len, causal)
                      for h0, h1, group in band.head_groups(heads) for _ in range(h0, h1))
-    return counted_head_pairs(module, q_len, k_len, causal, heads)
+    return counted_head_pairs(pattern, q_len, k_len, causal, heads)
 
 
 def _mean(total: int, heads: int) -> int | float:
@@ -168,11 +166,11 @@ def head_pairs_cost(per_head: tuple[int, ...], query: CostQuery, kind: str = "us
     return Cost(fwd, round(BWD_FACTOR * fwd), kind, _mean(total, len(per_head)))
 
 
-def exact_cost(module: Attention, query: CostQuery) -> Cost:
+def exact_cost(pattern: Pattern, query: CostQuery) -> Cost:
     """Useful FLOPs of an exact variant (allowed pairs, FlashAttention convention)."""
-    if module.mask_depends_on_head():
-        return head_pairs_cost(head_pairs(module, query.q_len, query.k_len, query.causal, query.heads), query)
-    return pairs_cost(allowed_pairs(module, query.q_len, query.k_len, query.causal), query)
+    if pattern.per_head:
+        return head_pairs_cost(head_pairs(pattern, query.q_len, query.k_len, query.causal, query.heads), query)
+    return pairs_cost(allowed_pairs(pattern, query.q_len, query.k_len, query.causal), query)
 
 
 def matmul_flops(m: int, k: int, n: int) -> int:

@@ -30,12 +30,13 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from torch import Tensor, nn
 
 from attn.base import Attention, KernelPath
 from attn.mods import MaskMod, ScoreMod
+from attn.pattern import Pattern
 
 #: the forward signature every plain module must accept
 CONTRACT = "forward(q, k, v, *, causal=False, key_mask=None)"
@@ -90,6 +91,14 @@ def _qualified_name(module: nn.Module) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+class _StandIn(nn.Module):
+    """The plain module of :meth:`PlainModuleAttention.default_pattern`."""
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+                key_mask: Tensor | None = None) -> Tensor:
+        return v  # (B, H, Nk, Dv): never run
+
+
 class PlainModuleAttention(Attention):
     """An Attention around a plain ``nn.Module`` that follows the tensor contract (kernel ``native``).
 
@@ -97,8 +106,6 @@ class PlainModuleAttention(Attention):
     The traits (``exact``, ``supports_causal``, ...) come from the module's optional
     attributes, see :func:`plain_traits`.
     """
-
-    kernels: ClassVar[tuple[str, ...]] = ("native",)
 
     def __init__(
         self,
@@ -122,6 +129,12 @@ class PlainModuleAttention(Attention):
         self.forces_causal = traits.forces_causal
         self.example_params = traits.example_params
         self.inner = module
+
+    @classmethod
+    def default_pattern(cls) -> Pattern | None:
+        """The pattern of a wrapper around a stand-in plain module: every wrapper runs its
+        module as its own implementation, whatever that module computes."""
+        return cls(_StandIn(), name="plain_module").pattern()
 
     def mask_mod(self) -> MaskMod | None:
         """The module's own ``mask_mod()``, or None (every key allowed) when it has none."""

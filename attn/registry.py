@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
+import torch
 from torch import nn
 
 import attn.variants  # noqa: F401  (registers the built-in variants)
-from attn.base import Attention
+from attn.base import PROBE_DIM, PROBE_HEADS, Attention
+from attn.kernels import kernel_names
 from attn.plain_module import (
     CONTRACT,
     PlainModuleAttention,
@@ -239,14 +241,15 @@ def build_attention(
     if inspect.isclass(obj) and issubclass(obj, Attention):
         return obj(kernel=kernel, num_heads=num_heads, head_dim=head_dim, **params)
     if is_plain_module_class(obj):
-        require_choice(f"{name}: parameter 'kernel'", kernel, ("auto", *PlainModuleAttention.kernels))
+        require_choice(f"{name}: parameter 'kernel'", kernel, ("auto", *PlainModuleAttention.class_kernels()))
         inner = obj(**params, **_reserved_arguments(name, obj, num_heads=num_heads, head_dim=head_dim))
         return PlainModuleAttention(inner, name=name, kernel=kernel, num_heads=num_heads, head_dim=head_dim)
     reserved = _reserved_arguments(name, obj, kernel=kernel, num_heads=num_heads, head_dim=head_dim)
     built = obj(**params, **reserved)
     if isinstance(built, Attention):
         if "kernel" not in reserved and kernel != built.kernel:
-            built.kernel = require_choice(f"{name}: parameter 'kernel'", kernel, ("auto", *built.kernels))
+            built.kernel = require_choice(f"{name}: parameter 'kernel'", kernel,
+                                          ("auto", *built.supported_kernels()))
         return built
     problem = contract_problem(built) if isinstance(built, nn.Module) else "it is not an nn.Module"
     if problem is not None:
@@ -308,13 +311,27 @@ def attention_info(name: str) -> AttentionInfo:
         name=name,
         description=doc.split("\n\n")[0].replace("\n", " "),
         params=constructor_params(factory),
-        kernels=tuple(getattr(probe, "kernels", ("native",))),
+        kernels=_kernels_of(name, factory),
         supports_causal=bool(getattr(probe, "supports_causal", True)),
         exact=bool(getattr(probe, "exact", True)),
         source=_registry.sources.get(name, "?"),
         example_params=tuple(getattr(probe, "example_params", ({},))),
         forces_causal=bool(getattr(probe, "forces_causal", False)),
     )
+
+
+def _kernels_of(name: str, factory: Callable[..., Any]) -> tuple[str, ...]:
+    """The kernels of a registered class (:meth:`Attention.class_kernels`) or factory (those
+    of what it builds with its defaults, on the meta device, the random state left alone;
+    every kernel when it cannot be built so)."""
+    if inspect.isclass(factory) and issubclass(factory, Attention):
+        return factory.class_kernels()
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            built = build_attention(factory, name=name, num_heads=PROBE_HEADS, head_dim=PROBE_DIM)
+        return built.supported_kernels()
+    except Exception:  # e.g. a required argument without a default
+        return kernel_names()
 
 
 def _plain_info(name: str, cls: type[nn.Module]) -> AttentionInfo:
@@ -325,7 +342,7 @@ def _plain_info(name: str, cls: type[nn.Module]) -> AttentionInfo:
         name=name,
         description=doc.split("\n\n")[0].replace("\n", " "),
         params=constructor_params(cls),
-        kernels=PlainModuleAttention.kernels,
+        kernels=PlainModuleAttention.class_kernels(),
         supports_causal=traits.supports_causal,
         exact=traits.exact,
         source=_registry.sources.get(name, "?"),

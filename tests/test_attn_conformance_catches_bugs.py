@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import weakref
-from typing import ClassVar
 
 import pytest
 from torch import Tensor
@@ -13,14 +12,16 @@ from attn.conformance import SWEEP_LENGTHS, check_attention
 from attn.kernels import _builtin_kernels
 from attn.kernels.base import Kernel
 from attn.kernels.reference import dense_attention
+from attn.mods import MaskMod
+from attn.pattern import Pattern, PatternOwner
 from attn.variants.sliding_window import SlidingWindowAttention, sliding_window_mod
 
 
 class LeaksFuture(ExactAttention):
-    """Claims full attention with causal support but ignores ``causal``."""
+    """Claims full attention with causal support but ignores ``causal`` (its own implementation,
+    so it runs as kernel ``native`` only)."""
 
     name = "leaks_future"
-    kernels: ClassVar[tuple[str, ...]] = ("native",)
 
     def native_forward(self, q, k, v, causal, key_mask) -> Tensor:
         return dense_attention(q, k, v, key_mask=key_mask)
@@ -30,7 +31,6 @@ class IgnoresKeyMask(ExactAttention):
     """Full attention that forgets the padding mask."""
 
     name = "ignores_key_mask"
-    kernels: ClassVar[tuple[str, ...]] = ("native",)
 
     def native_forward(self, q, k, v, causal, key_mask) -> Tensor:
         return dense_attention(q, k, v, causal=causal)
@@ -40,7 +40,6 @@ class OffByOneWindow(SlidingWindowAttention):
     """Declares |i - j| <= w but computes |i - j| < w (the attention-gym vs torchtitan confusion)."""
 
     name = "off_by_one_window"
-    kernels: ClassVar[tuple[str, ...]] = ("native",)
     example_params = ({"window": 3},)
 
     def native_forward(self, q, k, v, causal, key_mask) -> Tensor:
@@ -53,7 +52,6 @@ class MixesBatch(Attention):
     """A structural (no mask_mod) attention whose output depends on the other batch elements."""
 
     name = "mixes_batch"
-    kernels: ClassVar[tuple[str, ...]] = ("native",)
     exact = False
     supports_causal = False
 
@@ -63,7 +61,7 @@ class MixesBatch(Attention):
 
 
 def failures_of(factory) -> list[str]:
-    report = check_attention(factory)
+    report = check_attention(factory)  # each runs as itself (kernel native): the kit checks that
     assert not report.passed
     return report.failures
 
@@ -96,6 +94,29 @@ def test_kit_catches_batch_mixing() -> None:
     assert any("batch_independence" in f and "depend on other batch elements" in f for f in failures)
 
 
+class BandDisagreesWithMask(SlidingWindowAttention):
+    """Its mask_mod says |i - j| < w while its band says |i - j| <= w: the pattern written twice,
+    inconsistently (``blocked`` would compute the band, ``reference`` the mask)."""
+
+    name = "band_disagrees_with_mask"
+    example_params = ({"window": 3},)
+
+    def mask_mod(self) -> MaskMod:
+        return sliding_window_mod(self.window - 1)
+
+
+def test_kit_catches_a_band_that_disagrees_with_the_mask() -> None:
+    report = check_attention(BandDisagreesWithMask, kernels=["reference"])
+    band = [f for f in report.failures if "band_matches_mask" in f]
+    assert band, report.failures
+    assert "differ at" in band[0] and "mask_mod forbids, band admits it" in band[0]
+    assert "(i=3, j=0, head 0" in band[0] or "(i=0, j=3, head 0" in band[0]
+    # the real variant's band and mask agree
+    real = check_attention("sliding_window", params={"window": 3}, kernels=["reference"])
+    assert [str(r) for r in real.results if r.check == "band_matches_mask"] == [
+        "[PASS] band_matches_mask kernel=- params={'window': 3}"]
+
+
 def test_correct_variant_passes_same_checks() -> None:
     """Control: the real sliding window with the same parameters passes (kernels that compile
     per shape are left to test_attn_conformance)."""
@@ -109,9 +130,9 @@ class CompilesPerShape(Kernel):
     name = "exact_per_shape"
     compiles_per_shape = True
 
-    def run(self, attention, q, k, v, causal, key_mask) -> tuple[Tensor, KernelPath]:
+    def run(self, pattern: Pattern, q, k, v, causal, key_mask) -> tuple[Tensor, KernelPath]:
         out = dense_attention(
-            q, k, v, mask_mod=attention.mask_mod(), score_mod=attention.score_mod(),
+            q, k, v, mask_mod=pattern.mask_mod, score_mod=pattern.score_mod,
             causal=causal, key_mask=key_mask,
         )
         return out, KernelPath(self.name, "dense")
@@ -124,12 +145,12 @@ class StaleAfterEightShapes(CompilesPerShape):
     name = "stale_after_eight"
 
     def __init__(self) -> None:
-        self._shapes: weakref.WeakKeyDictionary[Attention, set[tuple]] = weakref.WeakKeyDictionary()
+        self._shapes: weakref.WeakKeyDictionary[PatternOwner, set[tuple]] = weakref.WeakKeyDictionary()
 
-    def run(self, attention, q, k, v, causal, key_mask) -> tuple[Tensor, KernelPath]:
-        shapes = self._shapes.setdefault(attention, set())
+    def run(self, pattern: Pattern, q, k, v, causal, key_mask) -> tuple[Tensor, KernelPath]:
+        shapes = self._shapes.setdefault(pattern.owner, set())
         shapes.add((*q.shape, *k.shape))
-        out, path = super().run(attention, q, k, v, causal, key_mask)
+        out, path = super().run(pattern, q, k, v, causal, key_mask)
         return (out + 1.0 if len(shapes) > 8 else out), path
 
 
@@ -139,8 +160,8 @@ class ReadsPastTheKeys(CompilesPerShape):
 
     name = "reads_past_the_keys"
 
-    def run(self, attention, q, k, v, causal, key_mask) -> tuple[Tensor, KernelPath]:
-        out, path = super().run(attention, q, k, v, causal, key_mask)
+    def run(self, pattern: Pattern, q, k, v, causal, key_mask) -> tuple[Tensor, KernelPath]:
+        out, path = super().run(pattern, q, k, v, causal, key_mask)
         batch, heads, k_len, dim = k.shape
         if k_len % 16 == 8:
             past = k.as_strided((batch, heads, k_len + 8, dim), k.stride(), k.storage_offset())[:, :, k_len:]
@@ -149,10 +170,9 @@ class ReadsPastTheKeys(CompilesPerShape):
 
 
 class WindowOnFakeKernels(SlidingWindowAttention):
-    """The real sliding window, declared runnable on the fake compiled kernels above."""
+    """The real sliding window, run on the fake compiled kernels above (which support it)."""
 
     name = "window_on_fake_kernels"
-    kernels: ClassVar[tuple[str, ...]] = ("reference", "exact_per_shape", "stale_after_eight", "reads_past_the_keys")
     example_params = ({"window": 3},)
 
 

@@ -103,19 +103,28 @@ def test_bad_parameters(name, params, pattern) -> None:
         check_attention_params(name, **params)
 
 
-def test_parameters_are_checked_without_building(monkeypatch) -> None:
+def test_parameters_are_checked_without_building() -> None:
     """check_attention_params reads the class's rules: no constructor runs, good values pass."""
+    from attn import register_attention
+    from attn.registry import unregister_attention
     from attn.variants.sliding_window import SlidingWindowAttention
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("check_attention_params built a module")
+    class Unbuildable(SlidingWindowAttention):
+        """The sliding window, but building one fails the test."""
 
-    monkeypatch.setattr(SlidingWindowAttention, "__new__", staticmethod(refuse))
-    with pytest.raises(AssertionError, match="built a module"):  # the patch bites
-        create_attention("sliding_window", window=3)
-    check_attention_params("sliding_window", window=3, position_bias="alibi", num_heads=2, head_dim=8)
-    with pytest.raises(ValueError, match="parameter 'window': must be an integer >= 0; got -3"):
-        check_attention_params("sliding_window", window=-3)
+        def __new__(cls, *args, **kwargs):
+            raise AssertionError("check_attention_params built a module")
+
+    register_attention("test_unbuildable_window", overwrite=True)(Unbuildable)
+    try:
+        with pytest.raises(AssertionError, match="built a module"):  # the class bites
+            create_attention("test_unbuildable_window", window=3)
+        check_attention_params("test_unbuildable_window", window=3, position_bias="alibi", num_heads=2,
+                               head_dim=8)
+        with pytest.raises(ValueError, match="parameter 'window': must be an integer >= 0; got -3"):
+            check_attention_params("test_unbuildable_window", window=-3)
+    finally:
+        unregister_attention("test_unbuildable_window")
 
 
 def test_causal_nystrom_is_not_implemented() -> None:

@@ -24,18 +24,18 @@ from bench.speed.flops import case_flops
 @pytest.mark.parametrize("n", [1, 7, 33, 64])
 def test_closed_form_pairs_match_counting_the_mask(name, params, causal, n):
     module = create_attention(name, **params)
-    assert band_pairs(module.band(), n, causal) == counted_pairs(module, n, n, causal)
+    assert band_pairs(module.band(), n, causal) == counted_pairs(module.pattern(), n, n, causal)
 
 
 @pytest.mark.parametrize(("q_len", "k_len"), [(1, 9), (5, 9), (9, 9), (12, 9)])
 def test_causal_pairs_are_bottom_right_aligned(q_len, k_len):
-    full = create_attention("full")
+    full = create_attention("full").pattern()
     assert allowed_pairs(full, q_len, k_len, True) == counted_pairs(full, q_len, k_len, True)
 
 
 def test_useful_flops_of_exact_variants():
-    assert allowed_pairs(create_attention("full"), 100, 100, False) == 100 * 100
-    assert allowed_pairs(create_attention("causal"), 100, 100, False) == 100 * 101 // 2
+    assert allowed_pairs(create_attention("full").pattern(), 100, 100, False) == 100 * 100
+    assert allowed_pairs(create_attention("causal").pattern(), 100, 100, False) == 100 * 101 // 2
     flops, kind, density = case_flops(create_attention("sliding_window", window=1), batch=2,
                                       heads=3, n=10, head_dim=8, causal=False)
     assert flops["fwd"] == 4 * 2 * 3 * (3 * 10 - 2) * 8 and kind == "useful"

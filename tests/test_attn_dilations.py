@@ -315,7 +315,7 @@ def test_band_rules() -> None:
 def test_xformers_refuses_per_head_dilations_with_a_reason() -> None:
     module = create_attention("dilated", window=2, dilation=(1, 2), num_heads=4)
     call = AttentionCall(torch.device("cuda"), torch.float16, False, False, has_key_mask=False)
-    reasons = get_kernel("xformers").not_supported_reasons(module, call)
+    reasons = get_kernel("xformers").not_supported_reasons(module.pattern(), call)
     assert any("per-head dilations" in reason for reason in reasons)
 
 
@@ -340,8 +340,8 @@ def test_the_blocked_modules_cost_counts_the_masks_allowed_pairs(causal, q_len, 
     assert cost.fwd == 2 * batch * total * (dim + v_dim)
     assert cost.bwd == round(2.5 * cost.fwd)
     assert cost.pairs == pytest.approx(total / heads)
-    assert head_pairs(module, q_len, k_len, causal, heads) == tuple(int(p) for p in per_head)
-    assert allowed_pairs(module, q_len, k_len, causal) == pytest.approx(total / heads)
+    assert head_pairs(module.pattern(), q_len, k_len, causal, heads) == tuple(int(p) for p in per_head)
+    assert allowed_pairs(module.pattern(), q_len, k_len, causal) == pytest.approx(total / heads)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -350,7 +350,8 @@ def test_per_head_closed_form_matches_counting(causal, n) -> None:
     module = create_attention("dilated", window=3, dilation=(1, 2, 5), num_heads=6)
     band = module.band()
     closed = tuple(band_pairs(group, n, causal) for h0, h1, group in band.head_groups(6) for _ in range(h0, h1))
-    assert closed == counted_head_pairs(module, n, n, causal, 6) == head_pairs(module, n, n, causal, 6)
+    pattern = module.pattern()
+    assert closed == counted_head_pairs(pattern, n, n, causal, 6) == head_pairs(pattern, n, n, causal, 6)
     with pytest.raises(ValueError, match="one count per head"):
         band_pairs(band, n, causal)
 

@@ -26,7 +26,7 @@ CASES = [  # (variant, params, device, requires_grad, expected)
 @pytest.mark.parametrize(("name", "params", "device", "grad", "expected"), CASES)
 def test_auto_choice(name: str, params: dict, device: str, grad: bool, expected: str) -> None:
     module = create_attention(name, **params)
-    assert choose_kernel(module, AttentionCall(torch.device(device), torch.float32, False, grad)) == expected
+    assert choose_kernel(module.pattern(), AttentionCall(torch.device(device), torch.float32, False, grad)) == expected
 
 
 def test_flex_never_chosen_for_cpu_backward_or_float64() -> None:
@@ -55,7 +55,7 @@ def test_chosen_kernel_recorded() -> None:
 def test_short_calls_on_cpu_take_the_dense_kernel(name, params, k_len, expected) -> None:
     module = create_attention(name, **params)
     call = AttentionCall(torch.device("cpu"), torch.float32, False, True, q_len=k_len, k_len=k_len)
-    assert choose_kernel(module, call) == expected
+    assert choose_kernel(module.pattern(), call) == expected
 
 
 def test_the_choice_follows_the_call_and_is_made_once_per_call_description(monkeypatch) -> None:

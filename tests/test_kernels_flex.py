@@ -5,13 +5,12 @@ only between equally configured modules. CPU compiles take seconds, so the cases
 from __future__ import annotations
 
 import copy
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 import torch
 
 from attn import AttentionCall, ExactAttention, MaskMod, create_attention, get_kernel, register_attention
-from attn.kernels.flex import config_key
 from attn.kernels.reference import dense_attention
 from attn.registry import unregister_attention
 from attn.variants.sliding_window import sliding_window_mod
@@ -72,7 +71,7 @@ def test_sweep_of_shapes_never_falls_back_to_eager() -> None:
             assert module.last_path.fallback is None, module.last_path.fallback
             assert module.last_path.compile_s is not None
             torch.testing.assert_close(out, ref(q, q, q), atol=1e-5, rtol=0)
-    assert len(get_kernel("flex")._buckets_of(module)) == 2  # n = 16 as it is; 17..25 padded to 32
+    assert len(get_kernel("flex")._buckets_of(module.pattern())) == 2  # n = 16 as it is; 17..25 padded to 32
 
 
 def test_reads_nothing_past_the_keys_at_a_length_8_past_a_multiple_of_16() -> None:
@@ -89,8 +88,6 @@ def test_reads_nothing_past_the_keys_at_a_length_8_past_a_multiple_of_16() -> No
 
 class _Band(ExactAttention):
     """A plug-in-style band |i - j| <= width that keeps its width private and out of ``extra_repr``."""
-
-    kernels: ClassVar[tuple[str, ...]] = ("reference", "flex")
 
     def __init__(self, width: int = 1, **common: Any) -> None:
         super().__init__(**common)
@@ -114,8 +111,9 @@ def test_plugin_instances_with_other_arguments_get_their_own_compiled_mask() -> 
         narrow = create_attention("flex_test_band", width=1, kernel="flex")
         wide = create_attention("flex_test_band", width=6, kernel="flex")
         assert narrow.extra_repr() == wide.extra_repr()  # the repr cannot tell them apart
-        assert config_key(narrow) == config_key(create_attention("flex_test_band", width=1, kernel="flex"))
-        assert config_key(narrow) != config_key(wide)
+        same = create_attention("flex_test_band", width=1, kernel="flex")
+        assert narrow.pattern().shared and narrow.pattern().key == same.pattern().key
+        assert narrow.pattern().key != wide.pattern().key
         gen = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, 2, 32, 16, generator=gen) for _ in range(3))
         with torch.no_grad():
@@ -127,12 +125,21 @@ def test_plugin_instances_with_other_arguments_get_their_own_compiled_mask() -> 
         unregister_attention("flex_test_band")
 
 
+def key(module: Any) -> Any:
+    """The compile-cache key of ``module``'s pattern (None when it is kept per module)."""
+    pattern = module.pattern()
+    return pattern.key if pattern.shared else None
+
+
 def test_cache_key_follows_arguments_and_attributes_not_copies() -> None:
     module = create_attention("sliding_window", window=4, kernel="flex")
-    assert config_key(copy.deepcopy(module)) == config_key(module)  # copies share compiled code
-    assert config_key(create_attention("sliding_window", window=5, kernel="flex")) != config_key(module)
-    before = config_key(module)
+    assert key(copy.deepcopy(module)) == key(module)  # copies share compiled code
+    assert key(create_attention("sliding_window", window=5, kernel="flex")) != key(module)
+    before = key(module)
     module.window = 5  # changed after construction: no longer the configuration compiled before
-    assert config_key(module) != before
+    assert key(module) != before
     biased = create_attention("relative", bias="alibi", num_heads=2, kernel="flex")
-    assert config_key(biased) is None  # holds tensors: identified by the module itself
+    assert key(biased) is None  # its mods close over its tensors: identified by the module itself
+    assert biased.pattern().key == biased.pattern().key  # stable from call to call
+    assert biased.pattern().owner is biased.pattern().owner
+    assert copy.deepcopy(biased).pattern().key != biased.pattern().key  # a copy has its own tensors

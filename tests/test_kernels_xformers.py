@@ -16,9 +16,10 @@ from attn.kernels.xformers import attn_bias_for
 def test_reasons_without_cuda() -> None:
     kernel = get_kernel("xformers")
     module = create_attention("sliding_window", window=4)
-    reasons = kernel.not_supported_reasons(module, AttentionCall(torch.device("cpu"), torch.float32, False, False))
+    cpu_call = AttentionCall(torch.device("cpu"), torch.float32, False, False)
+    reasons = kernel.not_supported_reasons(module.pattern(), cpu_call)
     assert any("CUDA only" in r for r in reasons)
-    reasons = kernel.not_supported_reasons(create_attention("dilated"),
+    reasons = kernel.not_supported_reasons(create_attention("dilated").pattern(),
                                            AttentionCall(torch.device("cuda"), torch.float64, False, False))
     assert any("float64" in r for r in reasons) and any("dilated" in r for r in reasons)
     assert module.not_supported_reasons(AttentionCall("cpu", torch.float32, False, False), kernel="xformers")
@@ -30,7 +31,7 @@ def test_reason_without_xformers(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "xformers.ops", None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     kernel = get_kernel("xformers")
-    reasons = kernel.not_supported_reasons(create_attention("full"),
+    reasons = kernel.not_supported_reasons(create_attention("full").pattern(),
                                            AttentionCall(torch.device("cuda"), torch.float16, False, False))
     assert len(reasons) == 1 and "xformers is not importable" in reasons[0]
 
@@ -57,26 +58,26 @@ def _fake_ops(calls: list) -> types.SimpleNamespace:
 def test_bias_mapping_and_layout(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list = []
     ops = _fake_ops(calls)
-    bias, _ = attn_bias_for(ops, create_attention("full"), causal=False)
+    bias, _ = attn_bias_for(ops, create_attention("full").pattern(), causal=False)
     assert bias is None
-    bias, _ = attn_bias_for(ops, create_attention("causal"), causal=True)
+    bias, _ = attn_bias_for(ops, create_attention("causal").pattern(), causal=True)
     assert type(bias).__name__ == "LowerTriangularFromBottomRightMask"
-    bias, _ = attn_bias_for(ops, create_attention("sliding_window", window=7), causal=False)
+    bias, _ = attn_bias_for(ops, create_attention("sliding_window", window=7).pattern(), causal=False)
     assert type(bias).__name__ == "LocalAttentionFromBottomRightMask"
     assert bias.kwargs == {"window_left": 7, "window_right": 7}
-    bias, _ = attn_bias_for(ops, create_attention("sliding_window", window=7), causal=True)
+    bias, _ = attn_bias_for(ops, create_attention("sliding_window", window=7).pattern(), causal=True)
     assert bias.args == (8,)  # the diagonal plus w keys to the left
     # run(): (B, H, N, D) <-> (B, N, H, D) and the path, with the stand-in ops
     import attn.kernels.xformers as xmod
 
     monkeypatch.setattr(xmod, "load_xformers", lambda: (ops, None))
     q = torch.randn(2, 3, 10, 8)
-    out, path = get_kernel("xformers").run(create_attention("full"), q, q, q, False, None)
+    out, path = get_kernel("xformers").run(create_attention("full").pattern(), q, q, q, False, None)
     assert calls[-1][0] == (2, 10, 3, 8)
     torch.testing.assert_close(out, torch.nn.functional.scaled_dot_product_attention(q, q, q))
     assert path.kernel == "xformers"
     with pytest.raises(NotImplementedError, match="key_mask"):
-        get_kernel("xformers").run(create_attention("full"), q, q, q, False,
+        get_kernel("xformers").run(create_attention("full").pattern(), q, q, q, False,
                                    torch.ones(2, 10, dtype=torch.bool))
 
 
@@ -102,7 +103,7 @@ def test_key_mask_is_declared_before_the_run(monkeypatch: pytest.MonkeyPatch) ->
     calls: list = []
     monkeypatch.setattr(xmod, "load_xformers", lambda: (_fake_ops(calls), None))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    kernel, module = get_kernel("xformers"), create_attention("full")
+    kernel, module = get_kernel("xformers"), create_attention("full").pattern()
     plain = AttentionCall("cuda", torch.float16, False, False, q_len=10, k_len=10, head_dim=8)
     padded = AttentionCall("cuda", torch.float16, False, False, q_len=10, k_len=10, head_dim=8,
                            has_key_mask=True)
@@ -111,11 +112,11 @@ def test_key_mask_is_declared_before_the_run(monkeypatch: pytest.MonkeyPatch) ->
     assert len(reasons) == 1 and "key_mask" in reasons[0]
 
     class XformersFirst(FullAttention):
-        kernels = ("xformers", "reference")
+        preferred_kernels = ("xformers", "reference")
 
     first = XformersFirst()
-    assert choose_kernel(first, plain) == "xformers"
-    assert choose_kernel(first, padded) == "reference"
+    assert choose_kernel(first.pattern(), plain, first.preferred_kernels) == "xformers"
+    assert choose_kernel(first.pattern(), padded, first.preferred_kernels) == "reference"
     assert first.resolve_kernel(plain) == "xformers" and first.resolve_kernel(padded) == "reference"
     q = torch.randn(2, 3, 10, 8)
     with pytest.raises(NotImplementedError, match="kernel 'xformers' cannot run this call: .*key_mask"):

@@ -26,13 +26,11 @@ PLUGIN = '''
 import os
 import signal
 import time
-from typing import ClassVar
 
 from attn import Attention, KernelPath, register_attention
 
 
 class _Base(Attention):
-    kernels: ClassVar[tuple[str, ...]] = ("native",)
     exact = False
     supports_causal = False
 

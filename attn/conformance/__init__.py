@@ -4,9 +4,12 @@
     report = check_attention("sliding_window")          # or a factory / class
     report.raise_if_failed()                             # AssertionError listing failures
 
-Checks, for every parameter set and every kernel the variant declares (a kernel that
+Checks, for every parameter set and every kernel the variant has (a kernel that
 does not support a call is reported as skipped with its reason):
 
+- ``band_matches_mask`` (once per parameter set, for a variant that declares a band): the
+  band admits exactly the pairs the mask_mod admits (N = 24, every head), so the pattern the
+  banded kernels run is the one the others run;
 - ``shape_dtype_finite``: output (B, H, Nq, Dv), input dtype, finite values;
 - ``matches_reference``: exact variants equal the dense reference built from their own
   mask_mod / score_mod (fp64 atol 1e-10, fp32 1e-5) for odd lengths, B > 1, H = 4 (every

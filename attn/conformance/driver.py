@@ -1,5 +1,5 @@
 """The kit's driver: :func:`check_attention` builds the variant for each parameter set and
-runs every check on every kernel it declares, each check in a child process under a time
+runs every check on every kernel it has, each check in a child process under a time
 limit (:mod:`attn.conformance.isolation`), or here when asked (``isolate=False``)."""
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ def check_attention(
     """Run the conformance checks on a registered name or a factory/class.
 
     ``params``: one dict or several (default: the variant's ``example_params``).
-    ``kernels``: which kernels to check (default: every kernel the variant declares).
+    ``kernels``: which kernels to check (default: every kernel that supports the variant's
+    pattern, :meth:`~attn.base.Attention.supported_kernels`).
     ``quick``: the first parameter set and two shapes only (for kernels that compile per
     shape, e.g. ``flex`` on CPU); every check still runs.
     ``isolate`` (default): every check runs in a child process and gets at most

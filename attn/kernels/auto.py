@@ -1,10 +1,12 @@
 """``kernel="auto"``: the fastest supported kernel for the call, by a fixed documented rule.
 
-Rule: the variant's *kind* picks a preference order per device type (table below), and on
+Rule: the pattern's *kind* picks a preference order per device type (table below), and on
 CPU a short call (few keys) another one; the first kernel in that order that the variant
-lists and that supports the call (its ``not_supported_reasons`` for the
-:class:`~attn.call.AttentionCall` is empty) runs; kernels the variant has but the table
-omits come next, and ``reference`` (the O(N^2) ground truth) always last. Each module
+has (:func:`attn.kernels.kernels_for` its pattern) and that supports the call (its
+``not_supported_reasons`` for the :class:`~attn.call.AttentionCall` is empty) runs; kernels
+the variant has but the table omits come next, and ``reference`` (the O(N^2) ground truth)
+always last. A variant may name kernels it prefers (``Attention.preferred_kernels``): those
+it has are tried first, in its order. Each module
 remembers its choice per call description (device, dtype, causal, grad, key mask given,
 short or long), so a decoding step does not re-run every kernel's check: only the chosen
 kernel's, for the step's lengths (see :meth:`attn.Attention.resolve_kernel`).
@@ -18,7 +20,8 @@ biased / masked   chunked, sdpa                                flex, chunked, sd
 approximate       native                                       native
 ================  ==========================================  ================================
 
-* *banded*: ``band()`` is not None (sliding_window, dilated, global_tokens, with or without
+* *approximate*: not exact, or the variant brings its own implementation (``native``).
+  *banded*: ``band()`` is not None (sliding_window, dilated, global_tokens, with or without
   a position bias). *plain*: no mask_mod and no score_mod (full, causal). *biased /
   masked*: any other exact variant (``relative``, plug-ins with a mask_mod).
 * Why, on CPU. ``results/linear-cpu`` (``attn-bench sweep linear-cpu``: fp32, B=1, H=8,
@@ -48,15 +51,13 @@ approximate       native                                       native
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
 import torch
 
 from attn.call import AttentionCall
-from attn.kernels import get_kernel, list_kernels
-
-if TYPE_CHECKING:
-    from attn.base import Attention
+from attn.kernels import get_kernel, kernels_for
+from attn.pattern import Pattern
 
 #: preference order per (device type, kind); kernels a variant lacks are skipped
 AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
@@ -78,57 +79,62 @@ SHORT_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
 }
 
 
-def kernel_kind(attention: Attention) -> str:
+def kernel_kind(pattern: Pattern) -> str:
     """``banded``, ``plain``, ``biased`` or ``approximate``: the row of the auto table."""
-    if not attention.exact:
+    if not pattern.exact or pattern.native is not None:
         return "approximate"
-    if attention.band() is not None:
+    if pattern.band is not None:
         return "banded"
-    if attention.mask_mod() is None and attention.score_mod() is None:
+    if pattern.mask_mod is None and pattern.score_mod is None:
         return "plain"
     return "biased"
 
 
-def short_keys(attention: Attention, device: torch.device) -> int | None:
+def short_keys(pattern: Pattern, device: torch.device) -> int | None:
     """Calls with fewer keys than this take the short-call order; None: no short order."""
-    return SHORT_KEYS.get((torch.device(device).type, kernel_kind(attention)))
+    return SHORT_KEYS.get((torch.device(device).type, kernel_kind(pattern)))
 
 
-def is_short(attention: Attention, device: torch.device, k_len: int | None) -> bool:
+def is_short(pattern: Pattern, device: torch.device, k_len: int | None) -> bool:
     """True when a call with ``k_len`` keys takes the short-call order."""
-    limit = short_keys(attention, device)
+    limit = short_keys(pattern, device)
     return limit is not None and k_len is not None and k_len < limit
 
 
-def auto_order(attention: Attention, device: torch.device, k_len: int | None = None) -> list[str]:
-    """The kernels ``auto`` tries for this attention on this device, in order."""
+def auto_order(pattern: Pattern, device: torch.device, k_len: int | None = None,
+               preferred: Sequence[str] = ()) -> list[str]:
+    """The kernels ``auto`` tries for ``pattern`` on this device, in order: those of
+    ``preferred`` the pattern supports, then the table's, then the pattern's other kernels,
+    ``reference`` last."""
     dev = torch.device(device).type
-    kind = kernel_kind(attention)
-    table = SHORT_ORDER[(dev, kind)] if is_short(attention, device, k_len) else AUTO_ORDER.get((dev, kind))
+    kind = kernel_kind(pattern)
+    table = SHORT_ORDER[(dev, kind)] if is_short(pattern, device, k_len) else AUTO_ORDER.get((dev, kind))
     if table is None:  # other devices: the CPU rule (portable kernels first)
         table = AUTO_ORDER[("cpu", kind)]
-    order = [k for k in table if k in attention.kernels]
-    order += [k for k in attention.kernels if k not in order and k != "reference"]
-    if "reference" in attention.kernels:
+    usable = kernels_for(pattern)
+    order = [k for k in preferred if k in usable]
+    order += [k for k in table if k in usable and k not in order]
+    order += [k for k in usable if k not in order and k != "reference"]
+    if "reference" in usable and "reference" not in order:
         order.append("reference")
     return order
 
 
-def choose_kernel(attention: Attention, call: AttentionCall) -> str:
+def choose_kernel(pattern: Pattern, call: AttentionCall, preferred: Sequence[str] = (),
+                  known: dict[str, list[str]] | None = None) -> str:
     """Name of the kernel ``kernel="auto"`` runs for ``call``; NotImplementedError if none.
 
-    The call's ``k_len`` selects the short-call order; None means a long call.
+    The call's ``k_len`` selects the short-call order; None means a long call. ``known``
+    holds reasons already asked of kernels for this call (not asked again).
     """
-    known = set(list_kernels())
+    known = {} if known is None else known
     reasons: list[str] = []
-    for name in auto_order(attention, call.device, call.k_len):
-        if name not in known:
-            continue
-        why = get_kernel(name).not_supported_reasons(attention, call)
+    for name in auto_order(pattern, call.device, call.k_len, preferred):
+        why = known[name] if name in known else get_kernel(name).not_supported_reasons(pattern, call)
         if not why:
             return name
         reasons.append(f"{name}: {'; '.join(why)}")
     raise NotImplementedError(
-        f"{attention.name}: no kernel supports this call ({call.describe()}): "
+        f"{pattern.name}: no kernel supports this call ({call.describe()}): "
         f"{' | '.join(reasons) or 'none declared'}"
     )

@@ -11,7 +11,6 @@ memory-efficient path for ``relative`` (and any exact variant) at long N.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -19,9 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from attn.kernels.base import Kernel, KernelPath
 from attn.mods import MaskMod, ScoreMod, and_masks, causal_mask_mod, masked_softmax
-
-if TYPE_CHECKING:
-    from attn.base import Attention
+from attn.pattern import Pattern
 
 #: target elements of one chunk of scores (B * H * C * Nk)
 CHUNK_ELEMENTS = 1 << 22
@@ -107,16 +104,13 @@ class ChunkedKernel(Kernel):
     name = "chunked"
     description = "dense attention over query chunks with per-chunk checkpointing, O(chunk*N) memory"
 
-    def not_supported_reasons(self, attention, call) -> list[str]:
-        return self.exactness_reasons(attention)
-
-    def run(self, attention: Attention, q, k, v, causal, key_mask):
-        params = tuple(attention.parameters())
+    def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
+            key_mask: Tensor | None) -> tuple[Tensor, KernelPath]:
         out = chunked_attention(
-            q, k, v, mask_mod=attention.mask_mod(), score_mod=attention.score_mod(),
-            score_params=params, causal=causal, key_mask=key_mask,
-        )
+            q, k, v, mask_mod=pattern.mask_mod, score_mod=pattern.score_mod,
+            score_params=pattern.score_params, causal=causal, key_mask=key_mask,
+        )  # (B, H, Nq, Dv)
         rows = chunk_rows(q.shape[0], q.shape[1], k.shape[2])
-        emulated = attention.mask_mod() is not None  # a sparse pattern at dense cost
+        emulated = pattern.mask_mod is not None  # a sparse pattern at dense cost
         path = f"dense query chunks of {rows} rows (checkpointed)"
         return out, KernelPath(self.name, path, mask_emulated=emulated)

@@ -14,12 +14,14 @@ NaN depending on what memory lies past the keys. So on CPU keys are padded to a 
 :data:`ALIGN` (the padding masked out in the mask_mod), and queries of at least ``ALIGN``
 rows likewise (the padded rows are dropped); shorter query blocks (decoding) run as they are.
 
-Caching (so a sweep never hits dynamo's recompile limit). One bucket per (attention module,
-B, H, padded Nq, padded Nk, D, Dv, dtype, device, causal, key_mask present, padded or not).
-Modules without parameters or buffers are identified by their class, the arguments they
-were constructed with and their plain public attributes (so copies share compiled code and
-differently configured modules never do); the others by identity (their mods close over
-their tensors). A bucket holds the wrapped mods, the block mask of each exact shape (rebuilt
+Caching (so a sweep never hits dynamo's recompile limit). One bucket per (pattern key, B, H,
+padded Nq, padded Nk, D, Dv, dtype, device, causal, key_mask present, padded or not). The
+pattern's key (:attr:`attn.pattern.Pattern.key`) is the fingerprint of its mods: their code
+and the plain values they close over. Patterns whose mods close over plain values only
+(``Pattern.shared``) share buckets across modules (copies share compiled code, differently
+configured modules never do); the others (mods closing over tensors, e.g. a learned bias
+table) keep theirs per module (``Pattern.owner``, dropped with the module), keyed by the
+identities of those tensors. A bucket holds the wrapped mods, the block mask of each exact shape (rebuilt
 only when a ``key_mask`` is given, since it depends on the data; one per head when the
 variant's mask depends on the head, else one shared by the heads) and a compiled function
 with its *own code object*: dynamo keys its cache and recompile limit on the code object,
@@ -39,34 +41,27 @@ flex backward), float64 unsupported on CPU, approximate variants unsupported.
 
 from __future__ import annotations
 
-import enum
-import functools
-import inspect
 import time
 import types
 import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+from attn.call import AttentionCall
 from attn.kernels.base import Kernel, KernelPath
 from attn.mods import MaskMod, ScoreMod, and_masks, causal_mask_mod
-
-if TYPE_CHECKING:
-    from attn.base import Attention
+from attn.pattern import Pattern, PatternOwner
 
 BLOCK = 128
 #: on CPU, key lengths (and query lengths of at least this many rows) are padded to a
 #: multiple of this: the width of the C++ template's ``q @ k.T`` micro-kernel
 ALIGN = 16
-#: module attributes that say how a module runs, not what it computes (not part of cache keys)
-_RUN_ATTRIBUTES = frozenset({"kernel", "training", "last_path"})
-_PLAIN_SCALARS = (bool, int, float, complex, str, bytes, torch.dtype, torch.device, enum.Enum)
 
 
 def _fresh(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -100,91 +95,10 @@ def padded_lengths(q_len: int, k_len: int, device: torch.device) -> tuple[int, i
     return (q_len if q_len < ALIGN else _round_up(q_len, ALIGN)), _round_up(k_len, ALIGN)
 
 
-class _NotPlain(Exception):
-    """A value that is not plain data (so it cannot identify a configuration)."""
-
-
-def _plain(value: Any) -> Hashable:
-    """``value`` as a hashable, type-tagged form when it is plain data; ``_NotPlain`` otherwise."""
-    if value is None or isinstance(value, _PLAIN_SCALARS):
-        return (type(value).__qualname__, value)
-    if isinstance(value, (tuple, list)):
-        return (type(value).__qualname__, tuple(_plain(x) for x in value))
-    if isinstance(value, (set, frozenset)):
-        return (type(value).__qualname__, tuple(sorted((_plain(x) for x in value), key=repr)))
-    if isinstance(value, dict):
-        items = sorted(value.items(), key=lambda item: repr(item[0]))
-        return ("dict", tuple((_plain(key), _plain(item)) for key, item in items))
-    raise _NotPlain(type(value).__qualname__)
-
-
-@functools.cache
-def _init_signature(cls: type) -> inspect.Signature | None:
-    """The signature of the ``__init__`` that ``cls`` runs (None when not introspectable)."""
-    init = next(c.__init__ for c in cls.__mro__ if "__init__" in vars(c))
-    try:
-        return inspect.signature(init)
-    except (TypeError, ValueError):
-        return None
-
-
-def _constructor_arguments(attention: Attention) -> dict[str, Any]:
-    """The arguments ``attention`` was constructed with, bound to its ``__init__`` with defaults."""
-    init_args = attention.__dict__.get("_init_args")
-    if init_args is None:
-        raise _NotPlain("constructor arguments were not recorded")
-    args, kwargs = init_args
-    signature = _init_signature(type(attention))
-    try:
-        bound = signature.bind(attention, *args, **kwargs)  # type: ignore[union-attr]
-    except (AttributeError, TypeError):  # not introspectable: the raw arguments still identify it
-        return {"*args": args, **kwargs}
-    bound.apply_defaults()
-    arguments = dict(bound.arguments)
-    arguments.pop(next(iter(arguments)))  # self
-    return arguments
-
-
-def _attribute_fingerprint(attention: Attention) -> tuple:
-    """Plain public attributes of the module and its submodules, in definition order (so a
-    hyper-parameter changed after construction changes the key; never-equal orders only
-    cost sharing)."""
-    items = []
-    for path, module in attention.named_modules():
-        for name, value in vars(module).items():
-            if name[0] == "_" or name in _RUN_ATTRIBUTES:
-                continue
-            try:
-                items.append((path, name, _plain(value)))
-            except _NotPlain:  # e.g. a KernelPath or a tensor: not a hyper-parameter
-                continue
-    return tuple(items)
-
-
-def _holds_tensors(attention: Attention) -> bool:
-    return any(True for _ in attention.parameters()) or any(True for _ in attention.buffers())
-
-
-def _arguments_key(attention: Attention) -> Hashable | None:
-    """The constructor arguments in hashable form; None when they are not plain data."""
-    try:
-        return _plain(_constructor_arguments(attention))
-    except _NotPlain:
-        return None
-
-
-def config_key(attention: Attention) -> Hashable | None:
-    """What identifies a tensor-free module's semantics: (class, constructor arguments, plain
-    attributes); None when the module holds tensors or was built from non-plain arguments
-    (then only the module itself identifies it)."""
-    arguments = None if _holds_tensors(attention) else _arguments_key(attention)
-    return None if arguments is None else (type(attention), arguments, _attribute_fingerprint(attention))
-
-
 def _wrap_mods(
-    attention: Attention, causal: bool, lengths: Tensor | tuple[int, int, int], key_mask_buf: Tensor | None
+    pattern: Pattern, causal: bool, lengths: Tensor | tuple[int, int, int], key_mask_buf: Tensor | None
 ) -> tuple[MaskMod, ScoreMod | None, bool]:
-    """FlexAttention mods for ``attention``; True when every pair is allowed (no mask_mod, not
+    """FlexAttention mods for ``pattern``; True when every pair is allowed (no mask_mod, not
     causal, no key_mask).
 
     ``lengths`` is ``(Nq, Nk, Nk - Nq)``: Python ints for a call that runs unpadded (baked
@@ -192,8 +106,8 @@ def _wrap_mods(
     then padded keys are masked out and positions are clamped into the real keys, so that
     the variant's mods never see the padding (they may index tensors with them).
     """
-    base = and_masks(attention.mask_mod(), causal_mask_mod if causal else None)
-    score = attention.score_mod()
+    base = and_masks(pattern.mask_mod, causal_mask_mod if causal else None)
+    score = pattern.score_mod
     padded = isinstance(lengths, Tensor)
 
     def positions(q_idx: Tensor, kv_idx: Tensor) -> tuple[Tensor, Tensor]:
@@ -224,7 +138,7 @@ def _wrap_mods(
 
 @dataclass
 class _Bucket:
-    """Everything cached for one (padded) call shape of one attention module."""
+    """Everything cached for one (padded) call shape of one pattern key."""
 
     lengths: Tensor | None  # int64 (3,): Nq, Nk, Nk - Nq of the current call; None: unpadded
     key_mask_buf: Tensor | None  # bool (B, padded Nk), refilled per call
@@ -248,36 +162,28 @@ class FlexKernel(Kernel):
     description = "torch flex_attention compiled (block-sparse), block masks cached per shape"
 
     def __init__(self) -> None:
-        self._by_module: weakref.WeakKeyDictionary[Attention, dict[tuple, _Bucket]] = (
+        self._by_owner: weakref.WeakKeyDictionary[PatternOwner, dict[Hashable, dict[tuple, _Bucket]]] = (
             weakref.WeakKeyDictionary()
         )
-        self._by_config: dict[Hashable, dict[tuple, _Bucket]] = {}
-        self._arguments: weakref.WeakKeyDictionary[Attention, Hashable | None] = weakref.WeakKeyDictionary()
+        self._by_key: dict[Hashable, dict[tuple, _Bucket]] = {}
 
-    def not_supported_reasons(self, attention, call) -> list[str]:
-        reasons = self.exactness_reasons(attention)
-        if call.device.type == "cpu":
+    def not_supported_reasons(self, pattern: Pattern, call: AttentionCall | None = None) -> list[str]:
+        reasons = super().not_supported_reasons(pattern, call)
+        if call is not None and call.device.type == "cpu":
             if call.requires_grad:
                 reasons.append("flex has no backward on CPU in this torch (forward only)")
             if call.dtype == torch.float64:
                 reasons.append("flex on CPU supports float32/float16/bfloat16, not float64")
         return reasons
 
-    def _buckets_of(self, attention: Attention) -> dict[tuple, _Bucket]:
-        """The buckets of ``attention``: shared by equally configured tensor-free modules."""
-        arguments = None
-        if not _holds_tensors(attention):
-            if attention not in self._arguments:  # constructor arguments never change: bound once
-                self._arguments[attention] = _arguments_key(attention)
-            arguments = self._arguments[attention]
-        fingerprint = _attribute_fingerprint(attention)
-        if arguments is None:  # mods close over its tensors: keyed by identity and the tensors it holds now
-            tensors = tuple(id(t) for t in (*attention.parameters(), *attention.buffers()))
-            per_module = self._by_module.setdefault(attention, {})
-            return per_module.setdefault((tensors, fingerprint), {})
-        return self._by_config.setdefault((type(attention), arguments, fingerprint), {})
+    def _buckets_of(self, pattern: Pattern) -> dict[tuple, _Bucket]:
+        """The buckets of ``pattern``'s key: shared by equal patterns of any module when the
+        key names plain values only, else kept per module (they die with it)."""
+        if pattern.shared:
+            return self._by_key.setdefault(pattern.key, {})
+        return self._by_owner.setdefault(pattern.owner, {}).setdefault(pattern.key, {})
 
-    def _bucket(self, attention: Attention, q: Tensor, k: Tensor, v: Tensor, causal: bool,
+    def _bucket(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
                 key_mask: Tensor | None) -> _Bucket:
         batch, heads, q_len, dim = q.shape
         k_len = k.shape[2]
@@ -285,15 +191,15 @@ class FlexKernel(Kernel):
         padded = (q_pad, k_pad) != (q_len, k_len)  # unpadded calls get exact code of their own
         key = (batch, heads, q_pad, k_pad, dim, v.shape[-1], q.dtype, q.device, causal,
                key_mask is not None, padded)
-        buckets = self._buckets_of(attention)
+        buckets = self._buckets_of(pattern)
         if key in buckets:
             return buckets[key]
         lengths = torch.zeros(3, dtype=torch.int64, device=q.device) if padded else None
         buf = None if key_mask is None else torch.zeros(batch, k_pad, dtype=torch.bool, device=q.device)
         exact = (q_len, k_len, k_len - q_len)
-        mask_mod, score_mod, all_allowed = _wrap_mods(attention, causal, exact if lengths is None else lengths, buf)
+        mask_mod, score_mod, all_allowed = _wrap_mods(pattern, causal, exact if lengths is None else lengths, buf)
         tag = f"{batch}x{heads}x{q_pad}x{k_pad}x{dim}{'_padded' if padded else ''}"
-        per_head = attention.mask_depends_on_head()
+        per_head = pattern.per_head
         # a head-dependent mask trips Inductor's vectorised C++ codegen when the block mask is
         # compiled (a VecMask<int> / VecMask<float> mix that g++ rejects, torch 2.13): compile it
         # as scalar C++ instead of building it eagerly (O(H*Nq*Nk) memory)
@@ -326,8 +232,9 @@ class FlexKernel(Kernel):
         bucket.block_masks[shape] = block_mask
         return block_mask, True
 
-    def run(self, attention: Attention, q, k, v, causal, key_mask):
-        bucket = self._bucket(attention, q, k, v, causal, key_mask)
+    def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
+            key_mask: Tensor | None) -> tuple[Tensor, KernelPath]:
+        bucket = self._bucket(pattern, q, k, v, causal, key_mask)
         q_len, k_len = q.shape[2], k.shape[2]
         shape = (q_len, k_len)
         first = shape not in bucket.seen

@@ -2,21 +2,35 @@
 
 from __future__ import annotations
 
+from torch import Tensor
+
+from attn.call import AttentionCall
 from attn.kernels.base import Kernel, KernelPath
+from attn.pattern import Pattern
 
 
 class NativeKernel(Kernel):
-    """Runs ``attention.native_forward``; the variant declares its own support in
-    ``native_not_supported_reasons(call) -> list[str]`` (optional: none means any call)."""
+    """Runs ``pattern.native.forward``, the variant's own implementation; the variant declares
+    the calls it refuses in ``pattern.native.not_supported_reasons(call)`` (optional: none
+    means any call)."""
 
     name = "native"
     description = "the variant's own implementation"
+    runs_definitions = False
 
-    def not_supported_reasons(self, attention, call) -> list[str]:
-        reasons = getattr(attention, "native_not_supported_reasons", None)
-        return [] if reasons is None else reasons(call)
+    def not_supported_reasons(self, pattern: Pattern, call: AttentionCall | None = None) -> list[str]:
+        reasons = super().not_supported_reasons(pattern, call)
+        native = pattern.native
+        if native is None:
+            return [*reasons, f"{pattern.name} has no implementation of its own (native_forward)"]
+        if call is not None and native.not_supported_reasons is not None:
+            reasons += native.not_supported_reasons(call)
+        return reasons
 
-    def run(self, attention, q, k, v, causal, key_mask):
-        out = attention.native_forward(q, k, v, causal, key_mask)
-        path = getattr(attention, "native_path", None)
-        return out, (path() if path is not None else KernelPath(self.name, "native"))
+    def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
+            key_mask: Tensor | None) -> tuple[Tensor, KernelPath]:
+        native = pattern.native
+        if native is None:  # declared above; kept for direct calls
+            raise NotImplementedError(f"{pattern.name}: no native implementation (native_forward)")
+        out = native.forward(q, k, v, causal, key_mask)  # (B, H, Nq, Dv)
+        return out, (native.path() if native.path is not None else KernelPath(self.name, "native"))

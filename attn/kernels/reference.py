@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from attn.kernels.base import Kernel, KernelPath
 from attn.mods import MaskMod, ScoreMod, dense_allowed, dense_scores_mod, masked_softmax
-
-if TYPE_CHECKING:
-    from attn.base import Attention
+from attn.pattern import Pattern
 
 
 def dense_attention(
@@ -50,13 +47,11 @@ class ReferenceKernel(Kernel):
     name = "reference"
     description = "dense materialised attention from the mask_mod/score_mod (ground truth)"
 
-    def not_supported_reasons(self, attention, call) -> list[str]:
-        return self.exactness_reasons(attention)
-
-    def run(self, attention: Attention, q, k, v, causal, key_mask):
+    def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
+            key_mask: Tensor | None) -> tuple[Tensor, KernelPath]:
         out = dense_attention(
-            q, k, v, mask_mod=attention.mask_mod(), score_mod=attention.score_mod(),
+            q, k, v, mask_mod=pattern.mask_mod, score_mod=pattern.score_mod,
             causal=causal, key_mask=key_mask,
-        )
-        mask_emulated = attention.mask_mod() is not None
+        )  # (B, H, Nq, Dv)
+        mask_emulated = pattern.mask_mod is not None
         return out, KernelPath(self.name, "dense softmax", mask_emulated=mask_emulated)

@@ -5,10 +5,11 @@ paths. Every other pattern, a position bias, a ``key_mask`` or causal with Nq !=
 (``is_causal`` is top-left aligned in SDPA, our contract is bottom-right) goes through a
 materialised ``(1, H|1, Nq, Nk)`` mask: the row is flagged ``mask_emulated``. The mask is
 ``(1, 1, Nq, Nk)``, shared by the heads, unless the pattern depends on the head
-(:meth:`~attn.base.Attention.mask_depends_on_head`, e.g. per-head dilations) or a constant
+(``Pattern.per_head``, e.g. per-head dilations) or a constant
 bias is folded in: then ``(1, H, Nq, Nk)``.
 
-The mask is built the way a careful user builds it: once per module and shape, then reused,
+The mask is built the way a careful user builds it: once per module and shape, then reused
+(the cache is keyed on the pattern's ``owner``, so it lives as long as the module),
 as the ``flex`` kernel reuses its block mask. It is kept as an *additive float* mask (0 where
 allowed, -inf elsewhere) in the input dtype, because SDPA converts a boolean mask to that
 form on every call (measured on CPU at N=4096, H=8: 73 MiB per call with a cached bool mask,
@@ -24,7 +25,6 @@ import time
 import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -32,9 +32,7 @@ from torch import Tensor
 
 from attn.kernels.base import Kernel, KernelPath
 from attn.mods import dense_allowed, index_grids
-
-if TYPE_CHECKING:
-    from attn.base import Attention
+from attn.pattern import Pattern, PatternOwner
 
 #: cached masks kept per module (most recently used shapes)
 MAX_CACHED_SHAPES = 4
@@ -54,32 +52,32 @@ class _CachedMask:
         return self.additive.numel() * self.additive.element_size() + extra
 
 
-def _bias_is_constant(attention: Attention) -> bool:
+def _bias_is_constant(pattern: Pattern) -> bool:
     """True when the score_mod has no trainable tensors (ALiBi), so it can be cached."""
-    return not any(p.requires_grad for p in attention.parameters())
+    return not any(p.requires_grad for p in pattern.score_params)
 
 
-def _bias(attention: Attention, heads: int, q_len: int, k_len: int, dtype: torch.dtype,
+def _bias(pattern: Pattern, heads: int, q_len: int, k_len: int, dtype: torch.dtype,
           device: torch.device) -> Tensor:
     """The score_mod evaluated on zeros: ``(1, H|1, Nq, Nk)``."""
     b, h, i, j = index_grids(1, heads, q_len, k_len, device)
     zeros = torch.zeros((), dtype=dtype, device=device)
-    return attention.score_mod()(zeros, b, h, i, j).to(dtype).expand(1, -1, q_len, k_len)
+    return pattern.score_mod(zeros, b, h, i, j).to(dtype).expand(1, -1, q_len, k_len)
 
 
-def _mask_heads(attention: Attention, heads: int) -> int:
+def _mask_heads(pattern: Pattern, heads: int) -> int:
     """Heads of the cached pattern: ``H`` when the mask depends on the head, else 1 (shared)."""
-    return heads if attention.mask_depends_on_head() else 1
+    return heads if pattern.per_head else 1
 
 
-def _build(attention: Attention, heads: int, q_len: int, k_len: int, causal: bool,
+def _build(pattern: Pattern, heads: int, q_len: int, k_len: int, causal: bool,
            dtype: torch.dtype, device: torch.device, with_bias: bool) -> _CachedMask:
-    mask_heads = _mask_heads(attention, heads)
-    allowed = dense_allowed(attention.mask_mod(), batch=1, heads=mask_heads, q_len=q_len, k_len=k_len,
+    mask_heads = _mask_heads(pattern, heads)
+    allowed = dense_allowed(pattern.mask_mod, batch=1, heads=mask_heads, q_len=q_len, k_len=k_len,
                             causal=causal, key_mask=None, device=device)  # (1, H|1, Nq, Nk) | None
     additive = torch.zeros(1, mask_heads, q_len, k_len, dtype=dtype, device=device)
     if with_bias:
-        additive = _bias(attention, heads, q_len, k_len, dtype, device).clone()  # (1, H, Nq, Nk)
+        additive = _bias(pattern, heads, q_len, k_len, dtype, device).clone()  # (1, H, Nq, Nk)
     empty_rows = None
     if allowed is not None:
         additive.masked_fill_(~allowed, float("-inf"))
@@ -97,26 +95,23 @@ class SdpaKernel(Kernel):
     description = "torch scaled_dot_product_attention (is_causal, or a mask built once per shape)"
 
     def __init__(self) -> None:
-        self._cache: weakref.WeakKeyDictionary[Attention, OrderedDict[tuple, _CachedMask]] = (
+        self._cache: weakref.WeakKeyDictionary[PatternOwner, OrderedDict[tuple, _CachedMask]] = (
             weakref.WeakKeyDictionary()
         )
 
-    def not_supported_reasons(self, attention, call) -> list[str]:
-        return self.exactness_reasons(attention)
-
-    def _mask(self, attention: Attention, q: Tensor, k_len: int, causal: bool
+    def _mask(self, pattern: Pattern, q: Tensor, k_len: int, causal: bool
               ) -> tuple[_CachedMask, float | None]:
         """The cached mask for this call's shape, and the build time when built now."""
         heads, q_len = q.shape[1], q.shape[2]
-        with_bias = attention.score_mod() is not None and _bias_is_constant(attention)
-        mask_heads = heads if with_bias else _mask_heads(attention, heads)
+        with_bias = pattern.score_mod is not None and _bias_is_constant(pattern)
+        mask_heads = heads if with_bias else _mask_heads(pattern, heads)
         key = (mask_heads, q_len, k_len, causal, q.dtype, q.device, with_bias)
-        per_module = self._cache.setdefault(attention, OrderedDict())
+        per_module = self._cache.setdefault(pattern.owner, OrderedDict())
         if key in per_module:
             per_module.move_to_end(key)
             return per_module[key], None
         start = time.perf_counter()
-        mask = _build(attention, heads, q_len, k_len, causal, q.dtype, q.device, with_bias)
+        mask = _build(pattern, heads, q_len, k_len, causal, q.dtype, q.device, with_bias)
         per_module[key] = mask
         while len(per_module) > MAX_CACHED_SHAPES:
             per_module.popitem(last=False)
@@ -134,9 +129,10 @@ class SdpaKernel(Kernel):
             out = out.masked_fill(empty[:, None, None, None], 0.0)
         return out, KernelPath(self.name, "sdpa(key padding mask (B, 1, 1, Nk))")
 
-    def run(self, attention: Attention, q, k, v, causal, key_mask):
+    def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
+            key_mask: Tensor | None) -> tuple[Tensor, KernelPath]:
         q_len, k_len = q.shape[2], k.shape[2]
-        mask_mod, score_mod = attention.mask_mod(), attention.score_mod()
+        mask_mod, score_mod = pattern.mask_mod, pattern.score_mod
         if mask_mod is None and score_mod is None and key_mask is None:
             if not causal:
                 return F.scaled_dot_product_attention(q, k, v), KernelPath(self.name, "sdpa(fused, no mask)")
@@ -145,12 +141,12 @@ class SdpaKernel(Kernel):
                 return out, KernelPath(self.name, "sdpa(fused, is_causal)")
         if mask_mod is None and score_mod is None and not causal:  # padding only: (B, 1, 1, Nk)
             return self._key_padding_only(q, k, v, key_mask)
-        cached, built_s = self._mask(attention, q, k_len, causal)
+        cached, built_s = self._mask(pattern, q, k_len, causal)
         attn_mask, empty_rows = cached.additive, cached.empty_rows
-        kind = "cached float mask per head" if attention.mask_depends_on_head() else "cached float mask"
+        kind = "cached float mask per head" if pattern.per_head else "cached float mask"
         path = f"sdpa({kind}" + (" with the position bias)" if cached.with_bias else ")")
         if score_mod is not None and not cached.with_bias:  # learned bias: per call, with grad
-            attn_mask = attn_mask + _bias(attention, q.shape[1], q_len, k_len, q.dtype, q.device)
+            attn_mask = attn_mask + _bias(pattern, q.shape[1], q_len, k_len, q.dtype, q.device)
             path = f"sdpa({kind} + learned bias per call)"
         if key_mask is not None:
             attn_mask = attn_mask.masked_fill(~key_mask[:, None, None, :], float("-inf"))

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from torch import Tensor
 
+from attn.call import AttentionCall
 from attn.kernels.base import Kernel, KernelPath
-
-if TYPE_CHECKING:
-    from attn.base import Attention
+from attn.pattern import Pattern
 
 
 def load_xformers() -> tuple[ModuleType | None, str | None]:
@@ -41,10 +41,10 @@ KEY_MASK_REASON = ("argument 'key_mask' is not supported (its attn_bias classes 
                    "use kernel 'sdpa', 'blocked' or 'flex'")
 
 
-def attn_bias_for(ops: Any, attention: Attention, causal: bool) -> tuple[Any, str]:
+def attn_bias_for(ops: Any, pattern: Pattern, causal: bool) -> tuple[Any, str]:
     """The ``xformers.ops.fmha.attn_bias`` object for this pattern, and a description."""
     bias_mod = ops.fmha.attn_bias
-    band = attention.band()
+    band = pattern.band
     if band is None:
         if causal:
             return bias_mod.LowerTriangularFromBottomRightMask(), "causal (bottom-right)"
@@ -60,41 +60,39 @@ class XformersKernel(Kernel):
 
     name = "xformers"
     description = "xformers memory_efficient_attention with attn_bias (causal, local, full)"
+    SUPPORTED_DEVICES = ("cuda",)
+    SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
-    def not_supported_reasons(self, attention, call) -> list[str]:
-        reasons = []
-        if call.device.type != "cuda":
-            reasons.append(f"xformers runs on CUDA only; device is {call.device.type}")
-        elif not torch.cuda.is_available():  # pragma: no cover - needs a GPU
-            reasons.append("CUDA is not available")
-        if call.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-            reasons.append(f"xformers supports float16/bfloat16/float32, not {call.dtype}")
-        if call.has_key_mask:
+    def not_supported_reasons(self, pattern: Pattern, call: AttentionCall | None = None) -> list[str]:
+        reasons = super().not_supported_reasons(pattern, call)
+        if call is not None and call.device.type == "cuda" and not torch.cuda.is_available():
+            reasons.append("CUDA is not available")  # pragma: no cover - needs a GPU
+        if call is not None and call.has_key_mask:
             reasons.append(KEY_MASK_REASON)
-        reasons += self.exactness_reasons(attention)
-        band = attention.band()
-        if band is None and attention.mask_mod() is not None:  # (also any head-dependent mask)
-            reasons.append(f"{attention.name}: its mask has no xformers attn_bias form")
+        band = pattern.band
+        if band is None and pattern.mask_mod is not None:  # (also any head-dependent mask)
+            reasons.append(f"{pattern.name}: its mask has no xformers attn_bias form")
         if band is not None and band.per_head:
-            reasons.append(f"{attention.name}: per-head dilations (a mask that depends on the head) "
+            reasons.append(f"{pattern.name}: per-head dilations (a mask that depends on the head) "
                            "have no xformers attn_bias")
         elif band is not None and (band.dilation != 1 or band.num_global != 0):
-            reasons.append(f"{attention.name}: dilated / global bands have no xformers attn_bias")
-        if attention.score_mod() is not None:
-            reasons.append(f"{attention.name}: a position bias (score_mod) is not supported")
-        if not reasons:
+            reasons.append(f"{pattern.name}: dilated / global bands have no xformers attn_bias")
+        if pattern.score_mod is not None:
+            reasons.append(f"{pattern.name}: a position bias (score_mod) is not supported")
+        if not reasons and call is not None:
             _, why = load_xformers()
             if why:
                 reasons.append(why)
         return reasons
 
-    def run(self, attention: Attention, q, k, v, causal, key_mask):
+    def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
+            key_mask: Tensor | None) -> tuple[Tensor, KernelPath]:
         if key_mask is not None:  # declared above; kept for direct calls, which would ignore it
-            raise NotImplementedError(f"{attention.name}: kernel 'xformers' cannot run this call: {KEY_MASK_REASON}")
+            raise NotImplementedError(f"{pattern.name}: kernel 'xformers' cannot run this call: {KEY_MASK_REASON}")
         ops, why = load_xformers()
         if ops is None:
-            raise NotImplementedError(f"{attention.name}: kernel 'xformers' unavailable: {why}")
-        bias, desc = attn_bias_for(ops, attention, causal)
+            raise NotImplementedError(f"{pattern.name}: kernel 'xformers' unavailable: {why}")
+        bias, desc = attn_bias_for(ops, pattern, causal)
         # (B, H, N, D) -> (B, N, H, D)
         qx, kx, vx = (t.transpose(1, 2) for t in (q, k, v))
         out = ops.memory_efficient_attention(qx, kx, vx, attn_bias=bias)  # (B, Nq, H, Dv)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from attn.base import ExactAttention
 from attn.registration import register_attention
 
@@ -12,5 +10,4 @@ from attn.registration import register_attention
 class CausalAttention(ExactAttention):
     """Causal softmax attention: key j visible to query i iff j <= i, whatever ``causal`` says."""
 
-    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa", "chunked", "flex", "xformers")
     forces_causal = True

@@ -83,7 +83,6 @@ class DilatedAttention(ExactAttention):
     dilation 2 (Longformer's mix).
     """
 
-    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa", "blocked", "chunked", "flex")
     example_params = (
         {"window": 2, "dilation": 2}, {"window": 1, "dilation": 3}, {"window": 0, "dilation": 4},
         {"window": 2, "dilation": (1, 2)},

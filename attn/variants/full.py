@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from attn.base import ExactAttention
 from attn.registration import register_attention
 
@@ -12,5 +10,4 @@ from attn.registration import register_attention
 class FullAttention(ExactAttention):
     """Full softmax attention: all keys allowed; ``causal=True`` keeps j <= i."""
 
-    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa", "chunked", "flex", "xformers")
     example_params = ({}, {"position_bias": "alibi"})

@@ -29,7 +29,6 @@ class GlobalTokensAttention(ExactAttention):
     are learned tokens a model prepends. Both use this one pattern.
     """
 
-    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa", "blocked", "chunked", "flex")
     example_params = ({"num_global": 1, "window": 2}, {"num_global": 3, "window": 0}, {"num_global": 0, "window": 4})
     param_rules: ClassVar[dict[str, Param]] = {"num_global": Param(minimum=0), "window": Param(minimum=0)}
 

@@ -78,7 +78,6 @@ def _both(a: Tensor | None, b: Tensor | None) -> Tensor | None:
 class NystromAttention(Attention):
     """Nystromformer: landmark (segment-mean) approximation of full attention in O(N*m); non-causal only."""
 
-    kernels: ClassVar[tuple[str, ...]] = ("native",)
     exact = False
     supports_causal = False
     example_params = ({"num_landmarks": 8}, {"num_landmarks": 4, "conv_kernel": 3})

@@ -17,7 +17,6 @@ class RelativeAttention(ExactAttention):
     Any mask variant takes the same bias through its ``position_bias`` parameter.
     """
 
-    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa", "chunked", "flex")
     example_params = ({"bias": "learned", "max_distance": 4}, {"bias": "alibi"})
     param_rules: ClassVar[dict[str, Param]] = {"bias": Param(choices=POSITION_BIASES)}
 

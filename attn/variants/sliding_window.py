@@ -25,7 +25,6 @@ def sliding_window_mod(window: int) -> MaskMod:
 class SlidingWindowAttention(ExactAttention):
     """Local (convolutional) attention: key j visible to query i iff |i - j| <= window."""
 
-    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa", "blocked", "chunked", "flex", "xformers")
     example_params = ({"window": 0}, {"window": 3}, {"window": 5, "position_bias": "learned"})
     param_rules: ClassVar[dict[str, Param]] = {"window": Param(minimum=0)}
 

@@ -10,6 +10,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
+from attn.validation import require_choice
 from bench.cli.app import debug_enabled
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -85,12 +86,9 @@ def require_run_dir(path: Path, argument: str = "RUN_DIR", *, quality: bool = Tr
 
 
 def choice(option: str, value: str, allowed: tuple[str, ...]) -> str:
-    """``value`` if it is one of ``allowed``, else a ``UsageError`` naming ``option`` (the
-    message of :func:`attn.validation.require_choice`, written here: the CLI starts without
-    importing the attn package, which loads torch)."""
-    if value not in allowed:
-        raise UsageError(f"{option}: unknown value {value!r}; allowed values are {list(allowed)}")
-    return value
+    """``value`` if it is one of ``allowed``, else a ``UsageError`` naming ``option``
+    (:func:`attn.validation.require_choice`, which loads no torch)."""
+    return require_choice(option, value, allowed, error=UsageError)
 
 
 def check_device_option(device: str, option: str | None = "--device") -> None:

@@ -1,7 +1,8 @@
 """The options of ``attn-bench decoding``, written once: defaults and checks on one frozen
 dataclass that the CLI and :func:`bench.decoding.run_decoding_benchmark` share.
 
-Kept free of torch and the model packages so the CLI can read the defaults at start-up;
+Kept free of torch and the model packages so the CLI can read the defaults at start-up
+(:mod:`attn.validation`, whose checks it uses, loads no torch);
 whether each ``attention`` can run in a decoder is checked by
 :func:`bench.decoding.check_attentions` (it needs the registry).
 """
@@ -11,20 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from attn.validation import require_int
+
 #: smallest allowed value of the integer options that are not counts (those start at 1)
 _MINIMUM = {"window": 0, "vocab_size": 2}
 
 
 def _at_least(option: str, values: Any, minimum: int) -> None:
-    """Each of ``values`` (one value or a sequence; None: not given) is an integer >= minimum.
-
-    The message is :mod:`attn.validation`'s ``require_int``, written here because importing
-    the attn package loads torch, which the CLI must not do to show its help."""
+    """Each of ``values`` (one value or a sequence; None: not given) is an integer >= minimum
+    (:func:`attn.validation.require_int`, which loads no torch)."""
     if values is None:
         return
     for value in values if isinstance(values, (list, tuple)) else [values]:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{option}: must be an integer >= {minimum}; got {value!r}")
+        require_int(option, value, minimum=minimum)
 
 
 @dataclass(frozen=True)

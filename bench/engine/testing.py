@@ -41,7 +41,6 @@ from attn.validation import Param, invalid
 
 
 class _Trivial(Attention):
-    kernels: ClassVar[tuple[str, ...]] = ("native",)
     exact = False
 
     def native_path(self) -> KernelPath:
@@ -211,8 +210,6 @@ class CrashAttention(_Trivial):
 @register_attention("bench_wrong", overwrite=True)
 class WrongAttention(Attention):
     """Test variant: declares a sliding window of 1 but computes full attention (a conformance bug)."""
-
-    kernels: ClassVar[tuple[str, ...]] = ("native",)
 
     def mask_mod(self):
         return lambda b, h, i, j: (i - j).abs() <= 1

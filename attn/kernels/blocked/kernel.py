@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
 
+from attn.call import AttentionCall
 from attn.kernels.base import Band, Kernel, KernelPath
 from attn.kernels.blocked.core import banded_attention
 from attn.kernels.blocked.dense import global_row_attention, global_rows, key_span_attention, uses_key_span
 from attn.kernels.chunked import chunked_attention
 from attn.mods import ScoreMod
-
-if TYPE_CHECKING:
-    from attn.base import Attention
+from attn.pattern import Pattern
 
 
 def blocked_attention(
@@ -87,30 +84,33 @@ class BlockedKernel(Kernel):
     name = "blocked"
     description = "banded query/key blocks (sliding window, dilated, global tokens), O(N*w)"
 
-    def not_supported_reasons(self, attention, call) -> list[str]:
-        if reasons := self.exactness_reasons(attention):
+    def not_supported_reasons(self, pattern: Pattern, call: AttentionCall | None = None) -> list[str]:
+        if reasons := super().not_supported_reasons(pattern, call):
             return reasons
-        if attention.band() is None:
-            return [f"{attention.name} has no banded structure (band() is None)"]
+        if pattern.band is None:
+            return [f"{pattern.name} has no banded structure (band() is None)"]
         return []
 
-    def run(self, attention: Attention, q, k, v, causal, key_mask):
-        band = attention.band()
-        score_mod = attention.score_mod()
+    def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
+            key_mask: Tensor | None) -> tuple[Tensor, KernelPath]:
+        band = pattern.band
+        if band is None:  # declared above; kept for direct calls
+            raise NotImplementedError(f"{pattern.name}: kernel 'blocked' needs a band; band() is None")
+        score_mod = pattern.score_mod
         q_len, k_len = q.shape[2], k.shape[2]
         n_neg = max(q_len - k_len, 0)  # rows at negative absolute positions (Nq > Nk)
         fallback = None
         out = blocked_attention(
             q[:, :, n_neg:], k, v, band, causal=causal, key_mask=key_mask, score_mod=score_mod
-        )
+        )  # (B, H, Nq - n_neg, Dv)
         if n_neg:
             # a variant's rule at negative positions is its own (e.g. global_tokens: i < g
             # holds for every i < 0); compute those rows exactly from the mask_mod
             head = chunked_attention(
-                q[:, :, :n_neg], k, v, mask_mod=attention.mask_mod(), score_mod=score_mod,
-                score_params=tuple(attention.parameters()), causal=causal, key_mask=key_mask,
+                q[:, :, :n_neg], k, v, mask_mod=pattern.mask_mod, score_mod=score_mod,
+                score_params=pattern.score_params, causal=causal, key_mask=key_mask,
                 q_offset=k_len - q_len,
-            )
+            )  # (B, H, n_neg, Dv)
             out = torch.cat([head, out], dim=2)
             fallback = f"{n_neg} query rows at negative positions (Nq > Nk) computed by chunked"
         return out, KernelPath(self.name, _path(band, q_len - n_neg, k_len, q.shape[1]), fallback=fallback)

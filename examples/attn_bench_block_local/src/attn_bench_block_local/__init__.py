@@ -13,7 +13,6 @@ from attn.validation import Param
 class BlockLocalAttention(ExactAttention):
     """Block-local attention: query i sees key j iff i // block_size == j // block_size."""
 
-    kernels: ClassVar[tuple[str, ...]] = ("reference", "sdpa")
     example_params = ({"block_size": 4}, {"block_size": 1})
     param_rules: ClassVar[dict[str, Param]] = {"block_size": Param(minimum=1)}  # checked without building
 

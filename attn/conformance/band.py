@@ -1,0 +1,58 @@
+"""The kit's ``band_matches_mask`` check: a variant that declares a band (for the kernels that
+compute only the band: ``blocked``, ``xformers``, the closed-form cost) must admit exactly the
+pairs its mask_mod admits, so the pattern is never written twice unchecked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attn.base import Attention
+from attn.conformance.harness import HEADS
+from attn.conformance.report import CheckResult
+from attn.mods import dense_allowed
+from attn.pattern import Band
+
+CHECK = "band_matches_mask"
+#: the length of the square call the band and the mask_mod are compared on
+BAND_LEN = 24
+
+
+def band_allows(band: Band, heads: int, n: int) -> Tensor:
+    """``(H, N, N)`` bool: the pairs ``band`` admits in an ``n x n`` non-causal call, read from
+    :class:`~attn.pattern.Band`'s rule one (head, i, j) at a time (not from any mask_mod)."""
+    allowed = torch.zeros(heads, n, n, dtype=torch.bool)
+    for h, rate in enumerate(band.head_dilations(heads)):
+        for i in range(n):
+            for j in range(n):
+                in_band = (i - j) % rate == 0 and abs(i - j) <= rate * band.window
+                allowed[h, i, j] = i < band.num_global or j < band.num_global or in_band
+    return allowed
+
+
+def check_band(module: Attention, params: dict[str, Any]) -> list[CheckResult]:
+    """Pass when ``module.band()`` admits the pairs ``module.mask_mod()`` admits at
+    ``N = BAND_LEN``, every head; fail naming the pairs where they differ."""
+    band, heads, n = module.band(), module.num_heads or HEADS, BAND_LEN
+    if band is None:
+        return [CheckResult(CHECK, "-", params, "skip", "no band declared")]
+    try:
+        declared = band_allows(band, heads, n)  # (H, N, N)
+        mask = dense_allowed(module.mask_mod(), batch=1, heads=heads, q_len=n, k_len=n, causal=False,
+                             key_mask=None, device=torch.device("cpu"))  # (1, H|1, N, N) | None
+    except Exception as err:
+        return [CheckResult(CHECK, "-", params, "fail", f"raised {type(err).__name__}: {err}")]
+    expected = torch.ones(heads, n, n, dtype=torch.bool) if mask is None else mask.expand(1, heads, n, n)[0]
+    wrong = (declared != expected).nonzero().tolist()
+    if not wrong:
+        return [CheckResult(CHECK, "-", params, "pass")]
+    pairs = ", ".join(
+        f"(i={i}, j={j}, head {h}: mask_mod {'allows' if expected[h, i, j] else 'forbids'}, "
+        f"band {'admits' if declared[h, i, j] else 'excludes'} it)"
+        for h, i, j in wrong[:5]
+    )
+    message = (f"the declared band {band} and the mask_mod differ at {len(wrong)} (head, i, j) pairs, "
+               f"e.g. {pairs} [N={n}, causal=False]")
+    return [CheckResult(CHECK, "-", params, "fail", message)]

@@ -1,0 +1,232 @@
+"""What one attention call computes, as a value: the :class:`Pattern` an attention builds once
+per call and hands to its kernel (a kernel never sees the module), and the :class:`Band` of a
+banded pattern.
+
+A pattern carries the variant's definition (``mask_mod`` / ``score_mod``, see :mod:`attn.mods`),
+its banded structure for O(N*w) kernels, the tensors its score_mod reads (so a kernel can pass
+their gradients on), the variant's own implementation when it has one (kernel ``native``), and
+a hashable :attr:`Pattern.key` computed from the mods themselves: two patterns with equal keys
+compute the same attention, so compiled code and cached masks may be shared between them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import types
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attn.call import AttentionCall, KernelPath
+from attn.mods import MaskMod, ScoreMod
+
+
+@dataclass(frozen=True)
+class Band:
+    """Banded structure of a pattern, for kernels that compute only the band (O(N*w)).
+
+    Allowed (non-causal): ``(i - j) % dilation == 0 and |i - j| <= dilation * window``,
+    or ``i < num_global`` or ``j < num_global``.
+
+    Per-head form: ``group_dilations = (r_0, ..., r_{k-1})`` splits the H heads into ``k``
+    contiguous groups of ``H // k`` heads, and head ``h`` uses ``r_{h // (H // k)}`` in place
+    of ``dilation``; ``dilation`` is then ``max(group_dilations)``, the band's reach
+    (``|i - j| <= dilation * window`` holds in every head, so a reader that only needs a
+    bound, such as a KV cache's kept keys, may use it). A kernel runs the per-head form
+    through :meth:`head_groups` (one uniform band per run of heads); build it with
+    :meth:`per_head_groups`, which returns the uniform form when every group is equal.
+
+    A variant that declares a band also declares its mask_mod; the conformance kit checks that
+    the two admit the same pairs (``band_matches_mask``).
+    """
+
+    window: int
+    dilation: int = 1
+    num_global: int = 0
+    group_dilations: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.group_dilations and self.dilation != max(self.group_dilations):
+            raise ValueError(
+                f"Band: 'dilation' must be max(group_dilations) = {max(self.group_dilations)} "
+                f"(the band's reach); got {self.dilation}"
+            )
+
+    @classmethod
+    def per_head_groups(cls, window: int, dilations: tuple[int, ...], num_global: int = 0) -> Band:
+        """The band of per-head-group ``dilations`` (uniform when they are all equal)."""
+        dilations = tuple(int(r) for r in dilations)
+        if len(set(dilations)) == 1:
+            return cls(window, dilations[0], num_global)
+        return cls(window, max(dilations), num_global, dilations)
+
+    @property
+    def per_head(self) -> bool:
+        """True when the heads do not all share one dilation."""
+        return bool(self.group_dilations)
+
+    def head_groups(self, heads: int) -> list[tuple[int, int, Band]]:
+        """``(h0, h1, band)``: contiguous head ranges ``[h0, h1)`` with one uniform band each
+        (adjacent groups of equal dilation merged); ``[(0, heads, self)]`` for a uniform band.
+        ``ValueError`` when ``heads`` is not divisible by the number of groups."""
+        if not self.per_head:
+            return [(0, heads, self)]
+        groups = len(self.group_dilations)
+        if heads % groups:
+            raise ValueError(
+                f"Band: {heads} heads are not divisible into the {groups} head groups of "
+                f"group_dilations={self.group_dilations}"
+            )
+        size = heads // groups
+        runs: list[list[int]] = []  # [h0, h1, dilation]
+        for g, rate in enumerate(self.group_dilations):
+            if runs and runs[-1][2] == rate:
+                runs[-1][1] = (g + 1) * size
+            else:
+                runs.append([g * size, (g + 1) * size, rate])
+        return [(h0, h1, Band(self.window, rate, self.num_global)) for h0, h1, rate in runs]
+
+    def head_dilations(self, heads: int) -> tuple[int, ...]:
+        """The dilation of each of ``heads`` heads."""
+        return tuple(band.dilation for h0, h1, band in self.head_groups(heads) for _ in range(h0, h1))
+
+
+@dataclass(frozen=True)
+class Native:
+    """A variant's own implementation, run by kernel ``native``: ``forward(q, k, v, causal,
+    key_mask) -> out``, the calls it refuses (``not_supported_reasons(call)``, optional) and
+    the path it reports after a forward (``path()``, optional)."""
+
+    forward: Callable[[Tensor, Tensor, Tensor, bool, Tensor | None], Tensor]
+    not_supported_reasons: Callable[[AttentionCall], list[str]] | None = None
+    path: Callable[[], KernelPath] | None = None
+
+
+class PatternOwner:
+    """The identity of the module that builds a pattern (one per module; a copy gets its own).
+
+    Caches that must live no longer than the module (a cached mask, compiled code whose mods
+    close over the module's tensors) key on it; it is weakly referenceable for that.
+    """
+
+    __slots__ = ("__weakref__",)
+
+
+@dataclass(frozen=True, eq=False)
+class Pattern:
+    """What one call computes, built by the attention once per call and read by its kernel.
+
+    ``exact``: the mods define the output exactly (else an approximation, run natively).
+    ``per_head``: ``mask_mod`` reads the head index ``h``; ``heads`` is then the head count it
+    is defined for (the module's ``num_heads``). ``always_causal``: the variant applies
+    ``causal=True`` to every call (the caller folds it into ``causal``; costs read it).
+    ``score_params``: the tensors the score_mod reads (e.g. a learned bias table), which a
+    kernel passes on where autograd must see them (checkpointed chunks). ``native``: the
+    variant's own implementation, or None when kernels run its mods.
+
+    ``key`` (computed, never declared) is the mods' fingerprint: their code and the plain
+    values they close over, so patterns of equally configured modules have equal keys.
+    ``shared`` is True when the key names plain values only; when the mods close over tensors
+    or other objects the key holds their identities and is meaningful only with ``owner``.
+    """
+
+    name: str
+    exact: bool = True
+    mask_mod: MaskMod | None = None
+    score_mod: ScoreMod | None = None
+    band: Band | None = None
+    per_head: bool = False
+    heads: int | None = None
+    always_causal: bool = False
+    score_params: tuple[Tensor, ...] = ()
+    native: Native | None = None
+    owner: PatternOwner = field(default_factory=PatternOwner)
+    key: Hashable = field(init=False)
+    shared: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        identities: list[Any] = []
+        key = ("pattern", _fingerprint(self.mask_mod, identities, set()),
+               _fingerprint(self.score_mod, identities, set()), self.per_head)
+        object.__setattr__(self, "key", key)
+        object.__setattr__(self, "shared", not identities)
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, enum.Enum)
+#: attributes that say how a module runs, not what it computes
+_RUN_ATTRIBUTES = frozenset({"kernel", "training", "last_path"})
+
+
+def _fingerprint(value: Any, identities: list[Any], seen: set[int]) -> Hashable:
+    """``value`` in hashable form: plain data by value, functions by their code, defaults and
+    closure contents, anything else (a tensor, a module) by identity, recorded in
+    ``identities`` (with a module's plain public attributes, so a changed hyper-parameter
+    changes the key)."""
+    if isinstance(value, _PLAIN):
+        return (type(value).__qualname__, value)
+    if isinstance(value, (tuple, list)):
+        return (type(value).__qualname__, tuple(_fingerprint(x, identities, seen) for x in value))
+    if isinstance(value, (set, frozenset)):
+        parts = sorted((_fingerprint(x, identities, seen) for x in value), key=repr)
+        return (type(value).__qualname__, tuple(parts))
+    if isinstance(value, dict):
+        items = sorted(value.items(), key=lambda item: repr(item[0]))
+        return ("dict", tuple((_fingerprint(k, identities, seen), _fingerprint(v, identities, seen))
+                              for k, v in items))
+    if id(value) in seen:  # a function or object that contains itself
+        return ("cycle", type(value).__qualname__)
+    seen.add(id(value))
+    try:
+        return _composite(value, identities, seen)
+    finally:
+        seen.discard(id(value))
+
+
+def _composite(value: Any, identities: list[Any], seen: set[int]) -> Hashable:
+    """The fingerprint of a function, method, partial, frozen dataclass or other object."""
+    if isinstance(value, types.FunctionType):
+        cells = tuple(_cell(c, identities, seen) for c in value.__closure__ or ())
+        return ("function", value.__module__, value.__qualname__, value.__code__, id(value.__globals__),
+                _fingerprint(value.__defaults__, identities, seen),
+                _fingerprint(value.__kwdefaults__, identities, seen), cells)
+    if isinstance(value, types.MethodType):
+        return ("method", _fingerprint(value.__func__, identities, seen),
+                _fingerprint(value.__self__, identities, seen))
+    if isinstance(value, functools.partial):
+        return ("partial", *(_fingerprint(x, identities, seen) for x in (value.func, value.args, value.keywords)))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and value.__dataclass_params__.frozen:
+        return ("dataclass", type(value).__qualname__,
+                tuple(_fingerprint(getattr(value, f.name), identities, seen) for f in dataclasses.fields(value)))
+    identities.append(value)
+    if isinstance(value, Tensor):
+        return ("tensor", id(value))
+    return ("object", id(value), _attributes(value))
+
+
+def _cell(cell: Any, identities: list[Any], seen: set[int]) -> Hashable:
+    try:
+        contents = cell.cell_contents
+    except ValueError:  # an empty cell
+        return ("empty",)
+    return _fingerprint(contents, identities, seen)
+
+
+def _attributes(obj: Any) -> tuple:
+    """Plain public attributes of ``obj`` (and of its submodules when it is a module), in
+    definition order."""
+    owners = list(obj.named_modules()) if callable(getattr(obj, "named_modules", None)) else [("", obj)]
+    items = []
+    for path, owner in owners:
+        for name, value in getattr(owner, "__dict__", {}).items():
+            if name[0] == "_" or name in _RUN_ATTRIBUTES:
+                continue
+            plain: list[Any] = []
+            part = _fingerprint(value, plain, set()) if isinstance(value, (*_PLAIN, tuple, list, dict)) else None
+            if part is not None and not plain:
+                items.append((path, name, part))
+    return tuple(items)
