@@ -1,4 +1,4 @@
-"""``causal``: full attention with the causal rule always on (fig. 12.15b)."""
+"""``causal``: full attention with the causal rule always on (the decoder mask of Vaswani et al. 2017)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``dilated``: a window over every r-th position (fig. 12.15e/f, dilation rate 2 and 3).
+"""``dilated``: a window over every r-th position (Beltagy et al. 2020, Longformer, fig. 2c).
 
 ``dilation`` is one rate r for every head, or one rate per head group (Longformer mixes
 dilations across heads, some of them undilated): ``(r_0, ..., r_{k-1})`` with H heads, H

@@ -1,4 +1,4 @@
-"""``full``: every query attends to every key (fig. 12.15a); causal adds j <= i (12.15b)."""
+"""``full``: every query attends to every key (Vaswani et al. 2017); causal adds j <= i."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``global_tokens``: a sliding window plus g global positions (fig. 12.15g/h)."""
+"""``global_tokens``: a sliding window plus g global positions (Beltagy et al. 2020, Longformer, fig. 2d; Zaheer et al. 2020, BigBird)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``sliding_window``: a band of half-width w around the query (fig. 12.15c/d)."""
+"""``sliding_window``: a band of half-width w around the query (Beltagy et al. 2020, Longformer, fig. 2b)."""
 
 from __future__ import annotations
 
