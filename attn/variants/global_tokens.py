@@ -1,4 +1,7 @@
-"""``global_tokens``: a sliding window plus g global positions (Beltagy et al. 2020, Longformer, fig. 2d; Zaheer et al. 2020, BigBird)."""
+"""``global_tokens``: a sliding window plus g global positions.
+
+As in Longformer (Beltagy et al. 2020, fig. 2d) and BigBird's global tokens (Zaheer et al. 2020).
+"""
 
 from __future__ import annotations
 
