@@ -26,7 +26,7 @@ def list_models(pattern: str = "*") -> list[str]:
 
 def model_config(
     kind: str,
-    preset: str = "tiny",
+    size: str = "mini",
     attention: str = "full",
     attention_params: dict[str, Any] | None = None,
     **overrides: Any,
@@ -36,7 +36,7 @@ def model_config(
         raise ValueError(f"kind: unknown model kind {kind!r}; kinds are {', '.join(sorted(MODELS))}")
     return build_config(
         MODELS[kind].config_cls,
-        preset,
+        size,
         attention=attention,
         attention_params=dict(attention_params or {}),
         **overrides,
@@ -45,11 +45,12 @@ def model_config(
 
 def create_model(
     kind: str,
-    preset: str = "tiny",
+    size: str = "mini",
     attention: str = "full",
     attention_params: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> nn.Module:
-    """Build model ``kind`` from ``preset`` with the attention given by name and params."""
-    config = model_config(kind, preset, attention, attention_params, **overrides)
+    """Build model ``kind`` of model size ``size`` (:data:`models.config.SIZES`) with the
+    attention given by name and params."""
+    config = model_config(kind, size, attention, attention_params, **overrides)
     return MODELS[kind].builder(config)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from bench.engine.config import ConfigError, list_presets, resolve_config_path, safe_name
+from bench.engine.config import ConfigError, list_config_presets, resolve_config_path, safe_name
 from bench.quality.grid_config import parse_grid
 from bench.speed.cases import expand_cases
 from bench.speed.config import load_config, parse_config
@@ -69,8 +69,8 @@ def test_all_kernels_and_presets():
     config = parse_config(_with(kernels=["auto", "all"], variants=[{"name": "sliding_window"}]))
     kernels = {c.kernel for c in expand_cases(config)}
     assert {"auto", "reference", "sdpa"} <= kernels
-    assert {"quick", "scaling-cpu", "scaling-gpu"} <= set(list_presets())
-    for preset in list_presets():
+    assert {"quick", "scaling-cpu", "scaling-gpu"} <= set(list_config_presets())
+    for preset in list_config_presets():
         raw = yaml.safe_load(resolve_config_path(preset).read_text())
         if raw.get("kind") == "quality":  # a training grid
             assert parse_grid(raw).name == preset

@@ -236,7 +236,7 @@ class TinyTrainUnit:
         if self.fail:
             raise RuntimeError("the loss diverged")
         torch.manual_seed(self.seed)
-        model = create_model("encoder_classifier", preset="tiny")
+        model = create_model("encoder_classifier", size="mini")
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         losses = []
         for _ in range(self.steps):

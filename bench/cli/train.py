@@ -85,14 +85,14 @@ def train(
     """
     from attn import attention_info, list_attention
     from bench.engine.config import DEVICES, safe_name
-    from bench.quality.settings import list_presets
+    from bench.quality.settings import list_task_presets
     from bench.quality.tasks import list_tasks
     from bench.quality.train import RunSpec, train_run
 
     import_plugin_options(plugin)
     choice("TASK", task, tuple(list_tasks()))
     choice("--variant", variant, tuple(list_attention()))
-    choice("--preset", preset, tuple(list_presets()))
+    choice("--preset", preset, tuple(list_task_presets()))
     choice("--device", device, DEVICES)
     check_device_option(device)
     info = attention_info(variant)

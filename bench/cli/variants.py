@@ -31,7 +31,7 @@ def list_command(
 
     from attn import AttentionCall, attention_info, create_attention, list_attention, list_kernels
     from attn.registry import plugin_errors
-    from bench.engine.config import DEVICES, DTYPES, list_presets
+    from bench.engine.config import DEVICES, DTYPES, list_config_presets
 
     choice("--device", device, DEVICES)
     choice("--dtype", dtype, DTYPES)
@@ -63,7 +63,7 @@ def list_command(
     console = Console()
     console.print(table)
     console.print(f"kernels: {', '.join(list_kernels())}")
-    console.print(f"presets: {', '.join(list_presets())}")
+    console.print(f"presets: {', '.join(list_config_presets())}")
     for name, err in plugin_errors().items():
         console.print(f"[red]plug-in {name} failed to load: {err}[/red]")
 

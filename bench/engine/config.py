@@ -79,7 +79,8 @@ def import_plugins(modules: tuple[str, ...]) -> None:
 
 
 def resolve_config_path(config: str) -> Path:
-    """A YAML path, or a preset name from ``bench/configs`` (``quick``, ``scaling-cpu``, ...)."""
+    """A YAML path, or a config preset's name from ``bench/configs`` (``quick``, ``scaling-cpu``,
+    ...)."""
     path = Path(config)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
@@ -87,12 +88,14 @@ def resolve_config_path(config: str) -> Path:
         return path
     preset = PRESET_DIR / f"{config}.yaml"
     if not preset.is_file():
-        raise ConfigError(f"unknown config {shown(config)}; presets are {list_presets()}")
+        raise ConfigError(f"unknown config {shown(config)}; presets are {list_config_presets()}")
     return preset
 
 
-def list_presets() -> list[str]:
-    """Names of the preset configs shipped in ``bench/configs``."""
+def list_config_presets() -> list[str]:
+    """Names of the config presets: the sweep and grid configs shipped in ``bench/configs``
+    (``attn-bench sweep NAME``; not the task presets of ``bench/configs/tasks``, which are
+    :func:`bench.quality.settings.list_task_presets`)."""
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 

@@ -32,7 +32,7 @@ from attn.validation import require_int
 from bench.engine.config import ConfigError, import_plugins
 from bench.quality.budget import parse_budgets
 from bench.quality.reference import reference_names
-from bench.quality.settings import attention_params, list_presets, task_settings
+from bench.quality.settings import MODEL_SIZE, attention_params, list_task_presets, task_settings
 from bench.quality.tasks import get_task, list_tasks
 from models.config import ModelConfig
 from models.registration import MODELS
@@ -159,7 +159,7 @@ def _check_model(where: str, name: str, params: dict[str, Any], model: Any, pres
                                   f"{task!r} ({kind}); allowed are {allowed}", f"{where}.{key}")
         merged = {**settings.model, **model}
         try:
-            model_config(kind, "tiny", attention=name,
+            model_config(kind, MODEL_SIZE, attention=name,
                          attention_params=attention_params(name, params, settings), **merged)
         except (ValueError, TypeError) as err:
             field_name = str(err).split(":", 1)[0]
@@ -221,9 +221,9 @@ def parse_grid(raw: dict[str, Any], only: Collection[str] | None = None) -> Grid
         raise ConfigError(f"config key 'plugins': must be a list of importable module names; got "
                           f"{plugins!r}", "plugins")
     import_plugins(tuple(plugins))
-    if raw["preset"] not in list_presets():
+    if raw["preset"] not in list_task_presets():
         raise ConfigError(f"config key 'preset': unknown preset {raw['preset']!r}; presets are "
-                          f"{list_presets()}", "preset")
+                          f"{list_task_presets()}", "preset")
     tasks = raw["tasks"]
     if not isinstance(tasks, list) or not tasks or any(t not in list_tasks() for t in tasks):
         raise ConfigError(f"config key 'tasks': must be a non-empty list of tasks from "

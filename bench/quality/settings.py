@@ -22,6 +22,9 @@ from attn.validation import require_choice, require_int
 from bench.engine.config import ConfigError, load_yaml
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "tasks"
+#: the model size (:data:`models.config.SIZES`) every task's model starts from; the task's
+#: data (vocabulary, classes, length) and its preset's ``model`` settings then set its fields
+MODEL_SIZE = "mini"
 SCHEDULES = ("cosine", "linear")
 
 
@@ -132,15 +135,16 @@ def settings_that_apply(settings_json: str, variant: str, params: dict[str, Any]
     return settings
 
 
-def list_presets() -> list[str]:
-    """Preset names shipped in ``bench/configs/tasks``."""
+def list_task_presets() -> list[str]:
+    """Names of the task presets shipped in ``bench/configs/tasks`` (``tiny``, ``small``,
+    ``lra``: ``attn-bench train --preset``, a grid's ``preset``)."""
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
 def _load_preset(preset: str) -> dict[str, Any]:
     path = PRESET_DIR / f"{preset}.yaml"
     if not path.is_file():
-        raise ConfigError(f"--preset: unknown preset {preset!r}; presets are {list_presets()}",
+        raise ConfigError(f"--preset: unknown preset {preset!r}; presets are {list_task_presets()}",
                           "preset")
     raw = load_yaml(path)
     if not isinstance(raw, dict) or "tasks" not in raw:
