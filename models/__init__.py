@@ -27,7 +27,8 @@ from models.embeddings import PatchEmbedding, PositionEmbedding, PrefixTokens, T
 from models.encoder import EncoderClassifier, TransformerEncoder
 from models.encoder_decoder import EncoderDecoder
 from models.generation import beam_search, greedy_search, length_penalty, sample
-from models.registry import create_model, list_models, model_config, register_model
+from models.registration import Placement
+from models.registry import create_model, list_models, model_config, model_info, register_model
 from models.streaming import StreamingEncoder
 from models.vit import ViT
 
@@ -45,6 +46,7 @@ __all__ = [
     "ModelConfig",
     "MultiHeadAttention",
     "PatchEmbedding",
+    "Placement",
     "PositionEmbedding",
     "PrefixTokens",
     "StreamingEncoder",
@@ -60,6 +62,7 @@ __all__ = [
     "length_penalty",
     "list_models",
     "model_config",
+    "model_info",
     "register_model",
     "sample",
 ]

@@ -13,6 +13,7 @@ import json
 import pandas as pd
 
 from bench.quality.margins import Margin, margins, strongest_references
+from bench.quality.model_parts import always_causal
 from bench.quality.reference import list_references, reference_names
 from bench.quality.significance import BETTER, LOWER_IS_BETTER, WORSE, differences_from_reference
 from bench.quality.tasks import ClassificationTask, get_task, list_tasks
@@ -93,7 +94,8 @@ def _one_decoder_model(df: pd.DataFrame, name: str, task: str) -> bool:
     """``causal`` on a decoder-only task: the same model as ``full``, trained once (the grid
     does not train it twice: bench/quality/units.py ``same_model_as_full``)."""
     kinds = set(df[df.task == task].model_kind.dropna())
-    return name == "causal" and kinds == {"decoder_lm"} and (df[df.task == task].label == "full").any()
+    return (name == "causal" and bool(kinds) and all(always_causal(k) for k in kinds)
+            and (df[df.task == task].label == "full").any())
 
 
 def quality_table(df: pd.DataFrame) -> pd.DataFrame:
