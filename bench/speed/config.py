@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from attn import attention_info, check_attention_params, list_attention, list_kernels
@@ -68,7 +68,7 @@ class SweepConfig:
     """A whole sweep; :func:`bench.speed.cases.expand_cases` expands it into cases.
 
     The field defaults are the only place sweep defaults are written: a key the YAML leaves
-    out takes its field's default. ``raw`` keeps the validated mapping (for overrides).
+    out takes its field's default.
     """
 
     name: str
@@ -97,10 +97,9 @@ class SweepConfig:
     peak_matmul_size: int | None = None  # side of the square matmul giving the FLOP/s peak
     fit_ranges: tuple[tuple[int, int], ...] = ()  # extra exponent fits in the report, [lo, hi] N
     description: str = ""
-    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
-_TOP_KEYS = {f.name for f in fields(SweepConfig)} - {"raw"}
+_TOP_KEYS = {f.name for f in fields(SweepConfig)}
 
 
 def _default(key: str) -> Any:
@@ -245,7 +244,6 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
         skip_larger_after_failure=check_key(require_bool, "skip_larger_after_failure",
                                          get("skip_larger_after_failure")),
         fit_ranges=_fit_ranges("fit_ranges", get("fit_ranges")),
-        raw=copy.deepcopy(raw),
     )
     _check_has_cases(config)
     return config

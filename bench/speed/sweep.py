@@ -96,7 +96,7 @@ class SweepPlan:
         return (row["case_id"], row["pass"])
 
     def settings(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self.config).items() if k != "raw"}
+        return asdict(self.config)
 
     def chains(self, recorder: RunRecorder) -> list[Chain]:
         """A chain per group of cases with a (case, pass) not recorded yet; a curve whose pass
