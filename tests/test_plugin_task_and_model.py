@@ -103,6 +103,9 @@ def test_train_runs_the_plugin_task_on_the_plugin_model_kind(plugin, tmp_path):
     assert {r["model_kind"] for r in rows} == {"toy_encoder"}
     assert {r["attention_parts"] for r in rows} == {"toy mixer=full"}
     assert rows[0]["steps"] == 4  # the task's own tiny settings, no preset file edited
+    elsewhere = runner.invoke(app, ["train", "toy_first", "--preset", "small", "--plugin", plugin,
+                                    "--out", str(tmp_path / "small")])
+    assert elsewhere.exit_code == 2 and "unknown task 'toy_first' in preset 'small'" in elsewhere.output
 
 
 def test_the_quality_report_of_a_grid_run_shows_them(plugin, tmp_path):

@@ -32,7 +32,13 @@ from attn.validation import require_int
 from bench.engine.config import ConfigError, plugin_modules
 from bench.quality.budget import parse_budgets
 from bench.quality.reference import reference_names
-from bench.quality.settings import MODEL_SIZE, attention_params, list_task_presets, task_settings
+from bench.quality.settings import (
+    MODEL_SIZE,
+    attention_params,
+    list_task_presets,
+    preset_tasks,
+    task_settings,
+)
 from bench.quality.tasks import list_tasks, task_info
 from models.config import ModelConfig
 from models.registration import MODELS
@@ -229,6 +235,11 @@ def parse_grid(raw: dict[str, Any], only: Collection[str] | None = None) -> Grid
     if not isinstance(tasks, list) or not tasks or any(t not in list_tasks() for t in tasks):
         raise ConfigError(f"config key 'tasks': must be a non-empty list of tasks from "
                           f"{list_tasks()}; got {tasks!r}", "tasks")
+    unset = [t for t in tasks if t not in preset_tasks(raw["preset"])]
+    if unset:
+        raise ConfigError(f"config key 'tasks': task {unset[0]!r} has no settings in preset "
+                          f"{raw['preset']!r}; the tasks it has settings for are "
+                          f"{preset_tasks(raw['preset'])}", "tasks")
     if not isinstance(raw["variants"], list):
         raise ConfigError(f"config key 'variants': must be a list like [{{name: full}}]; got "
                           f"{raw['variants']!r}", "variants")
