@@ -49,12 +49,6 @@ def task_info(name: str) -> TaskInfo:
     return TASKS[name]
 
 
-def task_classes() -> dict[str, type[Task]]:
-    """Every task class by name, in :func:`list_tasks` order (their data packages load only
-    when a task prepares)."""
-    return {name: TASKS[name].cls for name in list_tasks()}
-
-
 def get_task(name: str, data: dict[str, Any], seed: int) -> Task:
     """The task ``name`` with its data settings; ``ValueError`` lists the known tasks."""
     return task_info(name).cls(data, seed)
@@ -85,6 +79,6 @@ def condition_views() -> list[tuple[str, ConditionView]]:
 
 
 __all__ = ["SPLITS", "ClassificationTask", "ConditionFigure", "ConditionView", "Metric", "Split",
-           "Task", "TaskInfo", "condition_views", "display_unit", "get_task", "headline_titles", "list_tasks",
-           "lower_is_better", "order_tasks", "register_task", "task_classes", "task_info",
+           "Task", "TaskInfo", "condition_views", "display_unit", "get_task", "headline_titles",
+           "list_tasks", "lower_is_better", "order_tasks", "register_task", "task_info",
            "unregister_task"]
