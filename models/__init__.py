@@ -1,13 +1,13 @@
 """Shared transformer models that take any registered attention by name.
 
-``create_model(kind, preset="tiny", attention="full", attention_params={}, **overrides)``
+``create_model(kind, size="mini", attention="full", attention_params={}, **overrides)``
 builds ``encoder_classifier``, ``decoder_lm``, ``encoder_decoder`` or ``vit``;
 ``list_models()`` lists the kinds; docs/extending.md says how to add one.
 
     >>> lm = create_model("decoder_lm", attention="sliding_window", attention_params={"window": 64})
     >>> logits = lm(ids)                                   # (B, N, V)
     >>> out = lm.generate(ids, 32, strategy="beam", beam_width=4, eos_id=2)
-    >>> clf = create_model("encoder_classifier", preset="lra", attention="relative", num_classes=2)
+    >>> clf = create_model("encoder_classifier", size="lra_base", attention="relative", num_classes=2)
     >>> clf(ids, key_mask=mask)                            # (B, C)
     >>> step = clf.stream(window=128); y = step.step(ids[:, 0])   # (B, D), continual inference
 """
@@ -15,7 +15,7 @@ builds ``encoder_classifier``, ``decoder_lm``, ``encoder_decoder`` or ``vit``;
 from models.attention import KVCache, MultiHeadAttention, cache_policy
 from models.blocks import FeedForward, TransformerBlock
 from models.config import (
-    PRESETS,
+    SIZES,
     DecoderLMConfig,
     EncoderClassifierConfig,
     EncoderDecoderConfig,
@@ -27,12 +27,13 @@ from models.embeddings import PatchEmbedding, PositionEmbedding, PrefixTokens, T
 from models.encoder import EncoderClassifier, TransformerEncoder
 from models.encoder_decoder import EncoderDecoder
 from models.generation import beam_search, greedy_search, length_penalty, sample
-from models.registry import create_model, list_models, model_config, register_model
+from models.registration import Placement
+from models.registry import create_model, list_models, model_config, model_info, register_model
 from models.streaming import StreamingEncoder
 from models.vit import ViT
 
 __all__ = [
-    "PRESETS",
+    "SIZES",
     "DecoderCache",
     "DecoderLM",
     "DecoderLMConfig",
@@ -45,6 +46,7 @@ __all__ = [
     "ModelConfig",
     "MultiHeadAttention",
     "PatchEmbedding",
+    "Placement",
     "PositionEmbedding",
     "PrefixTokens",
     "StreamingEncoder",
@@ -60,6 +62,7 @@ __all__ = [
     "length_penalty",
     "list_models",
     "model_config",
+    "model_info",
     "register_model",
     "sample",
 ]

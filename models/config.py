@@ -1,4 +1,4 @@
-"""Model configs: frozen dataclasses, named presets, validation at construction.
+"""Model configs: frozen dataclasses, named sizes, validation at construction.
 
 Every config validates itself in ``__post_init__`` and raises ``ValueError`` naming the
 offending field. ``position="auto"`` resolves to ``"none"`` when the attention carries a
@@ -31,15 +31,17 @@ PAIR_HEADS = ("concat", "cosine")
 #: what mixes tokens in a block's self-attention sublayer (see models/recurrent.py)
 MIXERS = ("attention", "lstm", "gru")
 
-#: shared size presets; kind-specific extras live on each config class (``kind_presets``)
-PRESETS: dict[str, dict[str, Any]] = {
-    # well under a second per training step on CPU
-    "tiny": dict(d_model=32, num_heads=2, num_layers=2, d_ff=64, max_len=256, vocab_size=32),
-    # the CPU quality suite
-    "small": dict(d_model=128, num_heads=4, num_layers=4, d_ff=512, max_len=1024, vocab_size=256),
-    # LRA-scale (Tay et al. 2021): the text / retrieval base sizes as we recall them (4 layers,
-    # 4 heads, 256 dims, MLP 1024); other LRA tasks (e.g. ListOps) override the sizes
-    "lra": dict(d_model=256, num_heads=4, num_layers=4, d_ff=1024, max_len=4096, vocab_size=256),
+#: named model sizes (``create_model(kind, size)``), a model's starting point before its
+#: overrides; kind-specific extras live on each config class (``kind_sizes``). Sizes of a
+#: model only: a quality task's data, model and training come from a *task preset*
+#: (``tiny``, ``small``, ``lra``: bench/configs/tasks), which starts from ``mini``.
+SIZES: dict[str, dict[str, Any]] = {
+    # well under a second per training step on CPU (tests, the model-step sweep)
+    "mini": dict(d_model=32, num_heads=2, num_layers=2, d_ff=64, max_len=256, vocab_size=32),
+    "medium": dict(d_model=128, num_heads=4, num_layers=4, d_ff=512, max_len=1024, vocab_size=256),
+    # the Long Range Arena's base size (Tay et al. 2021): the text / retrieval models as we
+    # recall them (4 layers, 4 heads, 256 dims, MLP 1024); the decoding benchmark's models
+    "lra_base": dict(d_model=256, num_heads=4, num_layers=4, d_ff=1024, max_len=4096, vocab_size=256),
 }
 
 
@@ -66,8 +68,8 @@ class ModelConfig:
 
     #: whether the model's self-attention runs causally (decoders)
     needs_causal: ClassVar[bool] = False
-    #: kind-specific preset extras, by preset name
-    kind_presets: ClassVar[dict[str, dict[str, Any]]] = {}
+    #: kind-specific extras of a size, by size name
+    kind_sizes: ClassVar[dict[str, dict[str, Any]]] = {}
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "attention_params", dict(self.attention_params))
@@ -227,11 +229,11 @@ class ViTConfig(ModelConfig):
     pooling: str = "cls"
     num_extra_global: int = 0
 
-    kind_presets: ClassVar[dict[str, dict[str, Any]]] = {
-        "tiny": dict(image_size=16, patch_size=4, in_channels=3),
-        "small": dict(image_size=32, patch_size=4, in_channels=3, max_len=256),
+    kind_sizes: ClassVar[dict[str, dict[str, Any]]] = {
+        "mini": dict(image_size=16, patch_size=4, in_channels=3),
+        "medium": dict(image_size=32, patch_size=4, in_channels=3, max_len=256),
         # LRA "Image": 32x32 grey CIFAR-10 as a pixel sequence (patch 1 -> 1024 tokens)
-        "lra": dict(image_size=32, patch_size=1, in_channels=1, max_len=1088),
+        "lra_base": dict(image_size=32, patch_size=1, in_channels=1, max_len=1088),
     }
 
     def __post_init__(self) -> None:
@@ -264,15 +266,16 @@ class ViTConfig(ModelConfig):
         return self.num_patches + (self.pooling == "cls") + self.num_extra_global
 
 
-def build_config(config_cls: type[ModelConfig], preset: str, **overrides: Any) -> ModelConfig:
-    """``config_cls`` filled from ``preset`` and then ``overrides`` (unknown fields: ValueError)."""
-    if preset not in PRESETS:
-        raise ValueError(f"preset: unknown preset {preset!r}; presets are {', '.join(PRESETS)}")
+def build_config(config_cls: type[ModelConfig], size: str, **overrides: Any) -> ModelConfig:
+    """``config_cls`` filled from model size ``size`` and then ``overrides`` (unknown fields:
+    ValueError)."""
+    if size not in SIZES:
+        raise ValueError(f"size: unknown model size {size!r}; sizes are {', '.join(SIZES)}")
     names = {f.name for f in fields(config_cls)}
     unknown = sorted(set(overrides) - names)
     if unknown:
         raise ValueError(
             f"{unknown[0]}: not a field of {config_cls.__name__}; fields are {', '.join(sorted(names))}"
         )
-    values = {**PRESETS[preset], **config_cls.kind_presets.get(preset, {}), **overrides}
+    values = {**SIZES[size], **config_cls.kind_sizes.get(size, {}), **overrides}
     return config_cls(**{k: v for k, v in values.items() if k in names})

@@ -13,7 +13,7 @@ from models.config import DecoderLMConfig
 from models.embeddings import PositionEmbedding, TokenEmbedding
 from models.generation import GenerationMixin
 from models.recurrent import RecurrentCache
-from models.registration import register_model
+from models.registration import place_causal_self_attention, register_model
 
 
 @dataclass
@@ -31,7 +31,7 @@ class DecoderCache:
             cache.reorder(index)
 
 
-@register_model("decoder_lm", DecoderLMConfig)
+@register_model("decoder_lm", DecoderLMConfig, place=place_causal_self_attention)
 class DecoderLM(GenerationMixin, nn.Module):
     """Causal LM: ``model(ids, key_mask=None) -> logits (B, N, V)``; ``generate`` decodes."""
 

@@ -2,19 +2,44 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
+import attn
 from models.blocks import make_blocks
 from models.config import EncoderDecoderConfig
 from models.decoder import DecoderCache
 from models.embeddings import PositionEmbedding, TokenEmbedding
 from models.encoder import TransformerEncoder
 from models.generation import GenerationMixin
-from models.registration import register_model
+from models.registration import Placement, register_model
+
+#: the decoder self-attention used when the variant has no causal form
+DECODER_FALLBACK = "causal"
+CROSS_ATTENTION = "full"
 
 
-@register_model("encoder_decoder", EncoderDecoderConfig)
+def place_encoder_decoder(variant: str, params: dict[str, Any], label: str, *, causal: bool,
+                          mixer: str) -> Placement:
+    """The variant in the encoder and in the decoder's causal self-attention, full
+    cross-attention. A variant without a causal form keeps the encoder; the decoder then
+    uses causal full attention (:data:`DECODER_FALLBACK`), which the description records.
+    With a recurrent mixer only the cross-attention attends."""
+    parts = {"attention": variant, "attention_params": params, "cross_attention": CROSS_ATTENTION}
+    if mixer != "attention":
+        return Placement(parts, f"no self-attention ({mixer} layers); "
+                                f"cross-attention={CROSS_ATTENTION}")
+    decoder = label
+    if not attn.attention_info(variant).supports_causal:
+        parts.update(decoder_attention=DECODER_FALLBACK, decoder_attention_params={})
+        decoder = f"{DECODER_FALLBACK} ({variant} has no causal form)"
+    return Placement(parts, f"encoder={label}; decoder self-attention={decoder}; "
+                            f"cross-attention={CROSS_ATTENTION}")
+
+
+@register_model("encoder_decoder", EncoderDecoderConfig, place=place_encoder_decoder)
 class EncoderDecoder(GenerationMixin, nn.Module):
     """``model(src, tgt, src_key_mask=None, tgt_key_mask=None) -> logits (B, Nt, V)``.
 

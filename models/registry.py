@@ -1,8 +1,10 @@
-"""The model registry: ``register_model`` / ``create_model`` / ``list_models``, like attn's.
+"""The model registry: ``register_model`` / ``create_model`` / ``list_models`` /
+``model_info``, like attn's.
 
-The top of the model layers: it imports the built-in model modules (each registers its kind
-with :func:`models.registration.register_model`), so a new kind is one module plus one line
-here; a plug-in registers from its own module.
+The top of the model layers: it imports the built-in model modules (each registers its kind,
+its config class and how a variant's attention is placed into it with
+:func:`models.registration.register_model`), so a new kind is one module plus one line here;
+a plug-in registers from its own module.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from torch import nn
 
 from models import decoder, encoder, encoder_decoder, vit  # noqa: F401  (register the built-in kinds)
 from models.config import ModelConfig, build_config
-from models.registration import MODELS, register_model
+from models.registration import MODELS, ModelEntry, register_model
 
-__all__ = ["create_model", "list_models", "model_config", "register_model"]
+__all__ = ["create_model", "list_models", "model_config", "model_info", "register_model"]
 
 
 def list_models(pattern: str = "*") -> list[str]:
@@ -24,19 +26,25 @@ def list_models(pattern: str = "*") -> list[str]:
     return sorted(k for k in MODELS if fnmatch.fnmatch(k, pattern))
 
 
+def model_info(kind: str, subject: str = "kind") -> ModelEntry:
+    """The registry entry of ``kind`` (builder, config class, placement); ``ValueError``
+    naming ``subject`` and the registered kinds when there is none."""
+    if kind not in MODELS:
+        raise ValueError(f"{subject}: unknown model kind {kind!r}; kinds are {list_models()}")
+    return MODELS[kind]
+
+
 def model_config(
     kind: str,
-    preset: str = "tiny",
+    size: str = "mini",
     attention: str = "full",
     attention_params: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> ModelConfig:
     """The validated config ``create_model`` would build (``ValueError`` names a bad field)."""
-    if kind not in MODELS:
-        raise ValueError(f"kind: unknown model kind {kind!r}; kinds are {', '.join(sorted(MODELS))}")
     return build_config(
-        MODELS[kind].config_cls,
-        preset,
+        model_info(kind).config_cls,
+        size,
         attention=attention,
         attention_params=dict(attention_params or {}),
         **overrides,
@@ -45,11 +53,12 @@ def model_config(
 
 def create_model(
     kind: str,
-    preset: str = "tiny",
+    size: str = "mini",
     attention: str = "full",
     attention_params: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> nn.Module:
-    """Build model ``kind`` from ``preset`` with the attention given by name and params."""
-    config = model_config(kind, preset, attention, attention_params, **overrides)
+    """Build model ``kind`` of model size ``size`` (:data:`models.config.SIZES`) with the
+    attention given by name and params."""
+    config = model_config(kind, size, attention, attention_params, **overrides)
     return MODELS[kind].builder(config)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from bench.engine.config import ConfigError, list_presets, resolve_config_path, safe_name
+from bench.engine.config import ConfigError, list_config_presets, resolve_config_path, safe_name
 from bench.quality.grid_config import parse_grid
+from bench.runner import load_run
 from bench.speed.cases import expand_cases
-from bench.speed.config import load_config, parse_config
+from bench.speed.config import parse_config
 
 BASE = {"name": "t", "seq_len": [128, 256], "variants": [{"name": "full"}]}
 
@@ -34,7 +35,7 @@ def _with(**changes):
     (_with(fit_ranges=[[4096]]), "'fit_ranges': each range must be [lo, hi]"),
     (_with(fit_ranges=[[8192, 4096]]), "'fit_ranges': each range must be [lo, hi] with integers 1 <= lo < hi"),
     (_with(fit_ranges="4096:32768"), "'fit_ranges': must be a list of [lo, hi]"),
-    (_with(plugins=["no_such_module_xyz"]), "'plugins': cannot import module"),
+    (_with(plugins="bench.engine.testing"), "'plugins': must be a list of importable module names"),
     ({"seq_len": [1], "variants": [{"name": "full"}]}, "'name': is required"),
     (["not", "a", "mapping"], "must be a YAML mapping"),
 ])
@@ -42,6 +43,11 @@ def test_invalid_configs_name_the_key(raw, fragment):
     with pytest.raises(ConfigError) as err:
         parse_config(raw)
     assert fragment in str(err.value)
+
+
+def test_a_plugin_that_cannot_be_imported_is_named_when_the_run_loads():
+    with pytest.raises(ConfigError, match="'plugins': cannot import module 'no_such_module_xyz'"):
+        load_run(_with(plugins=["no_such_module_xyz"]))
 
 
 def test_the_documented_form_loads_and_expands():
@@ -69,26 +75,26 @@ def test_all_kernels_and_presets():
     config = parse_config(_with(kernels=["auto", "all"], variants=[{"name": "sliding_window"}]))
     kernels = {c.kernel for c in expand_cases(config)}
     assert {"auto", "reference", "sdpa"} <= kernels
-    assert {"quick", "scaling-cpu", "scaling-gpu"} <= set(list_presets())
-    for preset in list_presets():
+    assert {"quick", "scaling-cpu", "scaling-gpu"} <= set(list_config_presets())
+    for preset in list_config_presets():
         raw = yaml.safe_load(resolve_config_path(preset).read_text())
+        loaded = load_run(preset)
+        assert loaded.name == preset
         if raw.get("kind") == "quality":  # a training grid
-            assert parse_grid(raw).name == preset
-            with pytest.raises(ConfigError, match="a training grid"):
-                load_config(preset)
+            assert loaded == parse_grid(raw)
         else:
-            assert load_config(preset).name == preset
+            assert loaded == parse_config(raw)
 
 
 def test_quick_preset_covers_every_builtin_variant():
-    quick = load_config("quick")
+    quick = load_run("quick")
     builtins = {"full", "causal", "sliding_window", "dilated", "global_tokens", "nystrom",
                 "relative"}
     assert {v.name for v in quick.variants} >= builtins and quick.device == "cpu"
-    scaling = load_config("scaling-cpu")
+    scaling = load_run("scaling-cpu")
     assert max(max(v.seq_len or scaling.seq_len) for v in scaling.variants) >= 65536
     assert set(scaling.passes) == {"fwd", "fwd_bwd"}
-    gpu = load_config("scaling-gpu")
+    gpu = load_run("scaling-gpu")
     assert gpu.dtype == "bfloat16" and max(gpu.seq_len) >= 131072
 
 
@@ -106,13 +112,11 @@ def test_safe_name_stays_inside_out(text, expected):
 
 
 def test_cli_overrides_replace_per_variant_lists():
-    from bench.speed.config import with_overrides
-
-    config = load_config("scaling-cpu")
-    tiny = with_overrides(config, seq_len=(128, 256), kernels=("auto",))
+    config = load_run("scaling-cpu")
+    tiny = load_run("scaling-cpu", {"seq_len": (128, 256), "kernels": ("auto",)})
     cases = expand_cases(tiny)
     assert {c.seq_len for c in cases} == {128, 256}
     assert {c.kernel for c in cases} == {"auto"}
     assert len(cases) == 2 * len(config.variants)
-    only = with_overrides(config, variants=("nystrom",), seq_len=(64,))
+    only = load_run("scaling-cpu", {"variants": ("nystrom",), "seq_len": (64,)})
     assert [(c.variant, c.seq_len) for c in expand_cases(only)] == [("nystrom", 64)]

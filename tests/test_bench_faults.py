@@ -17,7 +17,7 @@ import yaml
 from bench.engine.fsutil import RunLock, RunLockedError, atomic_write_text
 from bench.engine.results import RESULTS_FILE, read_rows
 from bench.engine.row_schema import COLUMNS
-from bench.speed.config import parse_config
+from bench.runner import load_run
 from bench.speed.results import load_results
 from bench.speed.sweep import MixedEnvironmentError, run_sweep
 
@@ -34,7 +34,7 @@ def _config(**extra) -> dict:
 def sweep_config():
     from bench.engine.testing import unregister_test_variants
 
-    yield lambda **extra: parse_config(_config(**extra))
+    yield lambda **extra: load_run(_config(**extra))
     unregister_test_variants()
 
 

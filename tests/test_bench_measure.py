@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from bench.speed.config import parse_config
+from bench.runner import load_run
 from bench.speed.results import load_results
 from bench.speed.sweep import run_sweep
 
@@ -46,7 +46,7 @@ def run(tmp_path_factory):
     from bench.engine.testing import unregister_test_variants
 
     try:
-        config = parse_config(raw)
+        config = load_run(raw)
         out = tmp_path_factory.mktemp("measure")
         run_sweep(config, out)
     finally:  # keep test-only variants out of other tests' registry

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from bench.engine.config import ConfigError
+from bench.runner import load_run
 from bench.speed.cases import Case, expand_cases
-from bench.speed.config import load_config, parse_config
+from bench.speed.config import parse_config
 from bench.speed.model_step import model_flops
 from bench.speed.results import load_results
 from bench.speed.sweep import run_sweep
@@ -73,6 +74,6 @@ def test_a_model_step_sweep_measures_every_variant(tmp_path):
 
 
 def test_the_model_cpu_preset_loads():
-    config = load_config("model-cpu")
+    config = load_run("model-cpu")
     assert config.workload == "model_step" and max(config.seq_len) >= 32768
     assert {v.name for v in config.variants} >= {"full", "sliding_window", "nystrom"}

@@ -30,7 +30,7 @@ from bench.engine.executors.ray import (  # noqa: E402
 from bench.engine.executors.ray_connect import check_reachable, connect_error  # noqa: E402
 from bench.engine.results import read_rows  # noqa: E402
 from bench.engine.rundir import drive  # noqa: E402
-from bench.speed.config import parse_config  # noqa: E402
+from bench.runner import load_run  # noqa: E402
 from bench.speed.sweep import run_sweep  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -95,7 +95,7 @@ def test_same_sweep_same_rows_locally_on_ray_and_through_the_cli(tmp_path, ray_a
                                 ray_address, "--no-plots"], cwd=ROOT, stdout=out,
                                stderr=subprocess.STDOUT)
     try:
-        config = parse_config(SAME_ROWS)
+        config = load_run(SAME_ROWS)
         run_sweep(config, tmp_path / "local", executor=LocalExecutor("cpu"))
         cli.wait(timeout=120)
     finally:
@@ -173,7 +173,7 @@ def test_a_killed_ray_worker_becomes_a_row_and_the_sweep_completes(tmp_path, ray
     """Ray runs the task once more after the kill; the retry hangs again and its worker is
     killed too, so the unit ends as ``killed`` rows naming Ray's report."""
     pidfile = tmp_path / "pid"
-    config = parse_config(_sweep(variants=[
+    config = load_run(_sweep(variants=[
         {"name": "bench_crash", "how": "hang", "pidfile": str(pidfile)},
         {"name": "bench_sleep", "seconds": 0.01},
     ]))
@@ -236,7 +236,7 @@ class TinyTrainUnit:
         if self.fail:
             raise RuntimeError("the loss diverged")
         torch.manual_seed(self.seed)
-        model = create_model("encoder_classifier", preset="tiny")
+        model = create_model("encoder_classifier", size="mini")
         opt = torch.optim.Adam(model.parameters(), lr=1e-3)
         losses = []
         for _ in range(self.steps):

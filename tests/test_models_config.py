@@ -1,4 +1,4 @@
-"""Model configs, presets and the model registry."""
+"""Model configs, model sizes and the model registry."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ def test_registry_lists_the_four_kinds():
     assert list_models("enc*") == ["encoder_classifier", "encoder_decoder"]
 
 
-@pytest.mark.parametrize("preset", ["tiny", "small", "lra"])
+@pytest.mark.parametrize("size", ["mini", "medium", "lra_base"])
 @pytest.mark.parametrize("kind", list_models())
-def test_presets_build_valid_configs(kind, preset):
-    config = model_config(kind, preset)
+def test_sizes_build_valid_configs(kind, size):
+    config = model_config(kind, size)
     assert config.d_model % config.num_heads == 0
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.d_model = 8  # type: ignore[misc]
@@ -56,11 +56,11 @@ def test_invalid_configs_name_the_field(kind, overrides, field):
         create_model(kind, **overrides)
 
 
-def test_unknown_kind_and_preset():
+def test_unknown_kind_and_size():
     with pytest.raises(ValueError, match="^kind:"):
         create_model("rnn")
-    with pytest.raises(ValueError, match="^preset:"):
-        create_model("vit", preset="huge")
+    with pytest.raises(ValueError, match="^size: unknown model size 'huge'; sizes are mini, medium"):
+        create_model("vit", size="huge")
 
 
 def test_position_resolves_from_attention():

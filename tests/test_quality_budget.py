@@ -30,7 +30,7 @@ B, N, D, H, L, FF, C, VOCAB = 3, 24, 16, 2, 2, 40, 5, 11
 
 
 def _classifier(attention: str, **params) -> torch.nn.Module:
-    return create_model("encoder_classifier", "tiny", attention=attention, attention_params=params,
+    return create_model("encoder_classifier", "mini", attention=attention, attention_params=params,
                         vocab_size=VOCAB, num_classes=C, d_model=D, num_heads=H, num_layers=L,
                         d_ff=FF, max_len=64, pooling="mean")
 

@@ -82,7 +82,7 @@ def test_argument_errors(kwargs, message) -> None:
 @pytest.mark.parametrize("num_extra_global", [0, 3])
 def test_tokens_pooling_gives_logits_of_the_input_tokens_only(num_extra_global) -> None:
     torch.manual_seed(0)
-    model = create_model("encoder_classifier", "tiny", pooling="tokens", num_classes=5,
+    model = create_model("encoder_classifier", "mini", pooling="tokens", num_classes=5,
                          num_extra_global=num_extra_global).eval()
     assert model.prefix.count == num_extra_global  # no CLS
     ids = torch.randint(1, 32, (2, 10))
@@ -99,9 +99,9 @@ def test_tokens_pooling_gives_logits_of_the_input_tokens_only(num_extra_global) 
 
 def test_tokens_pooling_is_refused_where_it_cannot_apply() -> None:
     with pytest.raises(ValueError, match=r"^pooling: 'tokens' gives logits per position"):
-        create_model("encoder_classifier", "tiny", pooling="tokens", dual=True)
+        create_model("encoder_classifier", "mini", pooling="tokens", dual=True)
     with pytest.raises(ValueError, match=r"^pooling: unknown value 'tokens'"):
-        create_model("vit", "tiny", pooling="tokens")
+        create_model("vit", "mini", pooling="tokens")
 
 
 def test_task_trains_on_query_positions_and_reports_conditions() -> None:
@@ -110,7 +110,7 @@ def test_task_trains_on_query_positions_and_reports_conditions() -> None:
     task.prepare()
     assert task.model_overrides()["pooling"] == "tokens" and task.num_classes == 8
     torch.manual_seed(0)
-    model = create_model("encoder_classifier", "tiny", attention="full",
+    model = create_model("encoder_classifier", "mini", attention="full",
                          **{**task.model_overrides(), **settings.model})
     batch = task.train_batch(0, 4)
     loss, tokens = task.loss(model, batch)

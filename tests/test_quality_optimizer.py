@@ -15,7 +15,7 @@ from models import create_model
 
 
 def _model(attention: str, **params):
-    return create_model("encoder_classifier", "tiny", attention=attention, attention_params=params,
+    return create_model("encoder_classifier", "mini", attention=attention, attention_params=params,
                         vocab_size=11, num_classes=3, max_len=32)
 
 
@@ -57,7 +57,7 @@ def test_a_training_step_moves_a_bias_entry_by_the_scaled_learning_rate(tmp_path
     settings, task, _params, parts = build(spec)
     task.prepare()
     torch.manual_seed(0)
-    model = create_model(task.model_kind, "tiny", **parts.kwargs,
+    model = create_model(task.model_kind, "mini", **parts.kwargs,
                          **{**task.model_overrides(), **settings.model})
     trainer = Trainer(spec, settings, task, model, "test", log=lambda _: None)
     table = next(m.table for m in model.modules() if isinstance(m, RelativePositionBias))

@@ -146,7 +146,7 @@ def test_the_recall_plot_marks_the_computed_reach_and_both_chance_lines(tmp_path
     df = pd.DataFrame(rows)
     drawn = {}
     monkeypatch.setattr(plots, "_save", lambda fig, run_dir, stem: drawn.setdefault("fig", fig))
-    plots.plot_recall(df, tmp_path)
+    plots.plot_condition(df, tmp_path, "recall")
     fig = drawn["fig"]
     ax = fig.axes[0]
     vertical = sorted(line.get_xdata()[0] for line in ax.lines if line.get_linestyle() == ":")

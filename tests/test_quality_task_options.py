@@ -16,13 +16,13 @@ from models import create_model
 
 
 def test_head_hidden_gives_an_mlp_head_and_rejects_a_negative_width():
-    model = create_model("encoder_classifier", "tiny", num_classes=3, head_hidden=24)
+    model = create_model("encoder_classifier", "mini", num_classes=3, head_hidden=24)
     assert [type(m) for m in model.head] == [torch.nn.Linear, torch.nn.ReLU, torch.nn.Linear]
     assert model.head[0].out_features == 24
     assert model(torch.randint(0, 32, (2, 10))).shape == (2, 3)
-    assert isinstance(create_model("encoder_classifier", "tiny").head, torch.nn.Linear)
+    assert isinstance(create_model("encoder_classifier", "mini").head, torch.nn.Linear)
     with pytest.raises(ValueError, match="head_hidden"):
-        create_model("encoder_classifier", "tiny", head_hidden=-1)
+        create_model("encoder_classifier", "mini", head_hidden=-1)
 
 
 def test_downsample_averages_blocks_and_rounds():
@@ -62,7 +62,7 @@ def test_in_batch_retrieval_trains_on_train_articles_with_a_class_balanced_loss(
         held_out = {tuple(r.tolist()) for r in task.splits[split]["ids"]}
         assert not held_out & train_ids
     torch.manual_seed(0)
-    model = create_model("encoder_classifier", "tiny", **{**task.model_overrides(),
+    model = create_model("encoder_classifier", "mini", **{**task.model_overrides(),
                                                           **settings.model})
     loss, tokens = task.loss(model, batch)
     u = model.embed(batch["ids"], batch["key_mask"])
@@ -119,7 +119,7 @@ def test_pathfinder_patches_input_feeds_the_vit_the_image_it_generated():
     match = np.flatnonzero(np.abs(images.astype(np.float32) - first).reshape(len(images), -1)
                             .max(axis=1) < 0.5)
     assert len(match) >= 1 and labels[match[0]] == int(train["labels"][0])
-    model = create_model("vit", "tiny", **{**task.model_overrides(), "num_layers": 1})
+    model = create_model("vit", "mini", **{**task.model_overrides(), "num_layers": 1})
     assert model.config.patch_size == 4 and model.config.in_channels == 1
     assert task.logits(model, {k: v[:3] for k, v in train.items()}).shape == (3, 2)
     with pytest.raises(ValueError, match="input"):
@@ -128,7 +128,7 @@ def test_pathfinder_patches_input_feeds_the_vit_the_image_it_generated():
 
 def test_cosine_pair_head_scores_same_by_scaled_cosine_and_needs_two_classes():
     torch.manual_seed(0)
-    model = create_model("encoder_classifier", "tiny", dual=True, pair_head="cosine", vocab_size=40)
+    model = create_model("encoder_classifier", "mini", dual=True, pair_head="cosine", vocab_size=40)
     ids, pair_ids = torch.randint(1, 40, (3, 12)), torch.randint(1, 40, (3, 12))
     with torch.no_grad():
         model.head.scale.fill_(4.0)
@@ -138,6 +138,6 @@ def test_cosine_pair_head_scores_same_by_scaled_cosine_and_needs_two_classes():
     expected = 4.0 * F.cosine_similarity(u, v, dim=-1) - 1.5
     torch.testing.assert_close(logits, torch.stack([torch.zeros(3), expected], dim=-1))
     with pytest.raises(ValueError, match="pair_head"):
-        create_model("encoder_classifier", "tiny", dual=True, pair_head="cosine", num_classes=3)
+        create_model("encoder_classifier", "mini", dual=True, pair_head="cosine", num_classes=3)
     with pytest.raises(ValueError, match="pair_head"):
-        create_model("encoder_classifier", "tiny", dual=True, pair_head="dot")
+        create_model("encoder_classifier", "mini", dual=True, pair_head="dot")

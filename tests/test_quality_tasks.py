@@ -25,7 +25,7 @@ def _model(task, settings):
     from models import create_model
 
     torch.manual_seed(0)
-    return create_model(task.model_kind, "tiny", attention="sliding_window",
+    return create_model(task.model_kind, "mini", attention="sliding_window",
                         attention_params={"window": 4}, **{**task.model_overrides(), **settings.model})
 
 

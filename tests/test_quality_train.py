@@ -79,7 +79,7 @@ def test_the_test_split_is_evaluated_on_the_best_validation_checkpoint(tmp_path)
 
     _, task, _, parts = build(_spec(tmp_path))
     task.prepare()
-    model = create_model("encoder_classifier", "tiny", **parts.kwargs,
+    model = create_model("encoder_classifier", "mini", **parts.kwargs,
                          **{**task.model_overrides(), **settings["model"]})
     model.load_state_dict({k[len("model."):]: v for k, v in best.items()})
     model.eval()

@@ -15,7 +15,7 @@ import yaml
 from bench.engine.bounded_yaml import YamlLimitError, YamlLimits, load_bounded
 from bench.engine.config import ConfigError, load_yaml
 from bench.engine.messages import shown
-from bench.speed.config import load_config
+from bench.runner import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE = "name: bomb\nseq_len: [16]\nplugins: [bench.engine.testing]\n"
@@ -80,7 +80,7 @@ def test_a_config_over_the_size_limit_is_one_line_naming_the_file(tmp_path):
     path = tmp_path / "big.yaml"
     path.write_text(BASE + "variants: [{name: '" + "y" * 10_485_760 + "'}]\n")
     with pytest.raises(ConfigError) as err:
-        load_config(path)
+        load_run(path)
     size = path.stat().st_size
     assert str(err.value) == f"{path}: {size:,} bytes; a config may have at most 1,048,576"
 
@@ -89,7 +89,7 @@ def test_an_error_message_cuts_a_long_value(tmp_path):
     path = tmp_path / "long.yaml"
     path.write_text(BASE + "variants: [{name: '" + "y" * 9_000 + "'}]\n")
     with pytest.raises(ConfigError) as err:
-        load_config(path)
+        load_run(path)
     message = str(err.value)
     assert "unknown variant 'yyyy" in message and "... (9,000 characters)" in message
     assert len(message) < 1500

@@ -16,8 +16,8 @@ from bench.cli import app
 from bench.engine.results import RESULTS_FILE, DamagedFileError, DamagedRowWarning, ResultsWriter, read_rows
 from bench.engine.row_schema import COLUMNS
 from bench.engine.rundir import RunRecorder
+from bench.runner import load_run
 from bench.speed.compare import classify_runs
-from bench.speed.config import parse_config
 from bench.speed.report import build_report
 from bench.speed.sweep import run_sweep
 
@@ -112,7 +112,7 @@ def test_the_report_and_its_fits_never_crash_on_a_bad_row(tmp_path):
 def sweep_config():
     from bench.engine.testing import unregister_test_variants
 
-    yield lambda: parse_config({
+    yield lambda: load_run({
         "name": "damaged", "passes": ["fwd"], "seq_len": [16, 32], "heads": 1, "head_dim": 8,
         "repeats": 2, "timeout_s": 30, "plugins": ["bench.engine.testing"], "peak_matmul_size": 128,
         "variants": [{"name": "bench_sleep", "seconds": 0.01}]})

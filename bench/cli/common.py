@@ -103,14 +103,17 @@ def check_device_option(device: str, option: str | None = "--device") -> None:
 
 def check_writable(directory: Path, option: str = "--out") -> None:
     """``directory`` exists (created if needed) and accepts files, else a ``UsageError``."""
+    from bench.engine.fsutil import NotWritableError, require_writable
+
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as err:
-        raise UsageError(f"{option}: cannot write to {directory} ({err.strerror or err}); choose "
-                         "a writable directory") from None
+        require_writable(directory)
+    except NotWritableError as err:
+        raise as_option_dir(err, option) from None
+
+
+def as_option_dir(err: Any, option: str = "--out") -> UsageError:
+    """A :class:`bench.engine.fsutil.NotWritableError` as an error of ``option``."""
+    return UsageError(f"{option}: {err}")
 
 
 def stop_on_signals() -> None:

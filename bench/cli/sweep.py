@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,51 +14,41 @@ from bench.cli.common import (
     PluginOpt,
     UsageError,
     as_option,
-    check_device_option,
-    check_writable,
+    as_option_dir,
     choice,
     import_plugin_options,
     stop_on_signals,
     user_errors,
 )
 
-#: sweep options that override config keys, by option name
+#: the options that override config keys, by option name (``plugins`` is added apart: a
+#: --plugin module that fails is a --plugin error before the config is read)
 _OVERRIDES = {"variant": "variants", "kernel": "kernels", "seq_len": "seq_len", "pass_": "passes",
               "repeats": "repeats", "timeout_s": "timeout_s", "device": "device", "dtype": "dtype",
-              "threads": "threads"}
+              "threads": "threads", "task": "tasks"}
 _OPTION_NAMES = {"variants": "--variant", "kernels": "--kernel", "seq_len": "--seq-len",
                  "passes": "--pass", "repeats": "--repeats", "timeout_s": "--timeout-s",
-                 "device": "--device", "dtype": "--dtype", "threads": "--threads"}
+                 "device": "--device", "dtype": "--dtype", "threads": "--threads",
+                 "tasks": "--task"}
 
 
-def _load_with_overrides(config: str, options: dict[str, Any], plugin: list[str] | None):
-    """The config with CLI overrides, validated like the YAML (errors name the option)."""
+@contextlib.contextmanager
+def _named_by_options(overrides: dict[str, Any]) -> Iterator[None]:
+    """A ``ConfigError`` about a config key an option set names the option instead
+    (``config key 'device': ...`` -> ``--device: ...``); a run directory that cannot be
+    written is an ``--out`` error."""
     from bench.engine.config import ConfigError
-    from bench.speed.config import load_config, with_overrides
+    from bench.engine.fsutil import NotWritableError
 
-    cfg = load_config(config)
-    overrides = {_OVERRIDES[k]: v for k, v in options.items() if v is not None}
-    if plugin:
-        overrides["plugins"] = list(dict.fromkeys((*cfg.plugins, *plugin)))
     try:
-        return with_overrides(cfg, **overrides)
+        yield
+    except NotWritableError as err:
+        raise as_option_dir(err) from None
     except ConfigError as err:
         key = (err.key or "").split("[")[0].split(".")[0]
         if key in overrides and key in _OPTION_NAMES:
             raise as_option(err, _OPTION_NAMES[key]) from None
         raise
-
-
-def _no_cases(cfg: Any, kernel_option: bool) -> UsageError:
-    """The error for a sweep without cases: no variant has any of the requested kernels."""
-    from attn import attention_info
-
-    requested = sorted({k for v in cfg.variants for k in (v.kernels or cfg.kernels)})
-    have = "; ".join(f"{v.label} has {['auto', 'all', *attention_info(v.name).kernels]}"
-                     for v in cfg.variants)
-    where = "--kernel" if kernel_option else "config key 'kernels'"
-    return UsageError(f"{where}: the sweep has no cases: no variant has any of the requested "
-                      f"kernels {requested}; allowed values: {have}")
 
 
 def _check_executor(executor: str, address: str | None, connect_timeout_s: float | None) -> None:
@@ -117,130 +109,38 @@ def sweep(
     directory; resumable: finished cases and training runs are kept."""
     from rich.console import Console
 
-    from bench.engine.config import safe_name
-    from bench.engine.results import RESULTS_FILE
-    from bench.engine.row_schema import COLUMNS
-    from bench.engine.rundir import resumable_rows
-    from bench.speed.cases import expand_cases
+    from bench.engine.executors import ExecutorSpec
+    from bench.runner import default_run_dir, load_run, plan, run_plan, size_of
 
     import_plugin_options(plugin)
     _check_executor(executor, address, connect_timeout_s)
     options = {"variant": variant, "kernel": kernel, "seq_len": seq_len, "pass_": pass_,
                "repeats": repeats, "timeout_s": timeout_s, "device": device, "dtype": dtype,
-               "threads": threads}
-    run_options = {"executor": executor, "address": address, "allow_mixed": allow_mixed,
-                   "retry_failed": retry_failed, "overwrite": overwrite,
-                   "connect_timeout_s": connect_timeout_s}
-    raw = _raw_config(config)
-    if _is_grid(raw):
-        if plugin:
-            raw = {**raw, "plugins": list(dict.fromkeys((*raw.get("plugins", []), *plugin)))}
-        _sweep_grid(raw, out, {**options, "task": task}, run_options, dry_run=dry_run, plots=plots)
-        return
-    if task:
-        raise UsageError("--task: a training-grid option (a config with kind: quality); a speed "
-                         "sweep has no tasks")
-    cfg = _load_with_overrides(config, options, plugin)
-    run_dir = out or Path("runs") / safe_name(cfg.name)
-    cases = expand_cases(cfg)
-    if not cases:
-        raise _no_cases(cfg, kernel_option=kernel is not None)
-    console = Console(stderr=True)
-    if dry_run:
-        done = ({(r["case_id"], r["pass"]) for r in resumable_rows(run_dir, RESULTS_FILE, COLUMNS)}
-                if resume else set())
-        finished = [all((c.case_id, p) in done for p in c.passes) for c in cases]
-        for i, (case, mark) in enumerate(zip(cases, finished)):
-            typer.echo(f"{i + 1:4d} {case.case_id} {'done' if mark else 'todo'} {case.describe()}")
-        typer.echo(f"{len(cases)} cases, {sum(finished)} already done in {run_dir}")
-        return
-    check_device_option(cfg.device, "--device" if device is not None else None)
-    check_writable(run_dir)
-    from bench.speed.sweep import run_sweep
-
-    statuses = _run_with_progress(run_sweep, cfg, run_dir, console, _speed_states,
-                                  results_file=RESULTS_FILE, **run_options)
+               "threads": threads, "task": task}
+    overrides = {_OVERRIDES[k]: v for k, v in options.items() if v is not None}
+    with _named_by_options(overrides):
+        cfg = load_run(config, {**overrides, "plugins": plugin})
+        work = run_plan(cfg)
+        run_dir = out or default_run_dir(cfg)
+        if dry_run:
+            for line in plan(work, run_dir).lines():
+                typer.echo(line)
+            return
+        console = Console(stderr=True)
+        statuses = _run_with_progress(
+            work, run_dir, console, ExecutorSpec(executor, address, connect_timeout_s),
+            allow_mixed=allow_mixed, retry_failed=retry_failed, overwrite=overwrite)
     summary = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())) or "nothing new"
-    console.print(f"{run_dir}: {summary} rows this run ({len(cases)} cases in the config)")
+    console.print(f"{run_dir}: {summary} rows this run ({size_of(work)})")
     if plots:
         _report_and_plot(run_dir, console)
 
 
-def _speed_states(rows: list[dict[str, Any]]) -> str:
-    return ", ".join(f"{r['kernel_requested']} {r['pass']} {r['status']}" for r in rows)
-
-
-def _grid_states(rows: list[dict[str, Any]]) -> str:
-    found = [r for r in rows if r.get("split") == "test" and not r.get("condition")]
-    return ", ".join(f"{r['metric']} {r['value']:.4g}" for r in found) or rows[0]["status"]
-
-
-def _raw_config(config: str) -> Any:
-    from bench.engine.config import load_yaml, resolve_config_path
-
-    return load_yaml(resolve_config_path(config))
-
-
-def _is_grid(raw: Any) -> bool:
-    from bench.quality.grid_config import is_grid
-
-    return is_grid(raw)
-
-
-#: speed-sweep options a training grid does not take
-_SPEED_ONLY = {"kernel": "--kernel", "seq_len": "--seq-len", "pass_": "--pass",
-               "repeats": "--repeats", "timeout_s": "--timeout-s", "dtype": "--dtype"}
-
-
-def _sweep_grid(raw: dict[str, Any], out: Path | None, options: dict[str, Any],
-                run_options: dict[str, Any], *, dry_run: bool, plots: bool) -> None:
-    """``attn-bench sweep`` of a training grid (``kind: quality``)."""
-    from rich.console import Console
-
-    from bench.engine.config import safe_name
-    from bench.engine.row_schema import QUALITY_COLUMNS
-    from bench.engine.rundir import resumable_rows
-    from bench.quality.grid import QUALITY_FILE, run_grid, superseded_units
-    from bench.quality.grid_config import only_tasks, parse_grid
-    from bench.quality.units import units
-
-    for key, option in _SPEED_ONLY.items():
-        if options.get(key) is not None:
-            raise UsageError(f"{option}: a speed-sweep option; a training grid (kind: quality) "
-                             "takes --variant, --device, --threads and the run options")
-    for key in ("device", "threads"):
-        if options.get(key) is not None:
-            raw = {**raw, key: options[key]}
-    grid = parse_grid(raw, only=options.get("variant") or None)  # the others' rows stay
-    if options.get("task"):
-        grid = only_tasks(grid, options["task"])  # the other tasks' rows stay too
-    run_dir = out or Path("runs") / safe_name(grid.name)
-    todo = units(grid, run_dir)
-    if dry_run:
-        rows = resumable_rows(run_dir, QUALITY_FILE, QUALITY_COLUMNS)
-        stale = superseded_units(rows, grid)
-        done = {r["unit_id"] for r in rows} - stale
-        for i, unit in enumerate(todo):
-            state = "done" if unit.unit_id in done else "todo (settings changed)" if unit.unit_id in stale else "todo"
-            typer.echo(f"{i + 1:4d} {unit.unit_id} {state} {unit.describe()}")
-        typer.echo(f"{len(todo)} training runs, {sum(u.unit_id in done for u in todo)} already "
-                   f"done in {run_dir}")
-        return
-    check_device_option(grid.device, "--device" if options.get("device") else None)
-    check_writable(run_dir)
-    console = Console(stderr=True)
-    statuses = _run_with_progress(run_grid, grid, run_dir, console, _grid_states,
-                                  results_file=QUALITY_FILE, **run_options)
-    summary = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())) or "nothing new"
-    console.print(f"{run_dir}: {summary} rows this run ({len(todo)} training runs in the grid)")
-    if plots:
-        _report_and_plot(run_dir, console)
-
-
-def _run_with_progress(run: Any, cfg: Any, run_dir: Path, console: Any,
-                       states: Any, results_file: str, **options: Any) -> dict[str, int]:
-    """``run(cfg, run_dir, ...)`` (a sweep or a grid) under a progress bar; Ctrl-C, SIGTERM and
-    SIGHUP stop it cleanly; ``states(rows)`` is the one-line log of a unit (CI logs)."""
+def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
+                       **options: Any) -> dict[str, int]:
+    """:func:`bench.runner.run` of ``work`` (a sweep's or a grid's plan) under a progress bar;
+    Ctrl-C, SIGTERM and SIGHUP stop it cleanly; each finished unit is one line in a log
+    (CI) with what its rows say (``work.outcome``)."""
     from rich.markup import escape
     from rich.progress import (
         BarColumn,
@@ -251,12 +151,9 @@ def _run_with_progress(run: Any, cfg: Any, run_dir: Path, console: Any,
         TimeRemainingColumn,
     )
 
-    from bench.engine.executors import make_executor
     from bench.engine.process import kill_all_workers
+    from bench.runner import run
 
-    executor = make_executor(options.pop("executor"), device=cfg.device,
-                             address=options.pop("address"),
-                             connect_timeout_s=options.pop("connect_timeout_s"))
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     statuses: dict[str, int] = {}
@@ -276,16 +173,16 @@ def _run_with_progress(run: Any, cfg: Any, run_dir: Path, console: Any,
         for row in rows:
             statuses[row["status"]] = statuses.get(row["status"], 0) + 1
         if not console.is_terminal:  # logs (CI): one line per finished unit
-            console.print(f"{unit.describe()}: {states(rows)}", markup=False, highlight=False)
+            console.print(f"{unit.describe()}: {work.outcome(rows)}", markup=False, highlight=False)
 
     try:
-        run(cfg, run_dir, executor=executor, on_start=on_start, on_done=on_done, **options)
+        run(work, run_dir, executor=executor, on_start=on_start, on_done=on_done, **options)
         progress.update(task, description="done")
     except KeyboardInterrupt as stop:
         kill_all_workers()
         _stop_progress(progress)
         how = str(stop) or "Ctrl-C"
-        console.print(f"stopped by {how}: every finished unit is in {run_dir / results_file}; "
+        console.print(f"stopped by {how}: every finished unit is in {run_dir / work.file}; "
                       "rerun the same command to resume")
         raise typer.Exit(130) from None
     finally:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import typer.core
 
 from bench.cli.app import app
 from bench.cli.common import (
@@ -57,11 +58,26 @@ def _progress(total: int) -> tuple[Any, Any]:
     return progress, task
 
 
-@app.command()
+class TaskHelpCommand(typer.core.TyperCommand):
+    """The ``train`` command, whose ``TASK`` help lists the registered tasks. The task
+    registry is imported when that help is shown, not when the CLI starts: it loads torch,
+    which ``attn-bench --help`` does without (docs/layout.md, function-local imports)."""
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        from bench.quality.tasks import list_tasks
+
+        for param in self.params:
+            if param.name == "task":
+                param.help = (f"Task: {', '.join(list_tasks())} (a --plugin module may register "
+                              "more).")
+        super().format_help(ctx, formatter)
+
+
+@app.command(cls=TaskHelpCommand)
 @user_errors
 def train(
-    task: Annotated[str, typer.Argument(help="Task: listops, text, retrieval, image, image_vit, "
-                                             "pathfinder, bytelm, translate, recall, mqar.")],
+    task: Annotated[str, typer.Argument(help="Task: a registered task (the list is in "
+                                             "`attn-bench train --help` and `attn-bench list`).")],
     variant: Annotated[str, typer.Option(help="Attention variant (registered name).")] = "full",
     param: Annotated[list[str] | None, typer.Option(
         help="Variant parameter KEY=VALUE (YAML value); repeatable. The preset's attention "
@@ -85,14 +101,14 @@ def train(
     """
     from attn import attention_info, list_attention
     from bench.engine.config import DEVICES, safe_name
-    from bench.quality.settings import list_presets
+    from bench.quality.settings import list_task_presets
     from bench.quality.tasks import list_tasks
     from bench.quality.train import RunSpec, train_run
 
     import_plugin_options(plugin)
     choice("TASK", task, tuple(list_tasks()))
     choice("--variant", variant, tuple(list_attention()))
-    choice("--preset", preset, tuple(list_presets()))
+    choice("--preset", preset, tuple(list_task_presets()))
     choice("--device", device, DEVICES)
     check_device_option(device)
     info = attention_info(variant)

@@ -1,4 +1,5 @@
-"""``attn-bench list`` and ``check``: the registered variants and the conformance kit."""
+"""``attn-bench list`` and ``check``: the registered variants, tasks and model kinds, and the
+conformance kit."""
 
 from __future__ import annotations
 
@@ -24,14 +25,16 @@ def list_command(
     device: Annotated[str, typer.Option(help="Device to check support on (cpu, cuda).")] = "cpu",
     dtype: Annotated[str, typer.Option(help="Dtype to check support with.")] = "float32",
 ) -> None:
-    """List registered attention variants, their kernels and support on this machine."""
+    """List registered attention variants (their kernels and support on this machine), quality
+    tasks and model kinds, and the presets."""
     import torch
     from rich.console import Console
     from rich.table import Table
 
     from attn import AttentionCall, attention_info, create_attention, list_attention, list_kernels
     from attn.registry import plugin_errors
-    from bench.engine.config import DEVICES, DTYPES, list_presets
+    from bench.engine.config import DEVICES, DTYPES, list_config_presets
+    from bench.quality.settings import list_task_presets
 
     choice("--device", device, DEVICES)
     choice("--dtype", dtype, DTYPES)
@@ -63,9 +66,34 @@ def list_command(
     console = Console()
     console.print(table)
     console.print(f"kernels: {', '.join(list_kernels())}")
-    console.print(f"presets: {', '.join(list_presets())}")
+    console.print(_tasks_table())
+    console.print(f"model kinds: {', '.join(_model_kinds())}")
+    console.print(f"config presets (attn-bench sweep NAME): {', '.join(list_config_presets())}")
+    console.print(f"task presets (--preset, a grid's preset): {', '.join(list_task_presets())}")
     for name, err in plugin_errors().items():
         console.print(f"[red]plug-in {name} failed to load: {err}[/red]")
+
+
+def _tasks_table() -> Any:
+    """The registered quality tasks: model kind, headline metric, task presets with settings."""
+    from rich.table import Table
+
+    from bench.quality.tasks import list_tasks, task_info
+
+    table = Table(title="quality tasks (attn-bench train TASK; a grid's tasks)")
+    for column in ("task", "model kind", "headline metric", "presets"):
+        table.add_column(column, overflow="fold")
+    for name in list_tasks():
+        info = task_info(name)
+        table.add_row(name, info.model_kind(), info.metric_title, ", ".join(sorted(info.presets)))
+    return table
+
+
+def _model_kinds() -> list[str]:
+    """The registered model kinds (built-in and plug-in)."""
+    from models import list_models
+
+    return list_models()
 
 
 def _attention_info(name: str) -> Any:

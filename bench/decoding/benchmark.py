@@ -65,7 +65,7 @@ def bench_decoding(
     """Rows for cached and uncached greedy decoding of ``new_tokens`` after ``context`` tokens."""
     torch.manual_seed(seed)
     model = create_model(
-        "decoder_lm", preset="lra", attention=attention, attention_params=params,
+        "decoder_lm", size="lra_base", attention=attention, attention_params=params,
         max_len=context + new_tokens, **sizes,
     ).eval()
     prompt = torch.randint(0, model.config.vocab_size, (1, context))
@@ -92,7 +92,7 @@ def bench_streaming(
     """Per-step time of the streaming encoder and of recomputing the window."""
     torch.manual_seed(seed)
     model = create_model(
-        "encoder_classifier", preset="lra", position="none", max_len=window,
+        "encoder_classifier", size="lra_base", position="none", max_len=window,
         **{**sizes, "num_layers": num_layers},
     ).eval()
     ids = torch.randint(0, model.config.vocab_size, (1, window + steps * repeats))
@@ -170,7 +170,7 @@ def _decoder_attention(spec: str, window: int, max_len: int, sizes: dict[str, in
                          f"allowed values are {causal}")
     name, params = _attention_spec(spec, window)
     try:
-        model_config("decoder_lm", "lra", name, params, max_len=max_len, **sizes)
+        model_config("decoder_lm", "lra_base", name, params, max_len=max_len, **sizes)
     except (ValueError, TypeError) as err:
         raise ValueError(f"--attention {spec}: {err}") from None
 

@@ -8,9 +8,12 @@ to a readable length (:func:`bench.engine.messages.shown`). A file over the limi
 for once its aliases are expanded, one string's length) is refused before it is expanded
 (:func:`load_yaml`). A speed sweep's config is :mod:`bench.speed.config`, a training grid's
 :mod:`bench.quality.grid_config`; both live in ``bench/configs`` beside each other
-(:func:`resolve_config_path`).
+(:func:`resolve_config_path`, :func:`read_config`), and :func:`bench.runner.load_run` reads
+either once.
 
-``plugins:`` imports the named modules: a config is as trusted as a script.
+``plugins:`` names modules a run imports (:func:`import_plugins`) before its config is
+parsed, and each worker before its unit: a config is as trusted as a script. Parsing a
+config imports nothing (:func:`plugin_modules` only checks the key).
 """
 
 from __future__ import annotations
@@ -66,6 +69,15 @@ def check_device(device: str) -> None:
                               "device")
 
 
+def plugin_modules(raw: Any) -> tuple[str, ...]:
+    """The ``plugins`` key of a config mapping ``raw`` (none: ``()``), checked to be a list of
+    module names; nothing is imported."""
+    plugins = raw.get("plugins", []) if isinstance(raw, dict) else []
+    if not isinstance(plugins, (list, tuple)) or not all(isinstance(p, str) for p in plugins):
+        raise key_error("plugins", f"must be a list of importable module names; got {shown(plugins)}")
+    return tuple(plugins)
+
+
 def import_plugins(modules: tuple[str, ...]) -> None:
     """Import plug-in modules (which register attentions by decorator); importing runs their
     code, so a config that names plug-ins is as trusted as a script."""
@@ -79,7 +91,8 @@ def import_plugins(modules: tuple[str, ...]) -> None:
 
 
 def resolve_config_path(config: str) -> Path:
-    """A YAML path, or a preset name from ``bench/configs`` (``quick``, ``scaling-cpu``, ...)."""
+    """A YAML path, or a config preset's name from ``bench/configs`` (``quick``, ``scaling-cpu``,
+    ...)."""
     path = Path(config)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
@@ -87,12 +100,21 @@ def resolve_config_path(config: str) -> Path:
         return path
     preset = PRESET_DIR / f"{config}.yaml"
     if not preset.is_file():
-        raise ConfigError(f"unknown config {shown(config)}; presets are {list_presets()}")
+        raise ConfigError(f"unknown config {shown(config)}; presets are {list_config_presets()}")
     return preset
 
 
-def list_presets() -> list[str]:
-    """Names of the preset configs shipped in ``bench/configs``."""
+def read_config(config: str | Path) -> tuple[Path, Any]:
+    """The file a config names (a YAML path or a config preset's name) and its YAML, read
+    once within the limits (:func:`resolve_config_path`, :func:`load_yaml`)."""
+    path = resolve_config_path(str(config))
+    return path, load_yaml(path)
+
+
+def list_config_presets() -> list[str]:
+    """Names of the config presets: the sweep and grid configs shipped in ``bench/configs``
+    (``attn-bench sweep NAME``; not the task presets of ``bench/configs/tasks``, which are
+    :func:`bench.quality.settings.list_task_presets`)."""
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 

@@ -52,6 +52,28 @@ def read_json(path: str | Path, *, what: str) -> Any:
                          f"delete the file or restore it") from None
 
 
+class NotWritableError(ValueError):
+    """A run directory that cannot be created or written to (``directory``; ``why``)."""
+
+    def __init__(self, directory: Path, why: str) -> None:
+        super().__init__(f"cannot write to {directory} ({why}); choose a writable directory")
+        self.directory, self.why = directory, why
+
+
+def require_writable(directory: str | Path) -> Path:
+    """``directory``, created if needed, once a probe file could be written and removed in
+    it; :class:`NotWritableError` otherwise."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise NotWritableError(directory, err.strerror or str(err)) from None
+    return directory
+
+
 class RunLockedError(RuntimeError):
     """Another process holds the run directory's lock."""
 

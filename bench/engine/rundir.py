@@ -1,12 +1,13 @@
 """The driver's side of a run directory, for speed sweeps and training grids alike.
 
-:func:`run_units` is the one way units run into a run directory: it checks the device,
-locks the directory, keeps what an earlier run recorded (:class:`RunRecorder`), asks the
-product's :class:`RunPlan` for the chains of units still to run, starts the run segment,
-drives the chains through an executor (:func:`drive`) and appends every unit's rows as it
-finishes. A speed sweep (:mod:`bench.speed.sweep`) and a training grid
-(:mod:`bench.quality.grid`) differ only in their plan: the results file, the units, and what
-the driver adds to a row.
+:func:`run_units` is the one way units run into a run directory: it imports the plan's
+plug-ins, checks the device, locks the directory, keeps what an earlier run recorded
+(:class:`RunRecorder`), asks the product's :class:`RunPlan` for the chains of units still to
+run, starts the run segment, drives the chains through an executor (:func:`drive`) and
+appends every unit's rows as it finishes. :func:`plan_units` is its dry run: every item of
+the plan, done or to do, from the rows a resume would keep (:class:`Plan`). A speed sweep
+(:mod:`bench.speed.sweep`) and a training grid (:mod:`bench.quality.grid`) differ only in
+their plan: the results file, the units, and what the driver adds to a row.
 
 A *chain* is a generator of units: it yields a unit, receives the unit's rows (``send``) and
 decides what to yield next, so dependencies between units (a curve that failed at one length
@@ -33,12 +34,13 @@ import io
 import os
 from collections import deque
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from bench.engine.config import check_device
-from bench.engine.executors import Executor, LocalExecutor
-from bench.engine.fsutil import RunLock, atomic_write_json
+from bench.engine.config import check_device, import_plugins
+from bench.engine.executors import Executor, ExecutorSpec, LocalExecutor
+from bench.engine.fsutil import RunLock, atomic_write_json, require_writable
 from bench.engine.provenance import RESUME_FIELDS, environment
 from bench.engine.results import (
     REJECTED_SUFFIX,
@@ -227,6 +229,35 @@ def drive(chains: list[Chain], executor: Executor, *,
         start(chain, follow)  # the freed slot goes to the same chain: its units stay together
 
 
+@dataclass(frozen=True)
+class Planned:
+    """One item of a plan (a case, a training run): its id, ``done``, ``todo`` or ``todo
+    (WHY)``, and a line describing it."""
+
+    key: str
+    state: str
+    description: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run into ``run_dir`` would do: every item of the plan with its state (a dry
+    run, :func:`plan_units`)."""
+
+    run_dir: Path
+    noun: str
+    items: tuple[Planned, ...]
+
+    @property
+    def done(self) -> int:
+        return sum(item.state == "done" for item in self.items)
+
+    def lines(self) -> list[str]:
+        """One numbered line per item, then ``N <noun>, D already done in <run_dir>``."""
+        return [*(f"{i + 1:4d} {p.key} {p.state} {p.description}" for i, p in enumerate(self.items)),
+                f"{len(self.items)} {self.noun}, {self.done} already done in {self.run_dir}"]
+
+
 class RunPlan(Protocol):
     """What a product runs into a run directory (:func:`run_units`)."""
 
@@ -255,6 +286,25 @@ class RunPlan(Protocol):
     def config_file(self) -> str:
         """Where the resolved config of a segment with work is written (``sweep.json``)."""
 
+    @property
+    def plugins(self) -> tuple[str, ...]:
+        """Modules the run imports before anything runs (they register what the plan names;
+        each worker imports them again for its unit)."""
+
+    @property
+    def noun(self) -> str:
+        """What the plan's items are called, plural (``cases``, ``training runs``)."""
+
+    def count(self) -> int:
+        """How many items the plan has (done or not)."""
+
+    def preview(self, kept: Rows, run_dir: Path) -> list[Planned]:
+        """Every item of the plan and its state, given the rows an earlier run recorded
+        (``kept``, before ``--retry-failed``)."""
+
+    def outcome(self, rows: Rows) -> str:
+        """What a finished unit's rows say, in one line (a progress log)."""
+
     def key(self, row: Row) -> tuple:
         """The identity of a row: an earlier row with the same key is kept, not run again."""
 
@@ -272,31 +322,57 @@ class RunPlan(Protocol):
         ``None``)."""
 
 
-def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | None = None,
+def plan_units(run_dir: Path, plan: RunPlan) -> Plan:
+    """What :func:`run_units` would do with ``plan`` in ``run_dir``, without running or
+    writing anything: every item and whether a resume keeps it (``done``) or runs it."""
+    run_dir = Path(run_dir)
+    kept = resumable_rows(run_dir, plan.file, plan.columns)
+    return Plan(run_dir, plan.noun, tuple(plan.preview(kept, run_dir)))
+
+
+def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | ExecutorSpec | None = None,
               allow_mixed: bool = False, retry_failed: bool = False, overwrite: bool = False,
               on_start: Callable[[Any], None] | None = None,
               on_done: Callable[[Any, Rows], None] | None = None) -> Rows:
     """Run every unit ``plan`` still has into ``run_dir`` (locked, resumable); the new rows.
 
-    ``executor``: where units run (default the local one, shut down at the end either way);
-    ``allow_mixed``: add rows to a directory measured in another environment;
-    ``retry_failed``: run failed, timed-out and skipped rows again; ``overwrite``: discard
-    the earlier rows; ``on_start(unit)``, ``on_done(unit, rows)``: progress callbacks.
+    First the plan's plug-ins are imported, its device checked (``ConfigError`` naming
+    ``device`` before anything is written) and ``run_dir`` made and probed
+    (:class:`bench.engine.fsutil.NotWritableError`). ``executor``: where units run (an executor, or
+    an :class:`ExecutorSpec` made here once the device is checked; default the local one;
+    shut down at the end either way); ``allow_mixed``: add rows to a directory measured in
+    another environment; ``retry_failed``: run failed, timed-out and skipped rows again;
+    ``overwrite``: discard the earlier rows; ``on_start(unit)``, ``on_done(unit, rows)``:
+    progress callbacks.
     """
+    import_plugins(plan.plugins)
     check_device(plan.device)
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    run_dir = require_writable(run_dir)
+    if isinstance(executor, ExecutorSpec):
+        executor = executor.make(plan.device)
+    executor = executor or LocalExecutor(plan.device)
+    try:
+        return _run_locked(run_dir, plan, executor, allow_mixed=allow_mixed,
+                           retry_failed=retry_failed, overwrite=overwrite, on_start=on_start,
+                           on_done=on_done)
+    finally:
+        executor.shutdown()
+
+
+def _run_locked(run_dir: Path, plan: RunPlan, executor: Executor, *, allow_mixed: bool,
+                retry_failed: bool, overwrite: bool, on_start: Callable[[Any], None] | None,
+                on_done: Callable[[Any, Rows], None] | None) -> Rows:
+    """:func:`run_units` once the executor is made: the directory locked, kept rows, the
+    segment started, the chains driven."""
     with RunLock(run_dir):
         recorder = RunRecorder(run_dir, file=plan.file, columns=plan.columns, key=plan.key,
                                overwrite=overwrite, retry_failed=retry_failed)
         chains = plan.chains(recorder)
         env = environment(plan.device, plan.threads)
-        executor = executor or LocalExecutor(plan.device)
         recorder.start(env, dtype=plan.dtype, allow_mixed=allow_mixed, has_work=bool(chains),
                        config=plan.settings(), config_file=plan.config_file,
                        local=isinstance(executor, LocalExecutor))
         if not chains:
-            executor.shutdown()
             return []
         finish = plan.begin(run_dir, env)
         new_rows: Rows = []
@@ -310,8 +386,5 @@ def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | None = None,
             if on_done is not None:
                 on_done(unit, rows)
 
-        try:
-            drive(chains, executor, on_start=on_start, on_done=done_unit)
-        finally:
-            executor.shutdown()
+        drive(chains, executor, on_start=on_start, on_done=done_unit)
         return new_rows

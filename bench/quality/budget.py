@@ -37,7 +37,7 @@ from bench.engine.config import ConfigError
 from bench.engine.markdown import markdown_table
 from bench.engine.row_schema import BUDGET_COLUMNS
 from bench.quality.settings import TrainSettings
-from bench.quality.tasks import list_tasks
+from bench.quality.tasks import display_unit, order_tasks
 
 #: the attention whose FLOPs at the preset's steps define ``budget_x: 1``
 REFERENCE = "full"
@@ -240,14 +240,9 @@ def _numeric(df: pd.DataFrame) -> pd.DataFrame:
                         for c in (*BUDGET_COLUMNS, "steps", "value")})
 
 
-def _order(tasks: Any) -> list[str]:
-    present = set(tasks)
-    return [t for t in list_tasks() if t in present] + sorted(present - set(list_tasks()))
-
-
 def _cell(values: pd.Series, metric: str) -> str:
-    values = values.dropna() * (100 if metric == "accuracy" else 1)
-    digits = 1 if metric == "accuracy" else 3
+    scale, digits = display_unit(metric)
+    values = values.dropna() * scale
     if values.empty:
         return "-"
     if len(values) == 1:
@@ -265,7 +260,7 @@ def budget_table(df: pd.DataFrame) -> str:
     df = _numeric(df)
     multiples = sorted(set(df.budget_x))
     rows = []
-    for task in _order(df.task):
+    for task in order_tasks(df.task):
         part = df[df.task == task]
         metric = part.metric.iloc[0]
         for name in sorted(set(part.label)):
@@ -298,7 +293,7 @@ def plot_budget(df: pd.DataFrame, run_dir: Path) -> list[Path]:
 
     sns.set_theme(style="whitegrid", context="paper")
     df = _numeric(df)
-    tasks = _order(df.task)
+    tasks = order_tasks(df.task)
     colours = dict(zip(sorted(set(df.label)), plt.get_cmap("tab10").colors))
     cols = min(4, len(tasks))
     rows = -(-len(tasks) // cols)

@@ -23,10 +23,10 @@ from typing import Any, ClassVar
 import yaml
 
 from bench.engine.config import ConfigError
-from bench.engine.executors import Executor
+from bench.engine.executors import Executor, ExecutorSpec
 from bench.engine.fsutil import atomic_write_text
 from bench.engine.row_schema import QUALITY_COLUMNS
-from bench.engine.rundir import Chain, RunRecorder, run_units
+from bench.engine.rundir import Chain, Planned, RunRecorder, run_units
 from bench.quality.budget import strip_budget
 from bench.quality.grid_config import GridConfig, canonical
 from bench.quality.reference import reference_names
@@ -128,6 +128,28 @@ class GridPlan:
     columns: ClassVar[list[str]] = QUALITY_COLUMNS
     config_file: ClassVar[str] = "grid.json"
     dtype: ClassVar[str] = "float32"
+    noun: ClassVar[str] = "training runs"
+
+    @property
+    def plugins(self) -> tuple[str, ...]:
+        return self.config.plugins
+
+    def count(self) -> int:
+        return len(units(self.config, Path(".")))  # (where the units would write is no matter)
+
+    def preview(self, kept: list[dict[str, Any]], run_dir: Path) -> list[Planned]:
+        """Every unit: ``done`` when its rows are kept, ``todo (settings changed)`` when they
+        were trained with other task settings than the preset gives now, else ``todo``."""
+        stale = superseded_units(kept, self.config)
+        done = {r["unit_id"] for r in kept} - stale
+        return [Planned(u.unit_id, "done" if u.unit_id in done else
+                        "todo (settings changed)" if u.unit_id in stale else "todo", u.describe())
+                for u in units(self.config, run_dir)]
+
+    def outcome(self, rows: list[dict[str, Any]]) -> str:
+        """The unit's test headline numbers, or its status."""
+        found = [r for r in rows if r.get("split") == "test" and not r.get("condition")]
+        return ", ".join(f"{r['metric']} {r['value']:.4g}" for r in found) or rows[0]["status"]
 
     @property
     def device(self) -> str:
@@ -157,7 +179,7 @@ class GridPlan:
         atomic_write_text(run_dir / "grid.yaml", yaml.safe_dump(self.config.raw, sort_keys=False))
 
 
-def run_grid(config: GridConfig, out: Path, *, executor: Executor | None = None,
+def run_grid(config: GridConfig, out: Path, *, executor: Executor | ExecutorSpec | None = None,
              allow_mixed: bool = False, retry_failed: bool = False, overwrite: bool = False,
              on_start: Callable[[Any], None] | None = None,
              on_done: Callable[[Any, list[dict[str, Any]]], None] | None = None) -> list[dict]:

@@ -29,16 +29,25 @@ from typing import Any
 
 from attn import attention_info, list_attention
 from attn.validation import require_int
-from bench.engine.config import ConfigError, import_plugins
+from bench.engine.config import ConfigError, plugin_modules
 from bench.quality.budget import parse_budgets
 from bench.quality.reference import reference_names
-from bench.quality.settings import attention_params, list_presets, task_settings
-from bench.quality.tasks import get_task, list_tasks
+from bench.quality.settings import (
+    MODEL_SIZE,
+    attention_params,
+    list_task_presets,
+    preset_tasks,
+    task_settings,
+)
+from bench.quality.tasks import list_tasks, task_info
 from models.config import ModelConfig
 from models.registration import MODELS
 from models.registry import model_config
 
 ROLES = ("variant", "control", "reference")
+#: config keys a command line may override: ``variants`` (names: train only those entries),
+#: ``tasks`` (train only those tasks, :func:`only_tasks`), ``device``, ``threads``, ``plugins``
+OVERRIDES = ("variants", "tasks", "device", "threads", "plugins")
 #: keys of a variant entry that are not attention parameters
 _ENTRY_KEYS = ("name", "model", "role", "title", "tasks")
 #: model-config fields a grid entry may not override (the attention is the entry's own)
@@ -150,7 +159,7 @@ def _check_model(where: str, name: str, params: dict[str, Any], model: Any, pres
                           f"{{position: none}}; got {model!r}", where)
     for task in tasks:
         settings = task_settings(task, preset)
-        kind = get_task(task, settings.data, 0).model_kind  # (built, its data not loaded)
+        kind = task_info(task).model_kind(settings.data)
         config_cls = MODELS[kind].config_cls if kind in MODELS else ModelConfig
         allowed = sorted({f.name for f in fields(config_cls)} - set(_NOT_MODEL))
         for key in model:
@@ -159,7 +168,7 @@ def _check_model(where: str, name: str, params: dict[str, Any], model: Any, pres
                                   f"{task!r} ({kind}); allowed are {allowed}", f"{where}.{key}")
         merged = {**settings.model, **model}
         try:
-            model_config(kind, "tiny", attention=name,
+            model_config(kind, MODEL_SIZE, attention=name,
                          attention_params=attention_params(name, params, settings), **merged)
         except (ValueError, TypeError) as err:
             field_name = str(err).split(":", 1)[0]
@@ -205,7 +214,9 @@ def _variant(index: int, item: Any, preset: str, tasks: list[str]) -> GridVarian
 
 
 def parse_grid(raw: dict[str, Any], only: Collection[str] | None = None) -> GridConfig:
-    """Validate a training-grid mapping; errors name the key and the allowed values.
+    """Validate a training-grid mapping; errors name the key and the allowed values. Pure:
+    the tasks and variants it names must be registered already (a plug-in's are once
+    :func:`bench.runner.load_run` imported the grid's ``plugins``).
 
     ``only``: the variant names to run (a command line's ``--variant``); every entry is still
     validated, and the rows of the other variants are left alone when the grid runs."""
@@ -216,18 +227,19 @@ def parse_grid(raw: dict[str, Any], only: Collection[str] | None = None) -> Grid
     for key in ("name", "preset", "tasks", "variants"):
         if key not in raw:
             raise ConfigError(f"config key {key!r}: is required", key)
-    plugins = raw.get("plugins", [])
-    if not isinstance(plugins, list) or not all(isinstance(p, str) for p in plugins):
-        raise ConfigError(f"config key 'plugins': must be a list of importable module names; got "
-                          f"{plugins!r}", "plugins")
-    import_plugins(tuple(plugins))
-    if raw["preset"] not in list_presets():
+    plugins = plugin_modules(raw)  # checked, not imported
+    if raw["preset"] not in list_task_presets():
         raise ConfigError(f"config key 'preset': unknown preset {raw['preset']!r}; presets are "
-                          f"{list_presets()}", "preset")
+                          f"{list_task_presets()}", "preset")
     tasks = raw["tasks"]
     if not isinstance(tasks, list) or not tasks or any(t not in list_tasks() for t in tasks):
         raise ConfigError(f"config key 'tasks': must be a non-empty list of tasks from "
                           f"{list_tasks()}; got {tasks!r}", "tasks")
+    unset = [t for t in tasks if t not in preset_tasks(raw["preset"])]
+    if unset:
+        raise ConfigError(f"config key 'tasks': task {unset[0]!r} has no settings in preset "
+                          f"{raw['preset']!r}; the tasks it has settings for are "
+                          f"{preset_tasks(raw['preset'])}", "tasks")
     if not isinstance(raw["variants"], list):
         raise ConfigError(f"config key 'variants': must be a list like [{{name: full}}]; got "
                           f"{raw['variants']!r}", "variants")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from bench.quality.significance import LOWER_IS_BETTER
+from bench.quality.tasks import lower_is_better
 
 CLEARS, SHORT, BELOW, ONE_SEED = "clears", "within 2 sd", "below", "one seed"
 #: how many of the variant's seed standard deviations the margin must reach
@@ -46,7 +46,7 @@ def strongest_references(top: pd.DataFrame) -> pd.DataFrame:
     for task, part in refs.groupby("task", sort=False):
         means = part.groupby("label").value.mean()
         metric = part.metric.iloc[0]
-        best = means.idxmin() if metric in LOWER_IS_BETTER else means.idxmax()
+        best = means.idxmin() if lower_is_better(metric) else means.idxmax()
         rows.append({"task": task, "label": best, "metric": metric, "value": float(means[best])})
     return pd.DataFrame(rows, columns=["task", "label", "metric", "value"])
 
@@ -62,7 +62,7 @@ def margins(top: pd.DataFrame) -> list[Margin]:
         values = part.groupby("seed").value.mean()
         n, mean = len(values), float(values.mean())
         sd = float(values.std(ddof=1)) if n > 1 else None
-        sign = -1.0 if best.metric in LOWER_IS_BETTER else 1.0
+        sign = -1.0 if lower_is_better(best.metric) else 1.0
         margin = sign * (mean - best.value)
         if margin <= 0:
             verdict = BELOW

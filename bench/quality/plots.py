@@ -1,6 +1,7 @@
-"""Quality figures: the quality/speed Pareto front per task, recall accuracy against distance
-(each variant's reach, computed from its mask, marked), bits per byte against evaluation
-length, and the attention-pattern figure of every registered variant."""
+"""Quality figures: the quality/speed Pareto front per task, each task's metrics by condition
+as the task declares them (recall accuracy against distance with each variant's reach,
+computed from its mask, marked; bits per byte against evaluation length), and the
+attention-pattern figure of every registered variant."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from bench.quality.reach import variant_recall_reach
 from bench.quality.reference import reference_names
 from bench.quality.report import load_quality
 from bench.quality.tables import condition_table, headline, task_order, trained, uniform_chance
+from bench.quality.tasks import ConditionView, condition_views, task_info
 
-PARETO, RECALL, LENGTH, PATTERNS = "pareto", "recall_distance", "bytelm_length", "patterns"
+PARETO, PATTERNS = "pareto", "patterns"
 
 
 def _save(fig: Any, run_dir: Path, stem: str) -> list[Path]:
@@ -133,70 +135,70 @@ def _reach(row: pd.Series) -> int | bool | None:
     return variant_recall_reach(row.variant, params, settings).reach
 
 
-def plot_recall(df: pd.DataFrame, run_dir: Path) -> list[Path]:
-    """Recall accuracy against the key's distance; each variant's reach (computed from its
-    mask) dotted; uniform chance and the majority class dashed."""
+def plot_condition(df: pd.DataFrame, run_dir: Path, task: str,
+                   view: ConditionView | None = None) -> list[Path]:
+    """``task``'s metric against its condition, one line per variant, as the task declares
+    it (``view``: its :class:`bench.quality.tasks.ConditionView` with a figure; default the
+    first it registered). A figure with ``training_length`` marks the first condition; one
+    with ``reach`` dots each variant's reach by its mask (:func:`_reach`), dashes the rows
+    without a mask, and draws uniform chance and the majority class."""
+    view = view or next(v for v in task_info(task).conditions if v.figure is not None)
+    figure = view.figure
+    assert figure is not None, f"{task}: {view.prefix} has no figure"
     plt = _pyplot()
-    table = condition_table(df, "recall", "accuracy", "distance=")
+    table = condition_table(df, task, view.metric, view.prefix, numeric=view.numeric)
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    rows = df[(df.task == "recall") & (df.status == "ok")].drop_duplicates("label")
-    colours = _colours(sorted(table.label))
-    distances = [float(c.split("=")[1]) for c in table.columns[1:]]
+    rows = df[(df.task == task) & (df.status == "ok")].drop_duplicates("label")
+    values = [float(c.split("=")[1]) for c in table.columns[1:]]
+    colours = _colours(sorted(table.label)) if figure.reach else {}
     for _, row in table.iterrows():
+        if not figure.reach:
+            ax.plot(values, row.values[1:].astype(float), "o-", label=row.label)
+            continue
         reach = _reach(rows[rows.label == row.label].iloc[0])
         name = row.label if reach is not None else f"{row.label} (reaches no distance)"
-        ax.plot(distances, row.values[1:].astype(float), "o-" if reach is not False else "s--",
+        ax.plot(values, row.values[1:].astype(float), "o-" if reach is not False else "s--",
                 label=name, color=colours[row.label])
-        if reach is not None and reach is not False and reach < max(distances):
+        if reach is not None and reach is not False and reach < max(values):
             ax.axvline(reach, color=colours[row.label], linestyle=":", linewidth=1)
-    settings = json.loads(rows.settings.iloc[0] or "{}") if len(rows) else {}
-    num_values = int(settings.get("data", {}).get("num_values", 8))  # the generator's default
-    ax.axhline(1 / num_values, color="grey", linestyle="--", linewidth=1,
-               label=f"uniform chance (1/{num_values})")
-    majority = df[(df.task == "recall") & (df.metric == "majority_accuracy") & (df.split == "test")]
+    if figure.training_length:
+        ax.axvline(min(values), color="grey", linestyle=":", linewidth=1, label="training length")
+    if figure.reach:
+        _floors(ax, df, task)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(figure.xlabel)
+    ax.set_ylabel(figure.ylabel)
+    ax.set_title(figure.title, **({"fontsize": 9} if "\n" in figure.title else {}))
+    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    fig.tight_layout()
+    return _save(fig, run_dir, figure.stem)
+
+
+def _floors(ax: Any, df: pd.DataFrame, task: str) -> None:
+    """Uniform chance (1 / classes, from the rows' settings) dashed and the majority class
+    dash-dotted across a figure of ``task``."""
+    chance = uniform_chance(df).get(task)
+    if chance is not None:
+        ax.axhline(chance, color="grey", linestyle="--", linewidth=1,
+                   label=f"uniform chance (1/{round(1 / chance)})")
+    majority = df[(df.task == task) & (df.metric == "majority_accuracy") & (df.split == "test")]
     if len(majority):
         ax.axhline(majority.value.mean(), color="black", linestyle="-.", linewidth=1,
                    label="majority class")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("distance from the query back to its key (tokens)")
-    ax.set_ylabel("test accuracy")
-    ax.set_title("recall: dotted, the largest distance each variant's mask lets the bound\n"
-                 "(key, value) pair reach the query in the model's layers (no line: all shown)",
-                 fontsize=9)
-    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-    fig.tight_layout()
-    return _save(fig, run_dir, RECALL)
-
-
-def plot_length(df: pd.DataFrame, run_dir: Path) -> list[Path]:
-    """Bits per byte against evaluation length (training length marked)."""
-    plt = _pyplot()
-    table = condition_table(df, "bytelm", "bits_per_byte", "length=")
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    lengths = [float(c.split("=")[1]) for c in table.columns[1:]]
-    for _, row in table.iterrows():
-        ax.plot(lengths, row.values[1:].astype(float), "o-", label=row.label)
-    ax.axvline(min(lengths), color="grey", linestyle=":", linewidth=1, label="training length")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("evaluation length (bytes)")
-    ax.set_ylabel("test bits per byte (lower is better)")
-    ax.set_title("bytelm: evaluated past the training length")
-    ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
-    fig.tight_layout()
-    return _save(fig, run_dir, LENGTH)
 
 
 def plot_quality_run(run_dir: str | Path) -> list[Path]:
-    """Every quality figure the run's data allows."""
+    """Every quality figure the run's data allows: the Pareto front, each task's figures by
+    condition (as the task declares them), the matched-compute figure."""
     run_dir = Path(run_dir)
     df, budget = split_budget(load_quality(run_dir))  # matched-compute rows apart: budget.py
     if headline(df).empty:
         raise ValueError(f"RUN_DIR {run_dir}: no finished training run to plot")
     paths = plot_pareto(df, run_dir)
-    if len(condition_table(df, "recall", "accuracy", "distance=")):
-        paths += plot_recall(df, run_dir)
-    if len(condition_table(df, "bytelm", "bits_per_byte", "length=")):
-        paths += plot_length(df, run_dir)
+    for task, view in condition_views():
+        if view.figure is not None and len(condition_table(df, task, view.metric, view.prefix,
+                                                           numeric=view.numeric)):
+            paths += plot_condition(df, run_dir, task, view)
     paths += plot_budget(headline(budget), run_dir) if len(headline(budget)) else []
     return paths
 

@@ -38,7 +38,8 @@ from attn import Attention, attention_info, create_attention
 from attn.mods import MaskMod, dense_allowed
 from attn.validation import invalid, require_int
 from bench.quality.data import recall
-from models.config import PRESETS
+from bench.quality.settings import MODEL_SIZE
+from models.config import SIZES
 
 
 def flow_matrix(attention: Attention | MaskMod | None, seq_len: int, *, heads: int = 1,
@@ -146,9 +147,9 @@ def variant_recall_reach(variant: str, params: Mapping[str, Any],
     """:func:`recall_reach` of ``variant(params)`` under a recall task's settings: ``settings``
     is :meth:`TaskSettings.to_dict` (a quality row's ``settings`` JSON), with ``data``
     (``seq_len``, ``distances``, ``pair_gap``), ``model`` (``num_layers``, ``num_heads``,
-    ``d_model``; the model preset's values where absent) and ``attention`` (shared
+    ``d_model``; the values of the model size tasks start from where absent) and ``attention`` (shared
     parameters, applied where the variant has them, under ``params``)."""
-    data, model = settings.get("data", {}), {**PRESETS["tiny"], **settings.get("model", {})}
+    data, model = settings.get("data", {}), {**SIZES[MODEL_SIZE], **settings.get("model", {})}
     allowed = attention_info(variant).params
     shared = {k: v for k, v in settings.get("attention", {}).items() if k in allowed}
     heads = int(model["num_heads"])

@@ -19,7 +19,6 @@ from bench.quality.margins import SD_MARGIN, unlearned_tasks
 from bench.quality.model_parts import label
 from bench.quality.reference import list_references
 from bench.quality.tables import (
-    HEADLINE,
     condition_table,
     cost_table,
     display_name,
@@ -30,6 +29,7 @@ from bench.quality.tables import (
     signed_margin,
     significance_table,
 )
+from bench.quality.tasks import condition_views, headline_titles
 
 REPORT_FILE = "report.md"
 NUMERIC = ("value", "seed", "steps", "best_step", "train_time_s", "train_tokens_per_s",
@@ -93,7 +93,8 @@ def build_quality_report(run_dir: str | Path) -> str:
         raise ValueError(f"RUN_DIR {run_dir}: {QUALITY_FILE} has no rows yet; run or resume the grid")
     unlearned = unlearned_tasks(headline(df))
     table = quality_table(df[~df.task.isin(list(unlearned))])
-    metrics = ", ".join(f"{t}: {HEADLINE.get(m, m)}" for t, m in
+    titles = headline_titles()
+    metrics = ", ".join(f"{t}: {titles.get(m, m)}" for t, m in
                         headline(df).groupby("task").metric.first().items())
     counts = df.drop_duplicates("unit_id").groupby("status").size().to_dict()
     parts = [f"# Quality report: {run_dir.name}", "",
@@ -148,14 +149,10 @@ def build_quality_report(run_dir: str | Path) -> str:
                   "verdicts are expected by chance alone.", "",
                   markdown_table(differences), ""]
     parts += ["## Cost per run (medians over seeds)", "", markdown_table(cost_table(df)), ""]
-    for title, task, metric, prefix in (
-            ("Recall accuracy by distance (test)", "recall", "accuracy", "distance="),
-            ("Bits per byte by evaluation length (test; trained at the first length)", "bytelm",
-             "bits_per_byte", "length="),
-            ("BLEU by decoding (test)", "translate", "bleu", "decoding=")):
-        found = condition_table(df, task, metric, prefix)
+    for task, view in condition_views():  # what each task declares (register_task)
+        found = condition_table(df, task, view.metric, view.prefix, numeric=view.numeric)
         if len(found):
-            parts += [f"## {title}", "", markdown_table(found), ""]
+            parts += [f"## {view.title}", "", markdown_table(found), ""]
     unsupported = df[df.status == "unsupported"].drop_duplicates(["task", "label"])
     if len(unsupported):
         parts += ["## Unsupported (task, variant)", "",

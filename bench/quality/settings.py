@@ -1,10 +1,15 @@
-"""Task presets: the data, model and training settings of every quality task, from YAML.
+"""Task presets: the data, model and training settings of every quality task.
 
-A preset file (``bench/configs/tasks/<preset>.yaml``) has ``defaults`` (``model``, ``train``,
-``attention``) and one section per task overriding any of them and giving its ``data``
-settings. Within a task every variant gets the same settings: the same model size, the same
-hyper-parameters, the same step budget, and the same attention parameters (``attention``:
-e.g. ``window``, ``num_landmarks``, applied to every variant that has such a parameter).
+A task preset (``tiny``, ``small``, ``lra``) is a file ``bench/configs/tasks/<preset>.yaml``
+with ``defaults`` (``model``, ``train``, ``attention``) for every task. Each task registers
+its own section per preset (``register_task(..., presets=...)``: its ``data`` settings and
+anything of the defaults it changes, :mod:`bench.quality.tasks.registration`); a preset file
+may still override a task in an optional ``tasks`` section. A task's settings are the
+defaults, then its registered section, then the file's section, then the caller's overrides,
+each section by section. Within a task every variant gets the same settings: the same model
+size, the same hyper-parameters, the same step budget, and the same attention parameters
+(``attention``: e.g. ``window``, ``num_landmarks``, applied to every variant that has such a
+parameter).
 """
 
 from __future__ import annotations
@@ -20,8 +25,12 @@ from typing import Any
 from attn import attention_info
 from attn.validation import require_choice, require_int
 from bench.engine.config import ConfigError, load_yaml
+from bench.quality.tasks import list_tasks, task_info
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "tasks"
+#: the model size (:data:`models.config.SIZES`) every task's model starts from; the task's
+#: data (vocabulary, classes, length) and its preset's ``model`` settings then set its fields
+MODEL_SIZE = "mini"
 SCHEDULES = ("cosine", "linear")
 
 
@@ -132,20 +141,29 @@ def settings_that_apply(settings_json: str, variant: str, params: dict[str, Any]
     return settings
 
 
-def list_presets() -> list[str]:
-    """Preset names shipped in ``bench/configs/tasks``."""
+def list_task_presets() -> list[str]:
+    """Names of the task presets shipped in ``bench/configs/tasks`` (``tiny``, ``small``,
+    ``lra``: ``attn-bench train --preset``, a grid's ``preset``)."""
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
 def _load_preset(preset: str) -> dict[str, Any]:
     path = PRESET_DIR / f"{preset}.yaml"
     if not path.is_file():
-        raise ConfigError(f"--preset: unknown preset {preset!r}; presets are {list_presets()}",
+        raise ConfigError(f"--preset: unknown preset {preset!r}; presets are {list_task_presets()}",
                           "preset")
     raw = load_yaml(path)
-    if not isinstance(raw, dict) or "tasks" not in raw:
-        raise ConfigError(f"{path}: a task preset needs 'defaults' and 'tasks' sections", "tasks")
+    if not isinstance(raw, dict) or "defaults" not in raw:
+        raise ConfigError(f"{path}: a task preset needs a 'defaults' section (and may override "
+                          "tasks in a 'tasks' section)", "defaults")
     return raw
+
+
+def preset_tasks(preset: str) -> list[str]:
+    """The registered tasks that have settings in ``preset`` (their own, or the preset
+    file's), in task order."""
+    written = _load_preset(preset).get("tasks") or {}
+    return [t for t in list_tasks() if task_info(t).preset(preset) is not None or t in written]
 
 
 def _merged(base: dict[str, Any], override: dict[str, Any] | None, where: str) -> dict[str, Any]:
@@ -158,18 +176,22 @@ def task_settings(task: str, preset: str, overrides: dict[str, Any] | None = Non
     """The settings of ``task`` in ``preset``, with optional ``overrides`` of the same shape
     (``{"train": {"steps": 10}, "data": {...}, "model": {...}, "attention": {...}}``)."""
     raw = _load_preset(preset)
-    tasks = raw["tasks"]
-    if task not in tasks:
+    written = raw.get("tasks") or {}
+    registered = task_info(task).preset(preset) if task in list_tasks() else None
+    if task not in list_tasks() or (registered is None and task not in written):
         raise ConfigError(f"TASK: unknown task {task!r} in preset {preset!r}; tasks are "
-                          f"{sorted(tasks)}", "task")
-    defaults, section, overrides = raw.get("defaults", {}), tasks[task] or {}, overrides or {}
+                          f"{sorted(preset_tasks(preset))}", "task")
+    defaults, overrides = raw.get("defaults", {}), overrides or {}
+    sections = (registered or {}, written.get(task) or {})
     unknown = sorted(set(overrides) - {"data", "model", "attention", "train"})
     if unknown:
         raise ConfigError(f"overrides: unknown section {unknown[0]!r}; sections are "
                           "['attention', 'data', 'model', 'train']", unknown[0])
     merged = {}
     for part in ("data", "model", "attention", "train"):
-        value = _merged(defaults.get(part, {}), section.get(part), f"tasks.{task}.{part}")
+        value = defaults.get(part, {})
+        for section in sections:
+            value = _merged(value, section.get(part), f"tasks.{task}.{part}")
         merged[part] = _merged(value, overrides.get(part), f"overrides.{part}")
     train_keys = {f.name for f in fields(TrainSettings)}
     unknown = sorted(set(merged["train"]) - train_keys)
@@ -179,7 +201,8 @@ def task_settings(task: str, preset: str, overrides: dict[str, Any] | None = Non
     return TaskSettings(task=task, preset=preset, data=copy.deepcopy(merged["data"]),
                         model=copy.deepcopy(merged["model"]),
                         attention=copy.deepcopy(merged["attention"]),
-                        train=TrainSettings(**merged["train"]), note=str(section.get("note", "")))
+                        train=TrainSettings(**merged["train"]),
+                        note=str(sections[1].get("note", sections[0].get("note", ""))))
 
 
 def attention_params(variant: str, params: dict[str, Any], settings: TaskSettings) -> dict[str, Any]:

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from bench.quality.tasks import lower_is_better
+
 #: the variant every other one is compared with
 REFERENCE = "full"
-#: headline metrics where a smaller value is the better one
-LOWER_IS_BETTER = frozenset({"bits_per_byte"})
 BETTER, WORSE, NOISE, ONE_SEED = "better", "worse", "within seed noise", "n/a (one seed)"
 
 # two-sided 95% quantiles t(0.975, df) for df = 1..30 (any t table)
@@ -96,7 +96,7 @@ def differences_from_reference(top: pd.DataFrame) -> pd.DataFrame:
             if not shared:
                 continue
             diff = paired_difference([values[s] - reference[s] for s in shared],
-                                     higher_is_better=metric not in LOWER_IS_BETTER)
+                                     higher_is_better=not lower_is_better(metric))
             found.append({"task": task, "label": name, "metric": metric, "n": diff.n,
                           "reference": float(reference[shared].mean()),
                           "value": float(values[shared].mean()), "mean": diff.mean,

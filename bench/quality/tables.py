@@ -13,28 +13,26 @@ import json
 import pandas as pd
 
 from bench.quality.margins import Margin, margins, strongest_references
+from bench.quality.model_parts import always_causal
 from bench.quality.reference import list_references, reference_names
-from bench.quality.significance import BETTER, LOWER_IS_BETTER, WORSE, differences_from_reference
-from bench.quality.tasks import ClassificationTask, get_task, list_tasks
+from bench.quality.significance import BETTER, WORSE, differences_from_reference
+from bench.quality.tasks import ClassificationTask, display_unit, get_task, headline_titles, order_tasks
 
-#: the headline metric of each task (test split, no condition) and its unit
-HEADLINE = {"bits_per_byte": "bits/byte (lower is better)", "bleu": "BLEU", "accuracy": "accuracy"}
-assert LOWER_IS_BETTER <= set(HEADLINE)
 #: marks of a cell whose paired difference from full attention is beyond seed noise
 MARKS = {BETTER: " ▲", WORSE: " ▼"}
 UNIFORM, MAJORITY = "uniform chance (1 / classes)", "majority class (of the training labels)"
 
 
 def task_order(df: pd.DataFrame) -> list[str]:
-    """Tasks in the suite's order (LRA first), then any others."""
-    present = set(df.task)
-    return [t for t in list_tasks() if t in present] + sorted(present - set(list_tasks()))
+    """Tasks in the registered tasks' order (LRA first), then any others."""
+    return order_tasks(df.task)
 
 
 def headline(df: pd.DataFrame) -> pd.DataFrame:
-    """Test rows of each task's headline metric (no condition)."""
+    """Test rows of each task's headline metric (no condition): the metrics the registered
+    tasks headline (:func:`bench.quality.tasks.headline_titles`)."""
     test = df[(df.split == "test") & (df.condition == "") & (df.status == "ok")]
-    return test[test.metric.isin(list(HEADLINE))]
+    return test[test.metric.isin(list(headline_titles()))]
 
 
 def _cell(values: pd.Series, scale: float) -> str:
@@ -93,7 +91,8 @@ def _one_decoder_model(df: pd.DataFrame, name: str, task: str) -> bool:
     """``causal`` on a decoder-only task: the same model as ``full``, trained once (the grid
     does not train it twice: bench/quality/units.py ``same_model_as_full``)."""
     kinds = set(df[df.task == task].model_kind.dropna())
-    return name == "causal" and kinds == {"decoder_lm"} and (df[df.task == task].label == "full").any()
+    return (name == "causal" and bool(kinds) and all(always_causal(k) for k in kinds)
+            and (df[df.task == task].label == "full").any())
 
 
 def quality_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -205,11 +204,6 @@ def margin_table(df: pd.DataFrame) -> pd.DataFrame:
     return table.sort_values("task", key=lambda s: s.map(order)).fillna("-")
 
 
-def display_unit(metric: str) -> tuple[int, int]:
-    """``(scale, decimals)`` a metric is shown in: accuracy in % to 0.1, others to 0.001."""
-    return (100, 1) if metric == "accuracy" else (1, 3)
-
-
 def signed_margin(m: Margin) -> str:
     """A margin in the tables' unit (accuracy in points)."""
     scale, digits = display_unit(m.metric)
@@ -250,15 +244,17 @@ def cost_table(df: pd.DataFrame) -> pd.DataFrame:
                                              if s.name == "task" else s)
 
 
-def condition_table(df: pd.DataFrame, task: str, metric: str, prefix: str) -> pd.DataFrame:
-    """Mean test value per variant and condition (``distance=``, ``length=``, ``decoding=``)."""
+def condition_table(df: pd.DataFrame, task: str, metric: str, prefix: str, *,
+                    numeric: bool = True) -> pd.DataFrame:
+    """Mean test value per variant and condition (``distance=``, ``length=``, ``decoding=``);
+    the conditions sorted by their value when ``numeric``."""
     part = df[(df.task == task) & (df.split == "test") & (df.metric == metric)
               & df.condition.str.startswith(prefix) & (df.status == "ok")]
     if part.empty:
         return part
     part = part.assign(key=part.condition.str.slice(len(prefix)))
     table = part.pivot_table(index="label", columns="key", values="value", aggfunc="mean")
-    if prefix != "decoding=":
+    if numeric:
         table = table[sorted(table.columns, key=lambda c: float(c))]
     table.columns = [f"{prefix}{c}" for c in table.columns]
     return table.reset_index()

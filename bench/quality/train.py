@@ -30,7 +30,13 @@ from bench.quality.budget import REFERENCE, StepFlops, matched_budget, task_step
 from bench.quality.checkpoint import load_checkpoint, load_model_state
 from bench.quality.model_parts import label, model_parts
 from bench.quality.pretrain import check_pretraining
-from bench.quality.settings import TaskSettings, TrainSettings, attention_params, task_settings
+from bench.quality.settings import (
+    MODEL_SIZE,
+    TaskSettings,
+    TrainSettings,
+    attention_params,
+    task_settings,
+)
 from bench.quality.tasks import Metric, Task, get_task
 from bench.quality.trainer import BEST, Progress, Trainer
 from models import create_model
@@ -150,7 +156,7 @@ def diverged_rows(spec: RunSpec, settings: TaskSettings, task: Task, params: dic
 def _model(spec: RunSpec, settings: TaskSettings, task: Task, parts: Any) -> nn.Module:
     """The task's model with ``parts``' attention, on the run's device."""
     sizes = {**task.model_overrides(), **settings.model}  # the preset may override the task
-    return create_model(task.model_kind, "tiny", attention_kernel=spec.kernel, **parts.kwargs,
+    return create_model(task.model_kind, MODEL_SIZE, attention_kernel=spec.kernel, **parts.kwargs,
                         **sizes).to(spec.device)
 
 

@@ -22,7 +22,7 @@ from bench.engine.config import safe_name
 from bench.engine.process import Worker, WorkerGone, failure
 from bench.quality.budget import budget_of, budget_overrides
 from bench.quality.grid_config import GridConfig, GridVariant, canonical
-from bench.quality.model_parts import label
+from bench.quality.model_parts import always_causal, label
 from bench.quality.reference import get_reference
 from bench.quality.reference_unit import ReferenceUnit
 from bench.quality.settings import attention_params, task_settings
@@ -164,12 +164,13 @@ def units(config: GridConfig, out: Path) -> list[TrainUnit]:
 
 
 def same_model_as_full(config: GridConfig, task: str, variant: GridVariant) -> bool:
-    """True for the ``causal`` entry on a decoder-only task when the grid also has ``full``
-    with the same model settings: a decoder runs every self-attention causally, so the two
-    are one model (bit-identical runs); the grid trains it once, as ``full``."""
+    """True for the ``causal`` entry on a decoder-only task (a model kind whose every
+    self-attention runs causally, ``needs_causal``) when the grid also has ``full`` with the
+    same model settings: the two are one model (bit-identical runs); the grid trains it once,
+    as ``full``."""
     if variant.name != "causal" or variant.params:
         return False
-    if _model_kind(config.preset, task) != "decoder_lm":
+    if not always_causal(_model_kind(config.preset, task)):
         return False
     return any(other.name == "full" and not other.params and other.model == variant.model
                and other.trains_on(task) for other in config.variants)

@@ -1,17 +1,17 @@
-"""Speed sweep configs: YAML (read within limits, :func:`bench.engine.config.load_yaml`) into
-frozen dataclasses, validated on load.
+"""Speed sweep configs: a YAML mapping into frozen dataclasses, validated (:func:`parse_config`).
 
 Every error is a :class:`bench.engine.config.ConfigError` whose message names the key and the
-allowed values. Command-line overrides go through the same validation
-(:func:`with_overrides` re-parses the config with them applied).
+allowed values. Command-line overrides are applied to the mapping first
+(:func:`apply_overrides`), so they go through the same validation, once. Parsing is pure: it
+imports no plug-in (the variants a config names must be registered already;
+:func:`bench.runner.load_run` imports the config's ``plugins`` first) and reads no file.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
-from pathlib import Path
+from dataclasses import dataclass, fields
 from typing import Any
 
 from attn import attention_info, check_attention_params, list_attention, list_kernels
@@ -26,10 +26,8 @@ from bench.engine.config import (
     DTYPES,
     ConfigError,
     check_key,
-    import_plugins,
     key_error,
-    load_yaml,
-    resolve_config_path,
+    plugin_modules,
 )
 from bench.engine.labels import variant_label
 from bench.engine.messages import cut, shown
@@ -70,7 +68,7 @@ class SweepConfig:
     """A whole sweep; :func:`bench.speed.cases.expand_cases` expands it into cases.
 
     The field defaults are the only place sweep defaults are written: a key the YAML leaves
-    out takes its field's default. ``raw`` keeps the validated mapping (for overrides).
+    out takes its field's default.
     """
 
     name: str
@@ -99,10 +97,9 @@ class SweepConfig:
     peak_matmul_size: int | None = None  # side of the square matmul giving the FLOP/s peak
     fit_ranges: tuple[tuple[int, int], ...] = ()  # extra exponent fits in the report, [lo, hi] N
     description: str = ""
-    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
-_TOP_KEYS = {f.name for f in fields(SweepConfig)} - {"raw"}
+_TOP_KEYS = {f.name for f in fields(SweepConfig)}
 
 
 def _default(key: str) -> Any:
@@ -195,10 +192,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
     def get(key: str) -> Any:
         return raw.get(key, _default(key))
 
-    plugins = get("plugins")
-    if not isinstance(plugins, (list, tuple)) or not all(isinstance(p, str) for p in plugins):
-        raise key_error("plugins", f"must be a list of importable module names; got {shown(plugins)}")
-    import_plugins(tuple(plugins))
+    plugins = plugin_modules(raw)  # checked, not imported
     name = raw["name"]
     if not isinstance(name, str) or not name:
         raise key_error("name", f"must be a non-empty string; got {shown(name)}")
@@ -221,7 +215,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
         min_repeats = min(min_repeats, repeats)
     if min_repeats > repeats:
         raise key_error("min_repeats", f"must be <= repeats={repeats}; got {min_repeats}")
-    return SweepConfig(
+    config = SweepConfig(
         name=name,
         description=str(get("description")),
         variants=tuple(_variant(i, v, kernel_names) for i, v in enumerate(variants)),
@@ -250,41 +244,53 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
         skip_larger_after_failure=check_key(require_bool, "skip_larger_after_failure",
                                          get("skip_larger_after_failure")),
         fit_ranges=_fit_ranges("fit_ranges", get("fit_ranges")),
-        raw=copy.deepcopy(raw),
     )
+    _check_has_cases(config)
+    return config
 
 
-def load_config(config: str | Path) -> SweepConfig:
-    """Load and validate a sweep config from a YAML file or a preset name (a training grid,
-    ``kind: quality``, is loaded by :func:`bench.quality.grid_config.parse_grid` instead)."""
-    path = resolve_config_path(str(config))
-    raw = load_yaml(path)
-    if isinstance(raw, dict) and raw.get("kind") == "quality":
-        raise ConfigError(f"{path}: a training grid (kind: quality), not a speed sweep; run it "
-                          "with `attn-bench sweep` or load it with bench.quality.grid_config.parse_grid",
-                          "kind")
-    return parse_config(raw, source=str(path))
+def _check_has_cases(config: SweepConfig) -> None:
+    """A sweep with no case is refused: no variant has any of the kernels asked of it
+    (``auto``, ``all`` or a kernel it has; :func:`bench.speed.cases.expand_cases`)."""
+    def has_case(variant: VariantSpec) -> bool:
+        kernels = attention_info(variant.name).kernels
+        return any(k == "auto" or k in kernels or (k == "all" and bool(kernels))
+                   for k in variant.kernels or config.kernels)
+
+    if any(has_case(v) for v in config.variants):
+        return
+    requested = sorted({k for v in config.variants for k in (v.kernels or config.kernels)})
+    have = "; ".join(f"{v.label} has {['auto', 'all', *attention_info(v.name).kernels]}"
+                     for v in config.variants)
+    raise key_error("kernels", f"the sweep has no cases: no variant has any of the requested "
+                               f"kernels {requested}; allowed values: {have}")
 
 
-def with_overrides(config: SweepConfig, **overrides: Any) -> SweepConfig:
-    """``config`` re-validated with the non-None overrides (config keys) applied.
+#: config keys a command line may override (:func:`apply_overrides`)
+OVERRIDES = ("variants", "kernels", "seq_len", "passes", "repeats", "timeout_s", "device",
+             "dtype", "threads", "plugins")
+
+
+def apply_overrides(raw: Any, overrides: dict[str, Any]) -> Any:
+    """The config mapping ``raw`` with the non-None ``overrides`` (config keys) applied, for
+    :func:`parse_config` to validate once.
 
     ``variants`` is a list of names (default parameters); ``seq_len`` and ``kernels`` given
-    here also replace the per-variant lists. Errors are :class:`ConfigError` naming the key.
+    here also replace the per-variant lists. ``raw`` itself is left as it is.
     """
     changes = {k: list(v) if isinstance(v, tuple) else v
                for k, v in overrides.items() if v is not None}
     unknown = sorted(set(changes) - _TOP_KEYS)
     if unknown:
         raise key_error(unknown[0], f"unknown key; allowed keys are {sorted(_TOP_KEYS)}")
-    raw = copy.deepcopy(config.raw) or {"name": config.name, "seq_len": list(config.seq_len)}
+    if not changes or not isinstance(raw, dict):
+        return raw
+    raw = copy.deepcopy(raw)
     if "variants" in changes:
         raw["variants"] = [{"name": name} for name in changes.pop("variants")]
-    elif not raw.get("variants"):
-        raw["variants"] = [{"name": v.name, **v.params_dict} for v in config.variants]
     for key in ("seq_len", "kernels"):
-        if key in changes:
+        if key in changes and isinstance(raw.get("variants"), list):
             raw["variants"] = [{k: v for k, v in (item if isinstance(item, dict) else {"name": item})
                                 .items() if k != key} for item in raw["variants"]]
     raw.update(changes)
-    return parse_config(raw, source=f"{config.name} with overrides")
+    return raw

@@ -44,7 +44,7 @@ def build_model(case: Case) -> Any:
     """The classifier of a model-step case, on its device and dtype."""
     sizes = {"vocab_size": 256, "num_classes": 10, "d_ff": 4 * dict(case.model)["d_model"],
              **dict(case.model)}
-    model = create_model("encoder_classifier", "tiny", attention=case.variant,
+    model = create_model("encoder_classifier", "mini", attention=case.variant,
                          attention_params=case.params_dict, attention_kernel=case.kernel,
                          max_len=case.seq_len + 8, pooling="mean", **sizes)
     return model.to(device=case.device, dtype=getattr(torch, case.dtype))

@@ -17,12 +17,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from bench.engine.config import ConfigError
-from bench.engine.executors import Executor
+from bench.engine.executors import Executor, ExecutorSpec
 from bench.engine.fsutil import atomic_write_json, read_json
 from bench.engine.results import RESULTS_FILE
 from bench.engine.row_schema import COLUMNS
-from bench.engine.rundir import Chain, MixedEnvironmentError, Rows, RunRecorder, run_units
+from bench.engine.rundir import Chain, MixedEnvironmentError, Planned, Rows, RunRecorder, run_units
 from bench.speed.cases import Case, expand_cases
 from bench.speed.cases import chains as make_chains
 from bench.speed.config import SweepConfig
@@ -58,6 +57,28 @@ class SweepPlan:
     file: ClassVar[str] = RESULTS_FILE
     columns: ClassVar[list[str]] = COLUMNS
     config_file: ClassVar[str] = "sweep.json"
+    noun: ClassVar[str] = "cases"
+
+    @classmethod
+    def of(cls, config: SweepConfig) -> SweepPlan:
+        """The plan of ``config``: its cases, expanded once."""
+        return cls(config, tuple(expand_cases(config)))
+
+    @property
+    def plugins(self) -> tuple[str, ...]:
+        return self.config.plugins
+
+    def count(self) -> int:
+        return len(self.cases)
+
+    def preview(self, kept: Rows, run_dir: Path) -> list[Planned]:
+        """Every case, ``done`` when each of its passes has a kept row."""
+        done = {(r["case_id"], r["pass"]) for r in kept}
+        return [Planned(c.case_id, "done" if all((c.case_id, p) in done for p in c.passes)
+                        else "todo", c.describe()) for c in self.cases]
+
+    def outcome(self, rows: Rows) -> str:
+        return ", ".join(f"{r['kernel_requested']} {r['pass']} {r['status']}" for r in rows)
 
     @property
     def device(self) -> str:
@@ -75,7 +96,7 @@ class SweepPlan:
         return (row["case_id"], row["pass"])
 
     def settings(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self.config).items() if k != "raw"}
+        return asdict(self.config)
 
     def chains(self, recorder: RunRecorder) -> list[Chain]:
         """A chain per group of cases with a (case, pass) not recorded yet; a curve whose pass
@@ -101,7 +122,7 @@ def run_sweep(
     config: SweepConfig,
     run_dir: Path,
     *,
-    executor: Executor | None = None,
+    executor: Executor | ExecutorSpec | None = None,
     allow_mixed: bool = False,
     retry_failed: bool = False,
     overwrite: bool = False,
@@ -114,10 +135,6 @@ def run_sweep(
     ``skip_larger_after_failure``, once a length of a curve times out or runs out of memory
     in a pass, the larger lengths of that curve and pass become ``skipped`` rows.
     """
-    cases = expand_cases(config)
-    if not cases:
-        raise ConfigError("the sweep has no cases: no variant has any of the requested kernels "
-                          f"{list(config.kernels)}", "kernels")
-    return run_units(run_dir, SweepPlan(config, tuple(cases)), executor=executor,
+    return run_units(run_dir, SweepPlan.of(config), executor=executor,
                      allow_mixed=allow_mixed, retry_failed=retry_failed, overwrite=overwrite,
                      on_start=on_start, on_done=on_done)

@@ -9,12 +9,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from bench.engine.executors.base import Executor, Unit, execute, failed
 from bench.engine.executors.local import LocalExecutor
 from bench.engine.executors.ray import CONNECT_S, RayExecutor
 
-__all__ = ["EXECUTORS", "Executor", "LocalExecutor", "RayExecutor", "Unit", "execute", "failed",
-           "make_executor"]
+__all__ = ["EXECUTORS", "Executor", "ExecutorSpec", "LocalExecutor", "RayExecutor", "Unit",
+           "execute", "failed", "make_executor"]
 
 EXECUTORS = ("local", "ray")
 
@@ -32,3 +34,18 @@ def make_executor(name: str, *, device: str, address: str | None = None,
         return RayExecutor(device=device, address=address,
                            connect_timeout_s=CONNECT_S if connect_timeout_s is None else connect_timeout_s)
     raise ValueError(f"--executor: unknown executor {name!r}; allowed values are {list(EXECUTORS)}")
+
+
+@dataclass(frozen=True)
+class ExecutorSpec:
+    """Where a run's units go, by name (``local`` or ``ray``, with Ray's ``address`` and
+    ``connect_timeout_s``): the executor is made by the run once it has checked its device
+    (:func:`bench.engine.rundir.run_units`), with that device."""
+
+    name: str = "local"
+    address: str | None = None
+    connect_timeout_s: float | None = None
+
+    def make(self, device: str) -> Executor:
+        return make_executor(self.name, device=device, address=self.address,
+                             connect_timeout_s=self.connect_timeout_s)

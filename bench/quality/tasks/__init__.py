@@ -1,45 +1,84 @@
-"""The quality tasks, one module each; :func:`get_task` builds one by name.
+"""The quality tasks, one module each, and their registry: :func:`register_task`,
+:func:`list_tasks`, :func:`task_info`, :func:`get_task`.
 
-To add a task: copy the smallest module that is like it (``text.py`` for a classification
-of sequences, ``bytelm.py`` for a language model), give it a ``name``, list it in
-:func:`task_classes`, and add its settings to every preset in ``bench/configs/tasks/``.
+Each task module registers its class with its settings per task preset and how the report
+shows it (:mod:`bench.quality.tasks.registration`). To add a task: copy the smallest module
+that is like it (``text.py`` for a classification of sequences, ``bytelm.py`` for a language
+model) and import it below; a plug-in module registers the same way from its own file
+(``--plugin`` or a config's ``plugins:``), with no file here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+from bench.quality.tasks import (  # noqa: F401  (register the built-in tasks)
+    bytelm,
+    image,
+    listops,
+    mqar,
+    pathfinder,
+    recall,
+    retrieval,
+    text,
+    translate,
+)
 from bench.quality.tasks.base import SPLITS, ClassificationTask, Metric, Split, Task
-from bench.quality.tasks.bytelm import ByteLM
-from bench.quality.tasks.image import ImagePatches, ImagePixels
-from bench.quality.tasks.listops import ListOps
-from bench.quality.tasks.mqar import MQAR
-from bench.quality.tasks.pathfinder import Pathfinder
-from bench.quality.tasks.recall import Recall
-from bench.quality.tasks.retrieval import Retrieval
-from bench.quality.tasks.text import Text
-from bench.quality.tasks.translate import Translate
-
-
-def task_classes() -> dict[str, type[Task]]:
-    """Every task class by name, in LRA order (their data packages load only when a task prepares)."""
-    classes = (ListOps, Text, Retrieval, ImagePixels, ImagePatches, Pathfinder, ByteLM,
-               Translate, Recall, MQAR)
-    return {cls.name: cls for cls in classes}
+from bench.quality.tasks.registration import (
+    TASKS,
+    ConditionFigure,
+    ConditionView,
+    TaskInfo,
+    display_unit,
+    register_task,
+    unregister_task,
+)
 
 
 def list_tasks() -> list[str]:
-    """Task names in LRA order (the quality table's columns)."""
-    return list(task_classes())
+    """Registered task names in their order (the Long Range Arena's tasks first): the quality
+    table's columns."""
+    return [info.name for info in sorted(TASKS.values(), key=lambda info: info.order)]
+
+
+def task_info(name: str) -> TaskInfo:
+    """The registry entry of task ``name``; ``ValueError`` lists the registered tasks."""
+    if name not in TASKS:
+        raise ValueError(f"TASK: unknown task {name!r}; tasks are {list_tasks()}")
+    return TASKS[name]
 
 
 def get_task(name: str, data: dict[str, Any], seed: int) -> Task:
     """The task ``name`` with its data settings; ``ValueError`` lists the known tasks."""
-    classes = task_classes()
-    if name not in classes:
-        raise ValueError(f"TASK: unknown task {name!r}; tasks are {list(classes)}")
-    return classes[name](data, seed)
+    return task_info(name).cls(data, seed)
 
 
-__all__ = ["SPLITS", "ClassificationTask", "Metric", "Split", "Task", "get_task", "list_tasks",
-           "task_classes"]
+def order_tasks(names: Iterable[str]) -> list[str]:
+    """``names`` in the registered tasks' order, then any others (rows of a task this
+    version does not know) sorted."""
+    present = set(names)
+    known = list_tasks()
+    return [t for t in known if t in present] + sorted(present - set(known))
+
+
+def headline_titles() -> dict[str, str]:
+    """Every registered task's headline metric and how the report names it
+    (``{"bits_per_byte": "bits/byte (lower is better)", ...}``)."""
+    return {info.metric: info.metric_title for info in TASKS.values()}
+
+
+def lower_is_better(metric: str) -> bool:
+    """Whether a smaller ``metric`` is better (as the tasks whose headline it is say)."""
+    return any(info.metric == metric and not info.higher_is_better for info in TASKS.values())
+
+
+def condition_views() -> list[tuple[str, ConditionView]]:
+    """Every task's metrics by condition, ``(task, view)`` in task order."""
+    return [(name, view) for name in list_tasks() for view in TASKS[name].conditions]
+
+
+__all__ = ["SPLITS", "ClassificationTask", "ConditionFigure", "ConditionView", "Metric", "Split",
+           "Task", "TaskInfo", "condition_views", "display_unit", "get_task", "headline_titles",
+           "list_tasks", "lower_is_better", "order_tasks", "register_task", "task_info",
+           "unregister_task"]

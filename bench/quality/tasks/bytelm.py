@@ -15,16 +15,46 @@ from torch import Tensor, nn
 
 from bench.quality.data import enwiki
 from bench.quality.tasks.base import Metric, Split, Task
+from bench.quality.tasks.registration import ConditionFigure, ConditionView, register_task
 
 LN2 = math.log(2.0)
 
 
+#: the task's settings in each task preset (over the preset file's defaults)
+PRESETS = {
+    "tiny": {
+        "data": {"seq_len": 32, "eval_bytes": 1024, "extrapolation": [1, 2, 4]},
+    },
+    "small": {
+        "note": ("enwiki excerpt of gensim's test data; trained on 256 bytes, evaluated at 1, 2, "
+                 "4, 8x."),
+        "data": {"seq_len": 256, "eval_bytes": 32768, "extrapolation": [1, 2, 4, 8]},
+        "train": {"steps": 300},
+    },
+    "lra": {
+        "data": {"seq_len": 1024, "eval_bytes": 262144, "extrapolation": [1, 2, 4, 8]},
+    },
+}
+
+
+@register_task(
+    "bytelm",
+    order=7,
+    presets=PRESETS,
+    metric_title="bits/byte (lower is better)",
+    conditions=(ConditionView(
+        "bits_per_byte", "length=",
+        "Bits per byte by evaluation length (test; trained at the first length)",
+        figure=ConditionFigure("bytelm_length", "evaluation length (bytes)",
+                               "test bits per byte (lower is better)",
+                               "bytelm: evaluated past the training length",
+                               training_length=True)),),
+)
 class ByteLM(Task):
     """Data settings: ``seq_len`` (training length), ``eval_bytes`` (bytes of a split read per
     evaluation length), ``extrapolation`` (multipliers of ``seq_len`` for the final test
     evaluation, e.g. ``[1, 2, 4, 8]``), ``fractions`` (train/val/test by position)."""
 
-    name = "bytelm"
     model_kind = "decoder_lm"
     metric = "bits_per_byte"
     higher_is_better = False

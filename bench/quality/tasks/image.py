@@ -13,6 +13,7 @@ import numpy as np
 
 from bench.quality.data import fashion_mnist
 from bench.quality.tasks.base import ClassificationTask, PatchedImageTask, as_tensors
+from bench.quality.tasks.registration import register_task
 
 
 def _subsets(data: dict[str, Any]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -37,12 +38,35 @@ def downsample(images: np.ndarray, factor: int) -> np.ndarray:
     return np.rint(blocks.mean(axis=(2, 4))).astype(np.uint8)
 
 
+#: the task's settings in each task preset (over the preset file's defaults)
+PIXEL_PRESETS = {
+    "tiny": {
+        "data": {"train_examples": 64, "val_examples": 16, "test_examples": 32, "data_seed": 0},
+    },
+    "small": {
+        "note": ("Fashion-MNIST pooled 2x2 to 14x14 = 196 pixel tokens (LRA uses CIFAR-10, 1,024 "
+                 "tokens)."),
+        "data": {"train_examples": 6000, "val_examples": 500, "test_examples": 1000, "data_seed": 0,
+                 "downsample": 2},
+    },
+    # lra: lra_benchmarks/image/configs/cifar10/base_cifar10_config.py: emb 32, 1 head, 1 layer,
+    # mlp 64, batch 256, 200 epochs of 45,000 images, lr 5e-4, cosine
+    "lra": {
+        "data": {"train_examples": 50000, "val_examples": 10000, "test_examples": 10000,
+                 "data_seed": 0},
+        "model": {"d_model": 32, "num_heads": 1, "num_layers": 1, "d_ff": 64, "dropout": 0.3},
+        "train": {"steps": 39000, "batch_size": 256, "lr": 0.0005, "weight_decay": 0.0,
+                  "warmup_steps": 195, "eval_every": 1950, "checkpoint_every": 1950},
+    },
+}
+
+
+@register_task("image", order=4, presets=PIXEL_PRESETS)
 class ImagePixels(ClassificationTask):
     """Data settings: ``train_examples``, ``val_examples``, ``test_examples``, ``data_seed``,
     ``downsample`` (average-pool factor, default 1). Each pixel is a token (grey level 0..255);
     ``seq_len`` is 784, or (28 / downsample)^2."""
 
-    name = "image"
     num_classes = 10
     vocab_size = 256
 
@@ -54,11 +78,36 @@ class ImagePixels(ClassificationTask):
             self.splits[split] = as_tensors(arrays, np.arange(len(labels)))
 
 
+#: the task's settings in each task preset (over the preset file's defaults)
+PATCH_PRESETS = {
+    "tiny": {
+        "data": {"train_examples": 64, "val_examples": 16, "test_examples": 32, "data_seed": 0,
+                 "patch_size": 7},
+        "model": {"patch_size": 7},
+        "attention": {"window": 2, "num_landmarks": 4},
+    },
+    "small": {
+        "data": {"train_examples": 6000, "val_examples": 500, "test_examples": 1000, "data_seed": 0,
+                 "patch_size": 4},
+        "model": {"patch_size": 4},
+        "attention": {"window": 4, "num_global": 1, "num_landmarks": 8},
+    },
+    "lra": {
+        "data": {"train_examples": 50000, "val_examples": 10000, "test_examples": 10000,
+                 "data_seed": 0},
+        "model": {"patch_size": 4, "d_model": 128, "num_heads": 4, "num_layers": 4, "d_ff": 512},
+        "attention": {"window": 8, "num_global": 1, "num_landmarks": 16},
+        "train": {"steps": 39000, "batch_size": 256, "lr": 0.0005, "weight_decay": 0.0,
+                  "warmup_steps": 195, "eval_every": 1950, "checkpoint_every": 1950},
+    },
+}
+
+
+@register_task("image_vit", order=5, presets=PATCH_PRESETS)
 class ImagePatches(PatchedImageTask):
     """Data settings as ``image`` plus the model's ``patch_size`` (model settings). The
     ``vit`` model reads ``images (B, 1, 28, 28)`` scaled to [0, 1]."""
 
-    name = "image_vit"
     model_kind = "vit"
     num_classes = 10
     image_size = 28  # type: ignore[assignment]

@@ -8,13 +8,38 @@ import numpy as np
 from bench.quality.data import listops
 from bench.quality.data.splits import split_indices
 from bench.quality.tasks.base import ClassificationTask, as_tensors
+from bench.quality.tasks.registration import register_task
+
+#: the task's settings in each task preset (over the preset file's defaults)
+PRESETS = {
+    "tiny": {
+        "data": {"seq_len": 64, "examples": 200, "max_depth": 3, "max_args": 4, "min_length": 8,
+                 "data_seed": 0},
+    },
+    "small": {
+        "note": "LRA's generator and operators; 256 tokens instead of 2,000, depth 6, 8 arguments.",
+        "data": {"seq_len": 256, "examples": 6000, "max_depth": 6, "max_args": 8, "min_length": 96,
+                 "data_seed": 0},
+    },
+    # lra: lra_benchmarks/listops/configs/base_listops_config.py: max_length 2000, emb 512,
+    # 8 heads, 6 layers, mlp 2048, batch 32, 5,000 steps, warm-up 1,000
+    "lra": {
+        "data": {"seq_len": 2000, "examples": 100000, "max_depth": 10, "max_args": 10,
+                 "min_length": 500, "data_seed": 0, "fractions": [0.96, 0.02, 0.02]},
+        "model": {"d_model": 512, "num_heads": 8, "num_layers": 6, "d_ff": 2048},
+    },
+}
 
 
+@register_task(
+    "listops",
+    order=1,
+    presets=PRESETS,
+)
 class ListOps(ClassificationTask):
     """Data settings: ``seq_len``, ``examples`` (train + val + test, split 80/10/10 unless
     ``fractions`` is given), ``max_depth``, ``max_args``, ``min_length``, ``data_seed``."""
 
-    name = "listops"
     num_classes = 10
     vocab_size = len(listops.VOCAB)
 

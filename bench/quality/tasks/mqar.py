@@ -17,10 +17,44 @@ from torch import Tensor, nn
 from attn.validation import invalid, require_int_list
 from bench.quality.data import mqar
 from bench.quality.tasks.base import ClassificationTask, Metric, Split, as_tensors
+from bench.quality.tasks.registration import register_task
 
 DEFAULT_BUCKETS = (16, 32, 64, 128)
 
 
+#: the task's settings in each task preset (over the preset file's defaults)
+PRESETS = {
+    "tiny": {
+        "note": "2 or 4 pairs on 48 tokens; checks the pipeline (per-token logits, conditions).",
+        "data": {"seq_len": 48, "num_pairs": [2, 4], "num_keys": 8, "num_values": 8,
+                 "num_fillers": 4, "distance_buckets": [8, 16], "train_examples": 128,
+                 "val_examples": 32, "test_examples": 48, "data_seed": 0},
+    },
+    "small": {
+        "note": ("NOT CALIBRATED. 2-16 pairs of 32 keys and 32 values on 256 tokens; in 1,000 "
+                 "steps (about 3 minutes) full attention only learns which values a sequence "
+                 "holds (about 1 / P per query), not the recall itself; see docs/quality.md."),
+        "data": {"seq_len": 256, "num_pairs": [2, 4, 8, 16], "num_keys": 32, "num_values": 32,
+                 "num_fillers": 16, "distance_buckets": [16, 32, 64, 128], "train_examples": 8000,
+                 "val_examples": 400, "test_examples": 1000, "data_seed": 0},
+        "train": {"steps": 1000, "lr": 0.003, "eval_every": 100, "eval_examples": 200},
+    },
+    "lra": {
+        "note": ("MQAR (Arora et al. 2023, \"Zoology\") at 1,024 tokens with up to 128 pairs; not "
+                 "an LRA task, sized like them. Not run yet (a GPU setting)."),
+        "data": {"seq_len": 1024, "num_pairs": [8, 16, 32, 64, 128], "num_keys": 256,
+                 "num_values": 256, "num_fillers": 64, "distance_buckets": [16, 64, 128, 256, 512],
+                 "train_examples": 100000, "val_examples": 2000, "test_examples": 4000,
+                 "data_seed": 0},
+    },
+}
+
+
+@register_task(
+    "mqar",
+    order=10,
+    presets=PRESETS,
+)
 class MQAR(ClassificationTask):
     """Data settings: ``seq_len``, ``num_pairs`` (list, balanced over examples), ``num_keys``,
     ``num_values``, ``num_fillers``, ``distance_buckets`` (list of increasing upper edges,
@@ -33,7 +67,6 @@ class MQAR(ClassificationTask):
     ``num_pairs=P`` and per distance bucket ``distance<=E``: the queries whose distance lies in
     ``(previous edge, E]``, the last bucket ending at ``seq_len - 1``."""
 
-    name = "mqar"
     pooling = "tokens"
 
     def _layout(self) -> dict[str, int]:

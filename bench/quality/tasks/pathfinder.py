@@ -12,6 +12,7 @@ from attn.validation import require_choice
 from bench.quality.data import pathfinder
 from bench.quality.data.splits import split_indices
 from bench.quality.tasks.base import ClassificationTask, PatchedImageTask, Split, as_tensors
+from bench.quality.tasks.registration import register_task
 
 INPUTS = ("pixels", "patches")
 
@@ -27,6 +28,37 @@ def patch_codes(images: np.ndarray, patch: int) -> np.ndarray:
     return (bits * (1 << np.arange(patch * patch))).sum(axis=-1).astype(np.int64)
 
 
+#: the task's settings in each task preset (over the preset file's defaults)
+PRESETS = {
+    "tiny": {
+        "data": {"size": 16, "examples": 120, "data_seed": 0},
+    },
+    "small": {
+        "note": ("24x24 images read as 144 tokens, each a binary 2x2 block (LRA: 32x32, 1,024 "
+                 "pixel tokens); solid paths of 6-9 steps and no distractor paths (LRA: dashed, "
+                 "with distractors); 12,000 images, 3,600 steps. Pixel tokens, dashes or "
+                 "distractors stayed at chance for every variant at this budget (docs/quality.md "
+                 "lists what was tried)."),
+        "data": {"size": 24, "patch": 2, "num_distractors": 0, "path_length": [6, 9], "gap": 0,
+                 "examples": 12000, "data_seed": 0},
+        "train": {"steps": 3600, "eval_every": 300},
+    },
+    # lra: lra_benchmarks/image/configs/pathfinder32/base_pathfinder32_config.py: 32x32, emb 32,
+    # 2 heads, 1 layer, mlp 32, batch 512, 200 epochs of 160,000, lr 1e-3
+    "lra": {
+        "data": {"size": 32, "examples": 200000, "data_seed": 0, "fractions": [0.8, 0.1, 0.1]},
+        "model": {"d_model": 32, "num_heads": 2, "num_layers": 1, "d_ff": 32},
+        "train": {"steps": 62500, "batch_size": 512, "lr": 0.001, "weight_decay": 0.0,
+                  "warmup_steps": 312, "eval_every": 3125, "checkpoint_every": 3125},
+    },
+}
+
+
+@register_task(
+    "pathfinder",
+    order=6,
+    presets=PRESETS,
+)
 class Pathfinder(PatchedImageTask):
     """Data settings: ``size`` (image side), ``input`` (how the model reads an image),
     ``examples`` (split 80/10/10), ``data_seed``, and any generator parameter
@@ -38,7 +70,6 @@ class Pathfinder(PatchedImageTask):
     ``patch_size`` x ``patch_size`` patches (default 4), each linearly embedded, as the
     ``image_vit`` task reads Fashion-MNIST; ``seq_len = (size/patch_size)**2``."""
 
-    name = "pathfinder"
     num_classes = 2
     vocab_size = 256
 

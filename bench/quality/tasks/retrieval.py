@@ -26,8 +26,39 @@ from torch import Tensor, nn
 from attn.validation import require_choice, require_int
 from bench.quality.data import bbc
 from bench.quality.tasks.base import ClassificationTask, Split
+from bench.quality.tasks.registration import register_task
+
+#: the task's settings in each task preset (over the preset file's defaults)
+PRESETS = {
+    "tiny": {
+        "data": {"seq_len": 32, "train_pairs": 64, "val_pairs": 16, "test_pairs": 32,
+                 "data_seed": 0},
+    },
+    "small": {
+        "note": ("256 bytes per article; in-batch pairs (all 120 pairs of 16 articles per step); "
+                 "a pair is scored by the cosine of its two encodings (LRA's concat MLP head "
+                 "stayed within 5 points of chance at this budget)."),
+        "data": {"seq_len": 256, "train_pairing": "in_batch", "val_pairs": 400, "test_pairs": 800,
+                 "data_seed": 0, "dedupe": "near"},
+        "model": {"pair_head": "cosine"},
+        "train": {"steps": 600, "batch_size": 16, "eval_every": 150},
+    },
+    # lra: lra_benchmarks/matching/configs/base_match_config.py: max_length 4000 per document,
+    # emb 128, 4 heads, 4 layers, mlp 512, batch 32, 5,000 steps
+    "lra": {
+        "data": {"seq_len": 4000, "train_pairs": 100000, "val_pairs": 2000, "test_pairs": 4000,
+                 "data_seed": 0, "dedupe": "near"},
+        "model": {"d_model": 128, "num_heads": 4, "num_layers": 4, "d_ff": 512, "head_hidden": 512},
+        "train": {"warmup_steps": 1000, "lr": 0.00056},
+    },
+}
 
 
+@register_task(
+    "retrieval",
+    order=3,
+    presets=PRESETS,
+)
 class Retrieval(ClassificationTask):
     """Data settings: ``seq_len`` (bytes per article), ``train_pairing`` (``in_batch`` or
     ``fixed``), ``train_pairs`` (``fixed`` only), ``val_pairs``, ``test_pairs``, ``data_seed``,
@@ -35,7 +66,6 @@ class Retrieval(ClassificationTask):
     together, :func:`bench.quality.data.bbc.split_articles`). Labels are balanced (same category or
     not)."""
 
-    name = "retrieval"
     num_classes = 2
     vocab_size = 257
 

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from bench.quality.data import bible
 from bench.quality.data.splits import split_indices
 from bench.quality.tasks.base import Metric, Split, Task, as_tensors
+from bench.quality.tasks.registration import ConditionView, register_task
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -38,12 +39,40 @@ def passages(verses: list[tuple[str, str, str]], size: int) -> list[tuple[str, s
     return out
 
 
+#: the task's settings in each task preset (over the preset file's defaults)
+PRESETS = {
+    "tiny": {
+        "data": {"passage_verses": 1, "max_passages": 400, "bpe_vocab": 300, "src_len": 48,
+                 "tgt_len": 48, "bleu_examples": 8, "beam_width": 2, "length_penalty": 0.6,
+                 "data_seed": 0},
+    },
+    "small": {
+        "note": "single verses, 64 BPE tokens a side (LRA has no translation task).",
+        "data": {"passage_verses": 1, "max_passages": 20000, "bpe_vocab": 600, "src_len": 64,
+                 "tgt_len": 64, "bleu_examples": 600, "beam_width": 4, "length_penalty": 0.6,
+                 "data_seed": 0},
+        "train": {"steps": 500},
+    },
+    "lra": {
+        "data": {"passage_verses": 4, "max_passages": None, "bpe_vocab": 8000, "src_len": 256,
+                 "tgt_len": 256, "bleu_examples": 1000, "beam_width": 4, "length_penalty": 0.6,
+                 "data_seed": 0},
+    },
+}
+
+
+@register_task(
+    "translate",
+    order=8,
+    presets=PRESETS,
+    metric_title="BLEU",
+    conditions=(ConditionView("bleu", "decoding=", "BLEU by decoding (test)", numeric=False),),
+)
 class Translate(Task):
     """Data settings: ``passage_verses``, ``max_passages`` (first passages in canon order),
     ``bpe_vocab``, ``src_len``, ``tgt_len``, ``bleu_examples`` (test passages decoded),
     ``beam_width``, ``length_penalty``, ``data_seed``."""
 
-    name = "translate"
     model_kind = "encoder_decoder"
     metric = "bleu"
     selection_metric = "loss"

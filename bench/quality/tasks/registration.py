@@ -1,0 +1,161 @@
+"""The table of quality tasks and the decorator that fills it (:func:`register_task`), in the
+style of ``attn.register_attention`` and ``models.register_model``.
+
+A task registers, beside its class:
+
+- its settings in each task preset (``presets={"tiny": {"data": {...}}, "small": {...}}``:
+  the sections ``data``, ``model``, ``attention``, ``train`` and a ``note``), merged over the
+  preset file's ``defaults`` (``bench/configs/tasks/<preset>.yaml``, which may still override
+  a task in its ``tasks`` section): a new task needs no edit of the preset files;
+- how the report and the figures show it: the title of its headline metric, where its column
+  goes (``order``; the Long Range Arena's tasks first), and its metrics by condition
+  (:class:`ConditionView`: a report table each, and a figure where one is declared);
+- its model kind, which is its class's ``model_kind`` (a registered ``models`` kind).
+
+The bottom of the tasks package beside :mod:`bench.quality.tasks.base`: every task module
+imports this to register itself, and :mod:`bench.quality.tasks` imports the task modules, so
+imports run one way.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from bench.quality.tasks.base import Task
+
+T = TypeVar("T", bound=type[Task])
+
+#: the sections a task's settings in a preset may have
+SECTIONS = ("data", "model", "attention", "train", "note")
+#: where a task registered without an ``order`` goes: after the built-in tasks, in the order
+#: tasks register
+_LATER = itertools.count(1000)
+
+
+@dataclass(frozen=True)
+class ConditionFigure:
+    """A figure of a metric by condition: one line per variant, the condition's value on a
+    log-2 axis (``<stem>.png`` and ``.svg`` in the run directory)."""
+
+    stem: str
+    xlabel: str
+    ylabel: str
+    title: str
+    #: a dotted line at the first condition, labelled as the training length
+    training_length: bool = False
+    #: each variant's reach by its mask dotted (bench/quality/reach.py, which reads the recall
+    #: layout), rows without a mask dashed, and the floors (uniform chance, majority class)
+    reach: bool = False
+
+
+@dataclass(frozen=True)
+class ConditionView:
+    """Test rows of ``metric`` whose condition starts with ``prefix`` (``distance=``): a table
+    of the mean per variant and condition in the report, titled ``title``; conditions sorted
+    by value when ``numeric``; drawn when a ``figure`` is given."""
+
+    metric: str
+    prefix: str
+    title: str
+    numeric: bool = True
+    figure: ConditionFigure | None = None
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """A registered task: its class, its settings per preset and how it is shown."""
+
+    name: str
+    cls: type[Task]
+    presets: Mapping[str, Mapping[str, Any]]
+    order: float
+    metric_title: str
+    conditions: tuple[ConditionView, ...] = ()
+    source: str = ""
+
+    @property
+    def metric(self) -> str:
+        """The headline metric (test split, no condition)."""
+        return self.cls.metric
+
+    @property
+    def higher_is_better(self) -> bool:
+        return self.cls.higher_is_better
+
+    def model_kind(self, data: Mapping[str, Any] | None = None) -> str:
+        """The model kind the task trains with ``data`` (its data settings may choose it:
+        ``pathfinder``'s ``input``); the task is built, its data not loaded."""
+        return self.cls(dict(data or {}), 0).model_kind
+
+    def preset(self, name: str) -> dict[str, Any] | None:
+        """A copy of the task's registered settings in task preset ``name`` (None: none)."""
+        section = self.presets.get(name)
+        return None if section is None else copy.deepcopy(dict(section))
+
+
+TASKS: dict[str, TaskInfo] = {}
+
+
+def display_unit(metric: str) -> tuple[int, int]:
+    """``(scale, decimals)`` a metric is shown in: accuracy in % to 0.1, others to 0.001."""
+    return (100, 1) if metric == "accuracy" else (1, 3)
+
+
+def register_task(name: str, *, presets: Mapping[str, Mapping[str, Any]],
+                  order: float | None = None, metric_title: str | None = None,
+                  conditions: tuple[ConditionView, ...] = (),
+                  overwrite: bool = False) -> Callable[[T], T]:
+    """Decorator registering a :class:`Task` subclass as task ``name`` (its ``name`` is set).
+
+    ``presets``: the task's settings per task preset (sections :data:`SECTIONS`);
+    ``order``: its place among the tasks (default: after every task registered before it);
+    ``metric_title``: its headline metric as the report names it (default: the metric's
+    name); ``conditions``: its metrics by condition (:class:`ConditionView`).
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"register_task: 'name' must be an identifier string; got {name!r}")
+    checked = _presets(name, presets)
+
+    def decorator(cls: T) -> T:
+        if not (isinstance(cls, type) and issubclass(cls, Task)):
+            raise ValueError(f"register_task({name!r}): must decorate a Task subclass; got {cls!r}")
+        source = f"{cls.__module__}:{cls.__qualname__}"
+        existing = TASKS.get(name)
+        if existing is not None and existing.source != source and not overwrite:
+            raise ValueError(f"register_task: task {name!r} is already registered by "
+                             f"{existing.source}; pass overwrite=True to replace it")
+        cls.name = name
+        place = order if order is not None else (existing.order if existing else next(_LATER))
+        TASKS[name] = TaskInfo(name, cls, checked, float(place), metric_title or cls.metric,
+                               tuple(conditions), source)
+        return cls
+
+    return decorator
+
+
+def unregister_task(name: str) -> None:
+    """Remove task ``name`` (tests, plug-ins that replace a task); no error if absent."""
+    TASKS.pop(name, None)
+
+
+def _presets(name: str, presets: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``presets`` checked (a mapping of preset name to sections) and copied."""
+    where = f"register_task({name!r}): presets"
+    if not isinstance(presets, Mapping):
+        raise ValueError(f"{where}: must be a mapping of task preset name to settings; got "
+                         f"{presets!r}")
+    out: dict[str, dict[str, Any]] = {}
+    for preset, section in presets.items():
+        if not isinstance(section, Mapping):
+            raise ValueError(f"{where}[{preset!r}]: must be a mapping with sections from "
+                             f"{list(SECTIONS)}; got {section!r}")
+        unknown = sorted(set(section) - set(SECTIONS))
+        if unknown:
+            raise ValueError(f"{where}[{preset!r}]: unknown section {unknown[0]!r}; sections are "
+                             f"{list(SECTIONS)}")
+        out[str(preset)] = copy.deepcopy(dict(section))
+    return out

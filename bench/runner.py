@@ -1,0 +1,136 @@
+"""One config into one run directory: the library the ``attn-bench sweep`` command runs once.
+
+- :func:`load_run` reads a config once (a YAML file, a config preset's name, or a mapping),
+  imports the plug-ins it names (they register the variants, tasks and model kinds it may
+  name), applies the overrides of a command line and validates it once, into a
+  :class:`bench.speed.config.SweepConfig` or, for ``kind: quality``, a
+  :class:`bench.quality.grid_config.GridConfig`. Parsing itself is pure.
+- :func:`run_plan` is the product's plan of a config (:class:`bench.speed.sweep.SweepPlan`,
+  :class:`bench.quality.grid.GridPlan`): the only place the two kinds of config part ways.
+- :func:`plan` lists what a run would do, item by item, done or to do (``--dry-run``);
+  :func:`run` does it (:func:`bench.engine.rundir.run_units`: plug-ins imported, the device
+  checked, the directory locked and resumed).
+
+It sits between the CLI and the products (``pyproject.toml``'s layers): the products know
+nothing of each other, so the choice between them is made here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from bench.engine.config import (
+    ConfigError,
+    import_plugins,
+    key_error,
+    plugin_modules,
+    read_config,
+    safe_name,
+)
+from bench.engine.executors import Executor, ExecutorSpec
+from bench.engine.rundir import Plan, Rows, plan_units, run_units
+from bench.quality.grid import GridPlan
+from bench.quality.grid_config import OVERRIDES as GRID_OVERRIDES
+from bench.quality.grid_config import GridConfig, is_grid, only_tasks, parse_grid
+from bench.speed.config import OVERRIDES as SWEEP_OVERRIDES
+from bench.speed.config import SweepConfig, apply_overrides, parse_config
+from bench.speed.sweep import SweepPlan
+
+RunConfig = SweepConfig | GridConfig
+WorkPlan = SweepPlan | GridPlan
+
+__all__ = ["RunConfig", "WorkPlan", "default_run_dir", "load_run", "plan", "run", "run_plan",
+           "size_of"]
+
+
+def load_run(source: str | Path | Mapping[str, Any],
+             overrides: Mapping[str, Any] | None = None) -> RunConfig:
+    """The config ``source`` names (a YAML path, a config preset's name such as ``quick``, or
+    an already-loaded mapping), read once, its ``plugins`` imported, ``overrides`` applied
+    and validated once; a ``ConfigError`` naming the key otherwise.
+
+    ``overrides`` are config keys whose ``None`` values are left out. A speed sweep takes
+    :data:`bench.speed.config.OVERRIDES` (``variants`` replaces the list with those names and
+    their default parameters; ``seq_len`` and ``kernels`` also replace per-variant lists); a
+    training grid takes :data:`bench.quality.grid_config.OVERRIDES` (``variants`` and
+    ``tasks`` select among the grid's own, whose other rows stay as they are). ``plugins``
+    adds modules to the config's own.
+    """
+    if isinstance(source, Mapping):
+        where, raw = "<config>", dict(source)
+    else:
+        path, raw = read_config(source)
+        where = str(path)
+    changes = {k: v for k, v in (overrides or {}).items() if v is not None}
+    grid = is_grid(raw)
+    _check_overrides(changes, grid)
+    extra = tuple(changes.pop("plugins", ()))
+    if extra and isinstance(raw, dict):
+        raw = {**raw, "plugins": list(dict.fromkeys((*plugin_modules(raw), *extra)))}
+    import_plugins(plugin_modules(raw))  # before parsing: they register what the config names
+    if not grid:
+        return parse_config(apply_overrides(raw, changes), source=where)
+    for key in ("device", "threads"):
+        if key in changes:
+            raw = {**raw, key: changes[key]}
+    config = parse_grid(raw, only=changes.get("variants"))  # the other entries' rows stay
+    return only_tasks(config, changes["tasks"]) if changes.get("tasks") else config
+
+
+def _check_overrides(changes: Mapping[str, Any], grid: bool) -> None:
+    """Every override is one the config's kind takes."""
+    allowed = GRID_OVERRIDES if grid else SWEEP_OVERRIDES
+    for key in changes:
+        if key in allowed:
+            continue
+        if key in SWEEP_OVERRIDES:
+            raise key_error(key, f"a speed-sweep setting; a training grid (kind: quality) takes "
+                                 f"only {list(GRID_OVERRIDES)} from outside its file")
+        if key in GRID_OVERRIDES:
+            raise key_error(key, "only a training grid (kind: quality) has tasks to choose "
+                                 "among; a speed sweep has none")
+        raise ConfigError(f"overrides: unknown key {key!r}; a "
+                          f"{'training grid' if grid else 'speed sweep'} takes {list(allowed)}", key)
+
+
+def run_plan(config: RunConfig) -> WorkPlan:
+    """The product's plan of ``config`` (its units, results file and rows)."""
+    if isinstance(config, GridConfig):
+        return GridPlan(config)
+    return SweepPlan.of(config)
+
+
+def _work(config: RunConfig | WorkPlan) -> WorkPlan:
+    return run_plan(config) if isinstance(config, (SweepConfig, GridConfig)) else config
+
+
+def size_of(work: WorkPlan) -> str:
+    """How much a plan holds, said: ``12 cases in the config``, ``9 training runs in the
+    grid``."""
+    return f"{work.count()} {work.noun} in the {'grid' if isinstance(work, GridPlan) else 'config'}"
+
+
+def default_run_dir(config: RunConfig) -> Path:
+    """Where a run of ``config`` goes when no directory is given: ``runs/<name>``."""
+    return Path("runs") / safe_name(config.name)
+
+
+def plan(config: RunConfig | WorkPlan, run_dir: Path) -> Plan:
+    """What :func:`run` would do in ``run_dir``: every case or training run, ``done`` or to
+    do (``Plan.lines()`` is ``attn-bench sweep --dry-run``'s output); nothing is run or
+    written."""
+    return plan_units(run_dir, _work(config))
+
+
+def run(config: RunConfig | WorkPlan, run_dir: Path, *,
+        executor: Executor | ExecutorSpec | None = None, allow_mixed: bool = False,
+        retry_failed: bool = False, overwrite: bool = False,
+        on_start: Callable[[Any], None] | None = None,
+        on_done: Callable[[Any, Rows], None] | None = None) -> Rows:
+    """Run every unit of ``config`` not done yet into ``run_dir``; the new rows
+    (:func:`bench.engine.rundir.run_units` says what each option does)."""
+    return run_units(run_dir, _work(config), executor=executor, allow_mixed=allow_mixed,
+                     retry_failed=retry_failed, overwrite=overwrite, on_start=on_start,
+                     on_done=on_done)

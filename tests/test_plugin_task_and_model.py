@@ -1,0 +1,126 @@
+"""A task and a model kind are added without touching the suite: one plug-in module (loaded
+with ``--plugin`` or a grid's ``plugins:``) registers a toy task, with its settings in the
+``tiny`` task preset, its metric's title and a table by condition, and a toy model kind with
+its own placement of the attention; ``attn-bench list``, ``attn-bench train`` and the quality
+report of a grid run see both."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from bench.cli import app
+
+MODULE = "attn_bench_toy_plugin"
+PLUGIN = '''
+from dataclasses import dataclass
+
+import numpy as np
+
+from bench.quality.tasks import ClassificationTask, ConditionView, Metric, register_task
+from bench.quality.tasks.base import as_tensors
+from models import EncoderClassifier, EncoderClassifierConfig, Placement, register_model
+
+
+@dataclass(frozen=True)
+class ToyConfig(EncoderClassifierConfig):
+    """The toy kind's config: an encoder classifier's."""
+
+
+def place_toy(variant, params, label, *, causal, mixer):
+    """The variant is every block's self-attention, described the toy's way."""
+    return Placement({"attention": variant, "attention_params": params}, f"toy mixer={label}")
+
+
+@register_model("toy_encoder", ToyConfig, place=place_toy)
+class ToyEncoder(EncoderClassifier):
+    """An encoder classifier under its own kind."""
+
+
+@register_task(
+    "toy_first",
+    presets={"tiny": {"data": {"seq_len": 16, "examples": 96}, "train": {"steps": 4}}},
+    metric_title="toy accuracy",
+    conditions=(ConditionView("accuracy", "half=", "Toy accuracy by half (test)"),),
+)
+class ToyFirst(ClassificationTask):
+    """Is the first token a 2? Read by the toy model kind."""
+
+    model_kind = "toy_encoder"
+    num_classes = 2
+    vocab_size = 4
+
+    def prepare(self):
+        n, length = int(self.data["examples"]), int(self.data["seq_len"])
+        ids = np.random.default_rng(0).integers(1, 3, size=(n, length))
+        arrays = {"ids": ids, "labels": (ids[:, 0] == 2).astype(np.int64)}
+        third = n // 3
+        self.splits = {"train": as_tensors(arrays, np.arange(third, n)),
+                       "val": as_tensors(arrays, np.arange(0, third // 2)),
+                       "test": as_tensors(arrays, np.arange(third // 2, third))}
+
+    def condition_metrics(self, split, preds, labels):
+        half = len(labels) // 2
+        return [Metric("accuracy", float((preds[s] == labels[s]).float().mean()), f"half={i}")
+                for i, s in enumerate((slice(0, half), slice(half, None)), start=1)]
+'''
+runner = CliRunner()
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """The plug-in module, importable here and in every worker process."""
+    (tmp_path / f"{MODULE}.py").write_text(textwrap.dedent(PLUGIN))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield MODULE
+    from bench.quality.tasks import unregister_task
+    from models.registration import MODELS
+
+    unregister_task("toy_first")
+    MODELS.pop("toy_encoder", None)
+    sys.modules.pop(MODULE, None)
+
+
+def test_list_shows_the_plugin_task_and_model_kind(plugin):
+    result = runner.invoke(app, ["list", "--plugin", plugin])
+    assert result.exit_code == 0, result.output
+    assert "toy_first" in result.output and "toy_encoder" in result.output
+    assert "toy accuracy" in result.output  # its metric's title
+
+
+def test_train_runs_the_plugin_task_on_the_plugin_model_kind(plugin, tmp_path):
+    out = tmp_path / "train"
+    result = runner.invoke(app, ["train", "toy_first", "--preset", "tiny", "--plugin", plugin,
+                                 "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "test  accuracy:" in result.output and "[half=2]" in result.output
+    rows = json.loads((out / "metrics.json").read_text())
+    assert {r["model_kind"] for r in rows} == {"toy_encoder"}
+    assert {r["attention_parts"] for r in rows} == {"toy mixer=full"}
+    assert rows[0]["steps"] == 4  # the task's own tiny settings, no preset file edited
+    elsewhere = runner.invoke(app, ["train", "toy_first", "--preset", "small", "--plugin", plugin,
+                                    "--out", str(tmp_path / "small")])
+    assert elsewhere.exit_code == 2 and "unknown task 'toy_first' in preset 'small'" in elsewhere.output
+
+
+def test_the_quality_report_of_a_grid_run_shows_them(plugin, tmp_path):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(yaml.safe_dump({
+        "name": "toy", "kind": "quality", "preset": "tiny", "tasks": ["toy_first"],
+        "variants": ["full", "sliding_window"], "seeds": [0], "plugins": [plugin],
+        "timeout_s": 300}))
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["sweep", str(grid), "--out", str(out), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    report = runner.invoke(app, ["report", str(out)])
+    assert report.exit_code == 0, report.output
+    text = (out / "report.md").read_text()
+    assert "| variant | toy_first | avg (accuracy tasks) |" in text
+    assert "Headline metric per task: toy_first: toy accuracy." in text
+    assert "## Toy accuracy by half (test)" in text and "half=2" in text
+    assert "toy mixer=sliding_window(window=4)" in text  # which attention ran where
