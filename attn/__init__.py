@@ -36,6 +36,7 @@ _HOMES = {
     "load_plugins": "attn.registry",
     "plugin_errors": "attn.registry",
     "register_attention": "attn.registry",
+    "register_kernel": "attn.kernels",
 }
 
 __all__ = [
@@ -59,12 +60,13 @@ __all__ = [
     "load_plugins",
     "plugin_errors",
     "register_attention",
+    "register_kernel",
 ]
 
 if TYPE_CHECKING:  # for type checkers and IDEs only: the names resolve lazily at run time
     from attn.base import Attention, ExactAttention
     from attn.call import AttentionCall, KernelPath
-    from attn.kernels import get_kernel, list_kernels
+    from attn.kernels import get_kernel, list_kernels, register_kernel
     from attn.mods import MaskMod, ScoreMod
     from attn.pattern import Band, Pattern
     from attn.plain_module import PlainModuleAttention

@@ -1,8 +1,9 @@
-"""A task and a model kind are added without touching the suite: one plug-in module (loaded
-with ``--plugin`` or a grid's ``plugins:``) registers a toy task, with its settings in the
-``tiny`` task preset, its metric's title and a table by condition, and a toy model kind with
-its own placement of the attention; ``attn-bench list``, ``attn-bench train`` and the quality
-report of a grid run see both."""
+"""A kernel, a task and a model kind are added without touching the suite: one plug-in module
+(loaded with ``--plugin`` or a grid's ``plugins:``) registers a toy kernel (dense math under
+its own name), a toy task, with its settings in the ``tiny`` task preset, its metric's title
+and a table by condition, and a toy model kind with its own placement of the attention;
+``attn-bench list``, a speed sweep, ``attn-bench train`` and the quality report of a grid run
+see them."""
 
 from __future__ import annotations
 
@@ -22,9 +23,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from attn import register_kernel
+from attn.kernels.reference import ReferenceKernel
 from bench.quality.tasks import ClassificationTask, ConditionView, Metric, register_task
 from bench.quality.tasks.base import as_tensors
 from models import EncoderClassifier, EncoderClassifierConfig, Placement, register_model
+
+
+@register_kernel
+class ToyDenseKernel(ReferenceKernel):
+    """The reference kernel's dense math under a name of its own."""
+
+    name = "toy_dense"
+    description = "dense softmax (a plug-in kernel)"
 
 
 @dataclass(frozen=True)
@@ -78,19 +89,37 @@ def plugin(tmp_path, monkeypatch):
     (tmp_path / f"{MODULE}.py").write_text(textwrap.dedent(PLUGIN))
     monkeypatch.syspath_prepend(str(tmp_path))
     yield MODULE
+    from attn.kernels import unregister_kernel
     from bench.quality.tasks import unregister_task
     from models.registration import MODELS
 
+    unregister_kernel("toy_dense")
     unregister_task("toy_first")
     MODELS.pop("toy_encoder", None)
     sys.modules.pop(MODULE, None)
 
 
-def test_list_shows_the_plugin_task_and_model_kind(plugin):
+def test_list_shows_the_plugin_kernel_task_and_model_kind(plugin):
+    without = runner.invoke(app, ["list"])  # before the plug-in is imported in this process
+    assert without.exit_code == 0 and "toy_dense" not in without.output
     result = runner.invoke(app, ["list", "--plugin", plugin])
     assert result.exit_code == 0, result.output
     assert "toy_first" in result.output and "toy_encoder" in result.output
     assert "toy accuracy" in result.output  # its metric's title
+    assert "toy_dense" in result.output  # the kernel, among the kernels and each variant's
+
+
+def test_a_sweep_runs_the_plugin_kernel_on_a_builtin_variant(plugin, tmp_path):
+    import pandas as pd
+
+    out = tmp_path / "sweep"
+    result = runner.invoke(app, ["sweep", "quick", "--plugin", plugin, "--variant", "sliding_window",
+                                 "--kernel", "toy_dense", "--seq-len", "64", "--pass", "fwd",
+                                 "--repeats", "3", "--out", str(out), "--no-plots"])
+    assert result.exit_code == 0, result.output
+    rows = pd.read_csv(out / "results.csv")
+    assert len(rows) >= 1 and set(rows.status) == {"ok"}, rows[["status", "reason"]]
+    assert set(rows.kernel) == {"toy_dense"} and (rows.time_ms > 0).all()
 
 
 def test_train_runs_the_plugin_task_on_the_plugin_model_kind(plugin, tmp_path):
