@@ -25,6 +25,25 @@ Split = dict[str, Tensor]
 SPLITS = ("train", "val", "test")
 
 
+def model_device(model: nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (or buffer); the CPU for a model with neither."""
+    for tensor in (*model.parameters(), *model.buffers()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def to_model_device(data: Any, model: nn.Module) -> Any:
+    """``data`` (a tensor, or a dict of tensors such as a :data:`Split`) on ``model``'s device.
+
+    Every tensor a task hands the model goes through here, so evaluation batches (which the
+    tasks cut from CPU splits) reach a CUDA model on CUDA; a no-op where they already match.
+    """
+    device = model_device(model)
+    if isinstance(data, Tensor):
+        return data.to(device)
+    return {k: v.to(device) for k, v in data.items()}
+
+
 @dataclass(frozen=True)
 class Metric:
     """One measured number: ``name`` (e.g. ``accuracy``), ``condition`` (e.g. ``distance=64``,
@@ -129,6 +148,7 @@ class ClassificationTask(Task):
         return int(self.splits["train"]["ids"].shape[1])
 
     def logits(self, model: nn.Module, batch: Split) -> Tensor:
+        batch = to_model_device(batch, model)
         return model(batch["ids"], batch.get("key_mask"))  # (B, C)
 
     def batch_tokens(self, batch: Split) -> int:
@@ -136,6 +156,7 @@ class ClassificationTask(Task):
         return tokens_of(batch)
 
     def loss(self, model: nn.Module, batch: Split) -> tuple[Tensor, int]:
+        batch = to_model_device(batch, model)
         return F.cross_entropy(self.logits(model, batch), batch["labels"]), self.batch_tokens(batch)
 
     @torch.no_grad()
@@ -145,7 +166,7 @@ class ClassificationTask(Task):
         preds, labels, tokens = [], [], 0
         start = time.perf_counter()
         for batch in self.batches(split, batch_size, limit):
-            preds.append(self.logits(model, batch).argmax(dim=-1))
+            preds.append(self.logits(model, batch).argmax(dim=-1).cpu())  # (b,)
             labels.append(batch["labels"])
             tokens += self.batch_tokens(batch)
         return torch.cat(preds), torch.cat(labels), tokens, time.perf_counter() - start
@@ -197,7 +218,7 @@ class PatchedImageTask(ClassificationTask):
         return (self.image_size // self.patch_size) ** 2
 
     def logits(self, model: nn.Module, batch: Split) -> Tensor:
-        return model(batch["images"])  # (B, C)
+        return model(to_model_device(batch["images"], model))  # (B, C)
 
     def batch_tokens(self, batch: Split) -> int:
         return int(batch["labels"].numel()) * self.seq_len

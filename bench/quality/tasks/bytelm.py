@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bench.quality.data import enwiki
-from bench.quality.tasks.base import Metric, Split, Task
+from bench.quality.tasks.base import Metric, Split, Task, to_model_device
 from bench.quality.tasks.registration import ConditionFigure, ConditionView, register_task
 
 LN2 = math.log(2.0)
@@ -82,7 +82,7 @@ class ByteLM(Task):
         return {"window": stream[starts[:, None] + offsets]}  # (B, L + 1)
 
     def loss(self, model: nn.Module, batch: Split) -> tuple[Tensor, int]:
-        window = batch["window"]
+        window = to_model_device(batch["window"], model)  # (B, L + 1)
         logits = model(window[:, :-1])  # (B, L, 256)
         loss = F.cross_entropy(logits.flatten(0, 1), window[:, 1:].flatten())
         return loss, int(window[:, :-1].numel())
@@ -99,7 +99,7 @@ class ByteLM(Task):
         total, predicted = 0.0, 0
         start = time.perf_counter()
         for first in range(0, len(windows), batch_size):
-            chunk = windows[first:first + batch_size]
+            chunk = to_model_device(windows[first:first + batch_size], model)  # (b, length + 1)
             logits = model(chunk[:, :-1])  # (b, length, 256)
             nats = F.cross_entropy(logits.flatten(0, 1), chunk[:, 1:].flatten(), reduction="sum")
             total += float(nats)

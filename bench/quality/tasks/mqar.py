@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from attn.validation import invalid, require_int_list
 from bench.quality.data import mqar
-from bench.quality.tasks.base import ClassificationTask, Metric, Split, as_tensors
+from bench.quality.tasks.base import ClassificationTask, Metric, Split, as_tensors, to_model_device
 from bench.quality.tasks.registration import register_task
 
 DEFAULT_BUCKETS = (16, 32, 64, 128)
@@ -94,6 +94,7 @@ class MQAR(ClassificationTask):
         self.buckets()  # check the edges before training starts
 
     def loss(self, model: nn.Module, batch: Split) -> tuple[Tensor, int]:
+        batch = to_model_device(batch, model)
         logits = self.logits(model, batch)  # (B, N, C)
         loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(),
                                ignore_index=mqar.IGNORE)
@@ -108,7 +109,7 @@ class MQAR(ClassificationTask):
         tokens, start = 0, time.perf_counter()
         for batch in self.batches(split, batch_size, limit):
             query = batch["labels"] != mqar.IGNORE  # (B, N)
-            pred = self.logits(model, batch).argmax(dim=-1)  # (B, N)
+            pred = self.logits(model, batch).argmax(dim=-1).cpu()  # (B, N)
             parts["pred"].append(pred[query])
             parts["label"].append(batch["labels"][query])
             parts["num_pairs"].append(batch["num_pairs"][:, None].expand_as(query)[query])

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from attn.validation import require_choice, require_int
 from bench.quality.data import bbc
-from bench.quality.tasks.base import ClassificationTask, Split
+from bench.quality.tasks.base import ClassificationTask, Split, to_model_device
 from bench.quality.tasks.registration import register_task
 
 #: the task's settings in each task preset (over the preset file's defaults)
@@ -144,6 +144,7 @@ class Retrieval(ClassificationTask):
     def loss(self, model: nn.Module, batch: Split) -> tuple[Tensor, int]:
         if "category" not in batch:
             return super().loss(model, batch)
+        batch = to_model_device(batch, model)
         u = model.embed(batch["ids"], batch["key_mask"])  # (B, D)
         first, second = torch.triu_indices(len(u), len(u), offset=1, device=u.device)  # (P,)
         a, b = u[first], u[second]  # (P, D)
@@ -155,6 +156,7 @@ class Retrieval(ClassificationTask):
         return loss, int(batch["key_mask"].sum())
 
     def logits(self, model: nn.Module, batch: Split) -> Tensor:
+        batch = to_model_device(batch, model)
         return model(batch["ids"], batch["key_mask"], pair_ids=batch["pair_ids"],
                      pair_key_mask=batch["pair_key_mask"])  # (B, 2)
 

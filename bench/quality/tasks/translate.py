@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from bench.quality.data import bible
 from bench.quality.data.splits import split_indices
-from bench.quality.tasks.base import Metric, Split, Task, as_tensors
+from bench.quality.tasks.base import Metric, Split, Task, as_tensors, to_model_device
 from bench.quality.tasks.registration import ConditionView, register_task
 
 PAD, BOS, EOS = 0, 1, 2
@@ -112,6 +112,7 @@ class Translate(Task):
                 "max_len": max(int(self.data["src_len"]), int(self.data["tgt_len"])) + 8}
 
     def _nll(self, model: nn.Module, batch: Split, reduction: str) -> tuple[Tensor, int]:
+        batch = to_model_device(batch, model)
         tgt, mask = batch["tgt_ids"], batch["tgt_mask"]
         logits = model(batch["src_ids"], tgt[:, :-1], batch["src_mask"], mask[:, :-1])  # (B, T-1, V)
         labels = tgt[:, 1:].masked_fill(~mask[:, 1:], -100)  # padding ignored
@@ -149,6 +150,7 @@ class Translate(Task):
         hypotheses, start = [], time.perf_counter()
         tokens = 0
         for batch in self.batches(split, batch_size, limit):
+            batch = to_model_device(batch, model)
             out = model.generate(batch["src_ids"], int(self.data["tgt_len"]) - 1, strategy=strategy,
                                  beam_width=int(self.data.get("beam_width", 4)),
                                  length_penalty=float(self.data.get("length_penalty", 0.6)),
