@@ -7,11 +7,26 @@ GPUs one unit per GPU, each unit's workers seeing only their GPU (``CUDA_VISIBLE
 from __future__ import annotations
 
 import concurrent.futures as futures
+import os
 from typing import Any
 
 import torch
 
 from bench.engine.executors.base import execute
+
+
+def slot_device(slot: int, parent: str | None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for the workers of GPU slot ``slot``: the ``slot``-th device of
+    the parent's own ``CUDA_VISIBLE_DEVICES`` (``parent``; ``"3,5"``, slot 1 -> ``"5"``), or
+    ``str(slot)`` where the parent sets none (every GPU visible). A slot beyond the list is a
+    ``ValueError`` naming both."""
+    if parent is None or not parent.strip():
+        return str(slot)
+    listed = [d.strip() for d in parent.split(",") if d.strip()]
+    if slot >= len(listed):
+        raise ValueError(f"GPU slot {slot} has no device: CUDA_VISIBLE_DEVICES={parent!r} lists "
+                         f"{len(listed)}")
+    return listed[slot]
 
 
 class LocalExecutor:
@@ -31,7 +46,10 @@ class LocalExecutor:
         self._free = list(range(self.slots))
 
     def _cuda_visible(self, slot: int) -> str | None:
-        return str(slot) if self.device == "cuda" and self.slots > 1 else None
+        """The device the slot's workers see; None (inherit the parent's) for a single slot."""
+        if self.device != "cuda" or self.slots <= 1:
+            return None
+        return slot_device(slot, os.environ.get("CUDA_VISIBLE_DEVICES"))
 
     def submit(self, unit: Any) -> None:
         """Start ``unit`` (on CPU: run it now, in this thread, so Ctrl-C reaches it)."""
