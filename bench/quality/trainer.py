@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from attn.position_bias import RelativePositionBias
 from bench.engine.measure import tensor_peak_bytes_cpu, tensor_peak_bytes_cuda
@@ -101,6 +101,27 @@ class Progress:
     threads: int | None = None  # torch threads of the run: a resume uses them for identical sums
 
 
+def rng_state() -> dict[str, Tensor]:
+    """The random generators a resume restores: the CPU one (``rng.torch``) and, where CUDA is
+    available, every CUDA device's (``rng.cuda.<i>``), so dropout on a GPU resumes exactly."""
+    tensors = {"rng.torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for index, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"rng.cuda.{index}"] = state
+    return tensors
+
+
+def restore_rng(tensors: dict[str, Tensor]) -> None:
+    """Set the generators :func:`rng_state` saved in ``tensors``; the CUDA ones where CUDA is
+    available (as many devices as both the checkpoint and this process have)."""
+    torch.set_rng_state(tensors["rng.torch"])
+    cuda = []
+    while f"rng.cuda.{len(cuda)}" in tensors:
+        cuda.append(tensors[f"rng.cuda.{len(cuda)}"])
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda[: torch.cuda.device_count()])
+
+
 class Trainer:
     """The training loop of one run (see the module docstring)."""
 
@@ -123,7 +144,7 @@ class Trainer:
     def save_last(self) -> None:
         """Write ``last.safetensors``; the one before it becomes ``last.prev.safetensors``."""
         tensors, optim_meta = optimizer_state(self.optimizer)
-        tensors = {**model_state(self.model), **tensors, "rng.torch": torch.get_rng_state()}
+        tensors = {**model_state(self.model), **tensors, **rng_state()}
         meta = {"fingerprint": self.fingerprint, "optimizer": optim_meta,
                 "progress": asdict(self.progress)}
         if (self.out / LAST).exists():
@@ -185,7 +206,7 @@ class Trainer:
             return False
         load_model_state(self.model, tensors)
         load_optimizer_state(self.optimizer, tensors, meta["optimizer"])
-        torch.set_rng_state(tensors["rng.torch"])
+        restore_rng(tensors)
         self.progress = Progress(**meta["progress"])
         recorded = self.progress.threads
         if recorded and recorded != torch.get_num_threads():
