@@ -245,8 +245,19 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
                                          get("skip_larger_after_failure")),
         fit_ranges=_fit_ranges("fit_ranges", get("fit_ranges")),
     )
+    _check_model_step_dtype(config)
     _check_has_cases(config)
     return config
+
+
+def _check_model_step_dtype(config: SweepConfig) -> None:
+    """A model-step ``train_step`` trains weights of the sweep's dtype with no loss scaling:
+    in float16 small gradients underflow to zero (and AdamW's state overflows), so a step that
+    would not train is refused rather than timed."""
+    if config.workload == "model_step" and config.dtype == "float16" and "train_step" in config.passes:
+        allowed = [d for d in DTYPES if d != "float16"]
+        raise key_error("dtype", f"a model_step train_step cannot train float16 weights (no loss "
+                                 f"scaling); allowed values are {allowed}, or passes: [fwd]")
 
 
 def _check_has_cases(config: SweepConfig) -> None:
