@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attn.precision import without_autocast
+
 #: elements of one chunk's (B, H, c, m) score block: ~4 MB in fp32
 CHUNK_ELEMENTS = 1 << 20
 
@@ -28,6 +30,7 @@ class _LongQueries(torch.autograd.Function):
     """``softmax(q k^T * scale) v`` for ``q (B, H, N, D)`` long and ``k, v (B, H, m, .)`` short."""
 
     @staticmethod
+    @without_autocast
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, scale: float, chunk: int) -> Tensor:
         batch, heads, n, _ = q.shape
         out = q.new_empty(batch, heads, n, v.shape[-1])  # (B, H, N, Dv)
@@ -46,6 +49,7 @@ class _LongQueries(torch.autograd.Function):
         return out
 
     @staticmethod
+    @without_autocast
     def backward(ctx: Any, d_out: Tensor):
         q, k, v, out, lse = ctx.saved_tensors
         scale, chunk = ctx.scale, ctx.chunk
@@ -70,6 +74,7 @@ class _LongKeys(torch.autograd.Function):
     """``softmax(q k^T * scale) v`` for ``q (B, H, m, D)`` short and ``k, v (B, H, N, .)`` long."""
 
     @staticmethod
+    @without_autocast
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, scale: float, chunk: int) -> Tensor:
         batch, heads, m, _ = q.shape
         n = k.shape[2]
@@ -92,6 +97,7 @@ class _LongKeys(torch.autograd.Function):
         return out
 
     @staticmethod
+    @without_autocast
     def backward(ctx: Any, d_out: Tensor):
         q, k, v, out, lse = ctx.saved_tensors
         scale, chunk = ctx.scale, ctx.chunk

@@ -19,6 +19,7 @@ from torch.utils.checkpoint import checkpoint
 from attn.kernels.base import Kernel, KernelPath
 from attn.mods import MaskMod, ScoreMod, and_masks, causal_mask_mod, masked_softmax
 from attn.pattern import Pattern
+from attn.precision import without_autocast
 
 #: target elements of one chunk of scores (B * H * C * Nk)
 CHUNK_ELEMENTS = 1 << 22
@@ -55,6 +56,7 @@ def _chunk(
     return torch.matmul(masked_softmax(scores, allowed), v)  # (B, H, C, Dv)
 
 
+@without_autocast
 def chunked_attention(
     q: Tensor,
     k: Tensor,

@@ -10,8 +10,10 @@ from torch import Tensor
 from attn.kernels.base import Kernel, KernelPath
 from attn.mods import MaskMod, ScoreMod, dense_allowed, dense_scores_mod, masked_softmax
 from attn.pattern import Pattern
+from attn.precision import without_autocast
 
 
+@without_autocast
 def dense_attention(
     q: Tensor,
     k: Tensor,

@@ -21,6 +21,7 @@ from attn.call import AttentionCall
 from attn.cost import Cost, CostQuery, matmul_flops, pairs_cost
 from attn.kernels.reference import dense_attention
 from attn.mods import masked_softmax
+from attn.precision import without_autocast
 from attn.registration import register_attention
 from attn.short_side import short_side_attention
 from attn.validation import Param
@@ -151,11 +152,13 @@ class NystromAttention(Attention):
             out = out + self.conv(v_real)  # (B, H, N, Dv)
         return out
 
+    @without_autocast
     def _landmark_attention(
         self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, dim: int
     ) -> Tensor:
         m = self.num_landmarks
         compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+        dtype = v.dtype  # the caller's
         scale = dim**-0.25  # applied on the landmark side of every product: no scaled copy of Q, K
         q, k, v = q.to(compute), k.to(compute), v.to(compute)
         q_len, k_len = q.shape[2], k.shape[2]
@@ -183,7 +186,7 @@ class NystromAttention(Attention):
             kernel_3 = masked_softmax((q_land * scale) @ k.transpose(-2, -1), allowed_3)  # (B, H, m, Nk)
             # associate to the right: the only N-sized products are kernel_3 @ V and the last one
             out = kernel_1 @ (z @ (kernel_3 @ v))  # (B, H, Nq, Dv)
-        return out.to(v.dtype)
+        return out.to(dtype)
 
     def cost(self, query: CostQuery) -> Cost:
         """The matmuls this code performs for a call of this shape (``kind="performed"``).

@@ -19,6 +19,7 @@ from attn.kernels.blocked.backward import band_backward
 from attn.kernels.blocked.forward import BandInputs, band_forward
 from attn.kernels.blocked.geometry import Geometry, Stream, band_edges, geometry, make_streams
 from attn.mods import ScoreMod
+from attn.precision import without_autocast
 
 
 class BandCore(torch.autograd.Function):
@@ -29,6 +30,7 @@ class BandCore(torch.autograd.Function):
     """
 
     @staticmethod
+    @without_autocast
     def forward(ctx: Any, q, k, v, key_bias, global_bias, score_bias, global_score_bias, edges,
                 geo: Geometry, streams: list[Stream], num_global: int):
         band = BandInputs(q, k, v, key_bias, global_bias, score_bias, global_score_bias, edges)
@@ -39,6 +41,7 @@ class BandCore(torch.autograd.Function):
         return out
 
     @staticmethod
+    @without_autocast
     def backward(ctx: Any, d_out):
         *saved, out, lse = ctx.saved_tensors
         band = BandInputs(*saved)

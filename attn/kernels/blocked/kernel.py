@@ -12,8 +12,10 @@ from attn.kernels.blocked.dense import global_row_attention, global_rows, key_sp
 from attn.kernels.chunked import chunked_attention
 from attn.mods import ScoreMod
 from attn.pattern import Pattern
+from attn.precision import without_autocast
 
 
+@without_autocast
 def blocked_attention(
     q: Tensor,
     k: Tensor,
