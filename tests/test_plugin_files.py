@@ -111,3 +111,22 @@ def test_a_plugin_file_that_fails_is_one_line(tmp_path: Path) -> None:
     line, = result.output.strip().splitlines()
     assert "--plugin" in line and "broken_plugin_file.py" in line and "boom" in line
     assert "broken_plugin_file" not in sys.modules
+
+
+def test_a_configs_plugins_take_a_relative_file_path(tmp_path: Path, monkeypatch) -> None:
+    from attn.registry import unregister_attention
+    from bench.runner import load_run
+
+    folder = tmp_path / "plugs"
+    folder.mkdir()
+    (folder / "config_plugin_file.py").write_text(textwrap.dedent(PLUGIN).replace(
+        '"file_plugin_full"', '"config_plugin_full"'))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        config = load_run({"name": "p", "seq_len": [16], "plugins": ["plugs/config_plugin_file.py"],
+                           "variants": [{"name": "config_plugin_full"}]})
+        assert config.plugins == (str(folder / "config_plugin_file.py"),)  # workers start anywhere
+    finally:
+        unregister_attention("config_plugin_full")
+        sys.modules.pop("config_plugin_file", None)
