@@ -26,6 +26,7 @@ from bench.engine.config import (
     import_plugins,
     key_error,
     plugin_modules,
+    plugin_ref,
     read_config,
     safe_name,
 )
@@ -66,7 +67,7 @@ def load_run(source: str | Path | Mapping[str, Any],
     changes = {k: v for k, v in (overrides or {}).items() if v is not None}
     grid = is_grid(raw)
     _check_overrides(changes, grid)
-    extra = tuple(changes.pop("plugins", ()))
+    extra = tuple(plugin_ref(p) for p in changes.pop("plugins", None) or ())
     if extra and isinstance(raw, dict):
         raw = {**raw, "plugins": list(dict.fromkeys((*plugin_modules(raw), *extra)))}
     import_plugins(plugin_modules(raw))  # before parsing: they register what the config names

@@ -4,7 +4,7 @@ limit (:mod:`attn.conformance.isolation`), or here when asked (``isolate=False``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -12,7 +12,7 @@ import torch
 from attn.conformance.harness import QUICK_SHAPES, SHAPES, active_shapes
 from attn.conformance.isolation import CHECK_TIMEOUT_S, Job, run_isolated, sendable
 from attn.conformance.plan import Factory, builder, steps
-from attn.conformance.report import ConformanceReport
+from attn.conformance.report import CheckResult, ConformanceReport
 
 __all__ = ["CHECK_TIMEOUT_S", "Factory", "check_attention"]
 
@@ -27,6 +27,7 @@ def check_attention(
     quick: bool = False,
     timeout_s: float | None = CHECK_TIMEOUT_S,
     isolate: bool = True,
+    on_result: Callable[[CheckResult], None] | None = None,
 ) -> ConformanceReport:
     """Run the conformance checks on a registered name or a factory/class.
 
@@ -41,6 +42,7 @@ def check_attention(
     variant that cannot be sent to a child process (a class defined inside a function) is
     checked here, without a time limit, and the report says so. ``isolate=False`` checks
     here (what this process changed, e.g. a patched kernel table, is then seen).
+    ``on_result`` is called with each result as it arrives (a line per check as it goes).
     """
     device = torch.device(device)
     name = builder(attention)[0]  # an unknown name raises here, as the registry says
@@ -50,14 +52,14 @@ def check_attention(
         if why is None:
             job = Job(attention, target if isinstance(attention, str) else None, params,
                       None if kernels is None else tuple(kernels), str(device), seed, quick)
-            return run_isolated(job, name, timeout_s)
+            return run_isolated(job, name, timeout_s, on_result)
         note = (f"checked in this process with no time limit: {name} cannot be sent to a child "
                 f"process ({why}); define it at the top level of an importable module")
     token = active_shapes.set(QUICK_SHAPES if quick else SHAPES)
     try:
-        report = ConformanceReport(name)
+        report = ConformanceReport(name, on_result=on_result)
         for step in steps(attention, params, kernels, device, seed, quick):
-            report.results.extend(step.run())
+            report.add(step.run())
     finally:
         active_shapes.reset(token)
     if note is not None:

@@ -23,6 +23,7 @@ import pickle
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
@@ -173,7 +174,7 @@ def _run_child(job: Job, timeout_s: float | None, report: ConformanceReport) -> 
                     current = _Cut(*message[1:], cause="")
                     deadline = time.monotonic() + limit
                 elif message[0] == "results":
-                    report.results.extend(message[2])
+                    report.add(message[2])
                     current = _Cut(None, "kit", "-", {}, "")
                 elif message[0] == "error":
                     return _Cut(None, "kit", "-", {}, f"the kit could not run in its process: "
@@ -203,15 +204,17 @@ def _kill(process: Any) -> None:
     process.join(10)
 
 
-def run_isolated(job: Job, name: str, timeout_s: float | None) -> ConformanceReport:
+def run_isolated(job: Job, name: str, timeout_s: float | None,
+                 on_result: Callable[[CheckResult], None] | None = None) -> ConformanceReport:
     """Every step of ``job`` in child processes, each under ``timeout_s`` seconds (None: no
-    limit); a step whose process died or ran out of time is a FAIL result saying so."""
-    report = ConformanceReport(name)
+    limit); a step whose process died or ran out of time is a FAIL result saying so.
+    ``on_result`` is called with each result as it arrives."""
+    report = ConformanceReport(name, on_result=on_result)
     while True:
         cut = _run_child(job, timeout_s, report)
         if cut is None:
             return report
-        report.results.append(CheckResult(cut.check, cut.kernel, cut.params, "fail", cut.cause))
+        report.add([CheckResult(cut.check, cut.kernel, cut.params, "fail", cut.cause)])
         if cut.index is None:  # outside any check: nothing to go on with
             return report
         job = replace(job, start=cut.index + 1, crashed=job.crashed | {cut.index})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +29,16 @@ class ConformanceReport:
     name: str
     results: list[CheckResult] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # how the checks ran, when it matters
+    #: called with each result as it arrives (``attn-bench check`` prints a line per check)
+    on_result: Callable[[CheckResult], None] | None = field(default=None, repr=False,
+                                                            compare=False)
+
+    def add(self, results: Iterable[CheckResult]) -> None:
+        """Record ``results`` (and pass each to :attr:`on_result`)."""
+        for result in results:
+            self.results.append(result)
+            if self.on_result is not None:
+                self.on_result(result)
 
     @property
     def passed(self) -> bool:

@@ -17,7 +17,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 PluginOpt = Annotated[
     list[str] | None,
-    typer.Option("--plugin", help="Import this module first (it registers attentions); repeatable."),
+    typer.Option("--plugin", metavar="MODULE|FILE.py",
+                 help="Import this module, or this .py file, first (it registers attentions, "
+                      "tasks, model kinds); repeatable."),
 ]
 
 

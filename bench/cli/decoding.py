@@ -9,7 +9,9 @@ import typer
 
 from bench.cli.app import app
 from bench.cli.common import (
+    PluginOpt,
     check_writable,
+    import_plugin_options,
     user_errors,
 )
 from bench.decoding.options import DecodingOptions as Defaults
@@ -45,6 +47,7 @@ def decoding_command(
     stream_steps: Annotated[int, typer.Option(min=1, help="Streaming steps per repeat.")] = Defaults.stream_steps,
     repeats: Annotated[int, typer.Option(min=1, help="Timed repeats (median).")] = Defaults.repeats,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
+    plugin: PluginOpt = None,
 ) -> None:
     """Measure decoding tokens/s with and without the KV cache, and streaming step time."""
     from bench.decoding.benchmark import check_attentions, run_decoding_benchmark
@@ -55,6 +58,7 @@ def decoding_command(
         stream_window=stream_window, stream_layers=stream_layers, stream_steps=stream_steps,
         repeats=repeats, threads=threads,
     )
+    import_plugin_options(plugin)  # before the names are checked: it registers attentions
     check_attentions(options)
     check_writable(out)
     run_decoding_benchmark(options, out)

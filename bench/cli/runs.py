@@ -9,8 +9,10 @@ import typer
 
 from bench.cli.app import app
 from bench.cli.common import (
+    PluginOpt,
     UsageError,
     fail,
+    import_plugin_options,
     require_run_dir,
     user_errors,
 )
@@ -25,6 +27,7 @@ def plot(
         "--patterns", help="Also draw every registered variant's allowed (query, key) pairs at a "
                            "small N (into RUN_DIR, or --out).")] = False,
     out: Annotated[Path | None, typer.Option(help="Where --patterns writes without RUN_DIR.")] = None,
+    plugin: PluginOpt = None,
 ) -> None:
     """Draw a run's figures (PNG and SVG in the run directory): scaling curves of a speed
     sweep; the quality/speed Pareto front, recall by distance and bits per byte by length of
@@ -35,6 +38,7 @@ def plot(
 
     if run_dir is None and not patterns:
         raise UsageError("RUN_DIR: give a run directory, or --patterns (with --out DIR)")
+    import_plugin_options(plugin)  # its variants are drawn, its tasks' figures found
     paths = []
     if run_dir is not None:
         require_run_dir(run_dir)
@@ -64,6 +68,7 @@ def report(
     fit_range: Annotated[list[str] | None, typer.Option(
         help="Also fit exponents over every N in LO:HI (repeatable), e.g. 4096:32768.",
         metavar="LO:HI")] = None,
+    plugin: PluginOpt = None,
 ) -> None:
     """Print a run's report as markdown (also report.md): scaling exponents, crossovers,
     interleaved ratios of a speed sweep; the quality table of a training grid."""
@@ -71,6 +76,7 @@ def report(
     from bench.speed.report import build_report
 
     ranges = _parse_ranges(fit_range)
+    import_plugin_options(plugin)  # a plug-in task's tables
     require_run_dir(run_dir)
     if is_quality_run(run_dir):
         typer.echo(build_quality_report(run_dir))

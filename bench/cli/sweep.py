@@ -161,7 +161,10 @@ def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
     # started at the first unit, so that an error before any case runs (a locked or mixed
     # run directory, a corrupt file in it) prints its one line and no progress bar
     progress = Progress(*columns, console=console, transient=False)
-    task = progress.add_task("starting", total=None)
+    todo = _todo(work, run_dir, retry_failed=options.get("retry_failed", False),
+                 overwrite=options.get("overwrite", False))
+    key, counted = _key_column(work), set()
+    task = progress.add_task("starting", total=len(todo))
 
     def on_start(unit: Any) -> None:
         if not progress.live.is_started:
@@ -169,7 +172,9 @@ def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
         progress.update(task, description=f"[cyan]{escape(unit.describe())}")
 
     def on_done(unit: Any, rows: list[dict[str, Any]]) -> None:
-        progress.advance(task)
+        items = {row.get(key) for row in rows} & todo - counted  # a unit may hold several
+        counted.update(items)
+        progress.advance(task, len(items))
         for row in rows:
             statuses[row["status"]] = statuses.get(row["status"], 0) + 1
         if not console.is_terminal:  # logs (CI): one line per finished unit
@@ -188,6 +193,35 @@ def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
     finally:
         _stop_progress(progress)
     return statuses
+
+
+def _key_column(work: Any) -> str:
+    """The column naming a row's item: ``case_id`` (a sweep), ``unit_id`` (a grid)."""
+    return "case_id" if "case_id" in work.columns else "unit_id"
+
+
+def _todo(work: Any, run_dir: Path, *, retry_failed: bool, overwrite: bool) -> set[str]:
+    """The ids of the items (cases, training runs) this run measures: the progress bar's
+    total (what the dry run says is to do, plus the failed ones with ``--retry-failed``,
+    everything with ``--overwrite``)."""
+    import warnings
+
+    from bench.engine.results import RETRY_STATUSES
+    from bench.engine.rundir import resumable_rows
+    from bench.runner import plan
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the run itself names each damaged line once
+        items = plan(work, run_dir).items
+        every = {item.key for item in items}
+        if overwrite:
+            return every
+        todo = {item.key for item in items if item.state != "done"}
+        if retry_failed:
+            key = _key_column(work)
+            todo |= every & {row[key] for row in resumable_rows(run_dir, work.file, work.columns)
+                             if row["status"] in RETRY_STATUSES}
+    return todo
 
 
 def _stop_progress(progress: Any) -> None:

@@ -165,9 +165,13 @@ def check(
     params = _check_params(name, info, param)
     from attn.conformance import check_attention
 
+    def say(one: Any) -> None:  # a line per check as it finishes: a long kit is not silent
+        typer.echo(str(one))
+
     result = check_attention(name, params=params, kernels=kernel, device=device,
-                             timeout_s=timeout_s)
-    typer.echo(str(result))
+                             timeout_s=timeout_s, on_result=say)
+    summary, *rest = str(result).splitlines()
+    typer.echo("\n".join([summary, *(line for line in rest if line.startswith("note: "))]))
     if not result.passed:
         for failure in result.failures:
             typer.secho(f"FAIL: {failure}", fg=typer.colors.RED, err=True)

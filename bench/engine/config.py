@@ -11,8 +11,8 @@ for once its aliases are expanded, one string's length) is refused before it is 
 (:func:`resolve_config_path`, :func:`read_config`), and :func:`bench.runner.load_run` reads
 either once.
 
-``plugins:`` names modules a run imports (:func:`import_plugins`) before its config is
-parsed, and each worker before its unit: a config is as trusted as a script. Parsing a
+``plugins:`` names modules or ``.py`` files a run imports (:func:`import_plugins`) before its
+config is parsed, and each worker before its unit: a config is as trusted as a script. Parsing a
 config imports nothing (:func:`plugin_modules` only checks the key).
 """
 
@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
+import os
 import re
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -69,25 +72,103 @@ def check_device(device: str) -> None:
                               "device")
 
 
+def is_plugin_file(plugin: str) -> bool:
+    """True when a ``--plugin`` / ``plugins:`` entry names a ``.py`` file rather than a module."""
+    return plugin.endswith(".py") or "/" in plugin or os.sep in plugin
+
+
+def plugin_ref(plugin: str) -> str:
+    """A plug-in entry as workers will import it: a file's absolute path (workers may start
+    elsewhere), a module name unchanged."""
+    return str(Path(plugin).expanduser().resolve()) if is_plugin_file(plugin) else plugin
+
+
 def plugin_modules(raw: Any) -> tuple[str, ...]:
     """The ``plugins`` key of a config mapping ``raw`` (none: ``()``), checked to be a list of
-    module names; nothing is imported."""
+    module names or ``.py`` paths (paths made absolute, :func:`plugin_ref`); nothing is
+    imported."""
     plugins = raw.get("plugins", []) if isinstance(raw, dict) else []
     if not isinstance(plugins, (list, tuple)) or not all(isinstance(p, str) for p in plugins):
-        raise key_error("plugins", f"must be a list of importable module names; got {shown(plugins)}")
-    return tuple(plugins)
+        raise key_error("plugins", "must be a list of importable module names or .py file "
+                                   f"paths; got {shown(plugins)}")
+    return tuple(plugin_ref(p) for p in plugins)
 
 
 def import_plugins(modules: tuple[str, ...]) -> None:
-    """Import plug-in modules (which register attentions by decorator); importing runs their
-    code, so a config that names plug-ins is as trusted as a script."""
+    """Import plug-ins (which register attentions by decorator): each an importable module
+    name (also one in the current directory) or a path to a ``.py`` file
+    (:func:`import_plugin_file`). Importing runs their code, so a config that names
+    plug-ins is as trusted as a script. A ``ConfigError`` naming ``plugins`` and the entry
+    when one is missing or fails to import."""
     for module in modules:
         try:
-            importlib.import_module(module)
+            if is_plugin_file(module):
+                import_plugin_file(Path(module))
+            else:
+                _import_module(module)
+        except ConfigError:
+            raise
         except Exception as err:  # ImportError, SyntaxError, or the module's own failure
             detail = str(err).splitlines()[0] if str(err) else ""
-            raise key_error("plugins", f"cannot import module {shown(module)}: "
+            what = "file" if is_plugin_file(module) else "module"
+            raise key_error("plugins", f"cannot import {what} {shown(module)}: "
                                       f"{type(err).__name__}: {cut(detail, 500)}") from None
+
+
+def _import_module(name: str) -> None:
+    """Import module ``name``; one not found on ``sys.path`` is looked for in the current
+    directory too (``attn-bench`` run as a script does not have it on ``sys.path``)."""
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        cwd = str(Path.cwd())
+        top = name.partition(".")[0]
+        if err.name not in (name, top) or cwd in sys.path or \
+                not (Path(cwd, f"{top}.py").is_file() or Path(cwd, top).is_dir()):
+            raise
+        sys.path.append(cwd)  # after everything else: it shadows nothing; children inherit it
+        importlib.import_module(name)
+
+
+def import_plugin_file(path: Path) -> None:
+    """Import the ``.py`` file ``path`` as the module named by its stem, registered in
+    ``sys.modules``; its directory is appended to ``sys.path`` so that a worker or
+    conformance child process (which inherit ``sys.path``) imports the same module by name,
+    e.g. to unpickle a class registered there. A file whose stem is no identifier, or names
+    another module already importable, is refused (rename the file)."""
+    path = path.expanduser().resolve()
+    if not path.is_file():
+        raise key_error("plugins", f"cannot import file {shown(str(path))}: no such file")
+    name = path.stem
+    if not name.isidentifier():
+        raise key_error("plugins", f"cannot import file {shown(str(path))}: its name must be a "
+                                   f"Python identifier to serve as a module name; got {shown(name)}")
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        if Path(getattr(loaded, "__file__", "") or "").resolve() == path:
+            return  # imported already (a worker that inherited it, a second --plugin)
+        raise _taken(path, name, getattr(loaded, "__file__", None))
+    if str(path.parent) not in sys.path:
+        sys.path.append(str(path.parent))
+    found = importlib.util.find_spec(name)
+    if found is not None and found.origin and Path(found.origin).resolve() != path:
+        raise _taken(path, name, found.origin)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise key_error("plugins", f"cannot import file {shown(str(path))}: not a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+
+
+def _taken(path: Path, name: str, other: str | None) -> ConfigError:
+    return key_error("plugins", f"cannot import file {shown(str(path))}: module name "
+                                f"{shown(name)} is taken by {other or 'a built-in module'}; "
+                                "rename the file")
 
 
 def resolve_config_path(config: str) -> Path:

@@ -23,10 +23,12 @@ LOCK_FILE = ".lock"
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part."""
+    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part;
+    the file's mode is what ``open`` gives a new file (0644 under umask 022), as for plots."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())  # as open() would make it (mkstemp: 0600)
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -35,6 +37,13 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def current_umask() -> int:
+    """This process's umask (read by setting it and putting it back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_json(path: str | Path, data: Any) -> None:

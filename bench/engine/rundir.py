@@ -60,6 +60,11 @@ Rows = list[Row]
 Chain = Generator[Any, Rows, None]
 
 
+#: environment fields that a config sets and that change what is measured, though no case or
+#: unit id holds them: a run directory holds rows of one value unless ``--allow-mixed``
+SETTING_FIELDS = ("threads",)
+
+
 class MixedEnvironmentError(ValueError):
     """Resuming would mix rows measured in different environments."""
 
@@ -129,10 +134,14 @@ class RunRecorder:
               config: dict[str, Any], config_file: str, local: bool = True) -> None:
         """Check the environment, rewrite the kept rows and record this segment. On a cluster
         (``local`` False) the driver's device and threads say nothing of the nodes', so only
-        the code version and the dtype are compared."""
-        if has_work and not allow_mixed:
-            fields = RESUME_FIELDS if local else ("git_sha",)
-            check_resume_environment(self.kept, env, dtype, fields)
+        the code version and the dtype are compared. With nothing to run (every unit kept)
+        the config's settings that change a measurement but not a unit's id
+        (:data:`SETTING_FIELDS`: the thread count) and the dtype are still compared, so a
+        rerun with another thread count is refused rather than answered with the old rows."""
+        if not allow_mixed:  # with nothing to run, the settings a case id lacks still count
+            fields = RESUME_FIELDS if has_work else SETTING_FIELDS
+            check_resume_environment(self.kept, env, dtype,
+                                     fields if local else tuple(set(fields) & {"git_sha"}))
         for read, unit_rows in self._rejected:
             _keep_rejected(read, unit_rows)
         self._rejected = []

@@ -1,0 +1,76 @@
+"""Small points a user sees: files a run writes are readable by others as plots are (the
+umask decides, not ``mkstemp``'s 0600); ``attn-bench check`` prints a line per check as it
+goes; the sweep's progress bar shows its total (``2/2``, never ``1/?``)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from bench.cli import app
+from bench.engine.fsutil import atomic_write_text
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_an_atomic_write_gets_the_mode_open_would_give(tmp_path: Path, umask: int,
+                                                       mode: int) -> None:
+    old = os.umask(umask)
+    try:
+        atomic_write_text(tmp_path / "results.csv", "a,b\n")
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / "results.csv") == mode
+
+
+@pytest.fixture
+def sweep_out(tmp_path: Path):
+    from bench.engine.testing import unregister_test_variants
+
+    config = tmp_path / "small.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "small", "passes": ["fwd"], "seq_len": [16, 32], "heads": 1, "head_dim": 8,
+        "repeats": 2, "timeout_s": 30, "plugins": ["bench.engine.testing"],
+        "peak_matmul_size": 128, "variants": [{"name": "bench_sleep", "seconds": 0.01}]}))
+    old = os.umask(0o022)
+    try:
+        result = CliRunner().invoke(app, ["sweep", str(config), "--out", str(tmp_path / "out"),
+                                          "--no-plots"])
+    finally:
+        os.umask(old)
+        unregister_test_variants()
+    assert result.exit_code == 0, result.output
+    return tmp_path / "out", result.output
+
+
+def test_the_progress_bar_shows_its_total(sweep_out) -> None:
+    _, output = sweep_out
+    assert "2/2" in output and "/?" not in output, output
+
+
+def test_a_runs_files_are_readable_by_others(sweep_out) -> None:
+    out, _ = sweep_out
+    for name in ("results.csv", "env.json", "sweep.json"):
+        assert _mode(out / name) == 0o644, name
+
+
+def test_check_prints_a_line_per_check_as_it_goes() -> None:
+    from attn.conformance import check_attention
+
+    seen: list[str] = []
+    report = check_attention("full", kernels=["reference"], quick=True,
+                             on_result=lambda r: seen.append(str(r)))
+    assert seen == [str(r) for r in report.results] and len(seen) > 3
+    result = CliRunner().invoke(app, ["check", "full", "--kernel", "reference"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert sum(line.startswith("[PASS]") for line in lines) > 3, result.output
+    assert lines[-1].startswith("conformance of 'full'")
