@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from attn.validation import invalid, require_int, require_int_list
+from bench.quality.data.token_layout import TokenLayout
 
 PAD_ID = 0
 IGNORE = -100  # the label of every position that is not a query (cross entropy's ignore_index)
@@ -42,28 +43,10 @@ _CHUNK = 4096  # rows of query-position draws at a time (bounds the (rows, seq_l
 
 
 @dataclass(frozen=True)
-class Layout:
-    """Token id ranges for given vocabulary sizes (``*_base`` is the id of item 0)."""
+class Layout(TokenLayout):
+    """Token id ranges of an MQAR sequence: padding, then keys, values, fillers."""
 
-    num_keys: int
-    num_values: int
-    num_fillers: int
-
-    @property
-    def key_base(self) -> int:
-        return PAD_ID + 1
-
-    @property
-    def value_base(self) -> int:
-        return self.key_base + self.num_keys
-
-    @property
-    def filler_base(self) -> int:
-        return self.value_base + self.num_values
-
-    @property
-    def vocab_size(self) -> int:
-        return self.filler_base + self.num_fillers
+    reserved: int = PAD_ID + 1  # padding
 
 
 def vocab_size(num_keys: int = 64, num_values: int = 64, num_fillers: int = 16) -> int:

@@ -30,34 +30,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from attn.validation import invalid, require_int
+from bench.quality.data.token_layout import TokenLayout
 
 PAD_ID = 0
 QUERY_ID = 1
 
 
 @dataclass(frozen=True)
-class Layout:
-    """Token id ranges for given vocabulary sizes (``*_base`` is the id of item 0)."""
+class Layout(TokenLayout):
+    """Token id ranges of a recall sequence: padding and the query marker, then keys, values, fillers."""
 
-    num_keys: int
-    num_values: int
-    num_fillers: int
-
-    @property
-    def key_base(self) -> int:
-        return 2
-
-    @property
-    def value_base(self) -> int:
-        return self.key_base + self.num_keys
-
-    @property
-    def filler_base(self) -> int:
-        return self.value_base + self.num_values
-
-    @property
-    def vocab_size(self) -> int:
-        return self.filler_base + self.num_fillers
+    reserved: int = 2  # padding, the query marker
 
 
 def vocab_size(num_keys: int = 16, num_values: int = 8, num_fillers: int = 16) -> int:
