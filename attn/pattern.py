@@ -129,10 +129,12 @@ class Pattern:
     kernel passes on where autograd must see them (checkpointed chunks). ``native``: the
     variant's own implementation, or None when kernels run its mods.
 
-    ``key`` (computed, never declared) is the mods' fingerprint: their code and the plain
-    values they close over, so patterns of equally configured modules have equal keys.
-    ``shared`` is True when the key names plain values only; when the mods close over tensors
-    or other objects the key holds their identities and is meaningful only with ``owner``.
+    ``key`` (computed on first use, never declared) is the mods' fingerprint: their code and
+    the plain values they close over, so patterns of equally configured modules have equal
+    keys. ``shared`` is True when the key names plain values only; when the mods close over
+    tensors or other objects the key holds their identities and is meaningful only with
+    ``owner``. Both are computed only when a kernel asks (``flex``'s compile cache), not on
+    every call: walking the mods' closures costs 20-40 us, a hot-path cost for short calls.
     """
 
     name: str
@@ -146,15 +148,24 @@ class Pattern:
     score_params: tuple[Tensor, ...] = ()
     native: Native | None = None
     owner: PatternOwner = field(default_factory=PatternOwner)
-    key: Hashable = field(init=False)
-    shared: bool = field(init=False)
 
-    def __post_init__(self) -> None:
+    @functools.cached_property
+    def _key_and_shared(self) -> tuple[Hashable, bool]:
+        """``(key, shared)``, computed once per pattern."""
         identities: list[Any] = []
         key = ("pattern", _fingerprint(self.mask_mod, identities, set()),
                _fingerprint(self.score_mod, identities, set()), self.per_head)
-        object.__setattr__(self, "key", key)
-        object.__setattr__(self, "shared", not identities)
+        return key, not identities
+
+    @property
+    def key(self) -> Hashable:
+        """The mods' fingerprint (see the class docstring)."""
+        return self._key_and_shared[0]
+
+    @property
+    def shared(self) -> bool:
+        """Whether :attr:`key` holds plain values only (no tensor or object identities)."""
+        return self._key_and_shared[1]
 
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, enum.Enum)
