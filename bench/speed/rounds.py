@@ -21,6 +21,7 @@ the machine's load the way CPU time is, so nothing is lost there.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -196,16 +197,20 @@ def run_rounds(runs: tuple[CaseRun, ...], unit_id: str,
     return rows
 
 
-def _peak_main(device: str, dtype: str, threads: int | None, size: int | None, conn: Any) -> None:
+def _peak_main(device: str, dtype: str, threads: int | None, size: int | None,
+               cuda_visible: str | None, conn: Any) -> None:
+    if cuda_visible is not None:  # the GPU of the unit's slot
+        os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible
     if threads:
         torch.set_num_threads(threads)
     conn.send(matmul_peak_flops(torch.device(device), getattr(torch, dtype), size))
 
 
 def measure_peak(device: str, dtype: str, threads: int | None, size: int | None = None,
-                 timeout_s: float = 300) -> float:
-    """Matmul peak FLOP/s measured in a fresh worker on ``device`` (NaN if it fails)."""
-    worker = Worker(_peak_main, (device, dtype, threads, size))
+                 cuda_visible: str | None = None, timeout_s: float = 300) -> float:
+    """Matmul peak FLOP/s measured in a fresh worker on ``device`` (NaN if it fails);
+    ``cuda_visible``: the worker's ``CUDA_VISIBLE_DEVICES`` (a GPU slot's device)."""
+    worker = Worker(_peak_main, (device, dtype, threads, size, cuda_visible))
     try:
         return float(worker.receive(timeout_s))
     except (TimeoutError, WorkerGone):
