@@ -26,7 +26,7 @@ def _estimate(case) -> float:
     return estimate_bytes(pattern_of(case.variant, case.params_dict, case.heads, case.head_dim),
                           case.kernel, n=case.seq_len, batch=case.batch, heads=case.heads,
                           head_dim=case.head_dim, dtype=case.dtype, device=case.device,
-                          passes=case.passes, params=case.params_dict)
+                          passes=case.passes, params=case.params_dict, causal=case.causal)
 
 
 @pytest.fixture(scope="module")

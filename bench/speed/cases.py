@@ -124,7 +124,7 @@ def expand_cases(config: SweepConfig) -> list[Case]:
         ):
             for n in lengths:
                 if not _fits(config, spec.name, spec.params_dict, kernel, n, batch, heads,
-                             head_dim, patterns):
+                             head_dim, causal, patterns):
                     continue
                 cases.append(Case(
                     variant=spec.name, label=spec.label, params=spec.params, kernel=kernel,
@@ -139,7 +139,8 @@ def expand_cases(config: SweepConfig) -> list[Case]:
 
 
 def _fits(config: SweepConfig, variant: str, params: dict[str, Any], kernel: str, n: int,
-          batch: int, heads: int, head_dim: int, patterns: dict[tuple[int, int], Pattern]) -> bool:
+          batch: int, heads: int, head_dim: int, causal: bool,
+          patterns: dict[tuple[int, int], Pattern]) -> bool:
     """Whether the case's estimated memory fits in ``config.device_memory_gb`` (always, when
     that is unset or the workload is not one attention call); ``patterns``: the variant's
     pattern per (heads, head_dim), built once."""
@@ -149,7 +150,8 @@ def _fits(config: SweepConfig, variant: str, params: dict[str, Any], kernel: str
         patterns[heads, head_dim] = pattern_of(variant, params, heads, head_dim)
     estimate = estimate_bytes(patterns[heads, head_dim], kernel, n=n,
                               batch=batch, heads=heads, head_dim=head_dim, dtype=config.dtype,
-                              device=config.device, passes=config.passes, params=params)
+                              device=config.device, passes=config.passes, params=params,
+                              causal=causal)
     return fits(estimate, config.device_memory_gb)
 
 

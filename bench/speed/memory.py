@@ -13,8 +13,9 @@ What each kernel holds beyond its inputs (``T`` = one (B, H, N, D) tensor; a gra
 holds the output gradient, the output and dq, dk, dv: 8 T in all, 4 T forward only):
 
 - ``reference``: float32 scores, probabilities and a temporary of them (B, H, N, N), the
-  gradients of two in a backward; the allowed-pairs grid, an int64 (1, 1, N, N) (per head
-  when the mask reads the head) and its bool; a score term's float32 (1, H, N, N) bias.
+  gradients of two in a backward; the allowed-pairs grid of a mask or a causal call, an int64
+  (1, 1, N, N) (per head when the mask reads the head) and its bool; a score term's float32
+  (1, H, N, N) bias.
 - ``sdpa``: nothing for a plain full or causal pattern (fused, ``is_causal``); otherwise the
   mask it builds and keeps: the int64 grid, the bool, and the additive mask in the dtype, per
   head when the mask or the bias reads it.
@@ -59,8 +60,8 @@ def _mask_heads(pattern: Pattern, shape: Shape) -> int:
 
 
 def _grid(pattern: Pattern, shape: Shape) -> float:
-    """The allowed-pairs grid: int64 and its bool (none without a mask)."""
-    if pattern.mask_mod is None:
+    """The allowed-pairs grid: int64 and its bool (none without a mask or causality)."""
+    if pattern.mask_mod is None and not shape["causal"]:
         return 0.0
     return 9.0 * _mask_heads(pattern, shape) * shape["N"] ** 2
 
@@ -115,7 +116,7 @@ def pattern_of(variant: str, params: dict[str, Any], heads: int, head_dim: int) 
 
 def estimate_bytes(pattern: Pattern, kernel: str, *, n: int, batch: int, heads: int,
                    head_dim: int, dtype: str, device: str, passes: tuple[str, ...],
-                   params: dict[str, Any]) -> float:
+                   params: dict[str, Any], causal: bool = False) -> float:
     """Estimated peak device bytes of the case's most demanding pass on ``kernel``
     (``auto``: the kernel auto tries first on ``device``; a kernel without a model: the
     reference's, the worst)."""
@@ -123,7 +124,7 @@ def estimate_bytes(pattern: Pattern, kernel: str, *, n: int, batch: int, heads: 
         order = auto_order(pattern, torch.device(device), k_len=n)
         kernel = order[0] if order else "reference"
     elem = torch.empty((), dtype=getattr(torch, dtype)).element_size()
-    shape = {"B": batch, "H": heads, "N": n, "D": head_dim}
+    shape = {"B": batch, "H": heads, "N": n, "D": head_dim, "causal": int(causal)}
     grad = any(p in GRAD_PASSES for p in passes)
     tensor = float(batch * heads * n * head_dim * elem)
     inputs = tensor * (8 if grad else 4)
