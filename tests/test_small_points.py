@@ -74,3 +74,18 @@ def test_check_prints_a_line_per_check_as_it_goes() -> None:
     lines = result.output.strip().splitlines()
     assert sum(line.startswith("[PASS]") for line in lines) > 3, result.output
     assert lines[-1].startswith("conformance of 'full'")
+
+
+def test_a_quality_checkpoint_is_readable_by_others_as_results_are(tmp_path: Path) -> None:
+    import torch
+
+    from bench.quality.checkpoint import load_checkpoint, save_checkpoint
+
+    old = os.umask(0o022)
+    try:
+        save_checkpoint(tmp_path / "last.safetensors", {"w": torch.ones(2)}, {"step": 1})
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / "last.safetensors") == 0o644
+    tensors, meta = load_checkpoint(tmp_path / "last.safetensors")
+    assert meta == {"step": 1} and tensors["w"].tolist() == [1.0, 1.0]
