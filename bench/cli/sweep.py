@@ -121,8 +121,8 @@ def sweep(
         cfg = load_run(config, {**overrides, "plugins": plugin})
         work = run_plan(cfg)
         run_dir = out or default_run_dir(cfg)
-        if dry_run:
-            for line in plan(work, run_dir).lines():
+        if dry_run:  # refused as the run would be (another thread count, unless --allow-mixed)
+            for line in plan(work, run_dir, allow_mixed=allow_mixed, local=executor == "local").lines():
                 typer.echo(line)
             return
         console = make_console(stderr=True)
@@ -223,7 +223,7 @@ def _todo(work: Any, run_dir: Path, *, retry_failed: bool, overwrite: bool) -> s
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the run itself names each damaged line once
-        items = plan(work, run_dir).items
+        items = plan(work, run_dir, allow_mixed=True).items  # the run itself checks the rows
         every = {item.key for item in items}
         if overwrite:
             return every
