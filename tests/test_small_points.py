@@ -146,3 +146,15 @@ def test_the_readmes_last_path_example_is_what_the_code_records() -> None:
         q = torch.randn(1, 2, int(n), 16)
         att(q, q, q, causal=True, key_mask=torch.ones(1, int(n), dtype=torch.bool))
         assert repr(att.last_path).startswith(text + ", "), (n, repr(att.last_path))
+
+
+def test_the_report_explains_peak_fraction_and_mask_emulated(sweep_out) -> None:
+    from bench.speed.report import build_report
+
+    out, _ = sweep_out
+    text = build_report(out)
+    assert "peak_fraction_at_max_n" in text and "mask_emulated" in text  # the columns explained
+    legend = next(line for line in text.splitlines() if line.startswith("Columns: "))
+    assert "`peak_fraction_at_max_n` is" in legend and "matmul" in legend
+    assert "`mask_emulated` is True when" in legend and "N x N" in legend
+    assert text.index(legend) < text.index("## Scaling")
