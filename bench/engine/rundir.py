@@ -86,6 +86,18 @@ def check_resume_environment(rows: list[dict[str, str]], env: dict[str, Any], dt
             "or use another --out")
 
 
+def check_resume(kept: list[Row], env: dict[str, Any], dtype: str, *, has_work: bool,
+                 local: bool = True) -> None:
+    """The resume check of a run (and of its dry run, :func:`plan_units`): ``kept`` rows
+    measured in another environment are a ``MixedEnvironmentError``. With work to do, every
+    field of :data:`bench.engine.provenance.RESUME_FIELDS` counts; with nothing to run, the
+    settings a case id lacks (:data:`SETTING_FIELDS`) and the dtype still count. On a cluster
+    (``local`` False) the driver's device and threads say nothing of the nodes', so only the
+    code version and the dtype are compared."""
+    fields = RESUME_FIELDS if has_work else SETTING_FIELDS
+    check_resume_environment(kept, env, dtype, fields if local else tuple(set(fields) & {"git_sha"}))
+
+
 class RunRecorder:
     """Kept rows, environment segments and the results writer of one run directory."""
 
@@ -138,10 +150,8 @@ class RunRecorder:
         the config's settings that change a measurement but not a unit's id
         (:data:`SETTING_FIELDS`: the thread count) and the dtype are still compared, so a
         rerun with another thread count is refused rather than answered with the old rows."""
-        if not allow_mixed:  # with nothing to run, the settings a case id lacks still count
-            fields = RESUME_FIELDS if has_work else SETTING_FIELDS
-            check_resume_environment(self.kept, env, dtype,
-                                     fields if local else tuple(set(fields) & {"git_sha"}))
+        if not allow_mixed:
+            check_resume(self.kept, env, dtype, has_work=has_work, local=local)
         for read, unit_rows in self._rejected:
             _keep_rejected(read, unit_rows)
         self._rejected = []
@@ -331,12 +341,22 @@ class RunPlan(Protocol):
         ``None``)."""
 
 
-def plan_units(run_dir: Path, plan: RunPlan) -> Plan:
+def plan_units(run_dir: Path, plan: RunPlan, *, allow_mixed: bool = False,
+               local: bool = True) -> Plan:
     """What :func:`run_units` would do with ``plan`` in ``run_dir``, without running or
-    writing anything: every item and whether a resume keeps it (``done``) or runs it."""
+    writing anything: every item and whether a resume keeps it (``done``) or runs it.
+
+    A run that would be refused is refused here too, with the same
+    ``MixedEnvironmentError`` (a changed thread count, code version, device or dtype, unless
+    ``allow_mixed``; ``local`` False: a cluster executor, see :func:`check_resume`): a dry
+    run never lists as done what the run would not keep."""
     run_dir = Path(run_dir)
     kept = resumable_rows(run_dir, plan.file, plan.columns)
-    return Plan(run_dir, plan.noun, tuple(plan.preview(kept, run_dir)))
+    items = tuple(plan.preview(kept, run_dir))
+    if kept and not allow_mixed:
+        check_resume(kept, environment(plan.device, plan.threads), plan.dtype,
+                     has_work=any(item.state != "done" for item in items), local=local)
+    return Plan(run_dir, plan.noun, items)
 
 
 def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | ExecutorSpec | None = None,
