@@ -138,3 +138,35 @@ def test_task_trains_on_query_positions_and_reports_conditions() -> None:
     common = int(torch.bincount(task.splits["train"]["labels"][task.splits["train"]["labels"] >= 0]).argmax())
     assert rows[("majority_accuracy", "")] == pytest.approx(float((labels[labels >= 0] == common).float().mean()))
     assert task.evaluate(model, "val", limit=4, batch_size=8, final=False)[0].condition == ""
+
+
+def test_decoder_reader_scores_the_value_logits_of_a_causal_language_model() -> None:
+    settings = task_settings("mqar", "tiny")
+    task = get_task("mqar", {**settings.data, "reader": "decoder"}, seed=0)
+    task.prepare()
+    assert task.model_kind == "decoder_lm" and task.causal_self_attention
+    assert task.model_overrides() == {"vocab_size": task.vocab_size, "max_len": task.seq_len + 8}
+    torch.manual_seed(0)
+    model = create_model("decoder_lm", "mini", attention="full", **task.model_overrides()).eval()
+    batch = {k: v[:3] for k, v in task.splits["test"].items()}
+    base = mqar.Layout(8, 8, 4).value_base
+    with torch.no_grad():
+        logits = task.logits(model, batch)  # (B, N, C)
+        full = model(batch["ids"])  # (B, N, V)
+        assert logits.shape == (3, task.seq_len, task.num_classes)
+        assert torch.equal(logits, full[..., base:base + task.num_classes])
+        # causal: a query's answer reads nothing after it (changing the last token moves no
+        # earlier position's logits)
+        other = batch["ids"].clone()
+        other[:, -1] = base
+        assert torch.allclose(task.logits(model, dict(batch, ids=other))[:, :-1], logits[:, :-1])
+    loss, tokens = task.loss(model, task.train_batch(0, 4))
+    assert torch.isfinite(loss) and tokens == 4 * task.seq_len
+
+
+def test_reader_is_checked_and_the_encoder_stays_the_default() -> None:
+    settings = task_settings("mqar", "tiny")
+    assert get_task("mqar", settings.data, seed=0).model_kind == "encoder_classifier"
+    with pytest.raises(ValueError, match=r"^reader: unknown value 'lstm'; allowed values are "
+                                         r"\['encoder', 'decoder'\]$"):
+        _ = get_task("mqar", {**settings.data, "reader": "lstm"}, seed=0).model_kind
