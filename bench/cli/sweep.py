@@ -95,6 +95,9 @@ def sweep(
         "--resume", help="Skip finished cases (the default; kept for clarity).")] = True,
     retry_failed: Annotated[bool, typer.Option(
         "--retry-failed", help="Measure failed, timed-out and skipped cases again; keep the rest.")] = False,
+    retry_noisy: Annotated[bool, typer.Option(
+        "--retry-noisy", help="Measure again the rows flagged noisy (measured under contention: "
+                              "see the report's top); keep the rest.")] = False,
     allow_mixed: Annotated[bool, typer.Option(
         "--allow-mixed", help="Add rows to a run measured on another commit, device, dtype or "
                               "thread count (the report lists where each row came from).")] = False,
@@ -129,7 +132,8 @@ def sweep(
         console = Console(stderr=True)
         statuses = _run_with_progress(
             work, run_dir, console, ExecutorSpec(executor, address, connect_timeout_s),
-            allow_mixed=allow_mixed, retry_failed=retry_failed, overwrite=overwrite)
+            allow_mixed=allow_mixed, retry_failed=retry_failed, retry_noisy=retry_noisy,
+            overwrite=overwrite)
     summary = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())) or "nothing new"
     console.print(f"{run_dir}: {summary} rows this run ({size_of(work)})")
     if plots:
@@ -162,6 +166,7 @@ def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
     # run directory, a corrupt file in it) prints its one line and no progress bar
     progress = Progress(*columns, console=console, transient=False)
     todo = _todo(work, run_dir, retry_failed=options.get("retry_failed", False),
+                 retry_noisy=options.get("retry_noisy", False),
                  overwrite=options.get("overwrite", False))
     key, counted = _key_column(work), set()
     task = progress.add_task("starting", total=len(todo))
@@ -200,15 +205,16 @@ def _key_column(work: Any) -> str:
     return "case_id" if "case_id" in work.columns else "unit_id"
 
 
-def _todo(work: Any, run_dir: Path, *, retry_failed: bool, overwrite: bool) -> set[str]:
+def _todo(work: Any, run_dir: Path, *, retry_failed: bool, overwrite: bool,
+          retry_noisy: bool = False) -> set[str]:
     """The ids of the items (cases, training runs) this run measures: the progress bar's
-    total (what the dry run says is to do, plus the failed ones with ``--retry-failed``,
-    everything with ``--overwrite``)."""
+    total (what the dry run says is to do, plus the failed ones with ``--retry-failed`` and
+    the noisy ones with ``--retry-noisy``, everything with ``--overwrite``)."""
     import warnings
 
     from bench.engine.results import RETRY_STATUSES
     from bench.engine.rundir import resumable_rows
-    from bench.runner import plan
+    from bench.runner import noisy_rows, plan
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the run itself names each damaged line once
@@ -217,10 +223,11 @@ def _todo(work: Any, run_dir: Path, *, retry_failed: bool, overwrite: bool) -> s
         if overwrite:
             return every
         todo = {item.key for item in items if item.state != "done"}
-        if retry_failed:
+        redo = noisy_rows(work) if retry_noisy else (lambda _row: False)
+        if retry_failed or retry_noisy:
             key = _key_column(work)
             todo |= every & {row[key] for row in resumable_rows(run_dir, work.file, work.columns)
-                             if row["status"] in RETRY_STATUSES}
+                             if (retry_failed and row["status"] in RETRY_STATUSES) or redo(row)}
     return todo
 
 

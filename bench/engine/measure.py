@@ -189,3 +189,18 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int | None
     timer = CallTimer(lambda: torch.matmul(a, b), None, device)
     timer.time_once()  # warm-up
     return 2 * size**3 / min(timer.time_once() for _ in range(repeats))
+
+
+#: side of the calibration probe's square float32 matmul (:func:`calibration_probe`)
+PROBE_SIZE = 256
+
+
+def calibration_probe(device: torch.device, calls: int = 7, size: int = PROBE_SIZE) -> float:
+    """Seconds of a fixed small float32 matmul on ``device``: the median of ``calls`` timed
+    calls after one warm-up. The same work everywhere, so a probe that takes longer after a
+    pass's timed rounds than before them says the machine got busier meanwhile."""
+    a = torch.ones(size, size, device=device)  # (S, S)
+    timer = CallTimer(lambda: torch.matmul(a, a), None, device)
+    timer.time_once()
+    times = sorted(timer.time_once() for _ in range(calls))
+    return times[len(times) // 2]

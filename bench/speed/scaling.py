@@ -1,7 +1,9 @@
 """Scaling analysis: fitted exponents of time and memory against N, crossover against full
 attention of the same kind (causal with causal), and the largest N reached, per curve.
 
-Memory exponents use the tensor-level peak (``peak_mem_bytes``), not the resident peak."""
+Memory exponents use the tensor-level peak (``peak_mem_bytes``), not the resident peak. Rows
+flagged noisy (:mod:`bench.speed.noise`) are left out of fits and crossovers, and each curve
+says how many it dropped (``noisy_dropped``)."""
 
 from __future__ import annotations
 
@@ -30,10 +32,15 @@ def fit_exponent(n: pd.Series, y: pd.Series, points: int = 4) -> float:
 BASELINES = ("full", "causal")
 
 
+def usable(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows fits and crossovers use: ``ok`` and not flagged noisy."""
+    return df[(df.status == "ok") & ~df.noisy.astype(bool)]
+
+
 def full_baseline(df: pd.DataFrame) -> pd.Series:
-    """Fastest ok full-attention time per shape and N (over its kernels): the crossover
+    """Fastest ok, quiet full-attention time per shape and N (over its kernels): the crossover
     baseline. Causal rows (``causal``, or ``full`` run causally) are the causal baseline."""
-    full = df[df.variant.isin(BASELINES) & (df.status == "ok")]
+    full = usable(df[df.variant.isin(BASELINES)])
     return full.groupby([*SHAPE, "seq_len"], dropna=False)["time_ms"].min().rename("full_ms")
 
 
@@ -45,7 +52,7 @@ def crossover(curve: pd.DataFrame, baseline: pd.Series) -> str:
     the range)"`` when the curve is faster at every common length N0..., ``"none up to N1"``
     when it is slower at the largest common length, ``"-"`` without a common length.
     """
-    ok = curve[curve.status == "ok"].sort_values("seq_len")
+    ok = usable(curve).sort_values("seq_len")
     pairs = []
     for _, row in ok.iterrows():
         full = baseline.get((*(row[c] for c in SHAPE), row.seq_len), math.nan)
@@ -68,12 +75,14 @@ def scaling_table(df: pd.DataFrame, points: int = 4,
     """One row per curve: exponents, fitted range, largest N reached, first failure, crossover.
 
     Exponents are fitted over the ``points`` largest ok N, or, with ``n_range = (lo, hi)``,
-    over every ok N with ``lo <= N <= hi``.
+    over every ok N with ``lo <= N <= hi``; rows flagged noisy are left out of both and
+    counted (``noisy_dropped``).
     """
     baseline = full_baseline(df)
     rows = []
     for key, curve in df.groupby(CURVE, dropna=False, sort=True):
-        ok = curve[curve.status == "ok"].sort_values("seq_len")
+        ok = usable(curve).sort_values("seq_len")
+        noisy = int((curve.status == "ok").sum()) - len(ok)
         failed = curve[curve.status.isin(FAILED)]
         if n_range is None:
             fitted = ok.tail(points)
@@ -86,6 +95,7 @@ def scaling_table(df: pd.DataFrame, points: int = 4,
             "time_exponent": fit_exponent(fitted.seq_len, fitted.time_ms, count),
             "memory_exponent": fit_exponent(fitted.seq_len, fitted.peak_mem_bytes, count),
             "fit_points": len(fitted),
+            "noisy_dropped": noisy,
             "fit_range": f"{fitted.seq_len.min()}-{fitted.seq_len.max()}" if len(fitted) else "-",
             "max_n": int(ok.seq_len.max()) if len(ok) else None,
             "time_ms_at_max_n": float(ok.time_ms.iloc[-1]) if len(ok) else math.nan,
