@@ -2,8 +2,8 @@
 
 Time curves are medians with a band from the 25th to the 75th percentile of the repeats;
 memory is the tensor-level peak. Dashed slope-1 and slope-2 guides are anchored at the
-smallest N of each panel. Written as ``scaling.png`` and ``scaling.svg`` into the run
-directory.
+smallest N of each panel that has two lengths or more (the title names them only then).
+Written as ``scaling.png`` and ``scaling.svg`` into the run directory.
 """
 
 from __future__ import annotations
@@ -37,16 +37,26 @@ def _bands(ax, data: pd.DataFrame, palette: dict) -> None:
                         alpha=0.2, linewidth=0)
 
 
-def _guides(ax, data: pd.DataFrame, column: str) -> None:
+def _guides(ax, data: pd.DataFrame, column: str) -> bool:
+    """Dashed slope-1 and dotted slope-2 guides from the panel's smallest N; ``False`` (none
+    drawn) when the panel has fewer than two lengths."""
     values = data[data[column] > 0]
     if values.empty or values.seq_len.nunique() < 2:
-        return
+        return False
     n0, n1 = float(values.seq_len.min()), float(values.seq_len.max())
     y0 = float(np.exp(np.log(values[values.seq_len == n0][column]).mean()))
     xs = np.array([n0, n1])
     for slope, style in ((1, "--"), (2, ":")):
         ax.plot(xs, y0 * (xs / n0) ** slope, style, color="grey", linewidth=1.2,
                 label=f"slope {slope}")
+    return True
+
+
+def figure_title(name: str, meta: pd.Series, guided: bool) -> str:
+    """The figure's title: the run and its shape, and the slope guides only when drawn."""
+    text = (f"{name}: B={meta['batch']} H={meta['heads']} D={meta['head_dim']} "
+            f"{meta['dtype']} on {meta['device']} ({meta['device_name']})")
+    return text + ("; dashed: slope 1, dotted: slope 2" if guided else "")
 
 
 def plot_run(run_dir: str | Path) -> list[Path]:
@@ -74,6 +84,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     sns.set_theme(style="whitegrid", context="paper")
     fig, axes = plt.subplots(len(_METRICS), len(passes), figsize=(5.2 * len(passes), 8.5),
                              squeeze=False)
+    guided = False
     for col, pass_name in enumerate(passes):
         data = ok[ok["pass"] == pass_name]
         for row, (metric, title) in enumerate(_METRICS):
@@ -83,7 +94,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
                          legend=(row == 0 and col == len(passes) - 1), errorbar=None)
             if metric == "time_ms":
                 _bands(ax, data, palette)
-            _guides(ax, data, metric)
+            guided = _guides(ax, data, metric) or guided
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("sequence length N")
@@ -94,9 +105,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         axes[0][-1].get_legend().remove()
     fig.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     meta = df.iloc[0]
-    fig.suptitle(f"{run_dir.name}: B={meta['batch']} H={meta['heads']} D={meta['head_dim']} "
-                 f"{meta['dtype']} on {meta['device']} ({meta['device_name']}); "
-                 "dashed: slope 1, dotted: slope 2")
+    fig.suptitle(figure_title(run_dir.name, meta, guided))
     fig.tight_layout()
     paths = [run_dir / f"{PLOT_STEM}.png", run_dir / f"{PLOT_STEM}.svg"]
     for path in paths:

@@ -7,7 +7,9 @@ says how many it dropped (``noisy_dropped``)."""
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -37,37 +39,103 @@ def usable(df: pd.DataFrame) -> pd.DataFrame:
     return df[(df.status == "ok") & ~df.noisy.astype(bool)]
 
 
-def full_baseline(df: pd.DataFrame) -> pd.Series:
-    """Fastest ok, quiet full-attention time per shape and N (over its kernels): the crossover
-    baseline. Causal rows (``causal``, or ``full`` run causally) are the causal baseline."""
+def spread_interval(times_ms: str, time_ms: float, iqr_ms: float) -> tuple[float, float]:
+    """A row's time as the interval its repeats support: their 25th to 75th percentile
+    (``times_ms``), else the median plus or minus half the recorded IQR, else the median."""
+    values = json.loads(times_ms) if isinstance(times_ms, str) and times_ms else []
+    if values:
+        q25, q75 = np.percentile(values, [25, 75])
+        return float(q25), float(q75)
+    half = iqr_ms / 2 if isinstance(iqr_ms, (int, float)) and math.isfinite(iqr_ms) else 0.0
+    return time_ms - half, time_ms + half
+
+
+def _with_intervals(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with ``low`` and ``high``: each row's :func:`spread_interval`."""
+    bounds = [spread_interval(r.times_ms, r.time_ms, r.time_iqr_ms) for r in rows.itertuples()]
+    return rows.assign(low=[b[0] for b in bounds], high=[b[1] for b in bounds])
+
+
+def full_baseline(df: pd.DataFrame) -> pd.DataFrame:
+    """Fastest ok, quiet full-attention row per shape and N (over its kernels), with its
+    spread (``low``, ``high``): the crossover baseline, indexed by shape and N. Causal rows
+    (``causal``, or ``full`` run causally) are the causal baseline."""
     full = usable(df[df.variant.isin(BASELINES)])
-    return full.groupby([*SHAPE, "seq_len"], dropna=False)["time_ms"].min().rename("full_ms")
+    if full.empty:
+        return pd.DataFrame(columns=["low", "high"])
+    fastest = full.loc[full.groupby([*SHAPE, "seq_len"], dropna=False)["time_ms"].idxmin()]
+    return _with_intervals(fastest).set_index([*SHAPE, "seq_len"])[["low", "high"]]
 
 
-def crossover(curve: pd.DataFrame, baseline: pd.Series) -> str:
-    """From which N the curve stays faster than full attention of the same kind.
+@dataclass(frozen=True)
+class Side:
+    """How a curve compares with full attention at one length: ``faster`` or ``slower`` when
+    their spreads do not overlap, else ``overlap``."""
+
+    n: int
+    verdict: str
+
+
+def _sides(curve: pd.DataFrame, baseline: pd.DataFrame) -> list[Side]:
+    """The curve's verdict at every length it shares with the baseline, in order of N."""
+    sides = []
+    for row in _with_intervals(usable(curve).sort_values("seq_len")).to_dict("records"):
+        key = (*(row[c] for c in SHAPE), row["seq_len"])
+        if key not in baseline.index:
+            continue
+        full = baseline.loc[key]
+        verdict = ("faster" if row["high"] < full.low else "slower" if row["low"] > full.high
+                   else "overlap")
+        sides.append(Side(int(row["seq_len"]), verdict))
+    return sides
+
+
+def _not_two(sides: list[Side], want: str) -> str | None:
+    """Why the two lengths ``sides`` (a pair of neighbours) are not both ``want`` (``None``:
+    they are)."""
+    for side in sides:
+        if side.verdict == "overlap":
+            return f"not determined: spreads overlap at N={side.n}"
+    if len(sides) < 2:
+        where = f"N={sides[0].n}" if sides else "no length"
+        return f"not determined: {want} only at {where}; needs two lengths on each side"
+    wrong = next((s for s in sides if s.verdict != want), None)
+    if wrong is not None:
+        return f"not determined: {wrong.verdict} at N={wrong.n}, crossing more than once"
+    return None
+
+
+def crossover(curve: pd.DataFrame, baseline: pd.DataFrame) -> str:
+    """From which N the curve stays faster than full attention of the same kind, when the
+    rows show it.
 
     A causal curve is compared with causal full attention, a non-causal one with non-causal
-    full attention, at the lengths both measured. Returns the length as text, ``"< N0 (below
-    the range)"`` when the curve is faster at every common length N0..., ``"none up to N1"``
-    when it is slower at the largest common length, ``"-"`` without a common length.
+    full attention, at the lengths both measured (noisy rows left out). At each length the
+    curve is faster or slower only when the spreads of their repeats (:func:`spread_interval`)
+    do not overlap. A crossover at N needs the two lengths below N slower and N and every
+    length above it faster (at least two). Returns the length as text, ``"< N0 (below the
+    range)"`` when the curve is faster at every common length N0... (two or more), ``"none
+    up to N1"`` when it is slower at the two largest, ``"-"`` without a common length, else
+    ``"not determined: ..."`` saying why.
     """
-    ok = usable(curve).sort_values("seq_len")
-    pairs = []
-    for _, row in ok.iterrows():
-        full = baseline.get((*(row[c] for c in SHAPE), row.seq_len), math.nan)
-        if not math.isnan(full):
-            pairs.append((int(row.seq_len), row.time_ms < full))
-    if not pairs:
+    sides = _sides(curve, baseline)
+    if not sides:
         return "-"
-    if not pairs[-1][1]:
-        return f"none up to {pairs[-1][0]}"
-    index = len(pairs) - 1
-    while index > 0 and pairs[index - 1][1]:
-        index -= 1
-    if index == 0:
-        return f"< {pairs[0][0]} (below the range)"
-    return str(pairs[index][0])
+    if len(sides) == 1:
+        return (f"not determined: one common length (N={sides[0].n}); needs two lengths on "
+                "each side")
+    start = len(sides)
+    while start > 0 and sides[start - 1].verdict == "faster":
+        start -= 1
+    if start == len(sides):  # not faster at the largest length
+        return _not_two(sides[-2:], "slower") or f"none up to {sides[-1].n}"
+    faster = sides[start:]
+    if len(faster) < 2:
+        return (f"not determined: faster only at the largest length N={faster[0].n}; needs two "
+                "lengths on each side")
+    if start == 0:
+        return f"< {sides[0].n} (below the range)"
+    return _not_two(sides[max(start - 2, 0):start], "slower") or str(sides[start].n)
 
 
 def scaling_table(df: pd.DataFrame, points: int = 4,
