@@ -65,7 +65,8 @@ def test_overlapping_spreads_at_the_switch_are_not_determined(tmp_path: Path) ->
         512: ([1.0, 1.0, 1.1], [2.0, 2.1, 2.2]), 1024: ([4.0, 4.1, 4.2], [5.0, 5.1, 5.2]),
         2048: ([9.0, 10.0, 11.0], [9.5, 9.9, 10.5]), 4096: ([64, 65, 66], [20, 20.5, 21]),
         8192: ([256, 260, 264], [40, 41, 42])})
-    assert _crossover(run) == "not determined: spreads overlap at N=2048"
+    assert _crossover(run) == ("not determined: faster from N=4096 on; below it spreads "
+                               "overlap at N=2048")
 
 
 def test_faster_at_the_largest_length_only_is_not_determined(tmp_path: Path) -> None:
@@ -80,8 +81,8 @@ def test_one_slower_length_below_is_not_enough(tmp_path: Path) -> None:
     run = _run(tmp_path / "below", {
         512: ([1.0, 1.0, 1.1], [2.0, 2.1, 2.2]), 1024: ([16.0, 16.5, 17.0], [10.0, 10.2, 10.4]),
         2048: ([64, 65, 66], [20, 20.5, 21])})
-    assert _crossover(run) == ("not determined: slower only at N=512; needs two lengths on "
-                               "each side")
+    assert _crossover(run) == ("not determined: faster from N=1024 on; below it slower only "
+                               "at N=512; needs two lengths on each side")
 
 
 def test_below_and_beyond_the_range_need_two_clear_lengths(tmp_path: Path) -> None:

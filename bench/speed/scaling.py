@@ -91,17 +91,16 @@ def _sides(curve: pd.DataFrame, baseline: pd.DataFrame) -> list[Side]:
 
 
 def _not_two(sides: list[Side], want: str) -> str | None:
-    """Why the two lengths ``sides`` (a pair of neighbours) are not both ``want`` (``None``:
-    they are)."""
-    for side in sides:
-        if side.verdict == "overlap":
-            return f"not determined: spreads overlap at N={side.n}"
+    """Why the neighbouring lengths ``sides`` (one or two) are not two ``want`` ones
+    (``None``: they are)."""
+    tied = [str(side.n) for side in sides if side.verdict == "overlap"]
+    if tied:
+        return f"spreads overlap at N={', '.join(tied)}"
     if len(sides) < 2:
-        where = f"N={sides[0].n}" if sides else "no length"
-        return f"not determined: {want} only at {where}; needs two lengths on each side"
+        return f"{want} only at N={sides[0].n}; needs two lengths on each side"
     wrong = next((s for s in sides if s.verdict != want), None)
     if wrong is not None:
-        return f"not determined: {wrong.verdict} at N={wrong.n}, crossing more than once"
+        return f"{wrong.verdict} at N={wrong.n}, crossing more than once"
     return None
 
 
@@ -128,14 +127,18 @@ def crossover(curve: pd.DataFrame, baseline: pd.DataFrame) -> str:
     while start > 0 and sides[start - 1].verdict == "faster":
         start -= 1
     if start == len(sides):  # not faster at the largest length
-        return _not_two(sides[-2:], "slower") or f"none up to {sides[-1].n}"
+        why = _not_two(sides[-2:], "slower")
+        return f"not determined: {why}" if why else f"none up to {sides[-1].n}"
     faster = sides[start:]
     if len(faster) < 2:
         return (f"not determined: faster only at the largest length N={faster[0].n}; needs two "
                 "lengths on each side")
     if start == 0:
         return f"< {sides[0].n} (below the range)"
-    return _not_two(sides[max(start - 2, 0):start], "slower") or str(sides[start].n)
+    why = _not_two(sides[max(start - 2, 0):start], "slower")
+    if why:
+        return f"not determined: faster from N={sides[start].n} on; below it {why}"
+    return str(sides[start].n)
 
 
 def scaling_table(df: pd.DataFrame, points: int = 4,
