@@ -1,5 +1,6 @@
 """Scaling analysis: fitted exponents of time and memory against N, crossover against full
-attention of the same kind (causal with causal), and the largest N reached, per curve.
+attention of the same kind (causal with causal), and the largest N reached, per curve and
+kernel that actually ran (``auto`` switches kernel with N: a fit never spans the switch).
 
 Memory exponents use the tensor-level peak (``peak_mem_bytes``), not the resident peak. Rows
 flagged noisy (:mod:`bench.speed.noise`) are left out of fits and crossovers, and each curve
@@ -141,39 +142,71 @@ def crossover(curve: pd.DataFrame, baseline: pd.DataFrame) -> str:
     return str(sides[start].n)
 
 
+def kernel_ran(rows: pd.DataFrame) -> pd.Series:
+    """The kernel each row actually ran (``kernel``; the requested one where it is blank)."""
+    ran = rows.kernel.fillna("").astype(str)
+    return ran.where(ran != "", rows.kernel_requested.astype(str))
+
+
+def segments(curve: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The ok rows of one requested curve split by the kernel that actually ran, in order of
+    their smallest N (``auto`` runs SDPA at short N and blocked or chunked above: two
+    segments, fitted apart). ``[("-", no rows)]`` when the curve has no ok row."""
+    ok = curve[curve.status == "ok"]
+    if ok.empty:
+        return [("-", ok)]
+    parts = ok.groupby(kernel_ran(ok), sort=False)
+    return sorted(((str(k), part) for k, part in parts), key=lambda kp: kp[1].seq_len.min())
+
+
+def _fitted(ok: pd.DataFrame, points: int, n_range: tuple[int, int] | None) -> pd.DataFrame:
+    """The rows an exponent is fitted over: the ``points`` largest N, or those in ``n_range``."""
+    if n_range is None:
+        return ok.tail(points)
+    return ok[(ok.seq_len >= n_range[0]) & (ok.seq_len <= n_range[1])]
+
+
+def _segment_row(kernel: str, rows: pd.DataFrame, points: int,
+                 n_range: tuple[int, int] | None) -> dict:
+    """The fit of one segment (the rows of one kernel that ran): its usable rows' exponents,
+    range and largest N, and how many noisy rows it dropped."""
+    ok = usable(rows).sort_values("seq_len")
+    fitted = _fitted(ok, points, n_range)
+    count = max(len(fitted), 1)
+    return {
+        "kernel": kernel,
+        "time_exponent": fit_exponent(fitted.seq_len, fitted.time_ms, count),
+        "memory_exponent": fit_exponent(fitted.seq_len, fitted.peak_mem_bytes, count),
+        "fit_points": len(fitted),
+        "noisy_dropped": len(rows) - len(ok),
+        "fit_range": f"{fitted.seq_len.min()}-{fitted.seq_len.max()}" if len(fitted) else "-",
+        "max_n": int(ok.seq_len.max()) if len(ok) else None,
+        "time_ms_at_max_n": float(ok.time_ms.iloc[-1]) if len(ok) else math.nan,
+        "peak_fraction_at_max_n": float(ok.peak_fraction.iloc[-1]) if len(ok) else math.nan,
+        "mask_emulated": bool(ok.mask_emulated.any()) if len(ok) else False,
+    }
+
+
 def scaling_table(df: pd.DataFrame, points: int = 4,
                   n_range: tuple[int, int] | None = None) -> pd.DataFrame:
-    """One row per curve: exponents, fitted range, largest N reached, first failure, crossover.
+    """One row per curve and kernel that ran (a fit never spans a kernel switch: ``auto``'s
+    SDPA rows at short N and its blocked rows above are two rows): exponents, fitted range,
+    largest N reached; and the requested curve's first failure and crossover.
 
-    Exponents are fitted over the ``points`` largest ok N, or, with ``n_range = (lo, hi)``,
-    over every ok N with ``lo <= N <= hi``; rows flagged noisy are left out of both and
-    counted (``noisy_dropped``).
+    Exponents are fitted over the ``points`` largest ok N of the segment, or, with
+    ``n_range = (lo, hi)``, over every ok N with ``lo <= N <= hi``; rows flagged noisy are
+    left out of both and counted (``noisy_dropped``).
     """
     baseline = full_baseline(df)
     rows = []
     for key, curve in df.groupby(CURVE, dropna=False, sort=True):
-        ok = usable(curve).sort_values("seq_len")
-        noisy = int((curve.status == "ok").sum()) - len(ok)
         failed = curve[curve.status.isin(FAILED)]
-        if n_range is None:
-            fitted = ok.tail(points)
-        else:
-            fitted = ok[(ok.seq_len >= n_range[0]) & (ok.seq_len <= n_range[1])]
-        count = max(len(fitted), 1)
-        rows.append({
+        whole = {
             **dict(zip(CURVE, key)),
-            "kernel": ",".join(sorted(set(ok.kernel) - {""})) or "-",
-            "time_exponent": fit_exponent(fitted.seq_len, fitted.time_ms, count),
-            "memory_exponent": fit_exponent(fitted.seq_len, fitted.peak_mem_bytes, count),
-            "fit_points": len(fitted),
-            "noisy_dropped": noisy,
-            "fit_range": f"{fitted.seq_len.min()}-{fitted.seq_len.max()}" if len(fitted) else "-",
-            "max_n": int(ok.seq_len.max()) if len(ok) else None,
-            "time_ms_at_max_n": float(ok.time_ms.iloc[-1]) if len(ok) else math.nan,
-            "peak_fraction_at_max_n": float(ok.peak_fraction.iloc[-1]) if len(ok) else math.nan,
             "first_failure": (f"{failed.seq_len.min()} ({failed.sort_values('seq_len').status.iloc[0]})"
                               if len(failed) else ""),
             "crossover_vs_full": ("-" if key[1] in BASELINES else crossover(curve, baseline)),
-            "mask_emulated": bool(ok.mask_emulated.any()) if len(ok) else False,
-        })
+        }
+        rows += [{**whole, **_segment_row(kernel, part, points, n_range)}
+                 for kernel, part in segments(curve)]
     return pd.DataFrame(rows)
