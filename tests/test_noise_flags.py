@@ -88,8 +88,8 @@ def test_fits_and_crossovers_leave_noisy_rows_out_and_count_them(tmp_path: Path)
     assert window.time_exponent == pytest.approx(1.0) and window.noisy_dropped == 1
     assert full.time_exponent == pytest.approx(2.0) and full.noisy_dropped == 1
     assert window.fit_range == "1024-16384" and full.fit_range == "1024-8192"
-    # full's noisy 0.01 ms at 16384 would make window "none up to 16384"
-    assert window.crossover_vs_full == "2048"
+    # full's noisy 0.01 ms at 16384 would make window "none up to 16384"; both left out
+    assert window.crossover_vs_full == "2048 (left out: 2 noisy rows)"
 
 
 def test_rows_written_before_the_flag_are_judged_by_their_spread(tmp_path: Path) -> None:
@@ -147,6 +147,7 @@ def test_rows_carry_their_noise_and_retry_noisy_measures_only_those(tmp_path: Pa
         verdict = why_noisy(row.time_spread, probe_change([before, after]), 0.25)
         assert bool(row.noisy) is bool(verdict)  # the flag is what its readings say
     noisy = set(rows[rows.noisy].case_id)
+    assert f"{len(noisy)} of them noisy" in first.output and "--retry-noisy" in first.output
     again = CliRunner().invoke(app, ["sweep", str(config), "--out", str(out), "--no-plots",
                                      "--retry-noisy"])
     assert again.exit_code == 0, again.output

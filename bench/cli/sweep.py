@@ -32,6 +32,10 @@ _OPTION_NAMES = {"variants": "--variant", "kernels": "--kernel", "seq_len": "--s
                  "tasks": "--task"}
 
 
+#: the count of new rows flagged noisy, beside the counts by status
+NOISY = "(noisy)"
+
+
 @contextlib.contextmanager
 def _named_by_options(overrides: dict[str, Any]) -> Iterator[None]:
     """A ``ConfigError`` about a config key an option set names the option instead
@@ -134,8 +138,13 @@ def sweep(
             work, run_dir, console, ExecutorSpec(executor, address, connect_timeout_s),
             allow_mixed=allow_mixed, retry_failed=retry_failed, retry_noisy=retry_noisy,
             overwrite=overwrite)
+    noisy = statuses.pop(NOISY, 0)
     summary = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())) or "nothing new"
     console.print(f"{run_dir}: {summary} rows this run ({size_of(work)})")
+    if noisy:
+        console.print(f"{noisy} of them noisy (measured under contention; fits and crossovers "
+                      "leave them out): rerun with --retry-noisy to measure them again",
+                      markup=False, highlight=False)
     if plots:
         _report_and_plot(run_dir, console)
 
@@ -144,7 +153,8 @@ def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
                        **options: Any) -> dict[str, int]:
     """:func:`bench.runner.run` of ``work`` (a sweep's or a grid's plan) under a progress bar;
     Ctrl-C, SIGTERM and SIGHUP stop it cleanly; each finished unit is one line in a log
-    (CI) with what its rows say (``work.outcome``)."""
+    (CI) with what its rows say (``work.outcome``). Returns the new rows by status, and
+    under :data:`NOISY` how many of them were flagged noisy."""
     from rich.markup import escape
     from rich.progress import (
         BarColumn,
@@ -182,6 +192,8 @@ def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
         progress.advance(task, len(items))
         for row in rows:
             statuses[row["status"]] = statuses.get(row["status"], 0) + 1
+            if row.get("noisy") is True:
+                statuses[NOISY] = statuses.get(NOISY, 0) + 1
         if not console.is_terminal:  # logs (CI): one line per finished unit
             console.print(f"{unit.describe()}: {work.outcome(rows)}", markup=False, highlight=False)
 

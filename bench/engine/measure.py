@@ -197,10 +197,21 @@ PROBE_SIZE = 256
 
 def calibration_probe(device: torch.device, calls: int = 7, size: int = PROBE_SIZE) -> float:
     """Seconds of a fixed small float32 matmul on ``device``: the median of ``calls`` timed
-    calls after one warm-up. The same work everywhere, so a probe that takes longer after a
-    pass's timed rounds than before them says the machine got busier meanwhile."""
+    calls after one warm-up (host clock, synchronised on CUDA: no cache flush, nothing kept).
+    The same work everywhere, so a probe that takes longer after a pass's timed rounds than
+    before them says the machine got busier meanwhile."""
     a = torch.ones(size, size, device=device)  # (S, S)
-    timer = CallTimer(lambda: torch.matmul(a, a), None, device)
-    timer.time_once()
-    times = sorted(timer.time_once() for _ in range(calls))
+    cuda = device.type == "cuda"
+
+    def once() -> float:
+        if cuda:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        torch.matmul(a, a)
+        if cuda:
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
+    once()
+    times = sorted(once() for _ in range(calls))
     return times[len(times) // 2]

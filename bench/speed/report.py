@@ -106,8 +106,9 @@ def _noise_warning(df: pd.DataFrame, run_dir: Path) -> list[str]:
     return [f"**Noisy: {noisy} of {len(ok)} ok rows were measured under contention** (their "
             f"repeats' spread, IQR over median, or the calibration probe's change during the "
             f"rounds is above the noise threshold {policy}; listed under \"Noisy rows\" below). "
-            "Fits and crossovers leave them out (`noisy_dropped` counts them per curve); the "
-            "time tables and interleaved ratios still quote them, marked `noisy`. Measure them "
+            "Fits and crossovers leave them out and say how many (`noisy_dropped` per fit, "
+            "`left out: K noisy rows` after a crossover); the time tables and interleaved "
+            "ratios still quote them, marked `noisy`. Measure them "
             "again (with the config and options of the sweep that wrote this run):", "",
             "```", retry_noisy_command(run_dir), "```", ""]
 

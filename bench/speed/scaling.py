@@ -105,9 +105,26 @@ def _not_two(sides: list[Side], want: str) -> str | None:
     return None
 
 
-def crossover(curve: pd.DataFrame, baseline: pd.DataFrame) -> str:
+def noisy_baseline(df: pd.DataFrame) -> pd.Series:
+    """How many full-attention rows were left out of the baseline as noisy, per shape and N."""
+    full = df[df.variant.isin(BASELINES) & (df.status == "ok") & df.noisy.astype(bool)]
+    return full.groupby([*SHAPE, "seq_len"], dropna=False).size()
+
+
+def _dropped(curve: pd.DataFrame, noisy_full: pd.Series) -> int:
+    """Noisy rows a crossover of ``curve`` left out: the curve's own, and full attention's
+    at the lengths the curve measured."""
+    ok = curve[curve.status == "ok"]
+    own = int(ok.noisy.astype(bool).sum())
+    keys = {(*(row[c] for c in SHAPE), row["seq_len"]) for row in ok.to_dict("records")}
+    return own + sum(int(noisy_full.get(key, 0)) for key in keys)
+
+
+def crossover(curve: pd.DataFrame, baseline: pd.DataFrame,
+              noisy_full: pd.Series | None = None) -> str:
     """From which N the curve stays faster than full attention of the same kind, when the
-    rows show it.
+    rows show it; ``(left out: K noisy rows)`` added when noisy rows of the curve or of full
+    attention at its lengths (``noisy_full``, :func:`noisy_baseline`) were left out.
 
     A causal curve is compared with causal full attention, a non-causal one with non-causal
     full attention, at the lengths both measured (noisy rows left out). At each length the
@@ -118,7 +135,15 @@ def crossover(curve: pd.DataFrame, baseline: pd.DataFrame) -> str:
     up to N1"`` when it is slower at the two largest, ``"-"`` without a common length, else
     ``"not determined: ..."`` saying why.
     """
-    sides = _sides(curve, baseline)
+    said = _crossover_said(_sides(curve, baseline))
+    dropped = _dropped(curve, noisy_full if noisy_full is not None else pd.Series(dtype=int))
+    if said == "-" or not dropped:
+        return said
+    return f"{said} (left out: {dropped} noisy row{'s' if dropped > 1 else ''})"
+
+
+def _crossover_said(sides: list[Side]) -> str:
+    """:func:`crossover`'s answer from the curve's verdict at each common length."""
     if not sides:
         return "-"
     if len(sides) == 1:
@@ -197,7 +222,7 @@ def scaling_table(df: pd.DataFrame, points: int = 4,
     ``n_range = (lo, hi)``, over every ok N with ``lo <= N <= hi``; rows flagged noisy are
     left out of both and counted (``noisy_dropped``).
     """
-    baseline = full_baseline(df)
+    baseline, noisy_full = full_baseline(df), noisy_baseline(df)
     rows = []
     for key, curve in df.groupby(CURVE, dropna=False, sort=True):
         failed = curve[curve.status.isin(FAILED)]
@@ -205,7 +230,7 @@ def scaling_table(df: pd.DataFrame, points: int = 4,
             **dict(zip(CURVE, key)),
             "first_failure": (f"{failed.seq_len.min()} ({failed.sort_values('seq_len').status.iloc[0]})"
                               if len(failed) else ""),
-            "crossover_vs_full": ("-" if key[1] in BASELINES else crossover(curve, baseline)),
+            "crossover_vs_full": ("-" if key[1] in BASELINES else crossover(curve, baseline, noisy_full)),
         }
         rows += [{**whole, **_segment_row(kernel, part, points, n_range)}
                  for kernel, part in segments(curve)]
