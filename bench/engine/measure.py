@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -180,14 +181,53 @@ def planned_repeats(estimate_s: float, *, budget_s: float, minimum: int, maximum
     return max(minimum, min(maximum, fit))
 
 
+@dataclass(frozen=True)
+class WarmUp:
+    """How long the matmul peak warms up before it is timed. The calls are grouped in windows
+    of at least ``window_s`` seconds; the warm-up ends when the median call of one window
+    agrees with the previous window's within ``tolerance`` and at least ``min_s`` seconds have
+    passed, or after ``max_s``. A GPU's clocks ramp up under load over a second or so: timed
+    after one call, the peak is low and inflates every ``peak_fraction``; and two single calls
+    in a slow ramp agree, where two windows do not."""
+
+    min_s: float
+    max_s: float
+    window_s: float = 0.25
+    tolerance: float = 0.02
+
+
+#: the warm-up per device type: GPUs need seconds to reach steady clocks
+WARM_UPS = {"cuda": WarmUp(min_s=2.0, max_s=30.0),
+            "cpu": WarmUp(min_s=0.1, max_s=2.0, window_s=0.05, tolerance=0.05)}
+
+
+def steady_warmup(time_once: Callable[[], float], warm_up: WarmUp) -> list[float]:
+    """Call ``time_once`` (seconds per call) until ``warm_up`` is satisfied; the median call
+    time of every window."""
+    start = time.monotonic()
+    medians: list[float] = []
+    while True:
+        window_start, window = time.monotonic(), []
+        while not window or time.monotonic() - window_start < warm_up.window_s:
+            window.append(time_once())
+        medians.append(statistics.median(window))
+        elapsed = time.monotonic() - start
+        steady = (len(medians) >= 2 and abs(medians[-1] - medians[-2])
+                  <= warm_up.tolerance * min(medians[-2:]))
+        if elapsed >= warm_up.max_s or (steady and elapsed >= warm_up.min_s):
+            return medians
+
+
 def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int | None = None,
-                      repeats: int = 5) -> float:
-    """Best achieved FLOP/s of a square ``size^3`` matmul on ``device`` (the peak reference)."""
+                      repeats: int = 5, warm_up: WarmUp | None = None) -> float:
+    """Best achieved FLOP/s of a square ``size^3`` matmul on ``device`` (the peak reference),
+    timed after a :func:`steady_warmup` (``warm_up``, default :data:`WARM_UPS` of the device
+    type)."""
     size = size or (8192 if device.type == "cuda" else 4096)
     a = torch.randn(size, size, device=device, dtype=dtype)  # (S, S)
     b = torch.randn(size, size, device=device, dtype=dtype)
     timer = CallTimer(lambda: torch.matmul(a, b), None, device)
-    timer.time_once()  # warm-up
+    steady_warmup(timer.time_once, warm_up or WARM_UPS.get(device.type, WARM_UPS["cpu"]))
     return 2 * size**3 / min(timer.time_once() for _ in range(repeats))
 
 

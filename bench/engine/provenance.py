@@ -91,20 +91,26 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def environment(device: str, threads: int | None) -> dict[str, Any]:
-    """Versions, device name, threads, host and time stamp of this run."""
+def device_name(device: str) -> str:
+    """The name of this machine's ``device``: the (first visible) GPU's for ``cuda`` where
+    CUDA is available, else the CPU model."""
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return cpu_name()
+
+
+def environment(device: str, threads: int | None, *, probe: bool = True) -> dict[str, Any]:
+    """Versions, device name, threads, host and time stamp of this run. ``probe`` False: the
+    device is not on this machine (a cluster's driver), so CUDA is not asked and the name is
+    this machine's CPU model."""
     try:
         xformers = metadata.version("xformers")
     except metadata.PackageNotFoundError:
         xformers = ""
-    if device == "cuda" and torch.cuda.is_available():
-        device_name = torch.cuda.get_device_name()
-    else:
-        device_name = cpu_name()
     return {
         "git_sha": code_version(), "package_version": package_version(),
         "torch_version": torch.__version__, "xformers_version": xformers,
-        "device": device, "device_name": device_name,
+        "device": device, "device_name": device_name(device) if probe else cpu_name(),
         "threads": threads or torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "hostname": socket.gethostname(),
         "python": platform.python_version(), "platform": platform.platform(),

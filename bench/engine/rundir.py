@@ -371,7 +371,9 @@ def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | ExecutorSpec
     progress callbacks.
     """
     import_plugins(plan.plugins)
-    check_device(plan.device)
+    here = _runs_here(executor)
+    if here:  # on a cluster each node checks its own device (bench.engine.executors.base)
+        check_device(plan.device)
     run_dir = require_writable(run_dir)
     if isinstance(executor, ExecutorSpec):
         executor = executor.make(plan.device)
@@ -384,6 +386,14 @@ def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | ExecutorSpec
         executor.shutdown()
 
 
+def _runs_here(executor: Executor | ExecutorSpec | None) -> bool:
+    """Whether ``executor`` runs units on this machine (the local one), so that this
+    machine's device is the one measured; a Ray driver (a head without a GPU, say) is not."""
+    if isinstance(executor, ExecutorSpec):
+        return executor.name == "local"
+    return executor is None or isinstance(executor, LocalExecutor)
+
+
 def _run_locked(run_dir: Path, plan: RunPlan, executor: Executor, *, allow_mixed: bool,
                 retry_failed: bool, overwrite: bool, redo: Callable[[Row], bool] | None,
                 on_start: Callable[[Any], None] | None,
@@ -394,7 +404,8 @@ def _run_locked(run_dir: Path, plan: RunPlan, executor: Executor, *, allow_mixed
         recorder = RunRecorder(run_dir, file=plan.file, columns=plan.columns, key=plan.key,
                                overwrite=overwrite, retry_failed=retry_failed, redo=redo)
         chains = plan.chains(recorder)
-        env = {**environment(plan.device, plan.threads), **plan.row_settings}
+        env = {**environment(plan.device, plan.threads, probe=isinstance(executor, LocalExecutor)),
+               **plan.row_settings}
         recorder.start(env, dtype=plan.dtype, allow_mixed=allow_mixed, has_work=bool(chains),
                        config=plan.settings(), config_file=plan.config_file,
                        local=isinstance(executor, LocalExecutor))

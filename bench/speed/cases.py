@@ -17,7 +17,9 @@ from itertools import product
 from typing import Any
 
 from attn import attention_info
+from attn.pattern import Pattern
 from bench.speed.config import SweepConfig
+from bench.speed.memory import estimate_bytes, fits, pattern_of
 from bench.speed.noise import DEFAULT_THRESHOLD
 
 
@@ -105,8 +107,10 @@ def expand_cases(config: SweepConfig) -> list[Case]:
     """Every case of a sweep, grouped by curve and in increasing ``seq_len`` inside a curve.
 
     A (variant, kernel) pair is a case when the variant has that kernel (or it is ``auto``;
-    ``all`` stands for every kernel of the variant); whether the kernel supports the
-    device/dtype/pass is decided in the worker (a row ``unsupported`` with the reason).
+    ``all`` stands for every kernel of the variant), each kernel once; whether the kernel
+    supports the device/dtype/pass is decided in the worker (a row ``unsupported`` with the
+    reason). With ``device_memory_gb`` an attention case whose estimated memory
+    (:mod:`bench.speed.memory`) does not fit in it is left out: a length cap per kernel.
     """
     cases: list[Case] = []
     for spec in config.variants:
@@ -118,10 +122,14 @@ def expand_cases(config: SweepConfig) -> list[Case]:
         causal = config.causal if spec.causal is None else spec.causal
         causal = causal or info.forces_causal
         lengths = sorted(set(spec.seq_len or config.seq_len))
+        patterns: dict[tuple[int, int], Pattern] = {}
         for kernel, batch, heads, head_dim in product(
             kernels, config.batch, config.heads, config.head_dim
         ):
             for n in lengths:
+                if not _fits(config, spec.name, spec.params_dict, kernel, n, batch, heads,
+                             head_dim, causal, patterns):
+                    continue
                 cases.append(Case(
                     variant=spec.name, label=spec.label, params=spec.params, kernel=kernel,
                     seq_len=n, batch=batch, heads=heads, head_dim=head_dim, dtype=config.dtype,
@@ -133,6 +141,23 @@ def expand_cases(config: SweepConfig) -> list[Case]:
                     noise_threshold=config.noise_threshold,
                 ))
     return cases
+
+
+def _fits(config: SweepConfig, variant: str, params: dict[str, Any], kernel: str, n: int,
+          batch: int, heads: int, head_dim: int, causal: bool,
+          patterns: dict[tuple[int, int], Pattern]) -> bool:
+    """Whether the case's estimated memory fits in ``config.device_memory_gb`` (always, when
+    that is unset or the workload is not one attention call); ``patterns``: the variant's
+    pattern per (heads, head_dim), built once."""
+    if config.device_memory_gb is None or config.workload != "attention":
+        return True
+    if (heads, head_dim) not in patterns:
+        patterns[heads, head_dim] = pattern_of(variant, params, heads, head_dim)
+    estimate = estimate_bytes(patterns[heads, head_dim], kernel, n=n,
+                              batch=batch, heads=heads, head_dim=head_dim, dtype=config.dtype,
+                              device=config.device, passes=config.passes, params=params,
+                              causal=causal)
+    return fits(estimate, config.device_memory_gb)
 
 
 def chains(cases: list[Case], interleave: bool) -> list[list[list[Case]]]:

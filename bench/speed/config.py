@@ -88,6 +88,9 @@ class SweepConfig:
     causal: bool = False
     timeout_s: float = 300.0  # per case and pass
     max_memory_gb: float | None = 20.0  # CPU cases only (RLIMIT_AS); ignored on CUDA
+    #: the device's memory (GiB): cases whose estimate (bench.speed.memory) does not fit are
+    #: left out, a length cap per kernel; None: every case is tried
+    device_memory_gb: float | None = None
     threads: int | None = None
     time_budget_s: float = 20.0  # the timed repeats of one pass aim to fit in this
     interleave: bool = True  # kernels of one variant at one length timed in rounds
@@ -239,6 +242,8 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
         causal=check_key(require_bool, "causal", get("causal")),
         timeout_s=float(check_key(require_number, "timeout_s", get("timeout_s"), minimum=0.1)),
         max_memory_gb=_optional(require_number, "max_memory_gb", get("max_memory_gb"), minimum=0.1),
+        device_memory_gb=_optional(require_number, "device_memory_gb", get("device_memory_gb"),
+                                   minimum=0.1),
         threads=_optional(require_number, "threads", get("threads"), minimum=1, integer=True),
         time_budget_s=float(check_key(require_number, "time_budget_s", get("time_budget_s"), minimum=0.0)),
         interleave=check_key(require_bool, "interleave", get("interleave")),

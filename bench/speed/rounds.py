@@ -10,11 +10,20 @@ small matmul) right before the first round and right after the last: its change 
 machine's load changed during the rounds (:mod:`bench.speed.noise`). A case that fails,
 times out or dies becomes a row with its status and the others go on; its worker is
 restarted for its next pass. The timeout is per case and pass, on the case's own calls.
+
+On CUDA the cases of a unit are run one after the other instead (each pass: prepare, time
+and finish one case, then have its worker release what it holds, ``("release",)``, before the
+next case starts): an idle worker would otherwise keep its inputs, its module's cached masks
+and its allocator's cached pool (the reference kernel's N x N scores) on the GPU while
+another kernel is timed, and that kernel's peak and out-of-memory boundary would depend on
+which kernels ran before it. Their rows say ``interleaved`` 1: GPU time is not shared with
+the machine's load the way CPU time is, so nothing is lost there.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +39,8 @@ from bench.speed.worker import worker_main
 PASS_ORDER = ("fwd", "bwd", "fwd_bwd", "train_step")
 #: idle time between two cases' calls: lets the previous case's threads stop spinning
 HANDOVER_S = 0.002
+#: how long a worker may take to release its memory before it is stopped instead
+RELEASE_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,16 @@ class _Member:
         if reply[0] == "failed":
             raise _CaseFailed(reply[1], reply[2])
         return reply
+
+    def release(self) -> None:
+        """Have the worker drop its inputs, module and cached device memory (no-op when it
+        is not running); a worker that does not answer is stopped."""
+        if self.worker is None or not self.worker.process.is_alive():
+            return
+        try:
+            self.worker.request(("release",), RELEASE_TIMEOUT_S)
+        except (TimeoutError, WorkerGone):
+            self.stop()
 
     def stop(self) -> None:
         if self.worker is not None:
@@ -170,9 +191,16 @@ def run_rounds(runs: tuple[CaseRun, ...], unit_id: str,
     """Measure every (case, pass) of ``runs``, the unit ``unit_id``
     (:class:`bench.speed.unit.SpeedUnit`); always one row per (case, pass) they name."""
     members = [_Member(run, cuda_visible) for run in runs]
+    serial = len(members) > 1 and any(m.case.device == "cuda" for m in members)
     try:
         for pass_name in PASS_ORDER:
-            _run_pass(members, pass_name, unit_id)
+            if not serial:
+                _run_pass(members, pass_name, unit_id)
+                continue
+            for member in members:  # one case on the GPU at a time (module docstring)
+                if pass_name in member.passes:
+                    _run_pass([member], pass_name, unit_id)
+                    member.release()
     finally:
         for member in members:
             if member.worker is not None:
@@ -185,16 +213,20 @@ def run_rounds(runs: tuple[CaseRun, ...], unit_id: str,
     return rows
 
 
-def _peak_main(device: str, dtype: str, threads: int | None, size: int | None, conn: Any) -> None:
+def _peak_main(device: str, dtype: str, threads: int | None, size: int | None,
+               cuda_visible: str | None, conn: Any) -> None:
+    if cuda_visible is not None:  # the GPU of the unit's slot
+        os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible
     if threads:
         torch.set_num_threads(threads)
     conn.send(matmul_peak_flops(torch.device(device), getattr(torch, dtype), size))
 
 
 def measure_peak(device: str, dtype: str, threads: int | None, size: int | None = None,
-                 timeout_s: float = 300) -> float:
-    """Matmul peak FLOP/s measured in a fresh worker on ``device`` (NaN if it fails)."""
-    worker = Worker(_peak_main, (device, dtype, threads, size))
+                 cuda_visible: str | None = None, timeout_s: float = 300) -> float:
+    """Matmul peak FLOP/s measured in a fresh worker on ``device`` (NaN if it fails);
+    ``cuda_visible``: the worker's ``CUDA_VISIBLE_DEVICES`` (a GPU slot's device)."""
+    worker = Worker(_peak_main, (device, dtype, threads, size, cuda_visible))
     try:
         return float(worker.receive(timeout_s))
     except (TimeoutError, WorkerGone):

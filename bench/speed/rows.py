@@ -9,7 +9,8 @@ formats belong to the engine, which reads, repairs and resumes them. What fills 
   built (flops, density, threads), when it prepared the pass (warm-up, planning call,
   memory), what ran (:func:`path_columns`, in the worker) and the timed rounds
   (:func:`timing_columns`) with their noise columns (spread, calibration probe, ``noisy``);
-- :func:`peak_fraction`: the driver's share of the matmul peak, when the row arrives;
+- ``peak_fraction``: its share of the matmul peak of the device it ran on, where it ran
+  (:mod:`bench.speed.peak`);
 - the environment of the machine that ran it, stamped by the executor
   (:mod:`bench.engine.executors.base`).
 """
@@ -98,11 +99,3 @@ def measured_row(case: Case, pass_name: str, built: Row, prepared: Row, finished
         "interleave_id": unit_id, "interleaved": interleaved,
     }
 
-
-def peak_fraction(row: Row, peak: float, host: str) -> None:
-    """Set the row's FLOP/s over the same-run matmul ``peak``, measured on the driver's
-    machine ``host``: rows from other machines (cluster nodes) have none."""
-    rate = row.get("tflops")
-    if (row["status"] == "ok" and rate is not None and math.isfinite(peak)
-            and row.get("hostname", host) == host):
-        row["peak_fraction"] = rate * 1e12 / peak

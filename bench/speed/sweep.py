@@ -26,25 +26,40 @@ from bench.speed.cases import Case, expand_cases
 from bench.speed.cases import chains as make_chains
 from bench.speed.config import SweepConfig
 from bench.speed.noise import is_noisy
-from bench.speed.rounds import measure_peak
-from bench.speed.rows import Row, peak_fraction
+from bench.speed.peak import PEAK_FLOPS, PEAK_KEY, PeakSpec
+from bench.speed.rows import Row
 from bench.speed.unit import FATAL, record_failure, speed_chain
 
 PEAK_FILE = "peak.json"
-__all__ = ["MixedEnvironmentError", "SweepPlan", "matmul_peak", "run_sweep"]
+__all__ = ["MixedEnvironmentError", "SweepPlan", "peak_spec", "run_sweep"]
 
 
-def matmul_peak(run_dir: Path, config: SweepConfig) -> float:
-    """Matmul FLOP/s peak for this device/dtype/threads, measured once and cached in the run dir."""
-    path = run_dir / PEAK_FILE
-    size = config.peak_matmul_size or "default"
-    key = f"{config.device}/{config.dtype}/{config.threads or 'default'}/matmul{size}"
-    cache = read_json(path, what="matmul peak cache") if path.exists() else {}
-    if key not in cache or not math.isfinite(cache[key]):
-        cache[key] = measure_peak(config.device, config.dtype, config.threads,
-                                  config.peak_matmul_size)
-        atomic_write_json(path, cache)
-    return cache[key]
+def peak_spec(run_dir: Path, config: SweepConfig) -> PeakSpec:
+    """The units' :class:`bench.speed.peak.PeakSpec`: the sweep's dtype, threads and matmul
+    size, and the finite peaks already in the run directory's ``peak.json`` (by device name,
+    :func:`bench.speed.peak.peak_key`), so that a resume measures none again."""
+    cache = read_peaks(run_dir)
+    return PeakSpec(config.device, config.dtype, config.threads, config.peak_matmul_size,
+                    tuple(sorted((k, float(v)) for k, v in cache.items()
+                                 if isinstance(v, (int, float)) and math.isfinite(v))))
+
+
+def read_peaks(run_dir: Path) -> dict[str, Any]:
+    """``peak.json`` of ``run_dir`` (empty when there is none)."""
+    path = Path(run_dir) / PEAK_FILE
+    return read_json(path, what="matmul peak cache") if path.exists() else {}
+
+
+def record_peak(run_dir: Path, row: Row) -> None:
+    """Take the node's peak out of ``row`` (:data:`bench.speed.peak.PEAK_KEY`) and keep it in
+    ``peak.json`` when it is new and finite."""
+    key, value = row.pop(PEAK_KEY, None), row.pop(PEAK_FLOPS, None)
+    if key is None or value is None or not math.isfinite(value):
+        return
+    cache = read_peaks(run_dir)
+    if cache.get(key) != value:
+        cache[key] = value
+        atomic_write_json(Path(run_dir) / PEAK_FILE, cache)
 
 
 @dataclass(frozen=True)
@@ -115,13 +130,15 @@ class SweepPlan:
         for row in recorder.kept:
             if row["case_id"] in by_id and row["status"] in FATAL:
                 record_failure(failures, by_id[row["case_id"]], row["pass"], row["status"])
-        return [speed_chain(groups, done, failures, self.config.skip_larger_after_failure)
+        peak = peak_spec(recorder.run_dir, self.config)
+        return [speed_chain(groups, done, failures, self.config.skip_larger_after_failure, peak)
                 for groups in make_chains(list(self.cases), self.config.interleave)]
 
     def begin(self, run_dir: Path, env: dict[str, Any]) -> Callable[[Row], None]:
-        """Measure (or read) the matmul peak; each row then gets its share of it."""
-        peak = matmul_peak(run_dir, self.config)
-        return lambda row: peak_fraction(row, peak, env["hostname"])
+        """Nothing is measured here: each unit divides by the matmul peak of the device it
+        ran on (:mod:`bench.speed.peak`, so a driver without the sweep's device can drive
+        it); each arriving row hands that peak over for ``peak.json``."""
+        return lambda row: record_peak(run_dir, row)
 
 
 def run_sweep(

@@ -19,6 +19,7 @@ from typing import Any
 
 from bench.engine.rundir import Chain
 from bench.speed.cases import Case
+from bench.speed.peak import PeakSpec, add_node_peak
 from bench.speed.rounds import CaseRun, run_rounds
 from bench.speed.rows import failure_rows
 
@@ -33,6 +34,8 @@ class SpeedUnit:
 
     runs: tuple[CaseRun, ...]
     skipped: tuple[dict[str, Any], ...] = field(default=(), compare=False)
+    #: the matmul peak to divide by, taken where the unit runs (None: no ``peak_fraction``)
+    peak: PeakSpec | None = field(default=None, compare=False)
 
     @property
     def unit_id(self) -> str:
@@ -58,10 +61,15 @@ class SpeedUnit:
                 f"D={first.head_dim} {first.dtype}{causal} {passes}")
 
     def run(self, cuda_visible: str | None = None) -> list[dict[str, Any]]:
-        """Measure the runs (:func:`bench.speed.rounds.run_rounds`) and add the skipped rows."""
+        """Measure the runs (:func:`bench.speed.rounds.run_rounds`), each ok row's share of
+        this device's matmul peak (:func:`bench.speed.peak.add_node_peak`), and add the
+        skipped rows."""
         if not self.runs:
             return list(self.skipped)
-        return [*run_rounds(self.runs, self.unit_id, cuda_visible), *self.skipped]
+        rows = run_rounds(self.runs, self.unit_id, cuda_visible)
+        if self.peak is not None:
+            rows = add_node_peak(rows, self.peak, cuda_visible)
+        return [*rows, *self.skipped]
 
     def failure_rows(self, status: str, reason: str) -> list[dict[str, Any]]:
         """A row per (case, pass) of the runs, all with this status (and the skipped rows)."""
@@ -75,8 +83,9 @@ def run_case(case: Case, cuda_visible: str | None = None) -> list[dict[str, Any]
 
 
 def speed_chain(groups: list[list[Case]], done: set[tuple[str, str]],
-                failures: dict[tuple[Any, str], tuple[int, str]], skip_larger: bool) -> Chain:
-    """Units of one chain of same-length groups (increasing length).
+                failures: dict[tuple[Any, str], tuple[int, str]], skip_larger: bool,
+                peak: PeakSpec | None = None) -> Chain:
+    """Units of one chain of same-length groups (increasing length), each carrying ``peak``.
 
     ``done``: (case_id, pass) already recorded. ``failures``: (curve, pass) -> (smallest
     failing length, status), updated from each unit's rows; with ``skip_larger`` the passes
@@ -99,7 +108,7 @@ def speed_chain(groups: list[list[Case]], done: set[tuple[str, str]],
                 runs.append(CaseRun(case, tuple(passes)))
         if not runs and not skipped:
             continue
-        rows = yield SpeedUnit(tuple(runs), tuple(skipped))
+        rows = yield SpeedUnit(tuple(runs), tuple(skipped), peak)
         by_id = {case.case_id: case for case in group}
         for row in rows:
             case = by_id.get(row["case_id"])

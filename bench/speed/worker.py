@@ -11,6 +11,11 @@ The parent (:mod:`bench.speed.rounds`) drives it pass by pass over a pipe:
   pass's rounds. Reply ``("probed", seconds)``.
 - ``("finish", pass)``: what ran (kernel path, fallbacks, compile and cache-building time
   and bytes over every call of the pass). Reply ``("finished", info)``.
+- ``("release",)``: drop the pass's inputs and the built module (its cached masks and block
+  masks with it), then, on CUDA, hand the allocator's cached blocks back to the driver
+  (``torch.cuda.empty_cache``), so that the worker holds no GPU memory but its context while
+  another case of the unit runs; the next ``prepare`` builds the module again. Reply
+  ``("released", bytes)``: what the allocator still reserves (0 on the CPU).
 - ``("exit",)``.
 
 A failure replies ``("failed", status, reason)`` (``unsupported``, ``oom``, ``nonfinite`` or
@@ -23,6 +28,7 @@ the attention cannot be built, ``("failed", "error", reason)``.
 
 from __future__ import annotations
 
+import gc
 import os
 from multiprocessing.connection import Connection
 from typing import Any
@@ -191,6 +197,11 @@ def _prepare(runner: Any) -> dict[str, Any]:
     return info
 
 
+def _reserved_bytes(case: Case) -> int:
+    """What this process's CUDA allocator reserves (0 for a CPU case)."""
+    return int(torch.cuda.memory_reserved()) if case.device == "cuda" else 0
+
+
 def _serve(case: Case, module: Any, conn: Connection) -> None:
     runner: Any = None
     while True:
@@ -198,9 +209,18 @@ def _serve(case: Case, module: Any, conn: Connection) -> None:
         command = message[0]
         if command == "exit":
             return
+        if command == "release":  # another case of the unit is about to use the device
+            runner = module = None
+            gc.collect()
+            if case.device == "cuda":
+                torch.cuda.empty_cache()
+            conn.send(("released", _reserved_bytes(case)))
+            continue
         try:
             if command == "prepare":
                 runner = None
+                if module is None:  # released after an earlier pass
+                    module, _ = _build(case)
                 runner = _runner(case, module, message[1])
                 reply: tuple[Any, ...] = ("prepared", _prepare(runner))
             elif command == "time" and runner is not None:

@@ -13,9 +13,11 @@ cluster: the node's), stamped once, here: by :func:`execute` where the unit ran,
 
 from __future__ import annotations
 
+import socket
 import traceback
 from typing import Any, Protocol
 
+from bench.engine.config import ConfigError, check_device
 from bench.engine.provenance import ROW_FIELDS, environment
 
 
@@ -37,7 +39,13 @@ class Unit(Protocol):
 
 def execute(unit: Any, cuda_visible: str | None = None) -> list[dict[str, Any]]:
     """Run ``unit`` here (its cases in isolated workers); rows, never an exception, each
-    carrying this machine's environment."""
+    carrying this machine's environment. The unit's device is checked here, on the machine
+    that runs it (a cluster's driver need not have it): a machine without it gives ``error``
+    rows saying so."""
+    try:
+        check_device(unit.device)
+    except ConfigError as err:
+        return failed(unit, "error", f"{socket.gethostname()}: {err}"[:500])
     try:
         rows = unit.run(cuda_visible)
     except Exception as err:  # a bug in the harness must not lose the unit's rows
