@@ -119,11 +119,14 @@ def default_run_dir(config: RunConfig) -> Path:
     return Path("runs") / safe_name(config.name)
 
 
-def plan(config: RunConfig | WorkPlan, run_dir: Path) -> Plan:
+def plan(config: RunConfig | WorkPlan, run_dir: Path, *, allow_mixed: bool = False,
+         local: bool = True) -> Plan:
     """What :func:`run` would do in ``run_dir``: every case or training run, ``done`` or to
     do (``Plan.lines()`` is ``attn-bench sweep --dry-run``'s output); nothing is run or
-    written."""
-    return plan_units(run_dir, _work(config))
+    written. A run that would be refused (rows of another environment, unless
+    ``allow_mixed``; ``local`` False: a cluster executor) raises the run's
+    ``MixedEnvironmentError``."""
+    return plan_units(run_dir, _work(config), allow_mixed=allow_mixed, local=local)
 
 
 def run(config: RunConfig | WorkPlan, run_dir: Path, *,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -370,11 +371,20 @@ def test_kit_fails_a_plain_plugin_that_ignores_key_mask(registered) -> None:
 # ---- through a real entry point --------------------------------------------------------------
 
 
+def tree(root: Path) -> dict[str, int]:
+    """Every path under ``root`` with its modification time (ns): what a build may change."""
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*"))}
+
+
 def install_distribution(project: Path, target: Path) -> Path:
-    """pip-install ``project`` (no dependencies, no index) into the directory ``target``."""
+    """pip-install a copy of ``project`` (no dependencies, no index) into the directory
+    ``target``: the build's ``build/`` and ``*.egg-info`` go next to the copy, beside
+    ``target``, never into the repository's ``examples/``."""
+    copy = target.parent / f"{project.name}-src"
+    shutil.copytree(project, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--no-compile", "--target", str(target), str(project)],
+         "--no-index", "--no-compile", "--target", str(target), str(copy)],
         check=True, capture_output=True, text=True, timeout=300,
     )
     return target
@@ -382,7 +392,9 @@ def install_distribution(project: Path, target: Path) -> Path:
 
 def test_plain_plugin_registers_through_entry_point(tmp_path, monkeypatch) -> None:
     """The example package (no attn import) is found, created by name, matches and passes the kit."""
+    before = tree(EXAMPLE)
     monkeypatch.syspath_prepend(str(install_distribution(EXAMPLE, tmp_path / "site")))
+    assert tree(EXAMPLE) == before  # built out of the repository's tree: no build/, no egg-info
     importlib.invalidate_caches()
     try:
         errors = registry.load_plugins(reload=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -25,6 +26,11 @@ def quick_kernels(name: str) -> list[str]:
     return [k for k in attention_info(name).kernels if not get_kernel(k).compiles_per_shape]
 
 PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "attn_bench_block_local"
+
+
+def tree(root: Path) -> dict[str, int]:
+    """Every path under ``root`` with its modification time (ns): what a build may change."""
+    return {str(p.relative_to(root)): p.stat().st_mtime_ns for p in sorted(root.rglob("*"))}
 
 
 def test_register_create_list_info() -> None:
@@ -78,11 +84,15 @@ def test_factory_returning_non_attention_is_rejected() -> None:
 def test_plugin_package_registers_through_entry_point(tmp_path, monkeypatch) -> None:
     """Install the example plug-in into a temporary site dir; it is found, created and passes the kit."""
     target = tmp_path / "site"
+    before = tree(PLUGIN)
+    copy = tmp_path / "src"  # built from a copy: build/ and *.egg-info stay out of examples/
+    shutil.copytree(PLUGIN, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--no-index", "--target", str(target), str(PLUGIN)],
+         "--no-index", "--target", str(target), str(copy)],
         check=True, capture_output=True, text=True, timeout=300,
     )
+    assert tree(PLUGIN) == before
     monkeypatch.syspath_prepend(str(target))
     importlib.invalidate_caches()
     try:

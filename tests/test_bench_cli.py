@@ -81,3 +81,17 @@ def test_check_passes_a_correct_variant_and_fails_a_wrong_one():
         sys.modules.pop("bench.engine.testing", None)
     assert bad.exit_code == 1
     assert "matches_reference" in bad.output and "FAIL" in bad.output
+
+
+def test_list_is_readable_at_80_columns():
+    """Every line fits 80 columns and no value is cut in two (``position_bias=N`` / ``one``),
+    in a terminal or not."""
+    result = runner.invoke(app, ["list"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert max(len(line) for line in lines) <= 80, max(lines, key=len)
+    for whole in ("position_bias=None", "max_distance=128", "num_landmarks=64", "conv_kernel=None",
+                  "bits/byte (lower is better)", "quality-references", "sliding_window:", "auto:"):
+        assert whole in result.output, whole
+    heads = {line.split(":")[0] for line in lines if line and not line[0].isspace()}
+    assert {"causal", "dilated", "nystrom", "sliding_window"} <= heads  # a variant per paragraph

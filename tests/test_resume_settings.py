@@ -52,3 +52,22 @@ def test_the_cli_says_so_in_one_line(tmp_path: Path) -> None:
     assert again.exit_code == 2, again.output
     line, = again.output.strip().splitlines()
     assert "threads 1 -> 2" in line
+
+
+def test_the_dry_run_says_what_the_run_does(tmp_path: Path) -> None:
+    """A dry run with another thread count is refused with the run's line, not listed as
+    done; with --allow-mixed both keep the rows; the same setting lists every case done."""
+    config = tmp_path / "settings.yaml"
+    config.write_text(yaml.safe_dump(_config(threads=1)))
+    out = tmp_path / "out"
+    args = ["sweep", str(config), "--out", str(out)]
+    assert CliRunner().invoke(app, [*args, "--no-plots"]).exit_code == 0
+    same = CliRunner().invoke(app, [*args, "--dry-run"])
+    assert same.exit_code == 0 and "1 cases, 1 already done" in same.output, same.output
+    config.write_text(yaml.safe_dump(_config(threads=2)))
+    dry = CliRunner().invoke(app, [*args, "--dry-run"])
+    real = CliRunner().invoke(app, [*args, "--no-plots"])
+    assert dry.exit_code == real.exit_code == 2, (dry.output, real.output)
+    assert dry.output == real.output and "threads 1 -> 2" in dry.output
+    mixed = CliRunner().invoke(app, [*args, "--dry-run", "--allow-mixed"])
+    assert mixed.exit_code == 0 and "1 cases, 1 already done" in mixed.output, mixed.output

@@ -74,3 +74,87 @@ def test_check_prints_a_line_per_check_as_it_goes() -> None:
     lines = result.output.strip().splitlines()
     assert sum(line.startswith("[PASS]") for line in lines) > 3, result.output
     assert lines[-1].startswith("conformance of 'full'")
+
+
+def test_a_quality_checkpoint_is_readable_by_others_as_results_are(tmp_path: Path) -> None:
+    import torch
+
+    from bench.quality.checkpoint import load_checkpoint, save_checkpoint
+
+    old = os.umask(0o022)
+    try:
+        save_checkpoint(tmp_path / "last.safetensors", {"w": torch.ones(2)}, {"step": 1})
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / "last.safetensors") == 0o644
+    tensors, meta = load_checkpoint(tmp_path / "last.safetensors")
+    assert meta == {"step": 1} and tensors["w"].tolist() == [1.0, 1.0]
+
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def _readme_bash_blocks() -> list[str]:
+    import re
+
+    return re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_the_readmes_first_command_runs_the_sweep_once_and_nothing_after_it() -> None:
+    first = _readme_bash_blocks()[0].strip()
+    steps = [step.strip() for step in first.split("&&")]
+    assert [s for s in steps if s.startswith("attn-bench")] == ["attn-bench sweep quick --out runs/quick"]
+    assert steps[-1] == "attn-bench sweep quick --out runs/quick"  # its own last line says where
+
+
+def test_a_sweep_ends_by_saying_where_its_results_are_on_lines_never_wrapped(tmp_path: Path) -> None:
+    """Not a terminal (a pipe, CI's log): a long path stays on one line, and the last line
+    names the report, the figures and the rows, which exist."""
+    from bench.engine.testing import unregister_test_variants
+
+    config = tmp_path / "small.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "small", "passes": ["fwd"], "seq_len": [16, 32], "heads": 1, "head_dim": 8,
+        "repeats": 2, "timeout_s": 30, "plugins": ["bench.engine.testing"],
+        "peak_matmul_size": 128, "variants": [{"name": "bench_sleep", "seconds": 0.01}]}))
+    out = tmp_path / ("a-run-directory-whose-name-is-longer-than-a-terminal-line-" * 2)
+    try:
+        result = CliRunner().invoke(app, ["sweep", str(config), "--out", str(out)])
+    finally:
+        unregister_test_variants()
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert any(line.startswith(f"{out}: ok 2 rows this run") for line in lines), result.output
+    last = lines[-1]
+    for name in ("report.md", "scaling.png", "results.csv"):
+        assert str(out / name) in last, last
+        assert (out / name).is_file()
+    assert last.startswith(f"results: read {out / 'report.md'} first")
+
+
+def test_the_readmes_last_path_example_is_what_the_code_records() -> None:
+    import re
+
+    import torch
+
+    from attn import create_attention
+
+    said = re.findall(r"# N=(\d+): (KernelPath\(.*?), \.\.\.\)", README.read_text())
+    assert len(said) == 2, said
+    for n, text in said:
+        att = create_attention("sliding_window", window=128)
+        q = torch.randn(1, 2, int(n), 16)
+        att(q, q, q, causal=True, key_mask=torch.ones(1, int(n), dtype=torch.bool))
+        assert repr(att.last_path).startswith(text + ", "), (n, repr(att.last_path))
+
+
+def test_the_report_explains_peak_fraction_and_mask_emulated(sweep_out) -> None:
+    from bench.speed.report import build_report
+
+    out, _ = sweep_out
+    text = build_report(out)
+    assert "peak_fraction_at_max_n" in text and "mask_emulated" in text  # the columns explained
+    legend = next(line for line in text.splitlines() if line.startswith("Columns: "))
+    assert "`peak_fraction_at_max_n` is" in legend and "matmul" in legend
+    assert "`mask_emulated` is True when" in legend and "N x N" in legend
+    assert text.index(legend) < text.index("## Scaling")

@@ -118,6 +118,24 @@ def as_option_dir(err: Any, option: str = "--out") -> UsageError:
     return UsageError(f"{option}: {err}")
 
 
+def make_console(*, stderr: bool = False) -> Any:
+    """A rich console for a command's output: on a terminal, rich's own (its width, colours,
+    live progress); otherwise (a pipe, a log file, CI) lines are never wrapped at rich's
+    default 80 columns, so a path or a message stays on one line that ``grep`` finds."""
+    import sys
+
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr)
+    return Console(stderr=stderr, soft_wrap=True, width=_UNWRAPPED_WIDTH)
+
+
+#: the width a console that does not write to a terminal lays tables and bars out in
+_UNWRAPPED_WIDTH = 120
+
+
 def stop_on_signals() -> None:
     """SIGTERM and SIGHUP stop a sweep cleanly, as Ctrl-C does."""
 

@@ -17,6 +17,7 @@ from bench.cli.common import (
     as_option_dir,
     choice,
     import_plugin_options,
+    make_console,
     stop_on_signals,
     user_errors,
 )
@@ -114,8 +115,6 @@ def sweep(
 ) -> None:
     """Run a speed sweep, or a training grid (a config with ``kind: quality``), into a run
     directory; resumable: finished cases and training runs are kept."""
-    from rich.console import Console
-
     from bench.engine.executors import ExecutorSpec
     from bench.runner import default_run_dir, load_run, plan, run_plan, size_of
 
@@ -129,24 +128,36 @@ def sweep(
         cfg = load_run(config, {**overrides, "plugins": plugin})
         work = run_plan(cfg)
         run_dir = out or default_run_dir(cfg)
-        if dry_run:
-            for line in plan(work, run_dir).lines():
+        if dry_run:  # refused as the run would be (another thread count, unless --allow-mixed)
+            for line in plan(work, run_dir, allow_mixed=allow_mixed, local=executor == "local").lines():
                 typer.echo(line)
             return
-        console = Console(stderr=True)
+        console = make_console(stderr=True)
         statuses = _run_with_progress(
             work, run_dir, console, ExecutorSpec(executor, address, connect_timeout_s),
             allow_mixed=allow_mixed, retry_failed=retry_failed, retry_noisy=retry_noisy,
             overwrite=overwrite)
     noisy = statuses.pop(NOISY, 0)
     summary = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())) or "nothing new"
-    console.print(f"{run_dir}: {summary} rows this run ({size_of(work)})")
+    console.print(f"{run_dir}: {summary} rows this run ({size_of(work)})", markup=False,
+                  highlight=False)
     if noisy:
         console.print(f"{noisy} of them noisy (measured under contention; fits and crossovers "
                       "leave them out): rerun with --retry-noisy to measure them again",
                       markup=False, highlight=False)
-    if plots:
-        _report_and_plot(run_dir, console)
+    written = _report_and_plot(run_dir, console) if plots else []
+    console.print(_where_results_are(run_dir / work.file, written), markup=False, highlight=False)
+
+
+def _where_results_are(rows_file: Path, written: list[Path]) -> str:
+    """The sweep's last line: where its report, figures and rows are (``written``: the
+    report and figures this run wrote; none with ``--no-plots``)."""
+    if not written:
+        return (f"results: rows in {rows_file} (`attn-bench report {rows_file.parent}` writes "
+                "report.md, `attn-bench plot` the figures)")
+    report, *figures = written
+    return (f"results: read {report} first; figures {', '.join(str(p) for p in figures) or 'none'}; "
+            f"rows in {rows_file}")
 
 
 def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
@@ -230,7 +241,7 @@ def _todo(work: Any, run_dir: Path, *, retry_failed: bool, overwrite: bool,
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the run itself names each damaged line once
-        items = plan(work, run_dir).items
+        items = plan(work, run_dir, allow_mixed=True).items  # the run itself checks the rows
         every = {item.key for item in items}
         if overwrite:
             return every
@@ -249,7 +260,9 @@ def _stop_progress(progress: Any) -> None:
         progress.stop()
 
 
-def _report_and_plot(run_dir: Path, console: Any) -> None:
+def _report_and_plot(run_dir: Path, console: Any) -> list[Path]:
+    """Write the run's ``report.md`` and its figures; their paths, the report first (only
+    the report when no figure can be drawn: the reason is printed)."""
     from bench.quality.plots import plot_quality_run
     from bench.quality.report import build_quality_report, is_quality_run
     from bench.speed.plots import plot_run
@@ -257,9 +270,10 @@ def _report_and_plot(run_dir: Path, console: Any) -> None:
 
     quality = is_quality_run(run_dir)
     (build_quality_report if quality else build_report)(run_dir)
+    report = run_dir / "report.md"
     try:
         paths = plot_quality_run(run_dir) if quality else plot_run(run_dir)
     except ValueError as err:
-        console.print(f"no plots: {err}")
-        return
-    console.print(f"wrote {run_dir / 'report.md'}, " + ", ".join(str(p) for p in paths))
+        console.print(f"no plots: {err}", markup=False, highlight=False)
+        return [report]
+    return [report, *(Path(p) for p in paths)]

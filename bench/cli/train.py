@@ -16,6 +16,7 @@ from bench.cli.common import (
     check_writable,
     choice,
     import_plugin_options,
+    make_console,
     user_errors,
 )
 
@@ -53,7 +54,8 @@ def _progress(total: int) -> tuple[Any, Any]:
 
     progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("loss {task.fields[loss]:.4f}"),
-                        TextColumn("{task.fields[rate]:.0f} tok/s"), TimeElapsedColumn())
+                        TextColumn("{task.fields[rate]:.0f} tok/s"), TimeElapsedColumn(),
+                        console=make_console())  # a log line is not wrapped in a pipe
     task = progress.add_task("train", total=total, loss=float("nan"), rate=0.0)
     return progress, task
 

@@ -17,6 +17,9 @@ from bench.cli.common import (
     user_errors,
 )
 
+#: the width ``attn-bench list`` lays its text out in: readable in an 80-column terminal
+LIST_WIDTH = 80
+
 
 @app.command("list")
 @user_errors
@@ -28,8 +31,6 @@ def list_command(
     """List registered attention variants (their kernels and support on this machine), quality
     tasks and model kinds, and the presets."""
     import torch
-    from rich.console import Console
-    from rich.table import Table
 
     from attn import AttentionCall, attention_info, create_attention, list_attention, list_kernels
     from attn.registry import plugin_errors
@@ -39,9 +40,7 @@ def list_command(
     choice("--device", device, DEVICES)
     choice("--dtype", dtype, DTYPES)
     import_plugin_options(plugin)
-    table = Table(title=f"attention variants (support on {device}, {dtype}: fwd / bwd)")
-    for column in ("variant", "params (defaults)", "kernels: fwd/bwd support", "causal", "description"):
-        table.add_column(column, overflow="fold")
+    lines = [f"attention variants (kernels: forward/backward support on {device}, {dtype})", ""]
     torch_dtype = getattr(torch, dtype)
     for name in list_attention():
         info = attention_info(name)
@@ -53,25 +52,27 @@ def list_command(
                 for grad in (False, True):  # any lengths, no key_mask
                     why = module.not_supported_reasons(AttentionCall(device, torch_dtype, False, grad), kernel=kernel)
                     marks.append("yes" if not why else "no")
-                cells.append(f"{kernel}: {'/'.join(marks)}")
+                cells.append(f"{kernel} {'/'.join(marks)}")
             try:
-                cells.append(auto_by_length(module, device, torch_dtype))
+                auto = auto_by_length(module, device, torch_dtype)
             except NotImplementedError as err:
-                cells.append(f"auto -> none ({err})")
+                auto = f"auto -> none ({err})"
         except Exception as err:
-            cells.append(f"cannot build: {type(err).__name__}: {err}")
-        params = ", ".join(f"{k}={v}" for k, v in info.params.items())
-        table.add_row(name, params, "\n".join(cells), "yes" if info.supports_causal else "no",
-                      info.description)
-    console = Console()
-    console.print(table)
-    console.print(f"kernels: {', '.join(list_kernels())}")
-    console.print(_tasks_table())
-    console.print(f"model kinds: {', '.join(_model_kinds())}")
-    console.print(f"config presets (attn-bench sweep NAME): {', '.join(list_config_presets())}")
-    console.print(f"task presets (--preset, a grid's preset): {', '.join(list_task_presets())}")
+            cells, auto = [], f"cannot build: {type(err).__name__}: {err}"
+        params = ", ".join(f"{k}={v}" for k, v in info.params.items()) or "none"
+        lines += _wrapped(f"{name}: ", " ".join(str(info.description).split()), "    ")
+        lines += _wrapped("  params:  ", params, " " * 11)
+        lines += _wrapped("  kernels: ", ", ".join(cells), " " * 11)
+        lines += _wrapped("  auto:    ", auto.removeprefix("auto -> "), " " * 11)
+        lines += [f"  causal:  {'yes' if info.supports_causal else 'no'}", ""]
+    lines += _wrapped("kernels: ", ", ".join(list_kernels()), "  ")
+    lines += ["", *_tasks_lines(), ""]
+    lines += _wrapped("model kinds: ", ", ".join(_model_kinds()), "  ")
+    lines += _wrapped("config presets (attn-bench sweep NAME): ", ", ".join(list_config_presets()), "  ")
+    lines += _wrapped("task presets (--preset, a grid's preset): ", ", ".join(list_task_presets()), "  ")
+    typer.echo("\n".join(lines))
     for name, err in plugin_errors().items():
-        console.print(f"[red]plug-in {name} failed to load: {err}[/red]")
+        typer.secho(f"plug-in {name} failed to load: {err}", fg=typer.colors.RED)
 
 
 def _auto_picks(module: Any, device: str, dtype: Any, grad: bool) -> str:
@@ -100,19 +101,28 @@ def auto_by_length(module: Any, device: str, dtype: Any) -> str:
     return f"auto -> fwd: {forward}; bwd: {backward}"
 
 
-def _tasks_table() -> Any:
-    """The registered quality tasks: model kind, headline metric, task presets with settings."""
-    from rich.table import Table
+def _wrapped(head: str, text: str, indent: str) -> list[str]:
+    """``head`` and ``text`` wrapped to :data:`LIST_WIDTH` columns, continued at ``indent``;
+    words (``max_distance=128``, ``yes/no``) are never split."""
+    import textwrap
 
+    return textwrap.wrap(text, LIST_WIDTH, initial_indent=head, subsequent_indent=indent,
+                         break_long_words=False, break_on_hyphens=False) or [head.rstrip()]
+
+
+def _tasks_lines() -> list[str]:
+    """The registered quality tasks, one line each: model kind, headline metric, presets."""
     from bench.quality.tasks import list_tasks, task_info
 
-    table = Table(title="quality tasks (attn-bench train TASK; a grid's tasks)")
-    for column in ("task", "model kind", "headline metric", "presets"):
-        table.add_column(column, overflow="fold")
+    rows = [("task", "model kind", "headline metric", "presets")]
     for name in list_tasks():
         info = task_info(name)
-        table.add_row(name, info.model_kind(), info.metric_title, ", ".join(sorted(info.presets)))
-    return table
+        rows.append((name, info.model_kind(), info.metric_title, ", ".join(sorted(info.presets))))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = ["quality tasks (attn-bench train TASK; a grid's tasks)"]
+    for row in rows:
+        lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3])
+    return lines
 
 
 def _model_kinds() -> list[str]:

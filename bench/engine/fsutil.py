@@ -28,7 +28,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o666 & ~current_umask())  # as open() would make it (mkstemp: 0600)
+        os.fchmod(fd, new_file_mode())  # as open() would make it (mkstemp: 0600)
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -37,6 +37,12 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def new_file_mode() -> int:
+    """The mode ``open`` gives a new file in this process (0644 under umask 022): what a
+    file written through ``mkstemp`` (0600) is given before it is renamed into place."""
+    return 0o666 & ~current_umask()
 
 
 def current_umask() -> int:

@@ -89,6 +89,20 @@ def check_resume_environment(rows: list[dict[str, str]], env: dict[str, Any], dt
             "or use another --out")
 
 
+def check_resume(kept: list[Row], env: dict[str, Any], dtype: str, *, has_work: bool,
+                 local: bool = True) -> None:
+    """The resume check of a run (and of its dry run, :func:`plan_units`): ``kept`` rows
+    measured in another environment are a ``MixedEnvironmentError``. With work to do, every
+    field of :data:`bench.engine.provenance.RESUME_FIELDS` counts; with nothing to run, the
+    settings a case id lacks (:data:`SETTING_FIELDS`) and the dtype still count; the plan's
+    settings (:data:`PLAN_SETTINGS`: a speed sweep's noise threshold) count always. On a
+    cluster (``local`` False) the driver's device and threads say nothing of the nodes', so
+    only the code version, the plan's settings and the dtype are compared."""
+    fields = (*RESUME_FIELDS, *PLAN_SETTINGS) if has_work else SETTING_FIELDS
+    compared = fields if local else tuple(f for f in fields if f in ("git_sha", *PLAN_SETTINGS))
+    check_resume_environment(kept, env, dtype, compared)
+
+
 class RunRecorder:
     """Kept rows, environment segments and the results writer of one run directory."""
 
@@ -143,11 +157,8 @@ class RunRecorder:
         (:data:`SETTING_FIELDS`: the thread count, a speed sweep's noise policy) and the dtype
         are still compared, so a rerun with another thread count or noise threshold is
         refused rather than answered with the old rows."""
-        if not allow_mixed:  # with nothing to run, the settings a case id lacks still count
-            fields = (*RESUME_FIELDS, *PLAN_SETTINGS) if has_work else SETTING_FIELDS
-            compared = fields if local else tuple(f for f in fields
-                                                  if f in ("git_sha", *PLAN_SETTINGS))
-            check_resume_environment(self.kept, env, dtype, compared)
+        if not allow_mixed:
+            check_resume(self.kept, env, dtype, has_work=has_work, local=local)
         for read, unit_rows in self._rejected:
             _keep_rejected(read, unit_rows)
         self._rejected = []
@@ -345,12 +356,23 @@ class RunPlan(Protocol):
         ``None``)."""
 
 
-def plan_units(run_dir: Path, plan: RunPlan) -> Plan:
+def plan_units(run_dir: Path, plan: RunPlan, *, allow_mixed: bool = False,
+               local: bool = True) -> Plan:
     """What :func:`run_units` would do with ``plan`` in ``run_dir``, without running or
-    writing anything: every item and whether a resume keeps it (``done``) or runs it."""
+    writing anything: every item and whether a resume keeps it (``done``) or runs it.
+
+    A run that would be refused is refused here too, with the same
+    ``MixedEnvironmentError`` (a changed thread count, code version, device or dtype, unless
+    ``allow_mixed``; ``local`` False: a cluster executor, see :func:`check_resume`): a dry
+    run never lists as done what the run would not keep."""
     run_dir = Path(run_dir)
     kept = resumable_rows(run_dir, plan.file, plan.columns)
-    return Plan(run_dir, plan.noun, tuple(plan.preview(kept, run_dir)))
+    items = tuple(plan.preview(kept, run_dir))
+    if kept and not allow_mixed:
+        check_resume(kept, {**environment(plan.device, plan.threads), **plan.row_settings},
+                     plan.dtype, has_work=any(item.state != "done" for item in items),
+                     local=local)
+    return Plan(run_dir, plan.noun, items)
 
 
 def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | ExecutorSpec | None = None,
@@ -367,8 +389,8 @@ def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | ExecutorSpec
     shut down at the end either way); ``allow_mixed``: add rows to a directory measured in
     another environment; ``retry_failed``: run failed, timed-out and skipped rows again;
     ``overwrite``: discard the earlier rows; ``redo(row)``: also run again the kept rows for
-    which it holds (a speed sweep's ``--retry-noisy``); ``on_start(unit)``, ``on_done(unit, rows)``:
-    progress callbacks.
+    which it holds (a speed sweep's ``--retry-noisy``); ``on_start(unit)``,
+    ``on_done(unit, rows)``: progress callbacks.
     """
     import_plugins(plan.plugins)
     here = _runs_here(executor)

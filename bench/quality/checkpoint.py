@@ -29,6 +29,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from bench.engine.fsutil import new_file_mode
+
 _META = "attn_bench"
 _DIGEST = "attn_bench_sha256"
 #: suffix of a checkpoint moved aside because it failed verification
@@ -69,6 +71,7 @@ def save_checkpoint(path: str | Path, tensors: dict[str, Tensor], meta: dict[str
     os.close(fd)
     try:
         save_file(unique, tmp, metadata=metadata)
+        os.chmod(tmp, new_file_mode())  # readable as results and plots are, not mkstemp's 0600
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -22,6 +22,19 @@ from bench.speed.scaling import scaling_table
 
 REPORT_FILE = "report.md"
 PASSES = ("fwd", "bwd", "fwd_bwd", "train_step")
+#: what the scaling tables' less obvious columns mean, said once above them
+COLUMN_LEGEND = (
+    "Columns: `peak_fraction_at_max_n` is the case's achieved FLOP rate at its largest ok N "
+    "over the peak of a square matmul measured in the same run on the same device (1.0: as "
+    "fast as a plain matmul; empty where not measured, e.g. rows from other nodes); "
+    "`mask_emulated` is True when any of its ok rows computed the variant's sparse pattern as "
+    "a mask over all N x N scores (SDPA with a cached mask, a chunked or reference kernel) "
+    "instead of skipping the disallowed pairs: its time then grows as full attention's does, "
+    "whatever the pattern saves. `kernel` is the kernel that ran: `auto` switches with N, and "
+    "each kernel it ran is fitted on its own row; `noisy_dropped` counts the rows measured "
+    "under contention left out of that fit; `crossover_vs_full` is of the whole requested "
+    "curve, `not determined` (and why) without two lengths on each side whose spreads do not "
+    "overlap full attention's.")
 PROVENANCE = ["git_sha", "package_version", "device_name", "threads", "torch_version", "hostname"]
 
 
@@ -186,6 +199,7 @@ def build_report(run_dir: str | Path, points: int = 4,
              *_provenance(df, run_dir)]
     table = scaling_table(df, points)
     ranges = tuple(dict.fromkeys((*_config_fit_ranges(run_dir), *fit_ranges)))
+    parts += [COLUMN_LEGEND, ""]
     for pass_name in PASSES:
         if (table["pass"] == pass_name).any():
             parts += _pass_sections(df, table, pass_name, points, ranges)
