@@ -37,13 +37,14 @@ from bench.quality.grid_config import OVERRIDES as GRID_OVERRIDES
 from bench.quality.grid_config import GridConfig, is_grid, only_tasks, parse_grid
 from bench.speed.config import OVERRIDES as SWEEP_OVERRIDES
 from bench.speed.config import SweepConfig, apply_overrides, parse_config
+from bench.speed.noise import is_noisy
 from bench.speed.sweep import SweepPlan
 
 RunConfig = SweepConfig | GridConfig
 WorkPlan = SweepPlan | GridPlan
 
-__all__ = ["RunConfig", "WorkPlan", "default_run_dir", "load_run", "plan", "run", "run_plan",
-           "size_of"]
+__all__ = ["RunConfig", "WorkPlan", "default_run_dir", "load_run", "noisy_rows", "plan", "run",
+           "run_plan", "size_of"]
 
 
 def load_run(source: str | Path | Mapping[str, Any],
@@ -130,11 +131,23 @@ def plan(config: RunConfig | WorkPlan, run_dir: Path, *, allow_mixed: bool = Fal
 
 def run(config: RunConfig | WorkPlan, run_dir: Path, *,
         executor: Executor | ExecutorSpec | None = None, allow_mixed: bool = False,
-        retry_failed: bool = False, overwrite: bool = False,
+        retry_failed: bool = False, retry_noisy: bool = False, overwrite: bool = False,
         on_start: Callable[[Any], None] | None = None,
         on_done: Callable[[Any, Rows], None] | None = None) -> Rows:
     """Run every unit of ``config`` not done yet into ``run_dir``; the new rows
-    (:func:`bench.engine.rundir.run_units` says what each option does)."""
-    return run_units(run_dir, _work(config), executor=executor, allow_mixed=allow_mixed,
-                     retry_failed=retry_failed, overwrite=overwrite, on_start=on_start,
+    (:func:`bench.engine.rundir.run_units` says what each option does). ``retry_noisy``
+    (speed sweeps only): measure again the rows flagged noisy (:mod:`bench.speed.noise`)."""
+    work = _work(config)
+    return run_units(run_dir, work, executor=executor, allow_mixed=allow_mixed,
+                     retry_failed=retry_failed, overwrite=overwrite,
+                     redo=noisy_rows(work) if retry_noisy else None, on_start=on_start,
                      on_done=on_done)
+
+
+def noisy_rows(work: WorkPlan) -> Callable[[dict[str, Any]], bool]:
+    """What ``--retry-noisy`` measures again: rows flagged noisy (a speed sweep's only; a
+    ``ConfigError`` for a training grid, which has no such flag)."""
+    if isinstance(work, GridPlan):
+        raise ConfigError("--retry-noisy: only a speed sweep flags noisy rows; a training grid "
+                          "(kind: quality) has none (--retry-failed retrains failed runs)")
+    return is_noisy

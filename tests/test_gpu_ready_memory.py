@@ -19,7 +19,7 @@ from bench.speed.cases import Case
 from bench.speed.rounds import CaseRun, run_rounds
 
 KERNELS = ("reference", "sdpa", "flex")
-DEVICE_COMMANDS = ("prepare", "time", "finish")
+DEVICE_COMMANDS = ("prepare", "time", "probe", "finish")
 
 
 def _case(kernel: str, device: str, passes: tuple[str, ...] = ("fwd", "bwd")) -> Case:
@@ -60,6 +60,8 @@ def _fake_worker(log: list[tuple[str, str]]) -> type:
                 return ("finished", {"kernel": self.kernel, "kernel_path": self.kernel})
             if command == "release":
                 return ("released", 0)
+            if command == "probe":  # the calibration probe before and after the rounds
+                return ("probed", 0.0004)
             raise AssertionError(f"unexpected message {message!r}")
 
         def kill(self) -> None:

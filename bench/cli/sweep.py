@@ -33,6 +33,10 @@ _OPTION_NAMES = {"variants": "--variant", "kernels": "--kernel", "seq_len": "--s
                  "tasks": "--task"}
 
 
+#: the count of new rows flagged noisy, beside the counts by status
+NOISY = "(noisy)"
+
+
 @contextlib.contextmanager
 def _named_by_options(overrides: dict[str, Any]) -> Iterator[None]:
     """A ``ConfigError`` about a config key an option set names the option instead
@@ -96,6 +100,9 @@ def sweep(
         "--resume", help="Skip finished cases (the default; kept for clarity).")] = True,
     retry_failed: Annotated[bool, typer.Option(
         "--retry-failed", help="Measure failed, timed-out and skipped cases again; keep the rest.")] = False,
+    retry_noisy: Annotated[bool, typer.Option(
+        "--retry-noisy", help="Measure again the rows flagged noisy (measured under contention: "
+                              "see the report's top); keep the rest.")] = False,
     allow_mixed: Annotated[bool, typer.Option(
         "--allow-mixed", help="Add rows to a run measured on another commit, device, dtype or "
                               "thread count (the report lists where each row came from).")] = False,
@@ -128,10 +135,16 @@ def sweep(
         console = make_console(stderr=True)
         statuses = _run_with_progress(
             work, run_dir, console, ExecutorSpec(executor, address, connect_timeout_s),
-            allow_mixed=allow_mixed, retry_failed=retry_failed, overwrite=overwrite)
+            allow_mixed=allow_mixed, retry_failed=retry_failed, retry_noisy=retry_noisy,
+            overwrite=overwrite)
+    noisy = statuses.pop(NOISY, 0)
     summary = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())) or "nothing new"
     console.print(f"{run_dir}: {summary} rows this run ({size_of(work)})", markup=False,
                   highlight=False)
+    if noisy:
+        console.print(f"{noisy} of them noisy (measured under contention; fits and crossovers "
+                      "leave them out): rerun with --retry-noisy to measure them again",
+                      markup=False, highlight=False)
     written = _report_and_plot(run_dir, console) if plots else []
     console.print(_where_results_are(run_dir / work.file, written), markup=False, highlight=False)
 
@@ -151,7 +164,8 @@ def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
                        **options: Any) -> dict[str, int]:
     """:func:`bench.runner.run` of ``work`` (a sweep's or a grid's plan) under a progress bar;
     Ctrl-C, SIGTERM and SIGHUP stop it cleanly; each finished unit is one line in a log
-    (CI) with what its rows say (``work.outcome``)."""
+    (CI) with what its rows say (``work.outcome``). Returns the new rows by status, and
+    under :data:`NOISY` how many of them were flagged noisy."""
     from rich.markup import escape
     from rich.progress import (
         BarColumn,
@@ -173,6 +187,7 @@ def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
     # run directory, a corrupt file in it) prints its one line and no progress bar
     progress = Progress(*columns, console=console, transient=False)
     todo = _todo(work, run_dir, retry_failed=options.get("retry_failed", False),
+                 retry_noisy=options.get("retry_noisy", False),
                  overwrite=options.get("overwrite", False))
     key, counted = _key_column(work), set()
     task = progress.add_task("starting", total=len(todo))
@@ -188,6 +203,8 @@ def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
         progress.advance(task, len(items))
         for row in rows:
             statuses[row["status"]] = statuses.get(row["status"], 0) + 1
+            if row.get("noisy") is True:
+                statuses[NOISY] = statuses.get(NOISY, 0) + 1
         if not console.is_terminal:  # logs (CI): one line per finished unit
             console.print(f"{unit.describe()}: {work.outcome(rows)}", markup=False, highlight=False)
 
@@ -211,15 +228,16 @@ def _key_column(work: Any) -> str:
     return "case_id" if "case_id" in work.columns else "unit_id"
 
 
-def _todo(work: Any, run_dir: Path, *, retry_failed: bool, overwrite: bool) -> set[str]:
+def _todo(work: Any, run_dir: Path, *, retry_failed: bool, overwrite: bool,
+          retry_noisy: bool = False) -> set[str]:
     """The ids of the items (cases, training runs) this run measures: the progress bar's
-    total (what the dry run says is to do, plus the failed ones with ``--retry-failed``,
-    everything with ``--overwrite``)."""
+    total (what the dry run says is to do, plus the failed ones with ``--retry-failed`` and
+    the noisy ones with ``--retry-noisy``, everything with ``--overwrite``)."""
     import warnings
 
     from bench.engine.results import RETRY_STATUSES
     from bench.engine.rundir import resumable_rows
-    from bench.runner import plan
+    from bench.runner import noisy_rows, plan
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the run itself names each damaged line once
@@ -228,10 +246,11 @@ def _todo(work: Any, run_dir: Path, *, retry_failed: bool, overwrite: bool) -> s
         if overwrite:
             return every
         todo = {item.key for item in items if item.state != "done"}
-        if retry_failed:
+        redo = noisy_rows(work) if retry_noisy else (lambda _row: False)
+        if retry_failed or retry_noisy:
             key = _key_column(work)
             todo |= every & {row[key] for row in resumable_rows(run_dir, work.file, work.columns)
-                             if row["status"] in RETRY_STATUSES}
+                             if (retry_failed and row["status"] in RETRY_STATUSES) or redo(row)}
     return todo
 
 

@@ -54,7 +54,7 @@ def list_command(
                     marks.append("yes" if not why else "no")
                 cells.append(f"{kernel} {'/'.join(marks)}")
             try:
-                auto = f"auto -> {module.resolve_kernel(AttentionCall(device, torch_dtype))}"
+                auto = auto_by_length(module, device, torch_dtype)
             except NotImplementedError as err:
                 auto = f"auto -> none ({err})"
         except Exception as err:
@@ -73,6 +73,32 @@ def list_command(
     typer.echo("\n".join(lines))
     for name, err in plugin_errors().items():
         typer.secho(f"plug-in {name} failed to load: {err}", fg=typer.colors.RED)
+
+
+def _auto_picks(module: Any, device: str, dtype: Any, grad: bool) -> str:
+    """What ``auto`` runs for ``module``'s self-attention as a function of N (forward, or
+    with gradients): one kernel, or the short-call kernel below the limit and the other
+    from it (:mod:`attn.kernels.auto`)."""
+    from attn import AttentionCall
+    from attn.kernels.auto import short_keys
+
+    def pick(n: int | None) -> str:
+        return module.resolve_kernel(AttentionCall(device, dtype, False, grad, n, n))
+
+    limit = short_keys(module.pattern(), device)
+    if limit is None or pick(limit - 1) == pick(limit):
+        return pick(limit)
+    return f"{pick(limit - 1)} for N < {limit}, {pick(limit)} from N = {limit}"
+
+
+def auto_by_length(module: Any, device: str, dtype: Any) -> str:
+    """``auto -> ...`` for ``attn-bench list``: the kernels ``auto`` picks by sequence length
+    (``auto -> sdpa for N < 768, blocked from N = 768``), the forward's and the backward's
+    apart only where they differ."""
+    forward, backward = (_auto_picks(module, device, dtype, grad) for grad in (False, True))
+    if forward == backward:
+        return f"auto -> {forward}"
+    return f"auto -> fwd: {forward}; bwd: {backward}"
 
 
 def _wrapped(head: str, text: str, indent: str) -> list[str]:

@@ -229,3 +229,29 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int | None
     timer = CallTimer(lambda: torch.matmul(a, b), None, device)
     steady_warmup(timer.time_once, warm_up or WARM_UPS.get(device.type, WARM_UPS["cpu"]))
     return 2 * size**3 / min(timer.time_once() for _ in range(repeats))
+
+
+#: side of the calibration probe's square float32 matmul (:func:`calibration_probe`)
+PROBE_SIZE = 256
+
+
+def calibration_probe(device: torch.device, calls: int = 7, size: int = PROBE_SIZE) -> float:
+    """Seconds of a fixed small float32 matmul on ``device``: the median of ``calls`` timed
+    calls after one warm-up (host clock, synchronised on CUDA: no cache flush, nothing kept).
+    The same work everywhere, so a probe that takes longer after a pass's timed rounds than
+    before them says the machine got busier meanwhile."""
+    a = torch.ones(size, size, device=device)  # (S, S)
+    cuda = device.type == "cuda"
+
+    def once() -> float:
+        if cuda:
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        torch.matmul(a, a)
+        if cuda:
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
+    once()
+    times = sorted(once() for _ in range(calls))
+    return times[len(times) // 2]

@@ -41,6 +41,8 @@ COLUMNS = [
     "compile_ms", "setup_ms", "setup_mem_bytes", "peak_mem_bytes", "rss_peak_bytes", "flops",
     "flops_kind", "density", "tflops", "peak_fraction", "mask_emulated", "fallback",
     "interleave_id", "interleaved", "threads", *ROW_FIELDS,
+    # added later (bench.speed.noise): files without them read as rows judged by their spread
+    "time_spread", "probe_ms", "noisy", "noise_threshold",
 ]
 #: the matched-compute columns of a training row (:mod:`bench.quality.budget`; ``budget_x``
 #: empty: an equal-steps run)
@@ -194,9 +196,11 @@ SPEED = RowSchema(
         Column("status", "choice", required=True, allowed=SPEED_STATUSES),
         *_numbers(("time_ms", "time_iqr_ms", "estimate_ms", "first_call_ms", "compile_ms",
                    "setup_ms", "setup_mem_bytes", "peak_mem_bytes", "rss_peak_bytes", "flops",
-                   "density", "tflops", "peak_fraction")),
+                   "density", "tflops", "peak_fraction", "time_spread", "noise_threshold")),
         Column("repeats", "int", minimum=1),
         Column("times_ms", "json"),
+        Column("probe_ms", "json"),
+        Column("noisy", "bool"),
         Column("mask_emulated", "bool"),
         Column("interleaved", "int", minimum=1),
         Column("threads", "int", minimum=1),

@@ -62,7 +62,10 @@ Chain = Generator[Any, Rows, None]
 
 #: environment fields that a config sets and that change what is measured, though no case or
 #: unit id holds them: a run directory holds rows of one value unless ``--allow-mixed``
-SETTING_FIELDS = ("threads",)
+SETTING_FIELDS = ("threads", "noise_threshold")
+#: of those, the ones a plan sets (:attr:`RunPlan.row_settings`) rather than the machine:
+#: compared on a cluster too, where the driver's machine says nothing of the nodes'
+PLAN_SETTINGS = ("noise_threshold",)
 
 
 class MixedEnvironmentError(ValueError):
@@ -72,7 +75,7 @@ class MixedEnvironmentError(ValueError):
 def check_resume_environment(rows: list[dict[str, str]], env: dict[str, Any], dtype: str,
                              fields: tuple[str, ...] = RESUME_FIELDS) -> None:
     """``MixedEnvironmentError`` naming what differs between existing rows and this run."""
-    current = {**{k: str(env[k]) for k in fields}, "dtype": dtype}
+    current = {**{k: str(env[k]) for k in fields if k in env}, "dtype": dtype}
     differences: dict[str, set[str]] = {}
     for row in rows:
         for key, value in current.items():
@@ -91,11 +94,13 @@ def check_resume(kept: list[Row], env: dict[str, Any], dtype: str, *, has_work: 
     """The resume check of a run (and of its dry run, :func:`plan_units`): ``kept`` rows
     measured in another environment are a ``MixedEnvironmentError``. With work to do, every
     field of :data:`bench.engine.provenance.RESUME_FIELDS` counts; with nothing to run, the
-    settings a case id lacks (:data:`SETTING_FIELDS`) and the dtype still count. On a cluster
-    (``local`` False) the driver's device and threads say nothing of the nodes', so only the
-    code version and the dtype are compared."""
-    fields = RESUME_FIELDS if has_work else SETTING_FIELDS
-    check_resume_environment(kept, env, dtype, fields if local else tuple(set(fields) & {"git_sha"}))
+    settings a case id lacks (:data:`SETTING_FIELDS`) and the dtype still count; the plan's
+    settings (:data:`PLAN_SETTINGS`: a speed sweep's noise threshold) count always. On a
+    cluster (``local`` False) the driver's device and threads say nothing of the nodes', so
+    only the code version, the plan's settings and the dtype are compared."""
+    fields = (*RESUME_FIELDS, *PLAN_SETTINGS) if has_work else SETTING_FIELDS
+    compared = fields if local else tuple(f for f in fields if f in ("git_sha", *PLAN_SETTINGS))
+    check_resume_environment(kept, env, dtype, compared)
 
 
 class RunRecorder:
@@ -103,7 +108,7 @@ class RunRecorder:
 
     def __init__(self, run_dir: Path, *, file: str, columns: list[str],
                  key: Callable[[Row], tuple], overwrite: bool = False,
-                 retry_failed: bool = False) -> None:
+                 retry_failed: bool = False, redo: Callable[[Row], bool] | None = None) -> None:
         self.run_dir, self.file, self.columns = Path(run_dir), file, columns
         self.overwrite = overwrite
         #: damaged lines (and the other rows of their units), kept in <file>.rejected at start
@@ -119,7 +124,8 @@ class RunRecorder:
         self.kept: list[Row] = []
         for row in existing:
             k = key(row)
-            if k in seen or (retry_failed and row["status"] in RETRY_STATUSES):
+            if (k in seen or (retry_failed and row["status"] in RETRY_STATUSES)
+                    or (redo is not None and redo(row))):
                 continue
             seen.add(k)
             self.kept.append(row)
@@ -148,8 +154,9 @@ class RunRecorder:
         (``local`` False) the driver's device and threads say nothing of the nodes', so only
         the code version and the dtype are compared. With nothing to run (every unit kept)
         the config's settings that change a measurement but not a unit's id
-        (:data:`SETTING_FIELDS`: the thread count) and the dtype are still compared, so a
-        rerun with another thread count is refused rather than answered with the old rows."""
+        (:data:`SETTING_FIELDS`: the thread count, a speed sweep's noise policy) and the dtype
+        are still compared, so a rerun with another thread count or noise threshold is
+        refused rather than answered with the old rows."""
         if not allow_mixed:
             check_resume(self.kept, env, dtype, has_work=has_work, local=local)
         for read, unit_rows in self._rejected:
@@ -165,10 +172,13 @@ class RunRecorder:
     def record(self, rows: list[Row]) -> None:
         """Append ``rows``, which carry the environment of the machine that ran them (the
         executor stamped it, :mod:`bench.engine.executors.base`). A row that does not say its
-        thread count ran with this run segment's: the resume check compares it."""
+        thread count ran with this run segment's, and every row records the plan's settings
+        (:data:`SETTING_FIELDS`): the resume check compares them."""
         assert self.writer is not None, "start() first"
         for row in rows:
-            row.setdefault("threads", self.env["threads"])
+            for name in SETTING_FIELDS:
+                if name in self.env:
+                    row.setdefault(name, self.env[name])
         self.writer.append(rows)
 
 
@@ -302,6 +312,11 @@ class RunPlan(Protocol):
         """The dtype a resume must share with the rows already there."""
 
     @property
+    def row_settings(self) -> dict[str, Any]:
+        """Settings of the whole run that every row records and a resume compares
+        (:data:`PLAN_SETTINGS`; ``{}``: none)."""
+
+    @property
     def config_file(self) -> str:
         """Where the resolved config of a segment with work is written (``sweep.json``)."""
 
@@ -354,13 +369,15 @@ def plan_units(run_dir: Path, plan: RunPlan, *, allow_mixed: bool = False,
     kept = resumable_rows(run_dir, plan.file, plan.columns)
     items = tuple(plan.preview(kept, run_dir))
     if kept and not allow_mixed:
-        check_resume(kept, environment(plan.device, plan.threads), plan.dtype,
-                     has_work=any(item.state != "done" for item in items), local=local)
+        check_resume(kept, {**environment(plan.device, plan.threads), **plan.row_settings},
+                     plan.dtype, has_work=any(item.state != "done" for item in items),
+                     local=local)
     return Plan(run_dir, plan.noun, items)
 
 
 def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | ExecutorSpec | None = None,
               allow_mixed: bool = False, retry_failed: bool = False, overwrite: bool = False,
+              redo: Callable[[Row], bool] | None = None,
               on_start: Callable[[Any], None] | None = None,
               on_done: Callable[[Any, Rows], None] | None = None) -> Rows:
     """Run every unit ``plan`` still has into ``run_dir`` (locked, resumable); the new rows.
@@ -371,8 +388,9 @@ def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | ExecutorSpec
     an :class:`ExecutorSpec` made here once the device is checked; default the local one;
     shut down at the end either way); ``allow_mixed``: add rows to a directory measured in
     another environment; ``retry_failed``: run failed, timed-out and skipped rows again;
-    ``overwrite``: discard the earlier rows; ``on_start(unit)``, ``on_done(unit, rows)``:
-    progress callbacks.
+    ``overwrite``: discard the earlier rows; ``redo(row)``: also run again the kept rows for
+    which it holds (a speed sweep's ``--retry-noisy``); ``on_start(unit)``,
+    ``on_done(unit, rows)``: progress callbacks.
     """
     import_plugins(plan.plugins)
     here = _runs_here(executor)
@@ -384,8 +402,8 @@ def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | ExecutorSpec
     executor = executor or LocalExecutor(plan.device)
     try:
         return _run_locked(run_dir, plan, executor, allow_mixed=allow_mixed,
-                           retry_failed=retry_failed, overwrite=overwrite, on_start=on_start,
-                           on_done=on_done)
+                           retry_failed=retry_failed, overwrite=overwrite, redo=redo,
+                           on_start=on_start, on_done=on_done)
     finally:
         executor.shutdown()
 
@@ -399,15 +417,17 @@ def _runs_here(executor: Executor | ExecutorSpec | None) -> bool:
 
 
 def _run_locked(run_dir: Path, plan: RunPlan, executor: Executor, *, allow_mixed: bool,
-                retry_failed: bool, overwrite: bool, on_start: Callable[[Any], None] | None,
+                retry_failed: bool, overwrite: bool, redo: Callable[[Row], bool] | None,
+                on_start: Callable[[Any], None] | None,
                 on_done: Callable[[Any, Rows], None] | None) -> Rows:
     """:func:`run_units` once the executor is made: the directory locked, kept rows, the
     segment started, the chains driven."""
     with RunLock(run_dir):
         recorder = RunRecorder(run_dir, file=plan.file, columns=plan.columns, key=plan.key,
-                               overwrite=overwrite, retry_failed=retry_failed)
+                               overwrite=overwrite, retry_failed=retry_failed, redo=redo)
         chains = plan.chains(recorder)
-        env = environment(plan.device, plan.threads, probe=isinstance(executor, LocalExecutor))
+        env = {**environment(plan.device, plan.threads, probe=isinstance(executor, LocalExecutor)),
+               **plan.row_settings}
         recorder.start(env, dtype=plan.dtype, allow_mixed=allow_mixed, has_work=bool(chains),
                        config=plan.settings(), config_file=plan.config_file,
                        local=isinstance(executor, LocalExecutor))

@@ -12,6 +12,8 @@ Import this module (config key ``plugins: [bench.engine.testing]``) to register:
 - ``bench_phases(first_s, fwd_s, bwd_s, bwd_nbytes)``: a first call that is slower by
   ``first_s`` (lazy start-up), then ``fwd_s`` per forward and ``bwd_s`` per backward, and a
   ``bwd_nbytes`` temporary in the backward (known time and memory per pass);
+- ``bench_jitter(seconds, slow, every)``: sleeps ``seconds``, and ``seconds * slow`` on
+  every ``every``-th call (a known, wide spread of repeats: a noisy row);
 - ``bench_crash(how)``: dies in the forward: ``abort`` (SIGABRT), ``kill`` (SIGKILL, as a
   user or the OOM killer does), ``rt`` (a real-time signal, SIGRTMIN+6), ``exit`` (exit
   code 3), ``hang`` (sleeps in C, ignoring SIGTERM, until killed) or ``spawn`` (starts a
@@ -169,6 +171,22 @@ class PhasesAttention(_Trivial):
         return _SleepyBackward.apply(self._output(q, v), self.bwd_s, self.bwd_nbytes)
 
 
+@register_attention("bench_jitter", overwrite=True)
+class JitterAttention(_Trivial):
+    """Test variant: sleeps ``seconds`` on most calls and ``seconds * slow`` on every
+    ``every``-th one, as a case timed on a busy machine does (a known, wide spread)."""
+
+    def __init__(self, seconds: float = 0.01, slow: float = 6.0, every: int = 2, **common) -> None:
+        super().__init__(**common)
+        self.seconds, self.slow, self.every = float(seconds), float(slow), int(every)
+        self.calls = 0
+
+    def native_forward(self, q, k, v, causal, key_mask):
+        self.calls += 1
+        time.sleep(self.seconds * (self.slow if self.calls % self.every == 0 else 1.0))
+        return self._output(q, v)
+
+
 @register_attention("bench_crash", overwrite=True)
 class CrashAttention(_Trivial):
     """Test variant: the process dies (or hangs) during the forward.
@@ -218,8 +236,8 @@ class WrongAttention(Attention):
         return dense_attention(q, k, v, causal=causal, key_mask=key_mask)  # ignores the window
 
 
-TEST_VARIANTS = ("bench_sleep", "bench_alloc", "bench_fragment", "bench_phases", "bench_crash",
-                 "bench_wrong")
+TEST_VARIANTS = ("bench_sleep", "bench_alloc", "bench_fragment", "bench_phases", "bench_jitter",
+                 "bench_crash", "bench_wrong")
 
 
 def unregister_test_variants() -> None:

@@ -159,6 +159,11 @@ class GridPlan:
     def threads(self) -> int | None:
         return self.config.threads
 
+    @property
+    def row_settings(self) -> dict[str, Any]:
+        """None: a training row's settings are in its unit id (superseded when changed)."""
+        return {}
+
     def key(self, row: dict[str, Any]) -> tuple:
         return (row["unit_id"], row["split"], row["metric"], row["condition"])
 

@@ -20,6 +20,7 @@ from attn import attention_info
 from attn.pattern import Pattern
 from bench.speed.config import SweepConfig
 from bench.speed.memory import estimate_bytes, fits, pattern_of
+from bench.speed.noise import DEFAULT_THRESHOLD
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,9 @@ class Case:
     min_repeats: int = 5
     workload: str = "attention"  # or "model_step" (see bench.speed.model_step)
     model: tuple[tuple[str, Any], ...] = ()  # model settings of a model_step case
+    #: the noise policy (bench.speed.noise): how a row is flagged, not what is measured, so
+    #: not in the id (a run-directory setting a resume compares, rundir.SETTING_FIELDS)
+    noise_threshold: float = DEFAULT_THRESHOLD
 
     @property
     def params_dict(self) -> dict[str, Any]:
@@ -134,6 +138,7 @@ def expand_cases(config: SweepConfig) -> list[Case]:
                     max_memory_gb=config.max_memory_gb, threads=config.threads,
                     time_budget_s=config.time_budget_s, plugins=config.plugins,
                     min_repeats=config.min_repeats, workload=config.workload, model=config.model,
+                    noise_threshold=config.noise_threshold,
                 ))
     return cases
 

@@ -31,6 +31,7 @@ from bench.engine.config import (
 )
 from bench.engine.labels import variant_label
 from bench.engine.messages import cut, shown
+from bench.speed.noise import DEFAULT_THRESHOLD
 
 PASSES = ("fwd", "bwd", "fwd_bwd")
 #: what a case measures: one attention call, or one training step of a whole model
@@ -99,6 +100,9 @@ class SweepConfig:
     skip_larger_after_failure: bool = True
     peak_matmul_size: int | None = None  # side of the square matmul giving the FLOP/s peak
     fit_ranges: tuple[tuple[int, int], ...] = ()  # extra exponent fits in the report, [lo, hi] N
+    #: a row whose repeats' spread (IQR / median) or calibration probe change exceeds this is
+    #: flagged noisy (bench.speed.noise); fits and crossovers leave noisy rows out
+    noise_threshold: float = DEFAULT_THRESHOLD
     description: str = ""
 
 
@@ -249,6 +253,8 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
         skip_larger_after_failure=check_key(require_bool, "skip_larger_after_failure",
                                          get("skip_larger_after_failure")),
         fit_ranges=_fit_ranges("fit_ranges", get("fit_ranges")),
+        noise_threshold=float(check_key(require_number, "noise_threshold", get("noise_threshold"),
+                                        minimum=0.01)),
     )
     _check_model_step_dtype(config)
     _check_has_cases(config)

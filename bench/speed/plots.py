@@ -1,9 +1,13 @@
 """Scaling plots: log-log time and memory against N, one panel per pass, one colour per variant.
 
-Time curves are medians with a band from the 25th to the 75th percentile of the repeats;
-memory is the tensor-level peak. Dashed slope-1 and slope-2 guides are anchored at the
-smallest N of each panel. Written as ``scaling.png`` and ``scaling.svg`` into the run
-directory.
+One line per variant, requested kernel and kernel that actually ran: ``auto``'s SDPA rows at
+short N and its blocked rows above are two segments, each named in the legend (``window
+[auto: sdpa]``, ``window [auto: blocked]``), as the report fits them. Rows flagged noisy are
+crosses off the lines (:mod:`bench.speed.noise`). Time curves are medians with a band from
+the 25th to the 75th percentile of the repeats; memory is the tensor-level peak. Dashed
+slope-1 and slope-2 guides are anchored at the smallest N of each panel that has two lengths
+or more (the title names them only then). Written as ``scaling.png`` and ``scaling.svg``
+into the run directory.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from bench.speed.results import load_results
+from bench.speed.scaling import kernel_ran
 
 PLOT_STEM = "scaling"
 _METRICS = (("time_ms", "median time (ms), band: IQR of repeats"),
@@ -29,24 +34,72 @@ def _quartiles(times_ms: str, median: float) -> tuple[float, float]:
     return float(q25), float(q75)
 
 
-def _bands(ax, data: pd.DataFrame, palette: dict) -> None:
-    """A translucent IQR band around each time curve."""
-    for (label, _kernel), curve in data.groupby(["label", "kernel"]):
+#: markers of the kernels that ran (others: a circle)
+MARKERS = {"sdpa": "o", "blocked": "s", "chunked": "D", "flex": "^", "native": "P",
+           "xformers": "v", "reference": "X"}
+NOISY_LEGEND = "noisy (left out of fits)"
+
+
+def segment_name(label: str, requested: str, ran: str) -> str:
+    """A curve segment's legend entry: the variant and the kernel that ran, after the one
+    requested when they differ (``window [auto: sdpa]``, ``window [auto: blocked]``)."""
+    return f"{label} [{ran if ran == requested else f'{requested}: {ran}'}]"
+
+
+def _curves(ax, data: pd.DataFrame, metric: str, palette: dict) -> None:
+    """One line per (variant, requested kernel, kernel that ran), with an IQR band for time,
+    so that ``auto``'s switch from SDPA to blocked is two named segments; noisy rows as
+    crosses, off the lines."""
+    quiet, noisy = data[~data.noisy], data[data.noisy]
+    groups = sorted(quiet.groupby(["label", "kernel_requested", "ran"]),
+                    key=lambda group: (*group[0][:2], group[1].seq_len.min()))
+    for (label, requested, ran), curve in groups:  # a curve's segments in order of N
         curve = curve.sort_values("seq_len")
-        ax.fill_between(curve.seq_len, curve.time_q25, curve.time_q75, color=palette[label],
-                        alpha=0.2, linewidth=0)
+        color = palette[label]
+        ax.plot(curve.seq_len, curve[metric], marker=MARKERS.get(ran, "o"), color=color,
+                label=segment_name(label, requested, ran))
+        if metric == "time_ms":
+            ax.fill_between(curve.seq_len, curve.time_q25, curve.time_q75, color=color,
+                            alpha=0.2, linewidth=0)
+    for label, points in noisy.groupby("label"):
+        ax.scatter(points.seq_len, points[metric], marker="x", color=palette[label], s=40)
 
 
-def _guides(ax, data: pd.DataFrame, column: str) -> None:
+def _legend(fig, axes, noisy: bool) -> None:
+    """One legend for the figure: every panel's entries, each once, in order, and a grey
+    cross for the noisy rows when there are any."""
+    from matplotlib.lines import Line2D
+
+    entries: dict[str, object] = {}
+    for ax in np.ravel(axes):
+        for handle, name in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(name, handle)
+    if noisy:
+        entries[NOISY_LEGEND] = Line2D([], [], marker="x", linestyle="", color="grey")
+    fig.legend(list(entries.values()), list(entries), loc="center left",
+               bbox_to_anchor=(1.0, 0.5), frameon=False)
+
+
+def _guides(ax, data: pd.DataFrame, column: str) -> bool:
+    """Dashed slope-1 and dotted slope-2 guides from the panel's smallest N; ``False`` (none
+    drawn) when the panel has fewer than two lengths."""
     values = data[data[column] > 0]
     if values.empty or values.seq_len.nunique() < 2:
-        return
+        return False
     n0, n1 = float(values.seq_len.min()), float(values.seq_len.max())
     y0 = float(np.exp(np.log(values[values.seq_len == n0][column]).mean()))
     xs = np.array([n0, n1])
     for slope, style in ((1, "--"), (2, ":")):
         ax.plot(xs, y0 * (xs / n0) ** slope, style, color="grey", linewidth=1.2,
                 label=f"slope {slope}")
+    return True
+
+
+def figure_title(name: str, meta: pd.Series, guided: bool) -> str:
+    """The figure's title: the run and its shape, and the slope guides only when drawn."""
+    text = (f"{name}: B={meta['batch']} H={meta['heads']} D={meta['head_dim']} "
+            f"{meta['dtype']} on {meta['device']} ({meta['device_name']})")
+    return text + ("; dashed: slope 1, dotted: slope 2" if guided else "")
 
 
 def plot_run(run_dir: str | Path) -> list[Path]:
@@ -64,7 +117,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
         raise ValueError(f"{run_dir}: no ok rows to plot")
     ok["peak_mem_mib"] = ok.peak_mem_bytes / 2**20
     ok["seq_len"] = ok.seq_len.astype(float)
-    ok["kernel"] = ok.kernel_requested
+    ok["ran"] = kernel_ran(ok)
     quartiles = [_quartiles(t, m) for t, m in zip(ok.times_ms, ok.time_ms)]
     ok["time_q25"] = [q[0] for q in quartiles]
     ok["time_q75"] = [q[1] for q in quartiles]
@@ -74,29 +127,21 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     sns.set_theme(style="whitegrid", context="paper")
     fig, axes = plt.subplots(len(_METRICS), len(passes), figsize=(5.2 * len(passes), 8.5),
                              squeeze=False)
+    guided = False
     for col, pass_name in enumerate(passes):
         data = ok[ok["pass"] == pass_name]
         for row, (metric, title) in enumerate(_METRICS):
             ax = axes[row][col]
-            sns.lineplot(data=data, x="seq_len", y=metric, hue="label", style="kernel",
-                         markers=True, dashes=False, palette=palette, ax=ax,
-                         legend=(row == 0 and col == len(passes) - 1), errorbar=None)
-            if metric == "time_ms":
-                _bands(ax, data, palette)
-            _guides(ax, data, metric)
+            _curves(ax, data, metric, palette)
+            guided = _guides(ax, data, metric) or guided
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("sequence length N")
             ax.set_ylabel(title)
             ax.set_title(f"{pass_name}: {title.split(' (')[0]}")
-    handles, names = axes[0][-1].get_legend_handles_labels()  # curves, then the two guides
-    if axes[0][-1].get_legend() is not None:
-        axes[0][-1].get_legend().remove()
-    fig.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+    _legend(fig, axes, bool(ok.noisy.any()))
     meta = df.iloc[0]
-    fig.suptitle(f"{run_dir.name}: B={meta['batch']} H={meta['heads']} D={meta['head_dim']} "
-                 f"{meta['dtype']} on {meta['device']} ({meta['device_name']}); "
-                 "dashed: slope 1, dotted: slope 2")
+    fig.suptitle(figure_title(run_dir.name, meta, guided))
     fig.tight_layout()
     paths = [run_dir / f"{PLOT_STEM}.png", run_dir / f"{PLOT_STEM}.svg"]
     for path in paths:

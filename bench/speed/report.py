@@ -1,5 +1,7 @@
-"""Markdown report of a speed run: provenance, scaling fits, interleaved ratios, times with
-their spread and repeats, memory, and the rows that did not run."""
+"""Markdown report of a speed run: a warning at the top when rows were measured under
+contention (with the command that measures them again), provenance, scaling fits,
+interleaved ratios, times with their spread and repeats, memory, the noisy rows and the rows
+that did not run."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from bench.engine.config import list_config_presets
 from bench.engine.fsutil import atomic_write_text, read_json
 from bench.engine.markdown import cell, markdown_table
 from bench.engine.results import read_env
+from bench.speed.noise import DEFAULT_THRESHOLD, row_verdict
 from bench.speed.results import load_results
 from bench.speed.scaling import scaling_table
 
@@ -26,7 +30,11 @@ COLUMN_LEGEND = (
     "`mask_emulated` is True when any of its ok rows computed the variant's sparse pattern as "
     "a mask over all N x N scores (SDPA with a cached mask, a chunked or reference kernel) "
     "instead of skipping the disallowed pairs: its time then grows as full attention's does, "
-    "whatever the pattern saves.")
+    "whatever the pattern saves. `kernel` is the kernel that ran: `auto` switches with N, and "
+    "each kernel it ran is fitted on its own row; `noisy_dropped` counts the rows measured "
+    "under contention left out of that fit; `crossover_vs_full` is of the whole requested "
+    "curve, `not determined` (and why) without two lengths on each side whose spreads do not "
+    "overlap full attention's.")
 PROVENANCE = ["git_sha", "package_version", "device_name", "threads", "torch_version", "hostname"]
 
 
@@ -39,8 +47,9 @@ def _pivot(df: pd.DataFrame, cell: pd.Series) -> pd.DataFrame:
 
 
 def _time_cells(df: pd.DataFrame) -> pd.Series:
-    """``median (iqr X, n=R)`` in ms."""
-    return df.apply(lambda r: f"{cell(r.time_ms)} (iqr {cell(r.time_iqr_ms)}, n={cell(r.repeats)})",
+    """``median (iqr X, n=R)`` in ms; ``, noisy`` added for a row flagged noisy."""
+    return df.apply(lambda r: f"{cell(r.time_ms)} (iqr {cell(r.time_iqr_ms)}, n={cell(r.repeats)}"
+                              f"{', noisy' if r.noisy else ''})",
                     axis=1) if len(df) else pd.Series(dtype=str)
 
 
@@ -84,19 +93,59 @@ def _provenance(df: pd.DataFrame, run_dir: Path) -> list[str]:
     return [*parts, "", markdown_table(table), ""]
 
 
+def _saved_config(run_dir: Path) -> dict:
+    """The resolved config the sweep saved in the run (``sweep.json``; ``{}``: none)."""
+    saved = run_dir / "sweep.json"
+    return read_json(saved, what="sweep config") if saved.exists() else {}
+
+
+def retry_noisy_command(run_dir: Path) -> str:
+    """The command that measures the noisy rows of ``run_dir`` again: the sweep's config by
+    its preset name when it is one (``CONFIG`` otherwise: the file the sweep ran)."""
+    name = _saved_config(run_dir).get("name")
+    config = name if name in list_config_presets() else "CONFIG"
+    return f"attn-bench sweep {config} --out {run_dir} --retry-noisy"
+
+
+def _noise_warning(df: pd.DataFrame, run_dir: Path) -> list[str]:
+    """The report's first words when rows were flagged noisy: how many, what fits and
+    crossovers did with them, and the command that measures them again."""
+    ok = df[df.status == "ok"]
+    noisy = int(ok.noisy.sum())
+    if not noisy:
+        return []
+    threshold = ok.noise_threshold.dropna()
+    policy = f"{threshold.max():.0%}" if len(threshold) else f"{DEFAULT_THRESHOLD:.0%} (default)"
+    return [f"**Noisy: {noisy} of {len(ok)} ok rows were measured under contention** (their "
+            f"repeats' spread, IQR over median, or the calibration probe's change during the "
+            f"rounds is above the noise threshold {policy}; listed under \"Noisy rows\" below). "
+            "Fits and crossovers leave them out and say how many (`noisy_dropped` per fit, "
+            "`left out: K noisy rows` after a crossover); the time tables and interleaved "
+            "ratios still quote them, marked `noisy`. Measure them "
+            "again (with the config and options of the sweep that wrote this run):", "",
+            "```", retry_noisy_command(run_dir), "```", ""]
+
+
+def _noisy_section(df: pd.DataFrame) -> list[str]:
+    """The rows flagged noisy, with why."""
+    noisy = df[(df.status == "ok") & df.noisy]
+    if noisy.empty:
+        return []
+    table = noisy[["label", "kernel_requested", "seq_len", "pass", "time_ms", "times_ms"]].assign(
+        why=[row_verdict(row) or "flagged when measured" for row in noisy.itertuples()])
+    return ["## Noisy rows (left out of fits and crossovers)", "", markdown_table(table), ""]
+
+
 def _config_fit_ranges(run_dir: Path) -> tuple[tuple[int, int], ...]:
     """``fit_ranges`` of the sweep config saved in the run (``sweep.json``), if any."""
-    saved = run_dir / "sweep.json"
-    if not saved.exists():
-        return ()
-    ranges = read_json(saved, what="sweep config").get("fit_ranges", [])
+    ranges = _saved_config(run_dir).get("fit_ranges", [])
     return tuple((int(lo), int(hi)) for lo, hi in ranges)
 
 
 def _pass_sections(df: pd.DataFrame, table: pd.DataFrame, pass_name: str, points: int,
                    ranges: tuple[tuple[int, int], ...]) -> list[str]:
     columns = ["label", "kernel_requested", "kernel", "causal", "time_exponent",
-               "memory_exponent", "fit_range", "max_n", "time_ms_at_max_n",
+               "memory_exponent", "fit_range", "noisy_dropped", "max_n", "time_ms_at_max_n",
                "peak_fraction_at_max_n", "first_failure", "crossover_vs_full", "mask_emulated"]
     part = table[table["pass"] == pass_name]
     parts = [f"## Scaling, pass `{pass_name}` (fit over the {points} largest ok N)", "",
@@ -109,7 +158,7 @@ def _pass_sections(df: pd.DataFrame, table: pd.DataFrame, pass_name: str, points
             parts += [f"### Exponents over N = {lo}..{hi}, `{pass_name}`", "",
                       markdown_table(ranged[["label", "kernel_requested", "kernel", "causal",
                                              "time_exponent", "memory_exponent", "fit_range",
-                                             "fit_points"]]), ""]
+                                             "fit_points", "noisy_dropped"]]), ""]
     ratios = interleaved_ratios(rows)
     if len(ratios):
         parts += [f"### Interleaved ratios, `{pass_name}`: time over the fastest kernel timed in "
@@ -145,7 +194,7 @@ def build_report(run_dir: str | Path, points: int = 4,
         raise ValueError(f"RUN_DIR {run_dir}: results.csv has no result rows yet (header only); "
                          "run or resume the sweep first")
     counts = df.groupby("status").size().to_dict()
-    parts = [f"# Benchmark report: {run_dir.name}", "",
+    parts = [f"# Benchmark report: {run_dir.name}", "", *_noise_warning(df, run_dir),
              "Rows by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), "",
              *_provenance(df, run_dir)]
     table = scaling_table(df, points)
@@ -154,6 +203,7 @@ def build_report(run_dir: str | Path, points: int = 4,
     for pass_name in PASSES:
         if (table["pass"] == pass_name).any():
             parts += _pass_sections(df, table, pass_name, points, ranges)
+    parts += _noisy_section(df)
     problems = df[df.status != "ok"]
     if len(problems):
         slim = problems[["label", "kernel_requested", "seq_len", "pass", "status", "reason"]]

@@ -13,14 +13,18 @@ import pandas as pd
 from bench.engine.labels import variant_label
 from bench.engine.results import RESULTS_FILE, read_table, warn_rejected
 from bench.engine.row_schema import COLUMNS
+from bench.speed.noise import noisy_flags
 
 NUMERIC = ("time_ms", "time_iqr_ms", "repeats", "estimate_ms", "first_call_ms", "compile_ms",
            "setup_ms", "setup_mem_bytes", "peak_mem_bytes", "rss_peak_bytes", "flops", "density",
-           "tflops", "peak_fraction", "interleaved")
+           "tflops", "peak_fraction", "interleaved", "time_spread", "noise_threshold")
 
 
 def load_results(run_dir: str | Path, *, damaged: bool = False) -> pd.DataFrame:
     """The results of a run directory as a DataFrame (typed columns, one row per case and pass).
+
+    ``noisy`` is a bool of every row (:func:`bench.speed.noise.noisy_flags`): the recorded
+    flag, or for a row written before the flag, what its repeats' spread says.
 
     Damaged rows are left out (with a :class:`DamagedRowWarning`); with ``damaged`` they are
     kept, with what is wrong in the column ``problem`` (empty for valid rows), so that a
@@ -39,11 +43,12 @@ def load_results(run_dir: str | Path, *, damaged: bool = False) -> pd.DataFrame:
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
     for col in NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce")
-    for col in ("causal", "mask_emulated"):
+    for col in ("causal", "mask_emulated", "noisy"):
         df[col] = df[col].map({"True": True, "False": False, True: True, False: False})
     for col in ("reason", "fallback", "kernel_path", "flops_kind", "xformers_version", "times_ms",
-                "interleave_id", "problem"):
-        df[col] = df[col].fillna("")
+                "interleave_id", "problem", "probe_ms"):
+        df[col] = df[col].astype(object).where(df[col].notna(), "")
+    df["noisy"] = noisy_flags(df)  # rows written before the flag: judged by their spread
     df["label"] = [_label(row.variant, row.params, row.label) for row in df.itertuples()]
     return df
 

@@ -5,9 +5,11 @@ that their ratios share the machine's load; and the matmul peak, in a worker of 
 For each pass, every case's worker first prepares (warm-up, a planning call, memory), one
 worker at a time; then the rounds run, one timed call per case per round. All cases of the
 unit get the same number of rounds: as many as the slowest case fits in its time budget,
-never fewer than ``min_repeats``. A case that fails, times out or dies becomes a row with its
-status and the others go on; its worker is restarted for its next pass. The timeout is per
-case and pass, on the case's own calls.
+never fewer than ``min_repeats``. Each case's worker times a calibration probe (a fixed
+small matmul) right before the first round and right after the last: its change says the
+machine's load changed during the rounds (:mod:`bench.speed.noise`). A case that fails,
+times out or dies becomes a row with its status and the others go on; its worker is
+restarted for its next pass. The timeout is per case and pass, on the case's own calls.
 
 On CUDA the cases of a unit are run one after the other instead (each pass: prepare, time
 and finish one case, then have its worker release what it holds, ``("release",)``, before the
@@ -138,8 +140,25 @@ def _prepare(members: list[_Member], pass_name: str) -> list[tuple[_Member, dict
     return ready
 
 
+def _ask_each(alive: list[tuple[_Member, dict[str, Any]]], message: tuple[Any, ...],
+              pass_name: str, into: dict[int, list[float]], pause_s: float = 0.0) -> None:
+    """Send ``message`` to each alive member in turn and append its reply's value to
+    ``into``, idle ``pause_s`` after each; a member that fails becomes its failure row and
+    leaves ``alive``."""
+    for member, info in list(alive):
+        try:
+            into[id(member)].append(member.ask(message, pass_name)[1])
+        except _CaseFailed as failed:
+            member.rows[pass_name] = failure_rows(member.case, [pass_name], failed.status,
+                                                  failed.reason)[0]
+            alive.remove((member, info))
+        if pause_s:
+            time.sleep(pause_s)
+
+
 def _run_pass(members: list[_Member], pass_name: str, unit_id: str) -> None:
-    """Prepare, time in rounds and record one pass of every member that runs it."""
+    """Prepare, time in rounds (between two calibration probes) and record one pass of every
+    member that runs it."""
     ready = _prepare([m for m in members if pass_name in m.passes], pass_name)
     if not ready:
         return
@@ -147,17 +166,13 @@ def _run_pass(members: list[_Member], pass_name: str, unit_id: str) -> None:
                                  minimum=m.case.min_repeats, maximum=m.case.repeats)
                  for m, info in ready)
     times: dict[int, list[float]] = {id(m): [] for m, _ in ready}
+    probes: dict[int, list[float]] = {id(m): [] for m, _ in ready}
     alive = list(ready)
+    _ask_each(alive, ("probe",), pass_name, probes)
+    handover = HANDOVER_S if len(ready) > 1 else 0.0
     for _ in range(rounds):
-        for member, info in list(alive):
-            try:
-                times[id(member)].append(member.ask(("time", pass_name), pass_name)[1])
-            except _CaseFailed as failed:
-                member.rows[pass_name] = failure_rows(member.case, [pass_name], failed.status,
-                                                      failed.reason)[0]
-                alive.remove((member, info))
-            if len(ready) > 1:
-                time.sleep(HANDOVER_S)
+        _ask_each(alive, ("time", pass_name), pass_name, times, handover)
+    _ask_each(alive, ("probe",), pass_name, probes)
     for member, info in alive:
         try:
             finished = member.ask(("finish", pass_name), pass_name)[1]
@@ -167,7 +182,8 @@ def _run_pass(members: list[_Member], pass_name: str, unit_id: str) -> None:
             continue
         assert member.info is not None
         member.rows[pass_name] = measured_row(member.case, pass_name, member.info, info, finished,
-                                              times[id(member)], unit_id, len(ready))
+                                              times[id(member)], unit_id, len(ready),
+                                              tuple(probes[id(member)]))
 
 
 def run_rounds(runs: tuple[CaseRun, ...], unit_id: str,

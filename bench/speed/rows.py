@@ -8,7 +8,7 @@ formats belong to the engine, which reads, repairs and resumes them. What fills 
 - :func:`measured_row`: an ``ok`` pass: what the worker reported when the attention was
   built (flops, density, threads), when it prepared the pass (warm-up, planning call,
   memory), what ran (:func:`path_columns`, in the worker) and the timed rounds
-  (:func:`timing_columns`);
+  (:func:`timing_columns`) with their noise columns (spread, calibration probe, ``noisy``);
 - ``peak_fraction``: its share of the matmul peak of the device it ran on, where it ran
   (:mod:`bench.speed.peak`);
 - the environment of the machine that ran it, stamped by the executor
@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from bench.speed.cases import Case
+from bench.speed.noise import noise_columns
 
 Row = dict[str, Any]
 
@@ -79,16 +80,22 @@ def path_columns(paths: list[Any], case: Case) -> Row:
 
 
 def measured_row(case: Case, pass_name: str, built: Row, prepared: Row, finished: Row,
-                 times_s: list[float], unit_id: str, interleaved: int) -> Row:
+                 times_s: list[float], unit_id: str, interleaved: int,
+                 probes_s: tuple[float, ...] = ()) -> Row:
     """The ``ok`` row of a pass: ``built`` (the worker's ``ready`` info: FLOPs per pass,
     flops kind, density, threads), ``prepared`` (its warm-up, planning call and memory),
-    ``finished`` (:func:`path_columns`), the timed calls ``times_s`` and the unit they were
-    interleaved in with ``interleaved`` cases."""
+    ``finished`` (:func:`path_columns`), the timed calls ``times_s``, the unit they were
+    interleaved in with ``interleaved`` cases, and the calibration probe's seconds before
+    and after the timed rounds (``probes_s``): the noise columns
+    (:func:`bench.speed.noise.noise_columns`, under the case's ``noise_threshold``)."""
     flops = built["flops"][pass_name]
+    timing = timing_columns(times_s, flops)
+    noise = noise_columns(np.asarray(times_s) * 1e3, [p * 1e3 for p in probes_s],
+                          case.noise_threshold)
     return {
         **base_row(case, pass_name), "status": "ok", "reason": "",
         **{k: v for k, v in built.items() if k != "flops"}, "flops": flops,
-        **prepared, **finished, **timing_columns(times_s, flops),
+        **prepared, **finished, **timing, **noise,
         "interleave_id": unit_id, "interleaved": interleaved,
     }
 

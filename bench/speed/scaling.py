@@ -1,11 +1,16 @@
 """Scaling analysis: fitted exponents of time and memory against N, crossover against full
-attention of the same kind (causal with causal), and the largest N reached, per curve.
+attention of the same kind (causal with causal), and the largest N reached, per curve and
+kernel that actually ran (``auto`` switches kernel with N: a fit never spans the switch).
 
-Memory exponents use the tensor-level peak (``peak_mem_bytes``), not the resident peak."""
+Memory exponents use the tensor-level peak (``peak_mem_bytes``), not the resident peak. Rows
+flagged noisy (:mod:`bench.speed.noise`) are left out of fits and crossovers, and each curve
+says how many it dropped (``noisy_dropped``)."""
 
 from __future__ import annotations
 
+import json
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -30,69 +35,203 @@ def fit_exponent(n: pd.Series, y: pd.Series, points: int = 4) -> float:
 BASELINES = ("full", "causal")
 
 
-def full_baseline(df: pd.DataFrame) -> pd.Series:
-    """Fastest ok full-attention time per shape and N (over its kernels): the crossover
-    baseline. Causal rows (``causal``, or ``full`` run causally) are the causal baseline."""
-    full = df[df.variant.isin(BASELINES) & (df.status == "ok")]
-    return full.groupby([*SHAPE, "seq_len"], dropna=False)["time_ms"].min().rename("full_ms")
+def usable(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows fits and crossovers use: ``ok`` and not flagged noisy."""
+    return df[(df.status == "ok") & ~df.noisy.astype(bool)]
 
 
-def crossover(curve: pd.DataFrame, baseline: pd.Series) -> str:
-    """From which N the curve stays faster than full attention of the same kind.
+def spread_interval(times_ms: str, time_ms: float, iqr_ms: float) -> tuple[float, float]:
+    """A row's time as the interval its repeats support: their 25th to 75th percentile
+    (``times_ms``), else the median plus or minus half the recorded IQR, else the median."""
+    values = json.loads(times_ms) if isinstance(times_ms, str) and times_ms else []
+    if values:
+        q25, q75 = np.percentile(values, [25, 75])
+        return float(q25), float(q75)
+    half = iqr_ms / 2 if isinstance(iqr_ms, (int, float)) and math.isfinite(iqr_ms) else 0.0
+    return time_ms - half, time_ms + half
+
+
+def _with_intervals(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with ``low`` and ``high``: each row's :func:`spread_interval`."""
+    bounds = [spread_interval(r.times_ms, r.time_ms, r.time_iqr_ms) for r in rows.itertuples()]
+    return rows.assign(low=[b[0] for b in bounds], high=[b[1] for b in bounds])
+
+
+def full_baseline(df: pd.DataFrame) -> pd.DataFrame:
+    """Fastest ok, quiet full-attention row per shape and N (over its kernels), with its
+    spread (``low``, ``high``): the crossover baseline, indexed by shape and N. Causal rows
+    (``causal``, or ``full`` run causally) are the causal baseline."""
+    full = usable(df[df.variant.isin(BASELINES)])
+    if full.empty:
+        return pd.DataFrame(columns=["low", "high"])
+    fastest = full.loc[full.groupby([*SHAPE, "seq_len"], dropna=False)["time_ms"].idxmin()]
+    return _with_intervals(fastest).set_index([*SHAPE, "seq_len"])[["low", "high"]]
+
+
+@dataclass(frozen=True)
+class Side:
+    """How a curve compares with full attention at one length: ``faster`` or ``slower`` when
+    their spreads do not overlap, else ``overlap``."""
+
+    n: int
+    verdict: str
+
+
+def _sides(curve: pd.DataFrame, baseline: pd.DataFrame) -> list[Side]:
+    """The curve's verdict at every length it shares with the baseline, in order of N."""
+    sides = []
+    for row in _with_intervals(usable(curve).sort_values("seq_len")).to_dict("records"):
+        key = (*(row[c] for c in SHAPE), row["seq_len"])
+        if key not in baseline.index:
+            continue
+        full = baseline.loc[key]
+        verdict = ("faster" if row["high"] < full.low else "slower" if row["low"] > full.high
+                   else "overlap")
+        sides.append(Side(int(row["seq_len"]), verdict))
+    return sides
+
+
+def _not_two(sides: list[Side], want: str) -> str | None:
+    """Why the neighbouring lengths ``sides`` (one or two) are not two ``want`` ones
+    (``None``: they are)."""
+    tied = [str(side.n) for side in sides if side.verdict == "overlap"]
+    if tied:
+        return f"spreads overlap at N={', '.join(tied)}"
+    if len(sides) < 2:
+        return f"{want} only at N={sides[0].n}; needs two lengths on each side"
+    wrong = next((s for s in sides if s.verdict != want), None)
+    if wrong is not None:
+        return f"{wrong.verdict} at N={wrong.n}, crossing more than once"
+    return None
+
+
+def noisy_baseline(df: pd.DataFrame) -> pd.Series:
+    """How many full-attention rows were left out of the baseline as noisy, per shape and N."""
+    full = df[df.variant.isin(BASELINES) & (df.status == "ok") & df.noisy.astype(bool)]
+    return full.groupby([*SHAPE, "seq_len"], dropna=False).size()
+
+
+def _dropped(curve: pd.DataFrame, noisy_full: pd.Series) -> int:
+    """Noisy rows a crossover of ``curve`` left out: the curve's own, and full attention's
+    at the lengths the curve measured."""
+    ok = curve[curve.status == "ok"]
+    own = int(ok.noisy.astype(bool).sum())
+    keys = {(*(row[c] for c in SHAPE), row["seq_len"]) for row in ok.to_dict("records")}
+    return own + sum(int(noisy_full.get(key, 0)) for key in keys)
+
+
+def crossover(curve: pd.DataFrame, baseline: pd.DataFrame,
+              noisy_full: pd.Series | None = None) -> str:
+    """From which N the curve stays faster than full attention of the same kind, when the
+    rows show it; ``(left out: K noisy rows)`` added when noisy rows of the curve or of full
+    attention at its lengths (``noisy_full``, :func:`noisy_baseline`) were left out.
 
     A causal curve is compared with causal full attention, a non-causal one with non-causal
-    full attention, at the lengths both measured. Returns the length as text, ``"< N0 (below
-    the range)"`` when the curve is faster at every common length N0..., ``"none up to N1"``
-    when it is slower at the largest common length, ``"-"`` without a common length.
+    full attention, at the lengths both measured (noisy rows left out). At each length the
+    curve is faster or slower only when the spreads of their repeats (:func:`spread_interval`)
+    do not overlap. A crossover at N needs the two lengths below N slower and N and every
+    length above it faster (at least two). Returns the length as text, ``"< N0 (below the
+    range)"`` when the curve is faster at every common length N0... (two or more), ``"none
+    up to N1"`` when it is slower at the two largest, ``"-"`` without a common length, else
+    ``"not determined: ..."`` saying why.
     """
-    ok = curve[curve.status == "ok"].sort_values("seq_len")
-    pairs = []
-    for _, row in ok.iterrows():
-        full = baseline.get((*(row[c] for c in SHAPE), row.seq_len), math.nan)
-        if not math.isnan(full):
-            pairs.append((int(row.seq_len), row.time_ms < full))
-    if not pairs:
+    said = _crossover_said(_sides(curve, baseline))
+    dropped = _dropped(curve, noisy_full if noisy_full is not None else pd.Series(dtype=int))
+    if said == "-" or not dropped:
+        return said
+    return f"{said} (left out: {dropped} noisy row{'s' if dropped > 1 else ''})"
+
+
+def _crossover_said(sides: list[Side]) -> str:
+    """:func:`crossover`'s answer from the curve's verdict at each common length."""
+    if not sides:
         return "-"
-    if not pairs[-1][1]:
-        return f"none up to {pairs[-1][0]}"
-    index = len(pairs) - 1
-    while index > 0 and pairs[index - 1][1]:
-        index -= 1
-    if index == 0:
-        return f"< {pairs[0][0]} (below the range)"
-    return str(pairs[index][0])
+    if len(sides) == 1:
+        return (f"not determined: one common length (N={sides[0].n}); needs two lengths on "
+                "each side")
+    start = len(sides)
+    while start > 0 and sides[start - 1].verdict == "faster":
+        start -= 1
+    if start == len(sides):  # not faster at the largest length
+        why = _not_two(sides[-2:], "slower")
+        return f"not determined: {why}" if why else f"none up to {sides[-1].n}"
+    faster = sides[start:]
+    if len(faster) < 2:
+        return (f"not determined: faster only at the largest length N={faster[0].n}; needs two "
+                "lengths on each side")
+    if start == 0:
+        return f"< {sides[0].n} (below the range)"
+    why = _not_two(sides[max(start - 2, 0):start], "slower")
+    if why:
+        return f"not determined: faster from N={sides[start].n} on; below it {why}"
+    return str(sides[start].n)
+
+
+def kernel_ran(rows: pd.DataFrame) -> pd.Series:
+    """The kernel each row actually ran (``kernel``; the requested one where it is blank)."""
+    ran = rows.kernel.fillna("").astype(str)
+    return ran.where(ran != "", rows.kernel_requested.astype(str))
+
+
+def segments(curve: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The ok rows of one requested curve split by the kernel that actually ran, in order of
+    their smallest N (``auto`` runs SDPA at short N and blocked or chunked above: two
+    segments, fitted apart). ``[("-", no rows)]`` when the curve has no ok row."""
+    ok = curve[curve.status == "ok"]
+    if ok.empty:
+        return [("-", ok)]
+    parts = ok.groupby(kernel_ran(ok), sort=False)
+    return sorted(((str(k), part) for k, part in parts), key=lambda kp: kp[1].seq_len.min())
+
+
+def _fitted(ok: pd.DataFrame, points: int, n_range: tuple[int, int] | None) -> pd.DataFrame:
+    """The rows an exponent is fitted over: the ``points`` largest N, or those in ``n_range``."""
+    if n_range is None:
+        return ok.tail(points)
+    return ok[(ok.seq_len >= n_range[0]) & (ok.seq_len <= n_range[1])]
+
+
+def _segment_row(kernel: str, rows: pd.DataFrame, points: int,
+                 n_range: tuple[int, int] | None) -> dict:
+    """The fit of one segment (the rows of one kernel that ran): its usable rows' exponents,
+    range and largest N, and how many noisy rows it dropped."""
+    ok = usable(rows).sort_values("seq_len")
+    fitted = _fitted(ok, points, n_range)
+    count = max(len(fitted), 1)
+    return {
+        "kernel": kernel,
+        "time_exponent": fit_exponent(fitted.seq_len, fitted.time_ms, count),
+        "memory_exponent": fit_exponent(fitted.seq_len, fitted.peak_mem_bytes, count),
+        "fit_points": len(fitted),
+        "noisy_dropped": len(rows) - len(ok),
+        "fit_range": f"{fitted.seq_len.min()}-{fitted.seq_len.max()}" if len(fitted) else "-",
+        "max_n": int(ok.seq_len.max()) if len(ok) else None,
+        "time_ms_at_max_n": float(ok.time_ms.iloc[-1]) if len(ok) else math.nan,
+        "peak_fraction_at_max_n": float(ok.peak_fraction.iloc[-1]) if len(ok) else math.nan,
+        "mask_emulated": bool(ok.mask_emulated.any()) if len(ok) else False,
+    }
 
 
 def scaling_table(df: pd.DataFrame, points: int = 4,
                   n_range: tuple[int, int] | None = None) -> pd.DataFrame:
-    """One row per curve: exponents, fitted range, largest N reached, first failure, crossover.
+    """One row per curve and kernel that ran (a fit never spans a kernel switch: ``auto``'s
+    SDPA rows at short N and its blocked rows above are two rows): exponents, fitted range,
+    largest N reached; and the requested curve's first failure and crossover.
 
-    Exponents are fitted over the ``points`` largest ok N, or, with ``n_range = (lo, hi)``,
-    over every ok N with ``lo <= N <= hi``.
+    Exponents are fitted over the ``points`` largest ok N of the segment, or, with
+    ``n_range = (lo, hi)``, over every ok N with ``lo <= N <= hi``; rows flagged noisy are
+    left out of both and counted (``noisy_dropped``).
     """
-    baseline = full_baseline(df)
+    baseline, noisy_full = full_baseline(df), noisy_baseline(df)
     rows = []
     for key, curve in df.groupby(CURVE, dropna=False, sort=True):
-        ok = curve[curve.status == "ok"].sort_values("seq_len")
         failed = curve[curve.status.isin(FAILED)]
-        if n_range is None:
-            fitted = ok.tail(points)
-        else:
-            fitted = ok[(ok.seq_len >= n_range[0]) & (ok.seq_len <= n_range[1])]
-        count = max(len(fitted), 1)
-        rows.append({
+        whole = {
             **dict(zip(CURVE, key)),
-            "kernel": ",".join(sorted(set(ok.kernel) - {""})) or "-",
-            "time_exponent": fit_exponent(fitted.seq_len, fitted.time_ms, count),
-            "memory_exponent": fit_exponent(fitted.seq_len, fitted.peak_mem_bytes, count),
-            "fit_points": len(fitted),
-            "fit_range": f"{fitted.seq_len.min()}-{fitted.seq_len.max()}" if len(fitted) else "-",
-            "max_n": int(ok.seq_len.max()) if len(ok) else None,
-            "time_ms_at_max_n": float(ok.time_ms.iloc[-1]) if len(ok) else math.nan,
-            "peak_fraction_at_max_n": float(ok.peak_fraction.iloc[-1]) if len(ok) else math.nan,
             "first_failure": (f"{failed.seq_len.min()} ({failed.sort_values('seq_len').status.iloc[0]})"
                               if len(failed) else ""),
-            "crossover_vs_full": ("-" if key[1] in BASELINES else crossover(curve, baseline)),
-            "mask_emulated": bool(ok.mask_emulated.any()) if len(ok) else False,
-        })
+            "crossover_vs_full": ("-" if key[1] in BASELINES else crossover(curve, baseline, noisy_full)),
+        }
+        rows += [{**whole, **_segment_row(kernel, part, points, n_range)}
+                 for kernel, part in segments(curve)]
     return pd.DataFrame(rows)

@@ -25,6 +25,7 @@ from bench.engine.rundir import Chain, MixedEnvironmentError, Planned, Rows, Run
 from bench.speed.cases import Case, expand_cases
 from bench.speed.cases import chains as make_chains
 from bench.speed.config import SweepConfig
+from bench.speed.noise import is_noisy
 from bench.speed.peak import PEAK_FLOPS, PEAK_KEY, PeakSpec
 from bench.speed.rows import Row
 from bench.speed.unit import FATAL, record_failure, speed_chain
@@ -107,6 +108,11 @@ class SweepPlan:
     def dtype(self) -> str:
         return self.config.dtype
 
+    @property
+    def row_settings(self) -> dict[str, Any]:
+        """The noise policy: rows flagged under another threshold are not mixed in."""
+        return {"noise_threshold": self.config.noise_threshold}
+
     def key(self, row: Row) -> tuple:
         return (row["case_id"], row["pass"])
 
@@ -142,6 +148,7 @@ def run_sweep(
     executor: Executor | ExecutorSpec | None = None,
     allow_mixed: bool = False,
     retry_failed: bool = False,
+    retry_noisy: bool = False,
     overwrite: bool = False,
     on_start: Callable[[Any], None] | None = None,
     on_done: Callable[[Any, Rows], None] | None = None,
@@ -151,7 +158,8 @@ def run_sweep(
     Finished passes are skipped, so rerunning into the same directory resumes. With
     ``skip_larger_after_failure``, once a length of a curve times out or runs out of memory
     in a pass, the larger lengths of that curve and pass become ``skipped`` rows.
+    ``retry_noisy``: rows flagged noisy (:mod:`bench.speed.noise`) are measured again.
     """
     return run_units(run_dir, SweepPlan.of(config), executor=executor,
                      allow_mixed=allow_mixed, retry_failed=retry_failed, overwrite=overwrite,
-                     on_start=on_start, on_done=on_done)
+                     redo=is_noisy if retry_noisy else None, on_start=on_start, on_done=on_done)

@@ -6,6 +6,9 @@ The parent (:mod:`bench.speed.rounds`) drives it pass by pass over a pipe:
   and cache building happen there), one more call whose time plans the repeats, then the
   memory readings (one call each, untimed). Reply ``("prepared", info)``.
 - ``("time", pass)``: one timed call (its setup untimed). Reply ``("timed", seconds)``.
+- ``("probe",)``: the calibration probe, a fixed small matmul on the case's device
+  (:func:`bench.engine.measure.calibration_probe`), timed right before and right after a
+  pass's rounds. Reply ``("probed", seconds)``.
 - ``("finish", pass)``: what ran (kernel path, fallbacks, compile and cache-building time
   and bytes over every call of the pass). Reply ``("finished", info)``.
 - ``("release",)``: drop the pass's inputs and the built module (its cached masks and block
@@ -34,7 +37,7 @@ import torch
 
 from attn import AttentionCall, create_attention
 from bench.engine.config import import_plugins
-from bench.engine.measure import CallTimer, measure_memory
+from bench.engine.measure import CallTimer, calibration_probe, measure_memory
 from bench.engine.process import failure, limit_memory
 from bench.speed.cases import Case
 from bench.speed.flops import case_flops
@@ -222,6 +225,8 @@ def _serve(case: Case, module: Any, conn: Connection) -> None:
                 reply: tuple[Any, ...] = ("prepared", _prepare(runner))
             elif command == "time" and runner is not None:
                 reply = ("timed", runner.timer.time_once())
+            elif command == "probe":
+                reply = ("probed", calibration_probe(torch.device(case.device)))
             elif command == "finish" and runner is not None:
                 reply = ("finished", runner.finish())
                 runner = None
