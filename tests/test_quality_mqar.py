@@ -170,3 +170,26 @@ def test_reader_is_checked_and_the_encoder_stays_the_default() -> None:
     with pytest.raises(ValueError, match=r"^reader: unknown value 'lstm'; allowed values are "
                                          r"\['encoder', 'decoder'\]$"):
         _ = get_task("mqar", {**settings.data, "reader": "lstm"}, seed=0).model_kind
+
+
+def test_present_value_reference_is_the_expected_accuracy_of_guessing_a_written_value() -> None:
+    from bench.quality.reference import get_reference
+
+    settings = task_settings("mqar", "tiny")
+    task = get_task("mqar", settings.data, seed=0)
+    task.prepare()
+    rows = {(m.name, m.condition): m.value for m in get_reference("present_value").compute(task).metrics}
+    # by hand: per query, the share of the sequence's P written values equal to its answer
+    data, layout = task.splits["test"], mqar.Layout(8, 8, 4)
+    expected, by_pairs = [], {}
+    for ids, labels, p in zip(data["ids"].tolist(), data["labels"].tolist(), data["num_pairs"].tolist()):
+        values = [ids[2 * i + 1] - layout.value_base for i in range(p)]
+        for label in labels:
+            if label != mqar.IGNORE:
+                expected.append(values.count(label) / p)
+                by_pairs.setdefault(p, []).append(values.count(label) / p)
+    assert rows[("accuracy", "")] == pytest.approx(np.mean(expected))
+    for p, hits in by_pairs.items():
+        assert rows[("accuracy", f"num_pairs={p}")] == pytest.approx(np.mean(hits))
+    assert rows[("accuracy", "num_pairs=2")] > rows[("accuracy", "num_pairs=4")]  # about 1 / P
+    assert {c for _, c in rows} >= {"distance<=8", "distance<=16"}

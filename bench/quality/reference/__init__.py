@@ -25,6 +25,7 @@ from bench.quality.reference.bytes_model import compressed_bits_per_byte, ngram_
 from bench.quality.tasks import ClassificationTask, Metric, Task
 from bench.quality.tasks.bytelm import ByteLM
 from bench.quality.tasks.image import ImagePatches, ImagePixels
+from bench.quality.tasks.mqar import MQAR
 from bench.quality.tasks.retrieval import Retrieval
 from bench.quality.tasks.text import Text
 from bench.quality.tasks.translate import Translate
@@ -168,6 +169,11 @@ def _translation(kind: str) -> Callable[[Task], Outcome]:
     return compute
 
 
+def _present_value(task: Task) -> Outcome:
+    assert isinstance(task, MQAR)
+    return Outcome(task.present_value_guess("test"))
+
+
 def _is(*classes: type) -> Callable[[Task], bool]:
     return lambda task: isinstance(task, classes)
 
@@ -192,6 +198,8 @@ def list_references() -> list[Reference]:
                     _is(ByteLM), _ngram(k)) for k in (1, 2, 3, 4)),
         Reference("gzip", "gzip -9 (test bytes alone)", _is(ByteLM), _compressor("gzip")),
         Reference("xz", "xz -9e (test bytes alone)", _is(ByteLM), _compressor("xz")),
+        Reference("present_value", "a value the sequence holds, at random (expected)", _is(MQAR),
+                  _present_value),
         Reference("copy_source", "copy the source sentence", _is(Translate), _translation("copy")),
         Reference("nearest_training_pair", "target of the nearest training source (TF-IDF)",
                   _is(Translate), _translation("nearest")),

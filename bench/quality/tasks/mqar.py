@@ -172,7 +172,13 @@ class MQAR(ClassificationTask):
         if not final:
             return metrics
         count = self.num_examples(split) if limit is None else min(limit, self.num_examples(split))
-        metrics.append(self.majority_accuracy(split, count))
+        return [*metrics, self.majority_accuracy(split, count), *self.condition_metrics(q, hit)]
+
+    def condition_metrics(self, q: dict[str, Tensor], hit: Tensor) -> list[Metric]:
+        """Accuracy per ``num_pairs=P`` and per distance bucket, from per-query ``hit``
+        (1/0, or a probability of being right) and the queries' ``num_pairs`` and
+        ``distance`` (as :meth:`query_predictions` gives them)."""
+        metrics = []
         for pairs in torch.unique(q["num_pairs"]).tolist():
             sel = q["num_pairs"] == pairs
             metrics.append(Metric("accuracy", float(hit[sel].mean()), f"num_pairs={pairs}"))
@@ -183,3 +189,20 @@ class MQAR(ClassificationTask):
                 metrics.append(Metric("accuracy", float(hit[sel].mean()), f"distance<={edge}"))
             low = edge
         return metrics
+
+    def present_value_guess(self, split: str) -> list[Metric]:
+        """What answering each query with one of the values its sequence holds, drawn
+        uniformly, scores in expectation (exactly, not sampled): the accuracy of a model that
+        learned which values are present but not which key each belongs to (``1 / P`` when
+        the values are distinct). The headline ``accuracy`` and the per-condition rows."""
+        data = self.splits[split]
+        query = data["labels"] != mqar.IGNORE  # (n, N)
+        rows = torch.nonzero(query)[:, 0]  # (Q,): each query's example
+        pairs = data["num_pairs"]  # (n,)
+        base = mqar.Layout(**self._layout()).value_base
+        values = data["ids"][:, 1:2 * int(pairs.max()):2] - base  # (n, max P): value slots
+        written = torch.arange(values.shape[1])[None, :] < pairs[:, None]  # (n, max P)
+        same = (values[rows] == data["labels"][query][:, None]) & written[rows]  # (Q, max P)
+        hit = same.sum(dim=1) / pairs[rows]  # (Q,)
+        q = {"num_pairs": pairs[rows], "distance": data["distance"][query]}
+        return [Metric("accuracy", float(hit.mean())), *self.condition_metrics(q, hit.double())]
