@@ -155,7 +155,7 @@ def test_a_reference_scores_a_task_as_the_task_scores_a_model():
 def test_which_references_apply_to_which_task():
     applies = {}
     for name in ("listops", "text", "retrieval", "image", "image_vit", "pathfinder", "bytelm",
-                 "translate", "recall", "mqar"):
+                 "translate", "recall", "mqar", "selective_copy"):
         task = get_task(name, task_settings(name, "small").data, 0)  # data not loaded
         applies[name] = {r.name for r in list_references() if r.applies(task)}
     assert applies["text"] == {"naive_bayes_tokens", "naive_bayes_words"}
@@ -164,7 +164,8 @@ def test_which_references_apply_to_which_task():
     assert applies["image_vit"] == {"nearest_class_mean", "nearest_neighbours"}
     assert applies["bytelm"] == {"ngram_1", "ngram_2", "ngram_3", "ngram_4", "gzip", "xz"}
     assert applies["translate"] == {"copy_source", "nearest_training_pair"}
-    assert applies["mqar"] == set()  # per-token labels: no sequence classifier fits
+    assert applies["mqar"] == {"present_value"}  # per-token labels: no sequence classifier fits
+    assert applies["selective_copy"] == set()
     assert applies["listops"] == applies["recall"] == applies["pathfinder"] == {"naive_bayes_tokens"}
     with pytest.raises(ValueError, match="references: unknown reference 'nope'"):
         get_reference("nope")

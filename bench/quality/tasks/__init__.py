@@ -21,6 +21,7 @@ from bench.quality.tasks import (  # noqa: F401  (register the built-in tasks)
     pathfinder,
     recall,
     retrieval,
+    selective_copy,
     text,
     translate,
 )
