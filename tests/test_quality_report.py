@@ -178,3 +178,31 @@ def test_the_average_is_only_given_over_every_accuracy_task(quality):
     table = quality_table(pd.concat([quality, _frame(rows)], ignore_index=True)).set_index("variant")
     assert table.loc["full", "avg (accuracy tasks)"] == f"{(60.0 + 50.0) / 2:.1f}"
     assert table.loc["causal", "avg (accuracy tasks)"] == "- (1 of 2 tasks)"
+
+
+def test_one_rule_tells_rows_of_computed_references_from_trained_rows(quality):
+    """A computed reference's row has role reference and a reference's name; a trained entry
+    with role reference (the LSTM model) and a trained variant that happens to bear a
+    reference's name (a plug-in ``gzip``) are trained rows: seeds, differences, averages."""
+    from bench.quality.grid import is_reference_row
+    from bench.quality.reference_unit import reference_row_mask
+    from bench.quality.tables import trained
+
+    lstm = json.dumps({"model": {"mixer": "lstm"}})
+    rows = [*_rows("recall", "naive_bayes_tokens", {0: 0.40}, role="reference",
+                   title="naive Bayes (token counts)"),
+            *_rows("recall", "full", {0: 0.25, 1: 0.50, 2: 0.80}, role="reference",
+                   overrides=lstm, title="lstm (no attention)"),
+            *_rows("recall", "gzip", {0: 0.31, 1: 0.62, 2: 0.93})]
+    extra = _frame(rows)
+    extra["label"] = ["naive Bayes (token counts)"] + ["lstm (no attention)"] * 3 + ["gzip"] * 3
+    df = pd.concat([quality, extra], ignore_index=True)
+    mask = reference_row_mask(df)
+    assert list(mask) == [is_reference_row(r) for r in df.to_dict("records")]
+    assert set(df[mask].label) == {"naive Bayes (token counts)"}
+    assert {"lstm (no attention)", "gzip"} <= set(trained(df).label)
+    differences = significance_table(df).set_index(["task", "variant"])
+    assert ("recall", "gzip") in differences.index
+    table = quality_table(df).set_index("variant")
+    assert table.loc["gzip", "avg (accuracy tasks)"] == "62.0"
+    assert table.loc["naive Bayes (token counts) (reference)", "avg (accuracy tasks)"] == "-"

@@ -29,17 +29,12 @@ from bench.engine.row_schema import QUALITY_COLUMNS
 from bench.engine.rundir import Chain, Planned, RunRecorder, run_units
 from bench.quality.budget import strip_budget
 from bench.quality.grid_config import GridConfig, canonical
-from bench.quality.reference import reference_names
+from bench.quality.reference_unit import is_reference_row
 from bench.quality.settings import attention_params, settings_that_apply, task_settings
 from bench.quality.units import SettingsCache, TrainUnit, trains, units
 
 QUALITY_FILE = "quality.csv"
 SUPERSEDED_FILE = "superseded.csv"  # rows of units whose task settings have since changed
-
-
-def is_reference_row(row: dict[str, Any]) -> bool:
-    """A row of a reference unit (not of a trained entry with role ``reference``)."""
-    return row.get("role") == "reference" and row.get("variant") in reference_names()
 
 
 def _row_json(row: dict[str, Any], column: str) -> Any:

@@ -14,7 +14,8 @@ import pandas as pd
 
 from bench.quality.margins import Margin, margins, strongest_references
 from bench.quality.model_parts import always_causal
-from bench.quality.reference import list_references, reference_names
+from bench.quality.reference import list_references
+from bench.quality.reference_unit import reference_row_mask
 from bench.quality.significance import BETTER, WORSE, differences_from_reference
 from bench.quality.tasks import ClassificationTask, display_unit, get_task, headline_titles, order_tasks
 
@@ -52,7 +53,7 @@ def display_name(df: pd.DataFrame, name: str) -> str:
     if rows.empty or rows.role.iloc[0] == "variant":
         return name
     role = rows.role.iloc[0]
-    computed = rows.variant.isin(reference_names()).any()  # its label is its title already
+    computed = reference_row_mask(rows).any()  # its label is its title already
     title = "" if computed else next((t for t in rows.title if t and t != name), "")
     return f"{name} ({role}{': ' + title if title else ''})"
 
@@ -78,7 +79,7 @@ def _table_row(df: pd.DataFrame, top: pd.DataFrame, name: str, tasks: list[str],
             row[task] = f"failed ({failed.status.iloc[0]})"
         if metric == "accuracy" and len(part):
             accuracies.append(part.value.mean() * 100)
-    if set(df[df.label == name].variant) & set(reference_names()):
+    if reference_row_mask(df[df.label == name]).any():
         accuracies = []  # a computed reference runs where it applies: no average to compare
     complete = accuracies and len(accuracies) == accuracy_tasks
     row["avg (accuracy tasks)"] = (f"{sum(accuracies) / len(accuracies):.1f}" if complete else
@@ -123,7 +124,7 @@ def quality_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def trained(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` less the rows of computed references (no seeds, nothing to pair)."""
-    return df[~df.variant.isin(reference_names())]
+    return df[~reference_row_mask(df)]
 
 
 def uniform_chance(df: pd.DataFrame) -> dict[str, float]:
