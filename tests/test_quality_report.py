@@ -206,3 +206,31 @@ def test_one_rule_tells_rows_of_computed_references_from_trained_rows(quality):
     table = quality_table(df).set_index("variant")
     assert table.loc["gzip", "avg (accuracy tasks)"] == "62.0"
     assert table.loc["naive Bayes (token counts) (reference)", "avg (accuracy tasks)"] == "-"
+
+
+def test_the_report_computes_the_headline_rows_and_the_margins_once(tmp_path, quality, monkeypatch):
+    """Every table of the report reads the same headline rows and margins: computed once
+    (the grid's rows, then the matched-compute rows apart), not once per table."""
+    import bench.quality.margins as margins_module
+    import bench.quality.report as report_module
+    import bench.quality.tables as tables_module
+
+    calls = {"headline": 0, "margins": 0}
+
+    def counting(name: str, function):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    headline, margins = tables_module.headline, margins_module.margins
+    for module in (report_module, tables_module):
+        monkeypatch.setattr(module, "headline", counting("headline", headline))
+    for module in (margins_module, tables_module, report_module):
+        monkeypatch.setattr(module, "margins", counting("margins", margins), raising=False)
+    rows = [r for r in quality.to_dict("records")]
+    rows += _rows("recall", "naive_bayes_tokens", {0: 0.40}, role="reference")
+    ResultsWriter(tmp_path, rows, QUALITY_FILE, QUALITY_COLUMNS)
+    text = build_quality_report(tmp_path)
+    assert "## Past what needs no attention" in text
+    assert calls == {"headline": 2, "margins": 1}  # the headline: the grid's rows, the budget's

@@ -96,13 +96,13 @@ def _one_decoder_model(df: pd.DataFrame, name: str, task: str) -> bool:
             and (df[df.task == task].label == "full").any())
 
 
-def quality_table(df: pd.DataFrame) -> pd.DataFrame:
+def quality_table(df: pd.DataFrame, top: pd.DataFrame | None = None) -> pd.DataFrame:
     """Variants x tasks: mean +- std over seeds (accuracy in %), the average accuracy, a mark
     on each cell beyond seed noise from full attention (▲ better, ▼ worse); then, below a
     separator row, the floors: the control rows, the references without attention (trained
     ones first, then in bench/quality/reference's order), uniform chance and the majority
-    class."""
-    top, tasks = headline(df), task_order(df)
+    class. ``top``: :func:`headline` of ``df`` when the caller has it already."""
+    top, tasks = headline(df) if top is None else top, task_order(df)
     found = differences_from_reference(trained(top))
     verdicts = {(r.task, r.label): r.verdict for r in found.itertuples()}
     roles = df.drop_duplicates("label").set_index("label").role
@@ -157,10 +157,11 @@ def floor_row(df: pd.DataFrame, name: str, levels: dict[str, float]) -> dict[str
     return row
 
 
-def significance_table(df: pd.DataFrame) -> pd.DataFrame:
+def significance_table(df: pd.DataFrame, top: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per task and variant, the paired difference from full attention over shared seeds:
-    means, the difference with its 95% t-interval (accuracy in points), and the verdict."""
-    found = differences_from_reference(trained(headline(df)))
+    means, the difference with its 95% t-interval (accuracy in points), and the verdict.
+    ``top``: :func:`headline` of ``df`` when the caller has it already."""
+    found = differences_from_reference(trained(headline(df) if top is None else top))
     order = {t: i for i, t in enumerate(task_order(df))}
     found = found.sort_values(["task", "label"], key=lambda s: s.map(order) if s.name == "task" else s)
     rows = []
@@ -181,13 +182,18 @@ def significance_table(df: pd.DataFrame) -> pd.DataFrame:
 MARGIN_MARKS = {"clears": "✓", "within 2 sd": "~", "below": "✗", "one seed": "?"}
 
 
-def margin_table(df: pd.DataFrame) -> pd.DataFrame:
+def margin_table(df: pd.DataFrame, top: pd.DataFrame | None = None, *,
+                 strongest: pd.DataFrame | None = None,
+                 found: list[Margin] | None = None) -> pd.DataFrame:
     """Tasks x variants: each variant's mean past its task's strongest reference row (accuracy
     in points; bits per byte: positive is fewer bits), marked ✓ beyond two seed standard
-    deviations, ~ past it by less, ✗ not past it, ? past it with one seed."""
-    top = headline(df)
-    strongest = strongest_references(top)
-    found = margins(top)
+    deviations, ~ past it by less, ✗ not past it, ? past it with one seed. ``top``
+    (:func:`headline`), ``strongest`` (:func:`bench.quality.margins.strongest_references`)
+    and ``found`` (:func:`bench.quality.margins.margins`): of ``df``, when the caller has
+    them already."""
+    top = headline(df) if top is None else top
+    strongest = strongest_references(top) if strongest is None else strongest
+    found = margins(top, strongest) if found is None else found
     if strongest.empty:
         return pd.DataFrame()
     names = sorted({m.label for m in found})
@@ -211,10 +217,11 @@ def signed_margin(m: Margin) -> str:
     return f"{m.margin * scale:+.{digits}f}"
 
 
-def parameter_table(df: pd.DataFrame) -> pd.DataFrame:
+def parameter_table(df: pd.DataFrame, top: pd.DataFrame | None = None) -> pd.DataFrame:
     """Trained models x tasks: parameter count, and how many more or fewer than full
-    attention's model on the same task (a relative bias's tables, a recurrent layer)."""
-    top = trained(headline(df))
+    attention's model on the same task (a relative bias's tables, a recurrent layer).
+    ``top``: :func:`headline` of ``df`` when the caller has it already."""
+    top = trained(headline(df) if top is None else top)
     counts = top.groupby(["label", "task"]).param_count.median().unstack("task")
     tasks = [t for t in task_order(df) if t in counts.columns]
     rows = []
@@ -231,9 +238,10 @@ def parameter_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["model", *tasks])
 
 
-def cost_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per task and variant: training throughput, train time, peak memory, parameters."""
-    top = trained(headline(df))
+def cost_table(df: pd.DataFrame, top: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per task and variant: training throughput, train time, peak memory, parameters.
+    ``top``: :func:`headline` of ``df`` when the caller has it already."""
+    top = trained(headline(df) if top is None else top)
     grouped = top.groupby(["task", "label"], sort=False).agg(
         seeds=("seed", "nunique"), train_tokens_per_s=("train_tokens_per_s", "median"),
         train_time_s=("train_time_s", "median"), peak_mem_mib=("peak_mem_bytes", "median"),
