@@ -234,3 +234,26 @@ def test_the_report_computes_the_headline_rows_and_the_margins_once(tmp_path, qu
     text = build_quality_report(tmp_path)
     assert "## Past what needs no attention" in text
     assert calls == {"headline": 2, "margins": 1}  # the headline: the grid's rows, the budget's
+
+
+def test_a_grid_of_references_only_takes_the_majority_class_from_the_task_data():
+    """No trained row carries ``majority_accuracy``: the floor comes from the task's data,
+    built from the rows' data settings, the same level a trained model's evaluation records."""
+    from bench.quality.tasks import get_task
+
+    rows = _rows("recall", "naive_bayes_tokens", {0: 0.40}, role="reference",
+                 title="naive Bayes (token counts)")
+    rows += [{**rows[0], "unit_id": "b", "task": "bytelm", "variant": "ngram_2",
+              "metric": "bits_per_byte", "value": 3.2,
+              "settings": task_settings("bytelm", "tiny").to_json()}]
+    table = quality_table(_frame(rows)).set_index("variant")
+    task = get_task("recall", RECALL.data, 0)
+    task.prepare()
+    expected = task.majority_accuracy("test", task.num_examples("test")).value
+    assert table.loc[MAJORITY, "recall"] == f"{expected * 100:.1f}"
+    assert table.loc[MAJORITY, "bytelm"] == "-"  # no classes
+    # a trained row's recorded level is what the table shows where there is one
+    trained_row = {**rows[0], "unit_id": "t", "variant": "full", "role": "variant",
+                   "metric": "majority_accuracy", "value": 0.5}
+    table = quality_table(_frame([*rows, trained_row])).set_index("variant")
+    assert table.loc[MAJORITY, "recall"] == "50.0"

@@ -12,6 +12,7 @@ import json
 
 import pandas as pd
 
+from bench.quality.data.errors import DataMissingError
 from bench.quality.margins import Margin, margins, strongest_references
 from bench.quality.model_parts import always_causal
 from bench.quality.reference import list_references
@@ -143,9 +144,40 @@ def uniform_chance(df: pd.DataFrame) -> dict[str, float]:
 
 
 def majority_class(df: pd.DataFrame) -> dict[str, float]:
-    """The test accuracy of always answering the training set's most frequent label."""
+    """The test accuracy of always answering the training set's most frequent label: what
+    the trained rows recorded (``majority_accuracy``), else, for a task no trained row
+    carries it for (a grid of computed references only), from the task's data
+    (:func:`majority_from_data`)."""
     rows = df[(df.split == "test") & (df.metric == "majority_accuracy") & (df.status == "ok")]
-    return rows.groupby("task").value.first().to_dict()
+    found = rows.groupby("task").value.first().to_dict()
+    for task, part in df[df.settings.fillna("") != ""].groupby("task", sort=False):
+        if task not in found:
+            seed = part.seed.dropna()
+            level = majority_from_data(task, part.settings.iloc[0],
+                                       int(seed.iloc[0]) if len(seed) else 0)
+            if level is not None:
+                found[task] = level
+    return found
+
+
+def majority_from_data(task: str, settings: str, seed: int = 0) -> float | None:
+    """The majority class of ``task`` from its data, the task built from the data settings
+    of a row's ``settings`` (JSON) as :func:`uniform_chance` builds it, then its splits
+    loaded (from the cache when generated before): the test accuracy of the most frequent
+    training label, over the whole test split as a trained model's final evaluation counts
+    it. ``None`` for a task without classes, settings this version cannot read, or data
+    that is not installed."""
+    try:
+        built = get_task(task, json.loads(settings).get("data", {}), seed)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None  # a task this version does not know, or settings it cannot read
+    if not isinstance(built, ClassificationTask) or built.num_classes <= 0:
+        return None
+    try:
+        built.prepare()
+    except (DataMissingError, ValueError, TypeError, KeyError):
+        return None  # data not installed, or data settings short of a key: the floor stays "-"
+    return built.majority_accuracy("test", built.num_examples("test")).value
 
 
 def floor_row(df: pd.DataFrame, name: str, levels: dict[str, float]) -> dict[str, str]:
