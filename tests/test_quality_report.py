@@ -257,3 +257,31 @@ def test_a_grid_of_references_only_takes_the_majority_class_from_the_task_data()
                    "metric": "majority_accuracy", "value": 0.5}
     table = quality_table(_frame([*rows, trained_row])).set_index("variant")
     assert table.loc[MAJORITY, "recall"] == "50.0"
+
+
+def test_causal_alone_trains_on_a_decoder_once_as_causal_and_the_table_says_it_is_full(tmp_path):
+    """``--variant causal`` without full: the decoder task trains once, under the label asked
+    for, and its cell says it is full attention's model; with full, the grid trains full only."""
+    from bench.quality.grid_config import parse_grid
+    from bench.quality.tables import SAME_AS_FULL
+    from bench.quality.units import units
+
+    grid = {"name": "g", "kind": "quality", "preset": "tiny", "tasks": ["recall", "bytelm"],
+            "variants": ["full", "causal"], "seeds": [0]}
+    alone = [(u.spec["task"], u.label) for u in units(parse_grid(grid, only=["causal"]), tmp_path)]
+    assert alone == [("recall", "causal"), ("bytelm", "causal")]
+    both = [(u.spec["task"], u.label) for u in units(parse_grid(grid), tmp_path)]
+    assert ("bytelm", "causal") not in both and ("bytelm", "full") in both
+
+    def lm(variant: str, values: dict[int, float]) -> list[dict]:
+        rows = _rows("bytelm", variant, values, metric="bits_per_byte")
+        return [{**r, "model_kind": "decoder_lm"} for r in rows]
+
+    causal = _frame([*_rows("recall", "causal", {0: 0.5}), *lm("causal", {0: 4.0})])
+    table = quality_table(causal).set_index("variant")
+    assert table.loc["causal", "bytelm"] == f"4.000 {SAME_AS_FULL}"
+    assert table.loc["causal", "recall"] == "50.0"  # an encoder: a model of its own
+    # with full trained (the whole grid), causal has no rows of its own on the decoder task
+    whole = _frame([*lm("full", {0: 4.0}), *_rows("recall", "causal", {0: 0.5})])
+    assert quality_table(whole).set_index("variant").loc["causal", "bytelm"] == \
+        "= full (one model in a decoder)"

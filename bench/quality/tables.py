@@ -23,6 +23,8 @@ from bench.quality.tasks import ClassificationTask, display_unit, get_task, head
 #: marks of a cell whose paired difference from full attention is beyond seed noise
 MARKS = {BETTER: " ▲", WORSE: " ▼"}
 UNIFORM, MAJORITY = "uniform chance (1 / classes)", "majority class (of the training labels)"
+#: what a ``causal`` cell of a decoder-only task trained as ``causal`` adds to its value
+SAME_AS_FULL = "(= full: one model in a decoder)"
 
 
 def task_order(df: pd.DataFrame) -> list[str]:
@@ -72,8 +74,11 @@ def _table_row(df: pd.DataFrame, top: pd.DataFrame, name: str, tasks: list[str],
         metric = part.metric.iloc[0] if len(part) else ""
         scale = 100 if metric == "accuracy" else 1
         row[task] = _cell(part.value, scale) + MARKS.get(verdicts.get((task, name), ""), "")
-        if part.empty and _one_decoder_model(df, name, task):
+        one_model = _one_decoder_model(df, name, task)
+        if part.empty and one_model and (df[df.task == task].label == "full").any():
             row[task] = "= full (one model in a decoder)"
+        elif len(part) and one_model:
+            row[task] += f" {SAME_AS_FULL}"  # trained as causal: full was not in the selection
         elif len(unsupported) and part.empty:
             row[task] = "unsupported"
         elif len(failed) and part.empty:
@@ -90,11 +95,12 @@ def _table_row(df: pd.DataFrame, top: pd.DataFrame, name: str, tasks: list[str],
 
 
 def _one_decoder_model(df: pd.DataFrame, name: str, task: str) -> bool:
-    """``causal`` on a decoder-only task: the same model as ``full``, trained once (the grid
-    does not train it twice: bench/quality/units.py ``same_model_as_full``)."""
+    """``causal`` on a decoder-only task: the same model as ``full``. A grid with both trains
+    it once, as ``full`` (bench/quality/units.py ``same_model_as_full``); a grid or a
+    selection (``--variant causal``) without ``full`` trains it as ``causal``, and the cell
+    says it is full attention's model (:data:`SAME_AS_FULL`)."""
     kinds = set(df[df.task == task].model_kind.dropna())
-    return (name == "causal" and bool(kinds) and all(always_causal(k) for k in kinds)
-            and (df[df.task == task].label == "full").any())
+    return name == "causal" and bool(kinds) and all(always_causal(k) for k in kinds)
 
 
 def quality_table(df: pd.DataFrame, top: pd.DataFrame | None = None) -> pd.DataFrame:
