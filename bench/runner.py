@@ -109,9 +109,9 @@ def _work(config: RunConfig | WorkPlan) -> WorkPlan:
 
 
 def size_of(work: WorkPlan) -> str:
-    """How much a plan holds, said: ``12 cases in the config``, ``9 training runs in the
-    grid``."""
-    return f"{work.count()} {work.noun} in the {'grid' if isinstance(work, GridPlan) else 'config'}"
+    """How much a plan holds, said: ``12 cases in the config``, ``24 training runs and 9
+    computed references in the grid``."""
+    return f"{work.size()} in the {'grid' if isinstance(work, GridPlan) else 'config'}"
 
 
 def default_run_dir(config: RunConfig) -> Path:

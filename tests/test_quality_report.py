@@ -178,3 +178,110 @@ def test_the_average_is_only_given_over_every_accuracy_task(quality):
     table = quality_table(pd.concat([quality, _frame(rows)], ignore_index=True)).set_index("variant")
     assert table.loc["full", "avg (accuracy tasks)"] == f"{(60.0 + 50.0) / 2:.1f}"
     assert table.loc["causal", "avg (accuracy tasks)"] == "- (1 of 2 tasks)"
+
+
+def test_one_rule_tells_rows_of_computed_references_from_trained_rows(quality):
+    """A computed reference's row has role reference and a reference's name; a trained entry
+    with role reference (the LSTM model) and a trained variant that happens to bear a
+    reference's name (a plug-in ``gzip``) are trained rows: seeds, differences, averages."""
+    from bench.quality.grid import is_reference_row
+    from bench.quality.reference_unit import reference_row_mask
+    from bench.quality.tables import trained
+
+    lstm = json.dumps({"model": {"mixer": "lstm"}})
+    rows = [*_rows("recall", "naive_bayes_tokens", {0: 0.40}, role="reference",
+                   title="naive Bayes (token counts)"),
+            *_rows("recall", "full", {0: 0.25, 1: 0.50, 2: 0.80}, role="reference",
+                   overrides=lstm, title="lstm (no attention)"),
+            *_rows("recall", "gzip", {0: 0.31, 1: 0.62, 2: 0.93})]
+    extra = _frame(rows)
+    extra["label"] = ["naive Bayes (token counts)"] + ["lstm (no attention)"] * 3 + ["gzip"] * 3
+    df = pd.concat([quality, extra], ignore_index=True)
+    mask = reference_row_mask(df)
+    assert list(mask) == [is_reference_row(r) for r in df.to_dict("records")]
+    assert set(df[mask].label) == {"naive Bayes (token counts)"}
+    assert {"lstm (no attention)", "gzip"} <= set(trained(df).label)
+    differences = significance_table(df).set_index(["task", "variant"])
+    assert ("recall", "gzip") in differences.index
+    table = quality_table(df).set_index("variant")
+    assert table.loc["gzip", "avg (accuracy tasks)"] == "62.0"
+    assert table.loc["naive Bayes (token counts) (reference)", "avg (accuracy tasks)"] == "-"
+
+
+def test_the_report_computes_the_headline_rows_and_the_margins_once(tmp_path, quality, monkeypatch):
+    """Every table of the report reads the same headline rows and margins: computed once
+    (the grid's rows, then the matched-compute rows apart), not once per table."""
+    import bench.quality.margins as margins_module
+    import bench.quality.report as report_module
+    import bench.quality.tables as tables_module
+
+    calls = {"headline": 0, "margins": 0}
+
+    def counting(name: str, function):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    headline, margins = tables_module.headline, margins_module.margins
+    for module in (report_module, tables_module):
+        monkeypatch.setattr(module, "headline", counting("headline", headline))
+    for module in (margins_module, tables_module, report_module):
+        monkeypatch.setattr(module, "margins", counting("margins", margins), raising=False)
+    rows = [r for r in quality.to_dict("records")]
+    rows += _rows("recall", "naive_bayes_tokens", {0: 0.40}, role="reference")
+    ResultsWriter(tmp_path, rows, QUALITY_FILE, QUALITY_COLUMNS)
+    text = build_quality_report(tmp_path)
+    assert "## Past what needs no attention" in text
+    assert calls == {"headline": 2, "margins": 1}  # the headline: the grid's rows, the budget's
+
+
+def test_a_grid_of_references_only_takes_the_majority_class_from_the_task_data():
+    """No trained row carries ``majority_accuracy``: the floor comes from the task's data,
+    built from the rows' data settings, the same level a trained model's evaluation records."""
+    from bench.quality.tasks import get_task
+
+    rows = _rows("recall", "naive_bayes_tokens", {0: 0.40}, role="reference",
+                 title="naive Bayes (token counts)")
+    rows += [{**rows[0], "unit_id": "b", "task": "bytelm", "variant": "ngram_2",
+              "metric": "bits_per_byte", "value": 3.2,
+              "settings": task_settings("bytelm", "tiny").to_json()}]
+    table = quality_table(_frame(rows)).set_index("variant")
+    task = get_task("recall", RECALL.data, 0)
+    task.prepare()
+    expected = task.majority_accuracy("test", task.num_examples("test")).value
+    assert table.loc[MAJORITY, "recall"] == f"{expected * 100:.1f}"
+    assert table.loc[MAJORITY, "bytelm"] == "-"  # no classes
+    # a trained row's recorded level is what the table shows where there is one
+    trained_row = {**rows[0], "unit_id": "t", "variant": "full", "role": "variant",
+                   "metric": "majority_accuracy", "value": 0.5}
+    table = quality_table(_frame([*rows, trained_row])).set_index("variant")
+    assert table.loc[MAJORITY, "recall"] == "50.0"
+
+
+def test_causal_alone_trains_on_a_decoder_once_as_causal_and_the_table_says_it_is_full(tmp_path):
+    """``--variant causal`` without full: the decoder task trains once, under the label asked
+    for, and its cell says it is full attention's model; with full, the grid trains full only."""
+    from bench.quality.grid_config import parse_grid
+    from bench.quality.tables import SAME_AS_FULL
+    from bench.quality.units import units
+
+    grid = {"name": "g", "kind": "quality", "preset": "tiny", "tasks": ["recall", "bytelm"],
+            "variants": ["full", "causal"], "seeds": [0]}
+    alone = [(u.spec["task"], u.label) for u in units(parse_grid(grid, only=["causal"]), tmp_path)]
+    assert alone == [("recall", "causal"), ("bytelm", "causal")]
+    both = [(u.spec["task"], u.label) for u in units(parse_grid(grid), tmp_path)]
+    assert ("bytelm", "causal") not in both and ("bytelm", "full") in both
+
+    def lm(variant: str, values: dict[int, float]) -> list[dict]:
+        rows = _rows("bytelm", variant, values, metric="bits_per_byte")
+        return [{**r, "model_kind": "decoder_lm"} for r in rows]
+
+    causal = _frame([*_rows("recall", "causal", {0: 0.5}), *lm("causal", {0: 4.0})])
+    table = quality_table(causal).set_index("variant")
+    assert table.loc["causal", "bytelm"] == f"4.000 {SAME_AS_FULL}"
+    assert table.loc["causal", "recall"] == "50.0"  # an encoder: a model of its own
+    # with full trained (the whole grid), causal has no rows of its own on the decoder task
+    whole = _frame([*lm("full", {0: 4.0}), *_rows("recall", "causal", {0: 0.5})])
+    assert quality_table(whole).set_index("variant").loc["causal", "bytelm"] == \
+        "= full (one model in a decoder)"

@@ -147,3 +147,19 @@ def test_the_cli_dry_run_of_a_grid_prints_the_plan(tmp_path):
     assert refused.exit_code == 2 and "--kernel: a speed-sweep setting" in refused.output
     wrong = CliRunner().invoke(app, ["sweep", "quick", "--dry-run", "--task", "recall"])
     assert wrong.exit_code == 2 and "--task: only a training grid" in wrong.output
+
+
+def test_the_plan_of_a_grid_says_its_computed_references_apart_from_its_training_runs(tmp_path):
+    from bench.runner import size_of
+
+    config = load_run({**GRID, "references": ["naive_bayes_tokens", "ngram_2"]})
+    said = "4 training runs and 2 computed references"  # recall and bytelm, one reference each
+    assert plan(config, tmp_path).lines()[-1] == f"{said}, 0 already done in {tmp_path}"
+    assert size_of(run_plan(config)) == f"{said} in the grid"
+    alone = load_run({**GRID, "variants": [], "references": ["naive_bayes_tokens", "ngram_2"]})
+    assert size_of(run_plan(alone)) == "0 training runs and 2 computed references in the grid"
+    one = load_run({**GRID, "tasks": ["recall"], "variants": ["full"],
+                    "references": ["naive_bayes_tokens"]})
+    assert size_of(run_plan(one)) == "1 training run and 1 computed reference in the grid"
+    assert size_of(run_plan(load_run(GRID))) == "4 training runs in the grid"
+    assert size_of(run_plan(load_run({**SWEEP, "seq_len": [16]}))) == "1 case in the config"

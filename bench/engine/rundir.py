@@ -274,7 +274,7 @@ class Plan:
     run, :func:`plan_units`)."""
 
     run_dir: Path
-    noun: str
+    size: str  # how many items, said with their nouns (RunPlan.size)
     items: tuple[Planned, ...]
 
     @property
@@ -282,9 +282,15 @@ class Plan:
         return sum(item.state == "done" for item in self.items)
 
     def lines(self) -> list[str]:
-        """One numbered line per item, then ``N <noun>, D already done in <run_dir>``."""
+        """One numbered line per item, then ``<size>, D already done in <run_dir>`` (``12
+        cases, ...``, ``24 training runs and 9 computed references, ...``)."""
         return [*(f"{i + 1:4d} {p.key} {p.state} {p.description}" for i, p in enumerate(self.items)),
-                f"{len(self.items)} {self.noun}, {self.done} already done in {self.run_dir}"]
+                f"{self.size}, {self.done} already done in {self.run_dir}"]
+
+
+def counted(n: int, singular: str, plural: str) -> str:
+    """``n`` and the noun in its number: ``1 case``, ``2 cases``."""
+    return f"{n} {singular if n == 1 else plural}"
 
 
 class RunPlan(Protocol):
@@ -325,12 +331,9 @@ class RunPlan(Protocol):
         """Modules the run imports before anything runs (they register what the plan names;
         each worker imports them again for its unit)."""
 
-    @property
-    def noun(self) -> str:
-        """What the plan's items are called, plural (``cases``, ``training runs``)."""
-
-    def count(self) -> int:
-        """How many items the plan has (done or not)."""
+    def size(self) -> str:
+        """How many items the plan has (done or not), said with what they are: ``12 cases``,
+        ``24 training runs and 9 computed references`` (:func:`counted`)."""
 
     def preview(self, kept: Rows, run_dir: Path) -> list[Planned]:
         """Every item of the plan and its state, given the rows an earlier run recorded
@@ -372,7 +375,7 @@ def plan_units(run_dir: Path, plan: RunPlan, *, allow_mixed: bool = False,
         check_resume(kept, {**environment(plan.device, plan.threads), **plan.row_settings},
                      plan.dtype, has_work=any(item.state != "done" for item in items),
                      local=local)
-    return Plan(run_dir, plan.noun, items)
+    return Plan(run_dir, plan.size(), items)
 
 
 def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | ExecutorSpec | None = None,

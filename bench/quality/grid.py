@@ -26,20 +26,15 @@ from bench.engine.config import ConfigError
 from bench.engine.executors import Executor, ExecutorSpec
 from bench.engine.fsutil import atomic_write_text
 from bench.engine.row_schema import QUALITY_COLUMNS
-from bench.engine.rundir import Chain, Planned, RunRecorder, run_units
+from bench.engine.rundir import Chain, Planned, RunRecorder, counted, run_units
 from bench.quality.budget import strip_budget
 from bench.quality.grid_config import GridConfig, canonical
-from bench.quality.reference import reference_names
+from bench.quality.reference_unit import ReferenceUnit, is_reference_row
 from bench.quality.settings import attention_params, settings_that_apply, task_settings
 from bench.quality.units import SettingsCache, TrainUnit, trains, units
 
 QUALITY_FILE = "quality.csv"
 SUPERSEDED_FILE = "superseded.csv"  # rows of units whose task settings have since changed
-
-
-def is_reference_row(row: dict[str, Any]) -> bool:
-    """A row of a reference unit (not of a trained entry with role ``reference``)."""
-    return row.get("role") == "reference" and row.get("variant") in reference_names()
 
 
 def _row_json(row: dict[str, Any], column: str) -> Any:
@@ -128,14 +123,20 @@ class GridPlan:
     columns: ClassVar[list[str]] = QUALITY_COLUMNS
     config_file: ClassVar[str] = "grid.json"
     dtype: ClassVar[str] = "float32"
-    noun: ClassVar[str] = "training runs"
 
     @property
     def plugins(self) -> tuple[str, ...]:
         return self.config.plugins
 
-    def count(self) -> int:
-        return len(units(self.config, Path(".")))  # (where the units would write is no matter)
+    def size(self) -> str:
+        """The training runs and the computed references (no training: not counted as
+        runs), said apart: ``24 training runs and 9 computed references``."""
+        found = units(self.config, Path("."))  # (where the units would write is no matter)
+        references = sum(isinstance(u, ReferenceUnit) for u in found)
+        said = counted(len(found) - references, "training run", "training runs")
+        if references:
+            said += f" and {counted(references, 'computed reference', 'computed references')}"
+        return said
 
     def preview(self, kept: list[dict[str, Any]], run_dir: Path) -> list[Planned]:
         """Every unit: ``done`` when its rows are kept, ``todo (settings changed)`` when they

@@ -51,10 +51,11 @@ def strongest_references(top: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["task", "label", "metric", "value"])
 
 
-def margins(top: pd.DataFrame) -> list[Margin]:
-    """Every variant (role ``variant``) on every task that has a reference row."""
+def margins(top: pd.DataFrame, strongest: pd.DataFrame | None = None) -> list[Margin]:
+    """Every variant (role ``variant``) on every task that has a reference row; ``strongest``:
+    :func:`strongest_references` of ``top`` when the caller has it already."""
     found = []
-    strongest = strongest_references(top).set_index("task")
+    strongest = (strongest_references(top) if strongest is None else strongest).set_index("task")
     for (task, name), part in top[top.role == "variant"].groupby(["task", "label"], sort=False):
         if task not in strongest.index:
             continue
@@ -75,9 +76,11 @@ def margins(top: pd.DataFrame) -> list[Margin]:
     return found
 
 
-def unlearned_tasks(top: pd.DataFrame, reference: str = "full") -> dict[str, Margin]:
+def unlearned_tasks(top: pd.DataFrame, reference: str = "full", *,
+                    found: list[Margin] | None = None) -> dict[str, Margin]:
     """Tasks where ``reference`` (full attention) is not past the strongest reference row:
     below it, or past it by less than two seed standard deviations. A task without reference
-    rows, or with one seed of full attention past its reference, is not judged here."""
-    return {m.task: m for m in margins(top)
+    rows, or with one seed of full attention past its reference, is not judged here.
+    ``found``: :func:`margins` of ``top`` when the caller has them already."""
+    return {m.task: m for m in (margins(top) if found is None else found)
             if m.label == reference and m.verdict in (BELOW, SHORT)}

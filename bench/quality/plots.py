@@ -17,7 +17,7 @@ from attn.mods import dense_allowed
 from bench.quality.budget import plot_budget, split_budget
 from bench.quality.margins import strongest_references
 from bench.quality.reach import variant_recall_reach
-from bench.quality.reference import reference_names
+from bench.quality.reference_unit import is_reference_row
 from bench.quality.report import load_quality
 from bench.quality.tables import condition_table, headline, task_order, trained, uniform_chance
 from bench.quality.tasks import ConditionView, condition_views, task_info
@@ -128,7 +128,7 @@ def _reach(row: pd.Series) -> int | bool | None:
     """The largest recall distance the row's variant can answer by its mask, with the row's
     task settings (layers, length, pair layout): :mod:`bench.quality.reach`. ``None`` if it
     can answer none; ``False`` for a row with no attention mask (a reference)."""
-    if row.variant in reference_names() or "mixer" in (row.get("overrides") or ""):
+    if is_reference_row(row) or "mixer" in (row.get("overrides") or ""):
         return False
     params = json.loads(row.params or "{}")  # the variant's defaults fill what it leaves out
     settings = json.loads(row.settings or "{}")

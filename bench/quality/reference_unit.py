@@ -11,15 +11,33 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.engine.process import Worker, WorkerGone
-from bench.quality.reference import get_reference
+from bench.quality.reference import get_reference, reference_names
 from bench.quality.tasks import get_task
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 #: what the ``attention_parts`` column says of a reference row
 NO_ATTENTION = "none (reference without attention)"
+
+
+def is_reference_row(row: Mapping[str, Any] | pd.Series) -> bool:
+    """A row a :class:`ReferenceUnit` computed: role ``reference`` and a reference's name as
+    its variant. Not a row of a trained entry with role ``reference`` (the LSTM model: its
+    variant is an attention's name), nor of a trained variant whose name happens to be a
+    reference's. :func:`reference_row_mask` is the same rule over a DataFrame."""
+    return row.get("role") == "reference" and row.get("variant") in reference_names()
+
+
+def reference_row_mask(df: pd.DataFrame) -> pd.Series:
+    """:func:`is_reference_row` for every row of ``df`` (columns ``role`` and ``variant``), as
+    a boolean mask: the rows of computed references (no seeds, nothing trained)."""
+    return (df.role == "reference") & df.variant.isin(reference_names())
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from bench.engine.results import read_rows
 from bench.engine.row_schema import QUALITY_COLUMNS
 from bench.quality.budget import budget_table, split_budget
 from bench.quality.grid import QUALITY_FILE
-from bench.quality.margins import SD_MARGIN, unlearned_tasks
+from bench.quality.margins import SD_MARGIN, margins, strongest_references, unlearned_tasks
 from bench.quality.model_parts import label
 from bench.quality.reference import list_references
 from bench.quality.tables import (
@@ -91,11 +91,15 @@ def build_quality_report(run_dir: str | Path) -> str:
     df, budget = split_budget(load_quality(run_dir))  # matched-compute rows apart: budget.py
     if df.empty:
         raise ValueError(f"RUN_DIR {run_dir}: {QUALITY_FILE} has no rows yet; run or resume the grid")
-    unlearned = unlearned_tasks(headline(df))
-    table = quality_table(df[~df.task.isin(list(unlearned))])
+    top = headline(df)  # computed once, passed to every table
+    strongest = strongest_references(top)
+    found = margins(top, strongest)
+    unlearned = unlearned_tasks(top, found=found)
+    learned = ~df.task.isin(list(unlearned))
+    table = quality_table(df[learned], top[~top.task.isin(list(unlearned))])
     titles = headline_titles()
     metrics = ", ".join(f"{t}: {titles.get(m, m)}" for t, m in
-                        headline(df).groupby("task").metric.first().items())
+                        top.groupby("task").metric.first().items())
     counts = df.drop_duplicates("unit_id").groupby("status").size().to_dict()
     parts = [f"# Quality report: {run_dir.name}", "",
              "Runs by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), "",
@@ -115,7 +119,7 @@ def build_quality_report(run_dir: str | Path) -> str:
     if unlearned:
         parts += _section(
             "Tasks full attention has not learned at this budget", quality_table(
-                df[df.task.isin(list(unlearned))]),
+                df[~learned], top[top.task.isin(list(unlearned))]),
             "Out of the table above: on these tasks full attention is not past the strongest "
             "reference without attention by two seed standard deviations ("
             + "; ".join(f"{t}: {display_name(df, m.reference)}, margin {signed_margin(m)}"
@@ -123,7 +127,7 @@ def build_quality_report(run_dir: str | Path) -> str:
             + "), so a ranking of patterns read off them is not a finding about attention. "
             "Their figures stay here, beside the same floors.")
     parts += _section(
-        "Past what needs no attention", margin_table(df),
+        "Past what needs no attention", margin_table(df, top, strongest=strongest, found=found),
         "Per task, the strongest reference row (the best mean among the rows with role "
         "reference) and each variant's mean past it (accuracy in points; bits per byte: "
         f"positive is fewer bits). ✓: past it by at least {SD_MARGIN:g} standard deviations of "
@@ -131,12 +135,12 @@ def build_quality_report(run_dir: str | Path) -> str:
         "attention; ~: past it by less; ✗: not past it (the model has not learned more than "
         "counting, compressing or recurrence gives); ?: past it, one seed.")
     parts += _section(
-        "Parameters per model", parameter_table(df),
+        "Parameters per model", parameter_table(df, top),
         "Every variant's model has the same sizes; a variant whose attention carries "
         "parameters of its own (a learned relative bias table) or a reference with another "
         "layer (a recurrent one) differs from full attention's model by the number in "
         "parentheses.")
-    differences = significance_table(df)
+    differences = significance_table(df, top)
     if len(differences):
         parts += ["## Difference from full attention (paired by seed)", "",
                   "Seed s of a variant and of full attention drew the same data and initial "
@@ -148,7 +152,7 @@ def build_quality_report(run_dir: str | Path) -> str:
                   "Each test is at the 5% level on its own: among this many pairs a few "
                   "verdicts are expected by chance alone.", "",
                   markdown_table(differences), ""]
-    parts += ["## Cost per run (medians over seeds)", "", markdown_table(cost_table(df)), ""]
+    parts += ["## Cost per run (medians over seeds)", "", markdown_table(cost_table(df, top)), ""]
     for task, view in condition_views():  # what each task declares (register_task)
         found = condition_table(df, task, view.metric, view.prefix, numeric=view.numeric)
         if len(found):
@@ -164,7 +168,8 @@ def build_quality_report(run_dir: str | Path) -> str:
     if len(failed):
         parts += ["## Runs that failed", "",
                   markdown_table(failed[["task", "label", "seed", "status", "reason"]]), ""]
-    parts += [budget_table(headline(budget))] if len(headline(budget)) else []
+    budget_top = headline(budget)
+    parts += [budget_table(budget_top)] if len(budget_top) else []
     parts += _provenance(df)
     text = "\n".join(parts)
     atomic_write_text(run_dir / REPORT_FILE, text + "\n")

@@ -12,15 +12,19 @@ import json
 
 import pandas as pd
 
+from bench.quality.data.errors import DataMissingError
 from bench.quality.margins import Margin, margins, strongest_references
 from bench.quality.model_parts import always_causal
-from bench.quality.reference import list_references, reference_names
+from bench.quality.reference import list_references
+from bench.quality.reference_unit import reference_row_mask
 from bench.quality.significance import BETTER, WORSE, differences_from_reference
 from bench.quality.tasks import ClassificationTask, display_unit, get_task, headline_titles, order_tasks
 
 #: marks of a cell whose paired difference from full attention is beyond seed noise
 MARKS = {BETTER: " ▲", WORSE: " ▼"}
 UNIFORM, MAJORITY = "uniform chance (1 / classes)", "majority class (of the training labels)"
+#: what a ``causal`` cell of a decoder-only task trained as ``causal`` adds to its value
+SAME_AS_FULL = "(= full: one model in a decoder)"
 
 
 def task_order(df: pd.DataFrame) -> list[str]:
@@ -52,7 +56,7 @@ def display_name(df: pd.DataFrame, name: str) -> str:
     if rows.empty or rows.role.iloc[0] == "variant":
         return name
     role = rows.role.iloc[0]
-    computed = rows.variant.isin(reference_names()).any()  # its label is its title already
+    computed = reference_row_mask(rows).any()  # its label is its title already
     title = "" if computed else next((t for t in rows.title if t and t != name), "")
     return f"{name} ({role}{': ' + title if title else ''})"
 
@@ -70,15 +74,18 @@ def _table_row(df: pd.DataFrame, top: pd.DataFrame, name: str, tasks: list[str],
         metric = part.metric.iloc[0] if len(part) else ""
         scale = 100 if metric == "accuracy" else 1
         row[task] = _cell(part.value, scale) + MARKS.get(verdicts.get((task, name), ""), "")
-        if part.empty and _one_decoder_model(df, name, task):
+        one_model = _one_decoder_model(df, name, task)
+        if part.empty and one_model and (df[df.task == task].label == "full").any():
             row[task] = "= full (one model in a decoder)"
+        elif len(part) and one_model:
+            row[task] += f" {SAME_AS_FULL}"  # trained as causal: full was not in the selection
         elif len(unsupported) and part.empty:
             row[task] = "unsupported"
         elif len(failed) and part.empty:
             row[task] = f"failed ({failed.status.iloc[0]})"
         if metric == "accuracy" and len(part):
             accuracies.append(part.value.mean() * 100)
-    if set(df[df.label == name].variant) & set(reference_names()):
+    if reference_row_mask(df[df.label == name]).any():
         accuracies = []  # a computed reference runs where it applies: no average to compare
     complete = accuracies and len(accuracies) == accuracy_tasks
     row["avg (accuracy tasks)"] = (f"{sum(accuracies) / len(accuracies):.1f}" if complete else
@@ -88,20 +95,21 @@ def _table_row(df: pd.DataFrame, top: pd.DataFrame, name: str, tasks: list[str],
 
 
 def _one_decoder_model(df: pd.DataFrame, name: str, task: str) -> bool:
-    """``causal`` on a decoder-only task: the same model as ``full``, trained once (the grid
-    does not train it twice: bench/quality/units.py ``same_model_as_full``)."""
+    """``causal`` on a decoder-only task: the same model as ``full``. A grid with both trains
+    it once, as ``full`` (bench/quality/units.py ``same_model_as_full``); a grid or a
+    selection (``--variant causal``) without ``full`` trains it as ``causal``, and the cell
+    says it is full attention's model (:data:`SAME_AS_FULL`)."""
     kinds = set(df[df.task == task].model_kind.dropna())
-    return (name == "causal" and bool(kinds) and all(always_causal(k) for k in kinds)
-            and (df[df.task == task].label == "full").any())
+    return name == "causal" and bool(kinds) and all(always_causal(k) for k in kinds)
 
 
-def quality_table(df: pd.DataFrame) -> pd.DataFrame:
+def quality_table(df: pd.DataFrame, top: pd.DataFrame | None = None) -> pd.DataFrame:
     """Variants x tasks: mean +- std over seeds (accuracy in %), the average accuracy, a mark
     on each cell beyond seed noise from full attention (▲ better, ▼ worse); then, below a
     separator row, the floors: the control rows, the references without attention (trained
     ones first, then in bench/quality/reference's order), uniform chance and the majority
-    class."""
-    top, tasks = headline(df), task_order(df)
+    class. ``top``: :func:`headline` of ``df`` when the caller has it already."""
+    top, tasks = headline(df) if top is None else top, task_order(df)
     found = differences_from_reference(trained(top))
     verdicts = {(r.task, r.label): r.verdict for r in found.itertuples()}
     roles = df.drop_duplicates("label").set_index("label").role
@@ -123,7 +131,7 @@ def quality_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def trained(df: pd.DataFrame) -> pd.DataFrame:
     """``df`` less the rows of computed references (no seeds, nothing to pair)."""
-    return df[~df.variant.isin(reference_names())]
+    return df[~reference_row_mask(df)]
 
 
 def uniform_chance(df: pd.DataFrame) -> dict[str, float]:
@@ -142,9 +150,40 @@ def uniform_chance(df: pd.DataFrame) -> dict[str, float]:
 
 
 def majority_class(df: pd.DataFrame) -> dict[str, float]:
-    """The test accuracy of always answering the training set's most frequent label."""
+    """The test accuracy of always answering the training set's most frequent label: what
+    the trained rows recorded (``majority_accuracy``), else, for a task no trained row
+    carries it for (a grid of computed references only), from the task's data
+    (:func:`majority_from_data`)."""
     rows = df[(df.split == "test") & (df.metric == "majority_accuracy") & (df.status == "ok")]
-    return rows.groupby("task").value.first().to_dict()
+    found = rows.groupby("task").value.first().to_dict()
+    for task, part in df[df.settings.fillna("") != ""].groupby("task", sort=False):
+        if task not in found:
+            seed = part.seed.dropna()
+            level = majority_from_data(task, part.settings.iloc[0],
+                                       int(seed.iloc[0]) if len(seed) else 0)
+            if level is not None:
+                found[task] = level
+    return found
+
+
+def majority_from_data(task: str, settings: str, seed: int = 0) -> float | None:
+    """The majority class of ``task`` from its data, the task built from the data settings
+    of a row's ``settings`` (JSON) as :func:`uniform_chance` builds it, then its splits
+    loaded (from the cache when generated before): the test accuracy of the most frequent
+    training label, over the whole test split as a trained model's final evaluation counts
+    it. ``None`` for a task without classes, settings this version cannot read, or data
+    that is not installed."""
+    try:
+        built = get_task(task, json.loads(settings).get("data", {}), seed)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None  # a task this version does not know, or settings it cannot read
+    if not isinstance(built, ClassificationTask) or built.num_classes <= 0:
+        return None
+    try:
+        built.prepare()
+    except (DataMissingError, ValueError, TypeError, KeyError):
+        return None  # data not installed, or data settings short of a key: the floor stays "-"
+    return built.majority_accuracy("test", built.num_examples("test")).value
 
 
 def floor_row(df: pd.DataFrame, name: str, levels: dict[str, float]) -> dict[str, str]:
@@ -156,10 +195,11 @@ def floor_row(df: pd.DataFrame, name: str, levels: dict[str, float]) -> dict[str
     return row
 
 
-def significance_table(df: pd.DataFrame) -> pd.DataFrame:
+def significance_table(df: pd.DataFrame, top: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per task and variant, the paired difference from full attention over shared seeds:
-    means, the difference with its 95% t-interval (accuracy in points), and the verdict."""
-    found = differences_from_reference(trained(headline(df)))
+    means, the difference with its 95% t-interval (accuracy in points), and the verdict.
+    ``top``: :func:`headline` of ``df`` when the caller has it already."""
+    found = differences_from_reference(trained(headline(df) if top is None else top))
     order = {t: i for i, t in enumerate(task_order(df))}
     found = found.sort_values(["task", "label"], key=lambda s: s.map(order) if s.name == "task" else s)
     rows = []
@@ -180,13 +220,18 @@ def significance_table(df: pd.DataFrame) -> pd.DataFrame:
 MARGIN_MARKS = {"clears": "✓", "within 2 sd": "~", "below": "✗", "one seed": "?"}
 
 
-def margin_table(df: pd.DataFrame) -> pd.DataFrame:
+def margin_table(df: pd.DataFrame, top: pd.DataFrame | None = None, *,
+                 strongest: pd.DataFrame | None = None,
+                 found: list[Margin] | None = None) -> pd.DataFrame:
     """Tasks x variants: each variant's mean past its task's strongest reference row (accuracy
     in points; bits per byte: positive is fewer bits), marked ✓ beyond two seed standard
-    deviations, ~ past it by less, ✗ not past it, ? past it with one seed."""
-    top = headline(df)
-    strongest = strongest_references(top)
-    found = margins(top)
+    deviations, ~ past it by less, ✗ not past it, ? past it with one seed. ``top``
+    (:func:`headline`), ``strongest`` (:func:`bench.quality.margins.strongest_references`)
+    and ``found`` (:func:`bench.quality.margins.margins`): of ``df``, when the caller has
+    them already."""
+    top = headline(df) if top is None else top
+    strongest = strongest_references(top) if strongest is None else strongest
+    found = margins(top, strongest) if found is None else found
     if strongest.empty:
         return pd.DataFrame()
     names = sorted({m.label for m in found})
@@ -210,10 +255,11 @@ def signed_margin(m: Margin) -> str:
     return f"{m.margin * scale:+.{digits}f}"
 
 
-def parameter_table(df: pd.DataFrame) -> pd.DataFrame:
+def parameter_table(df: pd.DataFrame, top: pd.DataFrame | None = None) -> pd.DataFrame:
     """Trained models x tasks: parameter count, and how many more or fewer than full
-    attention's model on the same task (a relative bias's tables, a recurrent layer)."""
-    top = trained(headline(df))
+    attention's model on the same task (a relative bias's tables, a recurrent layer).
+    ``top``: :func:`headline` of ``df`` when the caller has it already."""
+    top = trained(headline(df) if top is None else top)
     counts = top.groupby(["label", "task"]).param_count.median().unstack("task")
     tasks = [t for t in task_order(df) if t in counts.columns]
     rows = []
@@ -230,9 +276,10 @@ def parameter_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["model", *tasks])
 
 
-def cost_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Per task and variant: training throughput, train time, peak memory, parameters."""
-    top = trained(headline(df))
+def cost_table(df: pd.DataFrame, top: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per task and variant: training throughput, train time, peak memory, parameters.
+    ``top``: :func:`headline` of ``df`` when the caller has it already."""
+    top = trained(headline(df) if top is None else top)
     grouped = top.groupby(["task", "label"], sort=False).agg(
         seeds=("seed", "nunique"), train_tokens_per_s=("train_tokens_per_s", "median"),
         train_time_s=("train_time_s", "median"), peak_mem_mib=("peak_mem_bytes", "median"),

@@ -167,7 +167,9 @@ def same_model_as_full(config: GridConfig, task: str, variant: GridVariant) -> b
     """True for the ``causal`` entry on a decoder-only task (a model kind whose every
     self-attention runs causally, ``needs_causal``) when the grid also has ``full`` with the
     same model settings: the two are one model (bit-identical runs); the grid trains it once,
-    as ``full``."""
+    as ``full``. Without ``full`` among the entries that run (a grid without it, or a command
+    line's ``--variant causal``) it trains once, as ``causal``, the label asked for, and the
+    report's cell says it is full attention's model (bench/quality/tables.py)."""
     if variant.name != "causal" or variant.params:
         return False
     if not always_causal(_model_kind(config.preset, task)):

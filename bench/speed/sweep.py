@@ -21,7 +21,15 @@ from bench.engine.executors import Executor, ExecutorSpec
 from bench.engine.fsutil import atomic_write_json, read_json
 from bench.engine.results import RESULTS_FILE
 from bench.engine.row_schema import COLUMNS
-from bench.engine.rundir import Chain, MixedEnvironmentError, Planned, Rows, RunRecorder, run_units
+from bench.engine.rundir import (
+    Chain,
+    MixedEnvironmentError,
+    Planned,
+    Rows,
+    RunRecorder,
+    counted,
+    run_units,
+)
 from bench.speed.cases import Case, expand_cases
 from bench.speed.cases import chains as make_chains
 from bench.speed.config import SweepConfig
@@ -73,7 +81,6 @@ class SweepPlan:
     file: ClassVar[str] = RESULTS_FILE
     columns: ClassVar[list[str]] = COLUMNS
     config_file: ClassVar[str] = "sweep.json"
-    noun: ClassVar[str] = "cases"
 
     @classmethod
     def of(cls, config: SweepConfig) -> SweepPlan:
@@ -84,8 +91,8 @@ class SweepPlan:
     def plugins(self) -> tuple[str, ...]:
         return self.config.plugins
 
-    def count(self) -> int:
-        return len(self.cases)
+    def size(self) -> str:
+        return counted(len(self.cases), "case", "cases")
 
     def preview(self, kept: Rows, run_dir: Path) -> list[Planned]:
         """Every case, ``done`` when each of its passes has a kept row."""
