@@ -63,11 +63,11 @@ def test_the_dry_run_says_what_the_run_does(tmp_path: Path) -> None:
     args = ["sweep", str(config), "--out", str(out)]
     assert CliRunner().invoke(app, [*args, "--no-plots"]).exit_code == 0
     same = CliRunner().invoke(app, [*args, "--dry-run"])
-    assert same.exit_code == 0 and "1 cases, 1 already done" in same.output, same.output
+    assert same.exit_code == 0 and "1 case, 1 already done" in same.output, same.output
     config.write_text(yaml.safe_dump(_config(threads=2)))
     dry = CliRunner().invoke(app, [*args, "--dry-run"])
     real = CliRunner().invoke(app, [*args, "--no-plots"])
     assert dry.exit_code == real.exit_code == 2, (dry.output, real.output)
     assert dry.output == real.output and "threads 1 -> 2" in dry.output
     mixed = CliRunner().invoke(app, [*args, "--dry-run", "--allow-mixed"])
-    assert mixed.exit_code == 0 and "1 cases, 1 already done" in mixed.output, mixed.output
+    assert mixed.exit_code == 0 and "1 case, 1 already done" in mixed.output, mixed.output

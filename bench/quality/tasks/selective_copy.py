@@ -53,7 +53,7 @@ PRESETS = {
     "selective_copy",
     order=8.5,
     presets=PRESETS,
-    metric_title="token accuracy (greedy decoding)",
+    metric_title="token accuracy",
     conditions=(ConditionView(
         "accuracy", "gap<=",
         "Token accuracy by the gap to the data token before it (test)",
