@@ -35,7 +35,7 @@ def list_command(
     from attn import AttentionCall, attention_info, create_attention, list_attention, list_kernels
     from attn.registry import plugin_errors
     from bench.engine.config import DEVICES, DTYPES, list_config_presets
-    from bench.quality.settings import list_task_presets
+    from bench.quality.settings import list_task_presets, task_settings
 
     choice("--device", device, DEVICES)
     choice("--dtype", dtype, DTYPES)
@@ -111,17 +111,26 @@ def _wrapped(head: str, text: str, indent: str) -> list[str]:
 
 
 def _tasks_lines() -> list[str]:
-    """The registered quality tasks, one line each: model kind, headline metric, presets."""
+    """The registered quality tasks, one line each: model kind (each kind its presets use,
+    ``decoder_lm/encoder_classifier`` where they differ), headline metric, and the
+    task presets it has where it lacks some (the full list is its own line)."""
+    from bench.quality.settings import list_task_presets, task_settings
     from bench.quality.tasks import list_tasks, task_info
 
-    rows = [("task", "model kind", "headline metric", "presets")]
+    every = set(list_task_presets())
+    rows = [("task", "model kind", "headline metric")]
+    notes = [""]
     for name in list_tasks():
         info = task_info(name)
-        rows.append((name, info.model_kind(), info.metric_title, ", ".join(sorted(info.presets))))
+        kinds = sorted({info.model_kind(task_settings(name, p).data) for p in info.presets})
+        rows.append((name, "/".join(kinds) or info.model_kind(), info.metric_title))
+        missing = every - set(info.presets)
+        notes.append(f"(presets: {', '.join(sorted(info.presets))})" if missing else "")
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = ["quality tasks (attn-bench train TASK; a grid's tasks)"]
-    for row in rows:
-        lines.append("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[3])
+    for row, note in zip(rows, notes):
+        lines.append(("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  "
+                      + note).rstrip())
     return lines
 
 
