@@ -12,7 +12,7 @@ builds ``encoder_classifier``, ``decoder_lm``, ``encoder_decoder`` or ``vit``;
     >>> step = clf.stream(window=128); y = step.step(ids[:, 0])   # (B, D), continual inference
 """
 
-from models.attention import KVCache, MultiHeadAttention, cache_policy
+from models.attention import KVCache, MultiHeadAttention, RotaryEmbedding, cache_policy
 from models.blocks import FeedForward, TransformerBlock
 from models.config import (
     SIZES,
@@ -49,6 +49,7 @@ __all__ = [
     "Placement",
     "PositionEmbedding",
     "PrefixTokens",
+    "RotaryEmbedding",
     "StreamingEncoder",
     "TokenEmbedding",
     "TransformerBlock",

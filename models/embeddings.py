@@ -1,4 +1,5 @@
-"""Embeddings: tokens, absolute positions (sinusoidal / learned / none), ViT patches."""
+"""Embeddings: tokens, absolute positions (sinusoidal / learned / none; ``rope`` rotates
+queries and keys inside the attention instead, see :mod:`models.attention`), ViT patches."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ class PositionEmbedding(nn.Module):
     """Absolute positions added to ``x (B, N, D)`` starting at ``offset`` (the KV-cache length).
 
     ``sinusoidal`` works at any position; ``learned`` has ``max_len`` rows; ``none`` adds
-    nothing (position comes from a relative bias in the attention).
+    nothing (position comes from a relative bias in the attention), nor does ``rope`` (the
+    attention rotates its queries and keys).
     """
 
     def __init__(self, kind: str, d_model: int, max_len: int) -> None:
@@ -48,7 +50,7 @@ class PositionEmbedding(nn.Module):
             nn.init.trunc_normal_(self.table, std=0.02)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        if self.kind == "none":
+        if self.kind in ("none", "rope"):
             return x
         length = x.shape[1]
         if self.kind == "learned":
