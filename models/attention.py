@@ -68,6 +68,38 @@ def default_positions(length: int, offset: int, device: torch.device) -> Tensor:
     return torch.arange(offset, offset + length, device=device)[None, :]  # (1, N)
 
 
+def pattern_shift_reason(attention: attn.Attention, probe: int = 48, shift: int = 29) -> str | None:
+    """Why ``attention``'s pattern (mask and score term) is not a function of ``j - i``
+    alone, or None when it is: what left padding needs (a row padded by ``p`` tokens sees
+    its own positions shifted by ``p``). Global positions (``band().num_global > 0``) are
+    refused outright; any other pattern is probed on an ``probe x probe`` grid against the
+    same grid moved by ``shift``, every head."""
+    band = attention.band()
+    if band is not None and band.num_global > 0:
+        return f"its first {band.num_global} position(s) are global, an absolute position"
+    heads = attention.num_heads or 1
+    b = torch.zeros(1, 1, 1, 1, dtype=torch.long)
+    h = torch.arange(heads).view(1, heads, 1, 1)
+    i = torch.arange(probe).view(1, 1, probe, 1)
+    j = torch.arange(probe).view(1, 1, 1, probe)
+    shape = (1, heads, probe, probe)
+    with torch.no_grad():
+        mask_mod = attention.mask_mod()
+        if mask_mod is not None:
+            here = torch.broadcast_to(mask_mod(b, h, i, j), shape)
+            there = torch.broadcast_to(mask_mod(b, h, i + shift, j + shift), shape)
+            if not torch.equal(here, there):
+                return "its mask_mod depends on absolute positions, not on j - i alone"
+        score_mod = attention.score_mod()
+        if score_mod is not None:
+            zero = torch.zeros(shape)
+            here = torch.broadcast_to(score_mod(zero, b, h, i, j), shape)
+            there = torch.broadcast_to(score_mod(zero, b, h, i + shift, j + shift), shape)
+            if not torch.allclose(here, there):
+                return "its score_mod depends on absolute positions, not on j - i alone"
+    return None
+
+
 class KVCache:
     """Keys and values of past positions for one attention layer, ``(B, H, T, D)``.
 
