@@ -78,10 +78,12 @@ def pattern_shift_reason(attention: attn.Attention, probe: int = 48, shift: int 
     if band is not None and band.num_global > 0:
         return f"its first {band.num_global} position(s) are global, an absolute position"
     heads = attention.num_heads or 1
-    b = torch.zeros(1, 1, 1, 1, dtype=torch.long)
-    h = torch.arange(heads).view(1, heads, 1, 1)
-    i = torch.arange(probe).view(1, 1, probe, 1)
-    j = torch.arange(probe).view(1, 1, 1, probe)
+    tensors = [*attention.parameters(), *attention.buffers()]  # a score_mod may read them
+    device = tensors[0].device if tensors else torch.device("cpu")
+    b = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
+    h = torch.arange(heads, device=device).view(1, heads, 1, 1)
+    i = torch.arange(probe, device=device).view(1, 1, probe, 1)
+    j = torch.arange(probe, device=device).view(1, 1, 1, probe)
     shape = (1, heads, probe, probe)
     with torch.no_grad():
         mask_mod = attention.mask_mod()
@@ -92,7 +94,7 @@ def pattern_shift_reason(attention: attn.Attention, probe: int = 48, shift: int 
                 return "its mask_mod depends on absolute positions, not on j - i alone"
         score_mod = attention.score_mod()
         if score_mod is not None:
-            zero = torch.zeros(shape)
+            zero = torch.zeros(shape, device=device)
             here = torch.broadcast_to(score_mod(zero, b, h, i, j), shape)
             there = torch.broadcast_to(score_mod(zero, b, h, i + shift, j + shift), shape)
             if not torch.allclose(here, there):

@@ -166,6 +166,12 @@ class _Pattern:
     def band(self) -> None:
         return None
 
+    def parameters(self) -> list:
+        return []
+
+    def buffers(self) -> list:
+        return []
+
     def mask_mod(self):
         return self._mask_mod
 
