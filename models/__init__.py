@@ -7,12 +7,14 @@ builds ``encoder_classifier``, ``decoder_lm``, ``encoder_decoder`` or ``vit``;
     >>> lm = create_model("decoder_lm", attention="sliding_window", attention_params={"window": 64})
     >>> logits = lm(ids)                                   # (B, N, V)
     >>> out = lm.generate(ids, 32, strategy="beam", beam_width=4, eos_id=2)
+    >>> ids, mask = left_pad([p1, p2]); out = lm.generate(ids, 32, key_mask=mask)   # ragged prompts
+    >>> rope_lm = create_model("decoder_lm", position="rope")     # rotary positions, any attention
     >>> clf = create_model("encoder_classifier", size="lra_base", attention="relative", num_classes=2)
     >>> clf(ids, key_mask=mask)                            # (B, C)
     >>> step = clf.stream(window=128); y = step.step(ids[:, 0])   # (B, D), continual inference
 """
 
-from models.attention import KVCache, MultiHeadAttention, cache_policy
+from models.attention import KVCache, MultiHeadAttention, RotaryEmbedding, cache_policy
 from models.blocks import FeedForward, TransformerBlock
 from models.config import (
     SIZES,
@@ -26,7 +28,7 @@ from models.decoder import DecoderCache, DecoderLM
 from models.embeddings import PatchEmbedding, PositionEmbedding, PrefixTokens, TokenEmbedding
 from models.encoder import EncoderClassifier, TransformerEncoder
 from models.encoder_decoder import EncoderDecoder
-from models.generation import beam_search, greedy_search, length_penalty, sample
+from models.generation import beam_search, greedy_search, left_pad, length_penalty, sample
 from models.registration import Placement
 from models.registry import create_model, list_models, model_config, model_info, register_model
 from models.streaming import StreamingEncoder
@@ -49,6 +51,7 @@ __all__ = [
     "Placement",
     "PositionEmbedding",
     "PrefixTokens",
+    "RotaryEmbedding",
     "StreamingEncoder",
     "TokenEmbedding",
     "TransformerBlock",
@@ -59,6 +62,7 @@ __all__ = [
     "cache_policy",
     "create_model",
     "greedy_search",
+    "left_pad",
     "length_penalty",
     "list_models",
     "model_config",

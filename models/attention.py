@@ -1,13 +1,105 @@
-"""Multi-head attention over any registered attention, with an optional KV cache."""
+"""Multi-head attention over any registered attention, with an optional KV cache and
+rotary position embeddings (RoPE) on its queries and keys."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 import attn
+from attn.validation import invalid
+
+#: the RoPE base (Su et al. 2021): pair i of a head of D channels turns by pos * base^(-2i/D)
+ROPE_BASE = 10000.0
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (RoPE; Su et al. 2021, "RoFormer"), no parameters.
+
+    Rotates per-head queries or keys ``x (B, H, N, D)`` by their absolute positions: channel
+    pair ``i`` (``0 <= i < D/2``) turns by the angle ``pos * base^(-2i/D)``, so the score of a
+    query at ``m`` and a key at ``n`` depends on their content and on ``m - n`` only.
+
+    Convention: **half-split** (GPT-NeoX, Hugging Face's ``rotate_half``): channel ``i`` is
+    paired with channel ``i + D/2``, ``(x_i, x_{i+D/2}) -> (x_i cos - x_{i+D/2} sin,
+    x_i sin + x_{i+D/2} cos)``; not the paper's interleaved pairs ``(2i, 2i+1)`` (GPT-J). The
+    two are the same rotation up to a fixed permutation of the channels, which the learned
+    projections absorb, but weights do not transfer between them. ``D`` must be even.
+
+    The angles are computed in float64 and cast to ``x``'s dtype, so a rotation at position
+    10^6 (a long stream, a long cache) is as accurate as one at position 10.
+    """
+
+    def __init__(self, head_dim: int, base: float = ROPE_BASE) -> None:
+        super().__init__()
+        if not isinstance(head_dim, int) or head_dim < 2 or head_dim % 2:
+            raise invalid("head_dim", f"must be an even integer >= 2 for rotary positions "
+                                      f"(RoPE turns pairs of channels); got {head_dim!r}")
+        if not (isinstance(base, (int, float)) and math.isfinite(base) and base > 1):
+            raise invalid("base", f"must be a finite number > 1; got {base!r}")
+        self.head_dim = head_dim
+        self.base = float(base)
+
+    def angles(self, positions: Tensor) -> Tensor:
+        """Angles ``pos * base^(-2i/D)``, float64: ``positions (B, N)`` -> ``(B, 1, N, D/2)``."""
+        pairs = torch.arange(0, self.head_dim, 2, dtype=torch.float64, device=positions.device)
+        inv_freq = self.base ** (-pairs / self.head_dim)  # (D/2,)
+        return positions.to(torch.float64)[:, None, :, None] * inv_freq  # (B, 1, N, D/2)
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        """``x (B, H, N, D)`` rotated by ``positions (B, N)`` or ``(1, N)`` (integers, absolute)."""
+        if positions.dim() != 2 or positions.shape[1] != x.shape[2]:
+            raise invalid("positions", f"must have shape (B, {x.shape[2]}) or (1, {x.shape[2]}) "
+                                       f"for {x.shape[2]} tokens; got {tuple(positions.shape)}")
+        angle = self.angles(positions)  # (B, 1, N, D/2)
+        cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+        x1, x2 = x[..., : self.head_dim // 2], x[..., self.head_dim // 2 :]  # (B, H, N, D/2) each
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)  # (B, H, N, D)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, base={self.base:g}, convention='half-split'"
+
+
+def default_positions(length: int, offset: int, device: torch.device) -> Tensor:
+    """Positions ``offset .. offset + length - 1`` of every row, ``(1, N)``."""
+    return torch.arange(offset, offset + length, device=device)[None, :]  # (1, N)
+
+
+def pattern_shift_reason(attention: attn.Attention, probe: int = 48, shift: int = 29) -> str | None:
+    """Why ``attention``'s pattern (mask and score term) is not a function of ``j - i``
+    alone, or None when it is: what left padding needs (a row padded by ``p`` tokens sees
+    its own positions shifted by ``p``). Global positions (``band().num_global > 0``) are
+    refused outright; any other pattern is probed on an ``probe x probe`` grid against the
+    same grid moved by ``shift``, every head."""
+    band = attention.band()
+    if band is not None and band.num_global > 0:
+        return f"its first {band.num_global} position(s) are global, an absolute position"
+    heads = attention.num_heads or 1
+    tensors = [*attention.parameters(), *attention.buffers()]  # a score_mod may read them
+    device = tensors[0].device if tensors else torch.device("cpu")
+    b = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
+    h = torch.arange(heads, device=device).view(1, heads, 1, 1)
+    i = torch.arange(probe, device=device).view(1, 1, probe, 1)
+    j = torch.arange(probe, device=device).view(1, 1, 1, probe)
+    shape = (1, heads, probe, probe)
+    with torch.no_grad():
+        mask_mod = attention.mask_mod()
+        if mask_mod is not None:
+            here = torch.broadcast_to(mask_mod(b, h, i, j), shape)
+            there = torch.broadcast_to(mask_mod(b, h, i + shift, j + shift), shape)
+            if not torch.equal(here, there):
+                return "its mask_mod depends on absolute positions, not on j - i alone"
+        score_mod = attention.score_mod()
+        if score_mod is not None:
+            zero = torch.zeros(shape, device=device)
+            here = torch.broadcast_to(score_mod(zero, b, h, i, j), shape)
+            there = torch.broadcast_to(score_mod(zero, b, h, i + shift, j + shift), shape)
+            if not torch.allclose(here, there):
+                return "its score_mod depends on absolute positions, not on j - i alone"
+    return None
 
 
 class KVCache:
@@ -19,14 +111,22 @@ class KVCache:
     depend only on ``i - j`` (plus ``j < num_global``), the trimmed cache gives exactly the
     same result as the full one (see :func:`cache_policy`). A ``static`` cache (cross
     attention) is filled once from the encoder memory and never grows.
+
+    A growing cache also keeps the key mask of what it stores, ``mask (B, T)`` (None while
+    every stored key is real): a call that passes ``key_mask`` for its new tokens (left
+    padding of ragged prompts) masks those keys for every later query too; a call without
+    one appends real keys. ``seen`` counts every position appended, trimmed or not (the
+    absolute position of the next token, which RoPE rotates by).
     """
 
     def __init__(self, keep_first: int = 0, keep_last: int | None = None, static: bool = False):
         self.keep_first = keep_first
         self.keep_last = keep_last
         self.static = static
+        self.seen = 0  # positions appended so far (not trimmed away from this count)
         self.k: Tensor | None = None  # (B, H, T, D): a view of the buffer when unbounded
         self.v: Tensor | None = None
+        self.mask: Tensor | None = None  # (B, T) bool, True at real keys; None: all real
         self._k_buf: Tensor | None = None  # (B, H, capacity, D), grown by doubling
         self._v_buf: Tensor | None = None
 
@@ -35,19 +135,35 @@ class KVCache:
         """Number of keys stored now."""
         return 0 if self.k is None else self.k.shape[2]
 
-    def update(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Append new ``k, v (B, H, Nnew, D)``; return every key the new queries may need."""
+    def update(
+        self, k: Tensor, v: Tensor, key_mask: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Append new ``k, v (B, H, Nnew, D)`` with their ``key_mask (B, Nnew)`` (None: all
+        real); return every key the new queries may need and the mask of those keys (None
+        when all are real). A static cache passes ``key_mask`` through."""
         if self.static:
             self.k, self.v = k, v  # cross attention: set once from the memory
-            return k, v
+            return k, v, key_mask
+        batch, new = k.shape[0], k.shape[2]
+        if key_mask is not None and (key_mask.dtype != torch.bool or tuple(key_mask.shape) != (batch, new)):
+            raise invalid("key_mask", f"must be a bool tensor of shape ({batch}, {new}) for the new "
+                                      f"tokens; got {key_mask.dtype} of shape {tuple(key_mask.shape)}")
+        mask = None  # (B, T + Nnew): the mask of the keys returned
+        if key_mask is not None or self.mask is not None:
+            past = self.mask if self.mask is not None else k.new_ones(batch, self.length, dtype=torch.bool)
+            now = key_mask if key_mask is not None else k.new_ones(batch, new, dtype=torch.bool)
+            mask = torch.cat([past, now], dim=1)
+        self.seen += new
         if self.keep_last is None:
             self._append(k, v)  # amortised O(Nnew): no copy of the past per step
-            return self.k, self.v
+            self.mask = mask
+            return self.k, self.v, mask
         if self.k is not None:
             k = torch.cat([self.k, k], dim=2)  # (B, H, T + Nnew, D), T bounded by the band
             v = torch.cat([self.v, v], dim=2)
         self.k, self.v = self._trim(k), self._trim(v)
-        return k, v
+        self.mask = None if mask is None else self._trim(mask, dim=1)
+        return k, v, mask
 
     def _append(self, k: Tensor, v: Tensor) -> None:
         old, new = self.length, k.shape[2]
@@ -64,18 +180,22 @@ class KVCache:
         self.k = self._k_buf[:, :, : old + new]
         self.v = self._v_buf[:, :, : old + new]
 
-    def _trim(self, x: Tensor) -> Tensor:
-        if self.keep_last is None or x.shape[2] <= self.keep_first + self.keep_last:
+    def _trim(self, x: Tensor, dim: int = 2) -> Tensor:
+        """The first ``keep_first`` and last ``keep_last`` entries of ``x`` along ``dim``."""
+        length = x.shape[dim]
+        if self.keep_last is None or length <= self.keep_first + self.keep_last:
             return x
-        tail = x[:, :, -self.keep_last :]
+        tail = x.narrow(dim, length - self.keep_last, self.keep_last)
         if self.keep_first == 0:
             return tail
-        return torch.cat([x[:, :, : self.keep_first], tail], dim=2)
+        return torch.cat([x.narrow(dim, 0, self.keep_first), tail], dim=dim)
 
     def reorder(self, index: Tensor) -> None:
         """Select / repeat batch rows (beam search)."""
         if self.k is None:
             return
+        if self.mask is not None:
+            self.mask = self.mask.index_select(0, index)
         if self._k_buf is not None:
             self._k_buf = self._k_buf.index_select(0, index)
             self._v_buf = self._v_buf.index_select(0, index)
@@ -107,6 +227,11 @@ class MultiHeadAttention(nn.Module):
     """Q/K/V/output projections around any registered attention (self or cross).
 
     ``x (B, Nq, D)`` attends over ``context (B, Nk, D)`` (``x`` itself when None).
+
+    With ``rope=True`` (a self-attention of a model with ``position: rope``) the per-head
+    queries and keys are rotated by their absolute positions (:class:`RotaryEmbedding`)
+    after the projections and before the attention variant, whatever its pattern; keys are
+    cached rotated, so a cached step rotates only the new token, at the cache's offset.
     """
 
     def __init__(
@@ -116,12 +241,17 @@ class MultiHeadAttention(nn.Module):
         attention: str = "full",
         attention_params: dict[str, Any] | None = None,
         kernel: str = "auto",
+        rope: bool = False,
     ) -> None:
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"d_model: must be divisible by num_heads={num_heads}; got {d_model}")
         self.num_heads = num_heads
         self.head_dim = d_model // num_heads
+        if rope and self.head_dim % 2:
+            raise invalid("head_dim", f"must be even for rotary positions (rope=True); got "
+                                      f"d_model / num_heads = {d_model} / {num_heads} = {self.head_dim}")
+        self.rope = RotaryEmbedding(self.head_dim) if rope else None
         self.q_proj = nn.Linear(d_model, d_model)
         self.k_proj = nn.Linear(d_model, d_model)
         self.v_proj = nn.Linear(d_model, d_model)
@@ -154,9 +284,25 @@ class MultiHeadAttention(nn.Module):
         """Per-head keys and values ``(B, H, Nk, Dh)`` of ``context (B, Nk, D)``."""
         return self.split(self.k_proj(context)), self.split(self.v_proj(context))
 
-    def project(self, x: Tensor, context: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-head ``q (B, H, Nq, Dh)``, ``k, v (B, H, Nk, Dh)`` (each token independently)."""
-        return (self.queries(x), *self.keys_values(x if context is None else context))
+    def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
+        """Per-head ``x (B, H, N, Dh)`` rotated by ``positions (B|1, N)`` with RoPE, or
+        unchanged without it."""
+        return x if self.rope is None else self.rope(x, positions)
+
+    def project(
+        self, x: Tensor, context: Tensor | None = None, *, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Per-head ``q (B, H, Nq, Dh)``, ``k, v (B, H, Nk, Dh)`` (each token independently).
+
+        With RoPE, ``positions (B|1, Nk)`` are the keys' absolute positions (default
+        ``0 .. Nk-1``) and the queries sit at the last ``Nq`` of them (bottom-right alignment)."""
+        context = x if context is None else context
+        q, (k, v) = self.queries(x), self.keys_values(context)
+        if self.rope is not None:
+            if positions is None:
+                positions = default_positions(k.shape[2], 0, k.device)  # (1, Nk)
+            q, k = self.rotate(q, positions[:, -q.shape[2] :]), self.rotate(k, positions)
+        return q, k, v
 
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None
@@ -174,15 +320,23 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         key_mask: Tensor | None = None,
         cache: KVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
-        """``x (B, Nq, D)`` attends over ``context`` (default ``x``), through ``cache`` if given."""
+        """``x (B, Nq, D)`` attends over ``context`` (default ``x``), through ``cache`` if given.
+
+        With a growing cache, ``key_mask (B, Nnew)`` masks the new keys (it is kept with
+        them); ``positions (B|1, Nnew)`` are the new tokens' absolute positions for RoPE
+        (default: the cache's offset ``cache.seen`` onwards, or ``0 ..`` without a cache)."""
         q = self.queries(x)  # (B, H, Nq, Dh)
         if cache is not None and cache.static and cache.k is not None:
             k, v = cache.k, cache.v  # cross attention: memory projected once
         else:
             k, v = self.keys_values(x if context is None else context)  # (B, H, Nk, Dh)
+            if self.rope is not None:
+                if positions is None:
+                    offset = 0 if cache is None else cache.seen
+                    positions = default_positions(k.shape[2], offset, k.device)  # (1, Nk)
+                q, k = self.rotate(q, positions[:, -q.shape[2] :]), self.rotate(k, positions)
             if cache is not None:
-                if key_mask is not None and not cache.static:
-                    raise ValueError("key_mask: not supported together with a growing KV cache")
-                k, v = cache.update(k, v)
+                k, v, key_mask = cache.update(k, v, key_mask)
         return self.attend(q, k, v, causal=causal, key_mask=key_mask)

@@ -43,6 +43,12 @@ class TransformerBlock(nn.Module):
     ``attention_params`` are unused by a recurrent block. The step-wise seams
     (:meth:`self_attention_inputs`, :meth:`finish`, :meth:`forward_last`, which streaming
     uses) need per-token keys and values, so a recurrent block refuses them.
+
+    ``rope=True`` rotates the self-attention's queries and keys by their absolute positions
+    (RoPE, :class:`~models.attention.RotaryEmbedding`); the cross-attention is never rotated
+    (encoder memory and target are not on one position axis). ``positions (B|1, N)`` in the
+    calls below are the tokens' absolute positions (default ``0 .. N-1``, or the cache's
+    offset onwards); without RoPE they are unused.
     """
 
     def __init__(
@@ -60,6 +66,7 @@ class TransformerBlock(nn.Module):
         dropout: float = 0.0,
         mixer: str = "attention",
         causal: bool = False,
+        rope: bool = False,
     ) -> None:
         super().__init__()
         require_choice("mixer", mixer, MIXERS)
@@ -68,7 +75,9 @@ class TransformerBlock(nn.Module):
         self.self_attn: MultiHeadAttention | None = None
         self.recurrent: RecurrentMixer | None = None
         if mixer == "attention":
-            self.self_attn = MultiHeadAttention(d_model, num_heads, attention, attention_params, kernel)
+            self.self_attn = MultiHeadAttention(
+                d_model, num_heads, attention, attention_params, kernel, rope=rope
+            )
         else:
             self.recurrent = RecurrentMixer(d_model, mixer, causal=causal)
         self.norm1 = nn.LayerNorm(d_model)
@@ -113,14 +122,18 @@ class TransformerBlock(nn.Module):
         return self.residual(self.norm2, x, self.ffn(self.sublayer_input(self.norm2, x)))
 
     # the seams of step-wise inference (streaming, single-output blocks)
-    def self_attention_inputs(self, x: Tensor, query_x: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def self_attention_inputs(
+        self, x: Tensor, query_x: Tensor | None = None, *, positions: Tensor | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Per-head ``q`` of ``query_x`` (default ``x``) and ``k, v`` of ``x``, block inputs
         ``(B, N, D)`` -> ``(B, H, N, Dh)``: what the self-attention computes from each token
-        alone, so a caller may cache them per token. Attention blocks only."""
+        alone, so a caller may cache them per token. With RoPE they are rotated by
+        ``positions (B|1, N)`` of ``x``'s tokens (default ``0 .. N-1``); ``query_x`` holds the
+        last tokens of ``x``. Attention blocks only."""
         self_attn = self._attention_only("self_attention_inputs")
         h = self.sublayer_input(self.norm1, x)
         query_h = h if query_x is None else self.sublayer_input(self.norm1, query_x)
-        return self_attn.project(query_h, h)
+        return self_attn.project(query_h, h, positions=positions)
 
     def finish(
         self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
@@ -146,6 +159,7 @@ class TransformerBlock(nn.Module):
         context_mask: Tensor | None = None,
         cache: KVCache | RecurrentCache | None = None,
         cross_cache: KVCache | None = None,
+        positions: Tensor | None = None,
     ) -> Tensor:
         """``x (B, N, D)`` -> ``(B, N, D)``; ``context (B, M, D)`` feeds the cross-attention.
 
@@ -157,7 +171,7 @@ class TransformerBlock(nn.Module):
                 raise ValueError(f"cache: a block with mixer={self.mixer!r} needs its RecurrentCache")
             out = self.recurrent(h, causal=causal, key_mask=key_mask, cache=cache)  # (B, N, D)
         else:
-            out = self.self_attn(h, causal=causal, key_mask=key_mask, cache=cache)  # (B, N, D)
+            out = self.self_attn(h, causal=causal, key_mask=key_mask, cache=cache, positions=positions)
         x = self.residual(self.norm1, x, out)
         if self.cross_attn is not None:
             if context is None and (cross_cache is None or cross_cache.k is None):
@@ -167,7 +181,10 @@ class TransformerBlock(nn.Module):
             x = self.residual(self.norm_cross, x, out)
         return self.ffn_sublayer(x)
 
-    def forward_last(self, x: Tensor, *, causal: bool = False, key_mask: Tensor | None = None) -> Tensor:
+    def forward_last(
+        self, x: Tensor, *, causal: bool = False, key_mask: Tensor | None = None,
+        positions: Tensor | None = None,
+    ) -> Tensor:
         """Single-output block: only the last position's output, ``(B, N, D) -> (B, 1, D)``.
 
         Keys and values come from every position, the query only from the last one, and
@@ -175,7 +192,7 @@ class TransformerBlock(nn.Module):
         Attention blocks only.
         """
         self._attention_only("forward_last")
-        q, k, v = self.self_attention_inputs(x, x[:, -1:])  # q (B, H, 1, Dh), k, v (B, H, N, Dh)
+        q, k, v = self.self_attention_inputs(x, x[:, -1:], positions=positions)  # q (B, H, 1, Dh)
         return self.finish(x[:, -1:], q, k, v, causal=causal, key_mask=key_mask)
 
 def make_blocks(
@@ -193,7 +210,8 @@ def make_blocks(
 
     With a recurrent ``config.mixer`` the blocks' recurrent layer runs causally (one
     direction) when ``causal`` is True, both directions when False; None means
-    ``config.needs_causal``. Attention blocks take ``causal`` per call and ignore it here."""
+    ``config.needs_causal``. Attention blocks take ``causal`` per call and ignore it here.
+    ``config.position == "rope"`` gives every self-attention rotary positions."""
     causal = config.needs_causal if causal is None else causal
     return nn.ModuleList(
         TransformerBlock(
@@ -209,6 +227,7 @@ def make_blocks(
             dropout=config.dropout,
             mixer=config.mixer,
             causal=causal,
+            rope=config.position == "rope",
         )
         for _ in range(num_layers)
     )

@@ -5,6 +5,14 @@ offending field. ``position="auto"`` resolves to ``"none"`` when the attention c
 relative position bias (``relative``, or any variant with ``position_bias``), to
 ``"learned"`` for ViT and to ``"sinusoidal"`` otherwise.
 
+``position="rope"``: rotary position embeddings (Su et al. 2021) on every self-attention's
+queries and keys, before the attention variant (so with any pattern); nothing is added to
+the token embeddings, and cross-attention is not rotated. The head dim ``d_model /
+num_heads`` must be even. It is refused with an attention that carries a relative position
+bias (``relative``, or ``position_bias``): one position scheme per model, so a comparison of
+schemes (learned absolute, RoPE, ALiBi, a learned bias) credits each result to one of them.
+It is refused with a recurrent ``mixer`` too (no self-attention to rotate).
+
 ``mixer`` picks what mixes tokens in every self-attention sublayer: ``"attention"`` (the
 default) or a recurrent layer, ``"lstm"`` (Hochreiter & Schmidhuber 1997) or ``"gru"``
 (Cho et al. 2014), of the model's width (see :mod:`models.recurrent`). With a recurrent
@@ -24,7 +32,7 @@ from attn.validation import invalid, require_choice, require_int
 
 ACTIVATIONS = ("relu", "gelu")
 NORMS = ("post", "pre")
-POSITIONS = ("auto", "sinusoidal", "learned", "none")
+POSITIONS = ("auto", "sinusoidal", "learned", "none", "rope")
 POOLINGS = ("cls", "mean", "last")  # one vector per sequence (every model kind with a head)
 ENCODER_POOLINGS = (*POOLINGS, "tokens")  # "tokens": logits at every position (encoder only)
 PAIR_HEADS = ("concat", "cosine")
@@ -103,9 +111,22 @@ class ModelConfig:
         elif has_bias and self.position != "none":
             raise invalid(
                 "position",
-                f"must be 'none' (or 'auto') when the attention carries a relative position bias; "
-                f"got {self.position!r}",
+                f"must be 'none' (or 'auto') when the attention carries a relative position bias "
+                f"(one position scheme per model: RoPE and a bias are two); got {self.position!r}",
             )
+        if self.position == "rope":
+            if self.recurrent:
+                raise invalid(
+                    "position",
+                    f"'rope' rotates self-attention queries and keys, and mixer={self.mixer!r} has "
+                    "no self-attention: choose 'sinusoidal', 'learned', 'none' or 'auto'",
+                )
+            if self.head_dim % 2:
+                raise invalid(
+                    "d_model",
+                    f"position='rope' needs an even head dim d_model / num_heads (RoPE turns pairs "
+                    f"of channels); got {self.d_model} / {self.num_heads} = {self.head_dim}",
+                )
 
     @property
     def head_dim(self) -> int:

@@ -1,4 +1,4 @@
-"""GPT-style decoder language model with a KV cache."""
+"""GPT-style decoder language model with a KV cache; ragged (left-padded) prompts in one batch."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from models.attention import KVCache
+from attn.validation import invalid
+from models.attention import KVCache, pattern_shift_reason
 from models.blocks import make_blocks
 from models.config import DecoderLMConfig
-from models.embeddings import PositionEmbedding, TokenEmbedding
-from models.generation import GenerationMixin
+from models.embeddings import PositionEmbedding, TokenEmbedding, first_real, token_positions
+from models.generation import GenerationMixin, check_left_padded
 from models.recurrent import RecurrentCache
 from models.registration import place_causal_self_attention, register_model
 
@@ -19,21 +20,53 @@ from models.registration import place_causal_self_attention, register_model
 @dataclass
 class DecoderCache:
     """Per-layer self-attention caches (recurrent state caches with a recurrent ``mixer``),
-    cross-attention caches and the tokens seen so far."""
+    cross-attention caches, the tokens seen so far and, after a first call with a left-padded
+    ``key_mask``, each row's first real column (``start``: positions count from there)."""
 
     layers: list[KVCache | RecurrentCache]
     cross: list[KVCache] = field(default_factory=list)
-    length: int = 0  # absolute position of the next token
+    length: int = 0  # column of the next token (its absolute position in a row without padding)
+    start: Tensor | None = None  # (B,) each row's first real column; None: 0 for every row
 
     def reorder(self, index: Tensor) -> None:
         """Select / repeat batch rows of every layer's cache (beam search)."""
         for cache in (*self.layers, *self.cross):
             cache.reorder(index)
+        if self.start is not None:
+            self.start = self.start.index_select(0, index)
+
+    def positions(self, length: int, key_mask: Tensor | None, device: torch.device) -> Tensor:
+        """Absolute positions ``(B|1, N)`` of the next ``length`` tokens; a first call's
+        ``key_mask`` fixes each row's start (its left padding) for every later call."""
+        if self.length == 0 and key_mask is not None:
+            start = first_real(key_mask)  # (B,)
+            self.start = start if bool(start.any()) else None
+        return token_positions(length, self.length, self.start, device)
+
+
+def row_positions(length: int, key_mask: Tensor | None, cache: DecoderCache | None,
+                  device: torch.device) -> Tensor:
+    """Absolute positions ``(B|1, N)`` of a decoder call's tokens: ``0 ..`` (or the cache's
+    offset onwards), each row counted from its first real token. Left padding thus leaves a
+    row's tokens where they are alone; without padding, or with right padding, they are the
+    columns."""
+    if cache is not None:
+        return cache.positions(length, key_mask, device)
+    start = None if key_mask is None else first_real(key_mask)  # (B,)
+    if start is not None and not bool(start.any()):
+        start = None
+    return token_positions(length, 0, start, device)
 
 
 @register_model("decoder_lm", DecoderLMConfig, place=place_causal_self_attention)
 class DecoderLM(GenerationMixin, nn.Module):
-    """Causal LM: ``model(ids, key_mask=None) -> logits (B, N, V)``; ``generate`` decodes."""
+    """Causal LM: ``model(ids, key_mask=None) -> logits (B, N, V)``; ``generate`` decodes.
+
+    Positions count from each row's first real token (``key_mask``), so a left-padded row
+    gets the positions, and so the logits, it gets alone; a cache keeps that start, and the
+    key mask of its keys, for every later step. ``generate(ids, n, key_mask=mask)`` decodes a
+    batch of prompts of different lengths, left-padded (:func:`models.generation.left_pad`).
+    """
 
     def __init__(self, config: DecoderLMConfig) -> None:
         super().__init__()
@@ -55,36 +88,65 @@ class DecoderLM(GenerationMixin, nn.Module):
     def forward(
         self, ids: Tensor, key_mask: Tensor | None = None, *, cache: DecoderCache | None = None
     ) -> Tensor:
-        """``ids (B, N)`` -> ``logits (B, N, V)``; with ``cache``, ids are the new tokens only."""
-        offset = 0 if cache is None else cache.length
-        x = self.drop(self.pos_emb(self.token_emb(ids), offset))  # (B, N, D)
+        """``ids (B, N)`` -> ``logits (B, N, V)``; with ``cache``, ids are the new tokens only
+        and ``key_mask (B, N)`` (None: all real) masks them for this and every later call."""
+        positions = row_positions(ids.shape[1], key_mask, cache, ids.device)  # (B|1, N)
+        x = self.drop(self.pos_emb(self.token_emb(ids), positions=positions))  # (B, N, D)
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache.layers[i]
-            x = block(x, causal=True, key_mask=key_mask, cache=layer_cache)
+            x = block(x, causal=True, key_mask=key_mask, cache=layer_cache, positions=positions)
         if cache is not None:
             cache.length += ids.shape[1]
         return self.lm_head(self.norm(x))  # (B, N, V)
 
-    def start_decoding(self, ids: Tensor, use_cache: bool = True, **unused) -> tuple[_LMSession, Tensor]:
+    def start_decoding(
+        self, ids: Tensor, use_cache: bool = True, key_mask: Tensor | None = None, **unused
+    ) -> tuple[_LMSession, Tensor]:
+        """A decoding session over prompts ``ids (B, T)``; ``key_mask (B, T)`` marks each
+        row's real tokens when the prompts have different lengths (left padding: see
+        :func:`models.generation.left_pad`)."""
         if unused:
             raise ValueError(f"{next(iter(unused))}: not an argument of decoder_lm.generate")
-        return _LMSession(self, use_cache), ids
+        if key_mask is not None:
+            check_left_padded(key_mask, ids)
+            if self.config.recurrent:
+                raise invalid("key_mask", f"ragged prompts need self-attention blocks; this model has "
+                                          f"mixer={self.config.mixer!r} (allowed: mixer='attention')")
+            reason = pattern_shift_reason(self.blocks[0].self_attn.attention)
+            if reason is not None:
+                raise invalid("key_mask", f"ragged prompts are left-padded, which moves each row by its "
+                                          f"padding, and attention={self.config.attention!r} cannot be "
+                                          f"moved: {reason} (allowed: a pattern of j - i only, e.g. "
+                                          "full, causal, sliding_window, dilated, relative)")
+            if bool(key_mask.all()):
+                key_mask = None
+        return _LMSession(self, use_cache, key_mask), ids
 
 
 class _LMSession:
-    """Next-token logits for a growing token sequence, through the KV cache or not."""
+    """Next-token logits for a growing token sequence, through the KV cache or not; with a
+    prompt ``key_mask (B, T)`` (left padding) every call masks the padding."""
 
-    def __init__(self, model: DecoderLM, use_cache: bool) -> None:
+    def __init__(self, model: DecoderLM, use_cache: bool, key_mask: Tensor | None = None) -> None:
         self.model = model
         self.cache = model.new_cache() if use_cache else None
+        self.key_mask = key_mask  # (B, T) of the prompt; None: no padding
 
     @torch.no_grad()
     def next_logits(self, tokens: Tensor) -> Tensor:
         """``tokens (B, T)`` (the whole sequence so far) -> logits of token T+1 ``(B, V)``."""
         if self.cache is None:
-            return self.model(tokens)[:, -1]
+            mask = self.key_mask
+            if mask is not None:  # the prompt's padding, then every generated token is real
+                new = tokens.shape[1] - mask.shape[1]
+                mask = torch.cat([mask, mask.new_ones(mask.shape[0], new)], dim=1)  # (B, T)
+            return self.model(tokens, mask)[:, -1]
+        if self.cache.length == 0:  # the prompt: its mask goes into the cache
+            return self.model(tokens, self.key_mask, cache=self.cache)[:, -1]
         return self.model(tokens[:, self.cache.length :], cache=self.cache)[:, -1]
 
     def reorder(self, index: Tensor) -> None:
+        if self.key_mask is not None:
+            self.key_mask = self.key_mask.index_select(0, index)
         if self.cache is not None:
             self.cache.reorder(index)

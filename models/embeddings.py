@@ -1,4 +1,5 @@
-"""Embeddings: tokens, absolute positions (sinusoidal / learned / none), ViT patches."""
+"""Embeddings: tokens, absolute positions (sinusoidal / learned / none; ``rope`` rotates
+queries and keys inside the attention instead, see :mod:`models.attention`), ViT patches."""
 
 from __future__ import annotations
 
@@ -31,11 +32,30 @@ def sinusoidal_table(positions: Tensor, d_model: int) -> Tensor:
     return table
 
 
+def first_real(key_mask: Tensor) -> Tensor:
+    """The column of each row's first real token, ``key_mask (B, N)`` -> ``(B,)`` (0 for a
+    row with none): the left padding of a row, 0 for right padding or none."""
+    return key_mask.to(torch.int8).argmax(dim=1)  # the first maximum: the first True
+
+
+def token_positions(length: int, offset: int = 0, start: Tensor | None = None,
+                    device: torch.device | None = None) -> Tensor:
+    """Absolute positions of ``length`` tokens at columns ``offset ..``: ``(1, N)``, or with
+    each row's first real column ``start (B,)`` (left padding), ``(B, N)`` counted from there
+    (so a left-padded row's tokens get the positions they have alone; padding gets 0)."""
+    columns = torch.arange(offset, offset + length, device=device)[None, :]  # (1, N)
+    if start is None:
+        return columns
+    return (columns - start.to(columns.device)[:, None]).clamp(min=0)  # (B, N)
+
+
 class PositionEmbedding(nn.Module):
-    """Absolute positions added to ``x (B, N, D)`` starting at ``offset`` (the KV-cache length).
+    """Absolute positions added to ``x (B, N, D)``: ``offset ..`` (the KV-cache length), or
+    per row ``positions (B|1, N)``.
 
     ``sinusoidal`` works at any position; ``learned`` has ``max_len`` rows; ``none`` adds
-    nothing (position comes from a relative bias in the attention).
+    nothing (position comes from a relative bias in the attention), nor does ``rope`` (the
+    attention rotates its queries and keys).
     """
 
     def __init__(self, kind: str, d_model: int, max_len: int) -> None:
@@ -47,19 +67,29 @@ class PositionEmbedding(nn.Module):
         if self.table is not None:
             nn.init.trunc_normal_(self.table, std=0.02)
 
-    def forward(self, x: Tensor, offset: int = 0) -> Tensor:
-        if self.kind == "none":
+    def forward(self, x: Tensor, offset: int = 0, positions: Tensor | None = None) -> Tensor:
+        if self.kind in ("none", "rope"):
             return x
         length = x.shape[1]
+        if positions is None:
+            if self.kind == "learned":
+                if offset + length > self.max_len:
+                    raise ValueError(
+                        f"max_len: position {offset + length - 1} is beyond the learned table of "
+                        f"max_len={self.max_len}"
+                    )
+                return x + self.table[offset : offset + length].to(x.dtype)  # (B, N, D)
+            columns = torch.arange(offset, offset + length, device=x.device)
+            return x + sinusoidal_table(columns, self.d_model).to(x.dtype)  # (B, N, D)
         if self.kind == "learned":
-            if offset + length > self.max_len:
+            last = int(positions.max()) if positions.numel() else 0
+            if last >= self.max_len:
                 raise ValueError(
-                    f"max_len: position {offset + length - 1} is beyond the learned table of "
-                    f"max_len={self.max_len}"
+                    f"max_len: position {last} is beyond the learned table of max_len={self.max_len}"
                 )
-            return x + self.table[offset : offset + length].to(x.dtype)  # (B, N, D)
-        positions = torch.arange(offset, offset + length, device=x.device)
-        return x + sinusoidal_table(positions, self.d_model).to(x.dtype)  # (B, N, D)
+            return x + self.table[positions].to(x.dtype)  # (B|1, N, D) -> (B, N, D)
+        table = sinusoidal_table(positions.reshape(-1), self.d_model)  # (B*N, D)
+        return x + table.view(*positions.shape, self.d_model).to(x.dtype)  # (B, N, D)
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, max_len={self.max_len}"

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 import attn
 from models.blocks import make_blocks
 from models.config import EncoderDecoderConfig
-from models.decoder import DecoderCache
+from models.decoder import DecoderCache, row_positions
 from models.embeddings import PositionEmbedding, TokenEmbedding
 from models.encoder import TransformerEncoder
 from models.generation import GenerationMixin
@@ -85,8 +85,8 @@ class EncoderDecoder(GenerationMixin, nn.Module):
         cache: DecoderCache | None = None,
     ) -> Tensor:
         """Target logits ``(B, Nt, V)``; with ``cache``, ``tgt`` holds only the new tokens."""
-        offset = 0 if cache is None else cache.length
-        x = self.drop(self.pos_emb(self.token_emb(tgt), offset))  # (B, Nt, D)
+        positions = row_positions(tgt.shape[1], tgt_key_mask, cache, tgt.device)  # (B|1, Nt)
+        x = self.drop(self.pos_emb(self.token_emb(tgt), positions=positions))  # (B, Nt, D)
         for i, block in enumerate(self.decoder_blocks):
             x = block(
                 x,
@@ -96,6 +96,7 @@ class EncoderDecoder(GenerationMixin, nn.Module):
                 context_mask=src_key_mask,
                 cache=None if cache is None else cache.layers[i],
                 cross_cache=None if cache is None else cache.cross[i],
+                positions=positions,
             )
         if cache is not None:
             cache.length += tgt.shape[1]

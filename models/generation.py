@@ -8,21 +8,75 @@ hand-made session to :func:`greedy_search` / :func:`beam_search` directly.
 Beam score: the sum of token log-probabilities divided by the GNMT length penalty
 ``lp(len) = ((5 + len) / 6) ** alpha`` (Wu et al. 2016), where ``len`` counts generated
 tokens up to and including EOS. ``alpha = 0`` (the default) ranks by plain log-probability.
+
+**Prompts of different lengths** in one batch (``decoder_lm``): left padding with a key
+mask through the cache, and per-row positions. :func:`left_pad` right-aligns the prompts,
+``ids (B, T)`` with ``key_mask (B, T)`` True at real tokens, and ``generate(ids, n,
+key_mask=key_mask)`` decodes them together, greedy, beam or sampling. Every row's newest
+token is then the last column, so one cached step serves the whole batch; the padding is
+masked as keys (the cache keeps the mask of its keys), and each row's positions count from
+its first real token (absolute embeddings and RoPE alike), so a row computes what its prompt
+computes alone. The relative patterns see the same offsets ``j - i`` as alone; a pattern
+with absolute positions (global tokens) would not, and is refused (``key_mask: ...``), as
+is a recurrent ``mixer``. The output keeps the padding: ``(B, T + new)``, row ``b``'s
+generated tokens after its prompt at the right.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
 from torch import Tensor
+
+from attn.validation import invalid
 
 
 class DecodeSession(Protocol):
     def next_logits(self, tokens: Tensor) -> Tensor: ...
 
     def reorder(self, index: Tensor) -> None: ...
+
+
+def left_pad(prompts: Sequence[Tensor], pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """Prompts of different lengths, each ``(T_b,)`` token ids, as one left-padded batch:
+    ``ids (B, max T_b)`` (``pad_id`` before each prompt) and ``key_mask (B, max T_b)``, True
+    at real tokens; what ``generate(ids, n, key_mask=key_mask)`` takes."""
+    if not prompts:
+        raise invalid("prompts", "must be a non-empty list of 1-D token id tensors; got none")
+    for b, prompt in enumerate(prompts):
+        if not isinstance(prompt, Tensor) or prompt.dim() != 1 or prompt.numel() == 0:
+            got = tuple(prompt.shape) if isinstance(prompt, Tensor) else type(prompt).__name__
+            raise invalid("prompts", f"must be 1-D token id tensors of length >= 1; prompt {b} is {got}")
+    width = max(len(p) for p in prompts)
+    ids = prompts[0].new_full((len(prompts), width), pad_id)  # (B, T)
+    key_mask = torch.zeros(len(prompts), width, dtype=torch.bool, device=ids.device)  # (B, T)
+    for b, prompt in enumerate(prompts):
+        ids[b, width - len(prompt) :] = prompt
+        key_mask[b, width - len(prompt) :] = True
+    return ids, key_mask
+
+
+def check_left_padded(key_mask: Tensor, ids: Tensor) -> None:
+    """Raise a one-line ``ValueError`` naming ``key_mask`` unless it is a bool ``(B, T)``
+    mask of ``ids (B, T)`` with each row's real tokens (True) last and at least one of them."""
+    if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool or key_mask.shape != ids.shape:
+        got = f"{key_mask.dtype} of shape {tuple(key_mask.shape)}" if isinstance(key_mask, Tensor) \
+            else type(key_mask).__name__
+        raise invalid("key_mask", f"must be a bool tensor of the prompts' shape {tuple(ids.shape)}, "
+                                  f"True at real tokens; got {got}")
+    empty = (~key_mask.any(dim=1)).nonzero()
+    if len(empty):
+        raise invalid("key_mask", f"every prompt needs at least one real token (True); row "
+                                  f"{int(empty[0])} has none")
+    columns = torch.arange(key_mask.shape[1], device=key_mask.device)  # (T,)
+    start = key_mask.to(torch.int8).argmax(dim=1)  # (B,) first real column
+    bad = (key_mask != (columns[None, :] >= start[:, None])).any(dim=1).nonzero()
+    if len(bad):
+        raise invalid("key_mask", f"prompts of different lengths must be left-padded (each row "
+                                  f"False then True, the prompt ending at the last column: "
+                                  f"models.generation.left_pad); row {int(bad[0])} is not")
 
 
 def length_penalty(length: Tensor, alpha: float) -> Tensor:
@@ -159,6 +213,9 @@ class GenerationMixin:
 
         Returns the prefix followed by the new tokens, ``(B, T + new)`` (shorter if every
         row ended in ``eos_id``). ``length_penalty`` is the GNMT alpha for beam search.
+        ``inputs`` go to the model's ``start_decoding``: ``key_mask (B, T)`` for a decoder's
+        prompts of different lengths, left-padded (:func:`left_pad`; the module docstring),
+        ``src_key_mask`` for an encoder-decoder's source.
         """
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens: must be >= 0; got {max_new_tokens}")

@@ -18,7 +18,11 @@ window (the last ``n`` tokens, fewer while warming up).
 
 Exactness needs token keys and values that do not depend on where the token sits in the
 window, so the encoder must not add absolute positions (``position="none"``, e.g. with
-``relative`` attention or a ``position_bias``). CLS / extra global tokens are not used.
+``relative`` attention or a ``position_bias``), or must use rotary positions
+(``position="rope"``): a token's query and key are rotated once, by its absolute position
+in the stream (the count of tokens stepped before it), and a rotated score depends only on
+the offset between query and key, so it equals the batch forward's on the window (where
+the oldest token sits at 0). CLS / extra global tokens are not used.
 """
 
 from __future__ import annotations
@@ -47,10 +51,10 @@ class StreamingEncoder:
                 f"model has mixer={mixer!r} (a bidirectional recurrent encoder has none)"
             )
         position = getattr(model.config, "position", "none")
-        if position != "none":
+        if position not in ("none", "rope"):
             raise ValueError(
-                f"position: streaming needs position='none' (a token's keys must not depend on "
-                f"its place in the window); the model has {position!r}"
+                f"position: streaming needs position='none' or 'rope' (a token's keys must not "
+                f"depend on its place in the window); the model has {position!r}"
             )
         self.model = model
         self.window = window
@@ -65,6 +69,7 @@ class StreamingEncoder:
         self.q: Tensor | None = None  # (B, H, T, Dh) first-block queries (b >= 2 only)
         self.k: Tensor | None = None  # (B, H, T, Dh)
         self.v: Tensor | None = None  # (B, H, T, Dh)
+        self.seen = 0  # tokens stepped since the reset: the next token's absolute position (RoPE)
 
     @property
     def length(self) -> int:
@@ -81,7 +86,8 @@ class StreamingEncoder:
         ids = ids[:, -self.window :]
         x = self.embed(ids)  # (B, T, D)
         first = self.blocks[0]
-        self.q, self.k, self.v = first.self_attention_inputs(x)  # (B, H, T, Dh)
+        self.q, self.k, self.v = first.self_attention_inputs(x)  # (B, H, T, Dh), positions 0 .. T-1
+        self.seen = ids.shape[1]
         if len(self.blocks) == 1:
             self.q = None
         else:
@@ -93,7 +99,9 @@ class StreamingEncoder:
         n = self.window
         x_t = self.embed(ids[:, None])  # (B, 1, D)
         first = self.blocks[0]
-        q, k, v = first.self_attention_inputs(x_t)  # (B, H, 1, Dh)
+        position = torch.full((1, 1), self.seen, dtype=torch.long, device=x_t.device)  # (1, 1)
+        q, k, v = first.self_attention_inputs(x_t, positions=position)  # (B, H, 1, Dh)
+        self.seen += 1
         self.k, self.v = _push(self.k, k, 2, n), _push(self.v, v, 2, n)  # (B, H, T, Dh)
         if len(self.blocks) == 1:
             y = first.finish(x_t, q, self.k, self.v)  # single output: (B, 1, D)
