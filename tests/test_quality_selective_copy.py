@@ -20,7 +20,7 @@ def _sample(n: int = 300, seed: int = 0, **kw):
         args["num_data"], args["num_fillers"])
 
 
-def test_target_is_the_data_tokens_of_the_source_in_order() -> None:
+def test_target_is_the_distinct_data_tokens_of_the_source_in_order() -> None:
     out, layout = _sample()
     src, tgt, pos, gap = out["src_ids"], out["tgt_ids"], out["positions"], out["gap"]
     assert src.shape == (300, 64) and tgt.shape == (300, 8) and pos.shape == gap.shape == (300, 6)
@@ -33,6 +33,7 @@ def test_target_is_the_data_tokens_of_the_source_in_order() -> None:
         assert np.array_equal(where, pos[row])  # exactly the recorded positions hold data
         assert np.array_equal(src[row, where], tgt[row, 1:-1])  # written out in source order
         assert np.array_equal(gap[row], np.diff(np.concatenate([[-1], where])))
+        assert len(set(tgt[row, 1:-1].tolist())) == 6  # distinct: the last one names a position
     assert gap.min() >= 1 and gap.max() > 16  # near and far neighbours both occur
     assert set(np.unique(tgt[:, 1:-1])) == set(range(layout.data_base, layout.filler_base))
 
@@ -47,7 +48,10 @@ def test_same_seed_same_data_and_other_seed_other_data() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    (dict(num_tokens=70), r"^num_tokens: must be at most src_len=64 \(one source position per"),
+    (dict(num_tokens=70, num_data=80), r"^num_tokens: must be at most src_len=64 \(one source "
+                                       r"position per"),
+    (dict(num_tokens=20), r"^num_tokens: must be at most num_data=16 \(the data tokens of a "
+                          r"source are distinct\); got 20$"),
     (dict(num_tokens=0), r"^num_tokens: must be"),
     (dict(num_data=0), r"^num_data: must be"),
     (dict(src_len=1), r"^src_len: must be"),
