@@ -30,10 +30,16 @@ bucket of its own, with its lengths baked into the compiled code; in a padded bu
 mods read the true lengths from a small tensor refilled per call, so all lengths that pad
 to the same size share one compiled function. Compiles use ``dynamic=False,
 fullgraph=True``: a graph break or a recompile-limit hit raises instead of silently running
-the ~50x slower eager path; the kernel then runs eager flex on purpose and records
-``KernelPath.fallback``. The first call of each exact shape records its time in
-``KernelPath.compile_s`` (block-mask build + the bucket's compile if still needed + first
-run) so it can be reported apart.
+the ~50x slower eager path; that call then runs eager flex on purpose and records
+``KernelPath.fallback`` (for that call only: the next call tries the compiled code again, so
+one failure never turns a whole sweep eager unlabelled). An out-of-memory error
+(:func:`is_oom_error`: ``torch.OutOfMemoryError``, ``MemoryError``, or an error whose message
+or cause says so, e.g. Inductor wrapping one) is never a compile failure: it propagates, so
+the benchmark records the case as ``oom`` instead of running eager flex, which materialises
+N x N scores. The first call of each exact shape records its time in ``KernelPath.compile_s``
+(block-mask build + the bucket's compile if still needed + first run) so it can be reported
+apart; on CUDA the timings synchronise the device first and last (:func:`synchronize`), so
+they count the work queued, not just its launch.
 
 Limits (declared by :meth:`FlexKernel.not_supported_reasons`): no backward on CPU (torch has no CPU
 flex backward), float64 unsupported on CPU, approximate variants unsupported.
@@ -62,6 +68,31 @@ BLOCK = 128
 #: on CPU, key lengths (and query lengths of at least this many rows) are padded to a
 #: multiple of this: the width of the C++ template's ``q @ k.T`` micro-kernel
 ALIGN = 16
+
+
+#: what an out-of-memory error says (as ``bench.engine.process.is_oom`` reads it)
+_OOM_MARKERS = ("out of memory", "can't allocate", "cannot allocate", "not enough memory")
+
+
+def is_oom_error(err: BaseException) -> bool:
+    """True when ``err``, or an error it was raised from (compilers wrap errors), is an
+    allocation failure: ``torch.OutOfMemoryError``, ``MemoryError`` or a message saying so."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (torch.OutOfMemoryError, MemoryError)):
+            return True
+        if any(marker in str(current).lower() for marker in _OOM_MARKERS):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work where it runs asynchronously (CUDA); a no-op on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _fresh(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -151,7 +182,6 @@ class _Bucket:
     block_masks: dict[tuple[int, int], Any] = field(default_factory=dict)  # per exact (Nq, Nk)
     seen: set[tuple[int, int]] = field(default_factory=set)
     current: tuple[int, int] | None = None  # the (Nq, Nk) that ``lengths`` holds
-    fallback: str | None = None
 
 
 class FlexKernel(Kernel):
@@ -214,23 +244,27 @@ class FlexKernel(Kernel):
         return buckets[key]
 
     def _block_mask(self, bucket: _Bucket, shape: tuple[int, int], q: Tensor, k: Tensor
-                    ) -> tuple[Any, bool]:
-        """The block mask of this exact shape (cached, rebuilt when a key_mask is given), and
-        whether this call built it."""
+                    ) -> tuple[Any, bool, str | None]:
+        """The block mask of this exact shape (cached, rebuilt when a key_mask is given),
+        whether this call built it, and the fallback it took to build it (None: compiled).
+        An out-of-memory error propagates (:func:`is_oom_error`)."""
         if shape in bucket.block_masks and bucket.key_mask_buf is None:
-            return bucket.block_masks[shape], False
+            return bucket.block_masks[shape], False, None
         batch = q.shape[0] if bucket.key_mask_buf is not None else None
         heads = q.shape[1] if bucket.per_head else None  # None: one block mask shared by the heads
         q_pad, k_pad = q.shape[2], k.shape[2]
+        fallback = None
         try:
             block_mask = bucket.make_mask(bucket.mask_mod, batch, heads, q_pad, k_pad, q.device)
-        except Exception as err:  # compile failure: build eagerly, say so
-            bucket.fallback = bucket.fallback or f"block mask built eagerly (O(N^2)): {type(err).__name__}"
+        except Exception as err:
+            if is_oom_error(err):
+                raise  # an oom row, never an eager O(N^2) build
+            fallback = f"block mask built eagerly (O(N^2)): {type(err).__name__}: {err}"[:300]
             block_mask = create_block_mask(
                 bucket.mask_mod, batch, heads, q_pad, k_pad, device=q.device, BLOCK_SIZE=BLOCK
             )
         bucket.block_masks[shape] = block_mask
-        return block_mask, True
+        return block_mask, True, fallback
 
     def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
             key_mask: Tensor | None) -> tuple[Tensor, KernelPath]:
@@ -238,6 +272,7 @@ class FlexKernel(Kernel):
         q_len, k_len = q.shape[2], k.shape[2]
         shape = (q_len, k_len)
         first = shape not in bucket.seen
+        synchronize(q.device)  # the timings below count this call's work only
         start = time.perf_counter()
         if bucket.lengths is not None and bucket.current != shape:
             bucket.lengths.copy_(torch.tensor([q_len, k_len, k_len - q_len]))
@@ -248,31 +283,37 @@ class FlexKernel(Kernel):
         q_in = F.pad(q, (0, 0, 0, q_pad - q_len)) if q_pad > q_len else q  # (B, H, padded Nq, D)
         k_in, v_in = (F.pad(t, (0, 0, 0, k_pad - k_len)) if k_pad > k_len else t for t in (k, v))
         dense = bucket.all_allowed and bucket.lengths is None  # every pair allowed: no block mask
-        block_mask, built, setup = None, False, {}
+        block_mask, built, setup, mask_fallback = None, False, {}, None
         if not dense:
             mask_start = time.perf_counter()
-            block_mask, built = self._block_mask(bucket, shape, q_in, k_in)
+            block_mask, built, mask_fallback = self._block_mask(bucket, shape, q_in, k_in)
             if built and bucket.key_mask_buf is None:  # cached for later calls of this shape
+                synchronize(q.device)
                 setup = {"setup_s": time.perf_counter() - mask_start,
                          "setup_bytes": block_mask_bytes(block_mask)}
-        out = self._attend(bucket, q_in, k_in, v_in, block_mask)  # (B, H, padded Nq, Dv)
+        out, flex_fallback = self._attend(bucket, q_in, k_in, v_in, block_mask)  # (B, H, padded Nq, Dv)
         out = out[:, :, :q_len] if q_pad > q_len else out  # (B, H, Nq, Dv)
         compile_s = None
         if first:
+            synchronize(q.device)
             bucket.seen.add(shape)
             compile_s = time.perf_counter() - start - setup.get("setup_s", 0.0)
-        path = "flex_attention(compiled)" if bucket.fallback is None else "flex_attention"
+        path = "flex_attention(compiled)" if flex_fallback is None else "flex_attention"
         if bucket.per_head and not dense:
             path += ", block mask per head"
-        return out, KernelPath(self.name, path, fallback=bucket.fallback, compile_s=compile_s,
-                               **setup)
+        fallback = "; ".join(f for f in (mask_fallback, flex_fallback) if f) or None
+        return out, KernelPath(self.name, path, fallback=fallback, compile_s=compile_s, **setup)
 
     @staticmethod
-    def _attend(bucket: _Bucket, q: Tensor, k: Tensor, v: Tensor, block_mask: Any) -> Tensor:
-        """Compiled flex; eager flex (recorded in ``bucket.fallback``) once compiling has failed."""
-        if bucket.fallback is None or bucket.fallback.startswith("block mask"):
-            try:
-                return bucket.flex(q, k, v, bucket.score_mod, block_mask, None)
-            except Exception as err:  # graph break / recompile limit: eager, flagged
-                bucket.fallback = f"eager flex_attention (compile failed: {type(err).__name__}: {err})"[:300]
-        return flex_attention(q, k, v, score_mod=bucket.score_mod, block_mask=block_mask)
+    def _attend(bucket: _Bucket, q: Tensor, k: Tensor, v: Tensor, block_mask: Any
+                ) -> tuple[Tensor, str | None]:
+        """Compiled flex, and None; or, when compiling fails for this call, eager flex and the
+        fallback to record (the next call tries compiled again). An out-of-memory error
+        propagates (:func:`is_oom_error`): eager flex would materialise N x N scores."""
+        try:
+            return bucket.flex(q, k, v, bucket.score_mod, block_mask, None), None
+        except Exception as err:  # graph break / recompile limit: eager for this call, flagged
+            if is_oom_error(err):
+                raise
+            fallback = f"eager flex_attention (compile failed: {type(err).__name__}: {err})"[:300]
+        return flex_attention(q, k, v, score_mod=bucket.score_mod, block_mask=block_mask), fallback
