@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend
 
-from attn.kernels.base import Kernel, KernelPath
+from attn.kernels.base import Kernel, KernelPath, host_reads_are_free
 from attn.mods import dense_allowed, index_grids
 from attn.pattern import Pattern, PatternOwner
 
@@ -196,7 +196,9 @@ class SdpaKernel(Kernel):
         attn_mask[empty] = 0.0
         attn_mask = attn_mask[:, None, None, :]  # (B, 1, 1, Nk)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
-        if bool(empty.any()):
+        # zero the rows of a batch element with no real key; on an accelerator always (reading
+        # ``empty.any()`` on the host would be a device sync per call)
+        if not host_reads_are_free(q.device) or bool(empty.any()):
             out = out.masked_fill(empty[:, None, None, None], 0.0)
         return out, KernelPath(self.name, "sdpa(key padding mask (B, 1, 1, Nk))",
                                backend=sdpa_backend(q, k, v, attn_mask))

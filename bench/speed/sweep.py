@@ -33,17 +33,37 @@ PEAK_FILE = "peak.json"
 __all__ = ["MixedEnvironmentError", "SweepPlan", "matmul_peak", "run_sweep"]
 
 
-def matmul_peak(run_dir: Path, config: SweepConfig) -> float:
-    """Matmul FLOP/s peak for this device/dtype/threads, measured once and cached in the run dir."""
+def matmul_peak(run_dir: Path, config: SweepConfig, dtype: str | None = None) -> float:
+    """Matmul FLOP/s peak for this device/dtype/threads, measured once and cached in the run dir
+    (``dtype``: another dtype than the sweep's, e.g. float32 for kernels that upcast)."""
     path = run_dir / PEAK_FILE
     size = config.peak_matmul_size or "default"
-    key = f"{config.device}/{config.dtype}/{config.threads or 'default'}/matmul{size}"
+    dtype = dtype or config.dtype
+    key = f"{config.device}/{dtype}/{config.threads or 'default'}/matmul{size}"
     cache = read_json(path, what="matmul peak cache") if path.exists() else {}
     if key not in cache or not math.isfinite(cache[key]):
-        cache[key] = measure_peak(config.device, config.dtype, config.threads,
-                                  config.peak_matmul_size)
+        cache[key] = measure_peak(config.device, dtype, config.threads, config.peak_matmul_size)
         atomic_write_json(path, cache)
     return cache[key]
+
+
+#: sweep dtypes whose cases may run on kernels that compute in float32 (their peak is measured too)
+HALF_DTYPE_NAMES = ("float16", "bfloat16")
+
+
+def row_peak(row: Row, peaks: dict[str, float]) -> float:
+    """The matmul peak a row's FLOP/s is a fraction of: that of the dtype its kernel computes
+    in (:func:`attn.registry.kernel_compute_dtype`; float32 for a kernel that upcasts half
+    inputs), from ``peaks`` by dtype name; NaN when that peak was not measured."""
+    import torch
+
+    from attn.registry import kernel_compute_dtype
+
+    dtype = str(row.get("dtype", ""))
+    if dtype in HALF_DTYPE_NAMES and row.get("variant") and row.get("kernel"):
+        computed = kernel_compute_dtype(str(row["variant"]), str(row["kernel"]), getattr(torch, dtype))
+        dtype = str(computed).removeprefix("torch.")
+    return peaks.get(dtype, math.nan)
 
 
 @dataclass(frozen=True)
@@ -113,9 +133,13 @@ class SweepPlan:
                 for groups in make_chains(list(self.cases), self.config.interleave)]
 
     def begin(self, run_dir: Path, env: dict[str, Any]) -> Callable[[Row], None]:
-        """Measure (or read) the matmul peak; each row then gets its share of it."""
-        peak = matmul_peak(run_dir, self.config)
-        return lambda row: peak_fraction(row, peak, env["hostname"])
+        """Measure (or read) the matmul peak of the sweep's dtype, and float32's for a half
+        sweep (kernels that upcast compute there); each row then gets its share of the peak of
+        the dtype its kernel computes in (:func:`row_peak`)."""
+        peaks = {self.config.dtype: matmul_peak(run_dir, self.config)}
+        if self.config.dtype in HALF_DTYPE_NAMES:
+            peaks["float32"] = matmul_peak(run_dir, self.config, "float32")
+        return lambda row: peak_fraction(row, row_peak(row, peaks), env["hostname"])
 
 
 def run_sweep(
