@@ -37,6 +37,9 @@ class Attention(nn.Module):
     #: a statement of support
     preferred_kernels: ClassVar[tuple[str, ...]] = ()
     exact: ClassVar[bool] = True
+    #: True when the variant's own implementation (kernel ``native``) computes float16 /
+    #: bfloat16 inputs in float32 (:func:`attn.kernels.base.compute_dtype`)
+    native_computes_half_in_float32: ClassVar[bool] = False
     supports_causal: ClassVar[bool] = True
     forces_causal: ClassVar[bool] = False
     #: small parameter sets that make the conformance kit meaningful at short lengths

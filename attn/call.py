@@ -82,7 +82,10 @@ class KernelPath:
     materialised mask (the cost of full attention); ``fallback`` names a known slow path;
     ``compile_s`` is the compilation time spent inside this call, if any; ``setup_s`` and
     ``setup_bytes`` are the time and bytes of cached structures this call built (a dense
-    mask, a block mask), which later calls of the same shape reuse.
+    mask, a block mask), which later calls of the same shape reuse. ``backend`` names the
+    backend a dispatching kernel ran (``sdpa``: ``flash``, ``flash-cpu``, ``memory-efficient``,
+    ``cudnn``, ``math``), with what forced it where a mask did (``math (the mask rules out
+    flash)``); None where the kernel has no backends to choose from.
     """
 
     kernel: str
@@ -92,3 +95,4 @@ class KernelPath:
     compile_s: float | None = None  # time spent compiling in this call (first call of a shape)
     setup_s: float | None = None  # time building a cached mask in this call
     setup_bytes: int | None = None  # bytes of the cached mask built in this call
+    backend: str | None = None  # the backend a dispatching kernel (sdpa) ran; None: no choice

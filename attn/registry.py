@@ -299,6 +299,23 @@ def _reserved_arguments(name: str, obj: Callable[..., Any], **values: Any) -> di
     return arguments
 
 
+def kernel_compute_dtype(name: str, kernel: str, dtype: torch.dtype) -> torch.dtype:
+    """The dtype the matmuls of variant ``name`` on ``kernel`` run in for ``dtype`` inputs
+    (float32 where the kernel, or the variant's own implementation, upcasts half inputs): the
+    dtype whose matmul peak a benchmark row's peak fraction divides by. An unknown name or
+    kernel: ``dtype``."""
+    from attn.kernels import get_kernel
+    from attn.kernels.base import compute_dtype
+
+    try:
+        factory = _lookup(name)
+        chosen = get_kernel(kernel)
+    except (KeyError, ValueError):
+        return dtype
+    native = bool(getattr(factory, "native_computes_half_in_float32", False))
+    return compute_dtype(chosen, dtype, native_in_float32=native)
+
+
 def attention_info(name: str) -> AttentionInfo:
     """Description, parameters with defaults, kernels and causal support of ``name``."""
     factory = _lookup(name)

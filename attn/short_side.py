@@ -18,12 +18,17 @@ from torch import Tensor
 
 from attn.precision import without_autocast
 
-#: elements of one chunk's (B, H, c, m) score block: ~4 MB in fp32
-CHUNK_ELEMENTS = 1 << 20
+#: elements of one chunk's (B, H, c, m) score block, per device type: ~4 MB in fp32 on CPU (in
+#: cache); 128 MB on CUDA, so N = 512K is a few chunks, not hundreds of launches (chosen, not
+#: yet measured on a GPU)
+CHUNK_ELEMENTS: dict[str, int] = {"cpu": 1 << 20, "cuda": 1 << 25}
 
 
-def _chunk_len(batch_heads: int, short: int, chunk: int | None) -> int:
-    return chunk or max(1, CHUNK_ELEMENTS // max(batch_heads * short, 1))
+def chunk_len(batch_heads: int, short: int, chunk: int | None, device: torch.device | str = "cpu") -> int:
+    """Rows of the long side per chunk on ``device`` (``chunk`` if given; other device types:
+    the CPU's size)."""
+    elements = CHUNK_ELEMENTS.get(torch.device(device).type, CHUNK_ELEMENTS["cpu"])
+    return chunk or max(1, elements // max(batch_heads * short, 1))
 
 
 class _LongQueries(torch.autograd.Function):
@@ -126,5 +131,5 @@ def short_side_attention(q: Tensor, k: Tensor, v: Tensor, scale: float,
     """
     batch_heads = q.shape[0] * q.shape[1]
     if q.shape[2] >= k.shape[2]:
-        return _LongQueries.apply(q, k, v, scale, _chunk_len(batch_heads, k.shape[2], chunk))
-    return _LongKeys.apply(q, k, v, scale, _chunk_len(batch_heads, q.shape[2], chunk))
+        return _LongQueries.apply(q, k, v, scale, chunk_len(batch_heads, k.shape[2], chunk, q.device))
+    return _LongKeys.apply(q, k, v, scale, chunk_len(batch_heads, q.shape[2], chunk, q.device))

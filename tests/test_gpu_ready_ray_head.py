@@ -102,11 +102,12 @@ def test_a_cpu_head_drives_a_gpu_sweep_and_asks_cuda_nothing(cluster, tmp_path):
     df = load_results(tmp_path)
     assert (df.status == "ok").all(), df.reason.tolist()
     assert set(df.device_name) == {GPU}
-    # the node's peak, measured once on the node, divides every row
-    assert [where for where, _ in cluster.measured] == ["node"]
+    # the node's peaks, each measured once on the node, divide every row: bfloat16's for
+    # sdpa, float32's for the reference kernel (it computes bfloat16 inputs in float32)
+    assert [where for where, _ in cluster.measured] == ["node", "node"]
     assert df.peak_fraction.tolist() == pytest.approx((df.tflops * 1e12 / PEAK).tolist())
     assert json.loads((tmp_path / "peak.json").read_text()) == {
-        f"{GPU}/bfloat16/default/matmuldefault": PEAK}
+        f"{GPU}/bfloat16/default/matmuldefault": PEAK, f"{GPU}/float32/default/matmuldefault": PEAK}
     assert "_peak_key" not in df.columns
 
 
@@ -117,7 +118,7 @@ def test_a_resume_passes_the_recorded_peak_to_the_nodes(cluster, tmp_path):
         (tmp_path / "results.csv").read_text().splitlines()[0] + "\n")  # keep the header only
     peak_module._MEASURED.clear()  # a fresh node process
     run_sweep(config, tmp_path, executor=_RayLike(cluster), allow_mixed=True)
-    assert len(cluster.measured) == 1  # the second run read the driver's peak.json
+    assert len(cluster.measured) == 2  # the second run read the driver's peak.json
 
 
 def test_a_node_without_the_device_gives_error_rows_not_a_head_refusal(cluster, tmp_path):

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from attn.conformance.harness import QUICK_SHAPES, SHAPES, active_shapes
+from attn.conformance.harness import QUICK_SHAPES, SHAPES, active_dtypes, active_shapes, dtypes_from
 from attn.conformance.isolation import CHECK_TIMEOUT_S, Job, run_isolated, sendable
 from attn.conformance.plan import Factory, builder, steps
 from attn.conformance.report import CheckResult, ConformanceReport
@@ -25,6 +25,7 @@ def check_attention(
     device: str | torch.device = "cpu",
     seed: int = 0,
     quick: bool = False,
+    dtypes: Sequence[str | torch.dtype] | None = None,
     timeout_s: float | None = CHECK_TIMEOUT_S,
     isolate: bool = True,
     on_result: Callable[[CheckResult], None] | None = None,
@@ -36,6 +37,11 @@ def check_attention(
     pattern, :meth:`~attn.base.Attention.supported_kernels`).
     ``quick``: the first parameter set and two shapes only (for kernels that compile per
     shape, e.g. ``flex`` on CPU); every check still runs.
+    ``dtypes``: the dtypes the checks run in (names or ``torch.dtype``; default float64 and
+    float32, each where the kernel supports it). ``("bfloat16",)`` or ``("float16",)`` prove
+    the low-precision calls a GPU sweep times: every check in that dtype, each output and
+    gradient against the float64 reference of the same rounded inputs, with that dtype's
+    tolerances (:data:`~attn.conformance.ATOL`, :data:`~attn.conformance.GRAD_ATOL`).
     ``isolate`` (default): every check runs in a child process and gets at most
     ``timeout_s`` seconds (None: no limit); a variant that exits, crashes or hangs gives a
     FAIL result naming the check and the cause, and the checks after it still run. A
@@ -46,22 +52,26 @@ def check_attention(
     """
     device = torch.device(device)
     name = builder(attention)[0]  # an unknown name raises here, as the registry says
+    checked = dtypes_from(dtypes)  # a dtype the kit cannot check raises here
     note = None
     if isolate:
         target, why = sendable(attention)
         if why is None:
             job = Job(attention, target if isinstance(attention, str) else None, params,
-                      None if kernels is None else tuple(kernels), str(device), seed, quick)
+                      None if kernels is None else tuple(kernels), str(device), seed, quick,
+                      tuple(str(d).removeprefix("torch.") for d in checked))
             return run_isolated(job, name, timeout_s, on_result)
         note = (f"checked in this process with no time limit: {name} cannot be sent to a child "
                 f"process ({why}); define it at the top level of an importable module")
     token = active_shapes.set(QUICK_SHAPES if quick else SHAPES)
+    dtype_token = active_dtypes.set(checked)
     try:
         report = ConformanceReport(name, on_result=on_result)
         for step in steps(attention, params, kernels, device, seed, quick):
             report.add(step.run())
     finally:
         active_shapes.reset(token)
+        active_dtypes.reset(dtype_token)
     if note is not None:
         report.notes.append(note)
     return report

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 
 import torch
@@ -36,9 +36,29 @@ SHAPES: tuple[tuple[int, int, int, int, int, int], ...] = (
 )
 #: the quick profile (compile-per-shape kernels): one square and one decode-like shape
 QUICK_SHAPES = SHAPES[:2]
-ATOL = {torch.float64: 1e-10, torch.float32: 1e-5}
-GRAD_ATOL = {torch.float64: 1e-9, torch.float32: 1e-4}
-PROBE_EPS = {torch.float64: 1e-12, torch.float32: 1e-6}  # "this key moved this output"
+#: the dtypes the kit checks by default: the exact ones, with the tightest tolerances
+EXACT_DTYPES: tuple[torch.dtype, ...] = (torch.float64, torch.float32)
+#: the low-precision dtypes a GPU sweep times; checked on request (``dtypes=``, ``--dtype``)
+LOW_PRECISION_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
+#: every dtype the kit can check, in the order it checks them
+CHECK_DTYPES: tuple[torch.dtype, ...] = EXACT_DTYPES + LOW_PRECISION_DTYPES
+#: max |out - ref| against the float64 reference of the same (rounded) inputs. The low
+#: precisions allow a few units in the last place of an O(1) output (bf16: 8 significant
+#: bits, fp16: 11) plus what a kernel computing its scores and softmax in that dtype loses;
+#: a wrong mask moves outputs by O(0.1..1), far above either
+ATOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 4e-2, torch.float16: 5e-3}
+GRAD_ATOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 1.5e-1, torch.float16: 2e-2}
+#: plus this fraction of the largest reference gradient: a learned bias table's gradient sums
+#: every (query, key) pair at one distance, O(10..100), and low precision loses a relative
+#: amount of such a sum (the exact dtypes keep a plain absolute tolerance)
+GRAD_RTOL = {torch.float64: 0.0, torch.float32: 0.0, torch.bfloat16: 8e-2, torch.float16: 1e-2}
+#: "this key moved this output": above float64/float32 round-off; in bf16/fp16 a forbidden
+#: key (weight exactly 0) moves nothing at all, while an allowed one moves its rows by at
+#: least a unit in the last place once the probe's step is large (:data:`PROBE_STEP`)
+PROBE_EPS = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 0.0, torch.float16: 0.0}
+#: what the pattern probe adds to one value row: large in low precision, so that a key of
+#: small softmax weight still moves its queries' outputs by more than rounding hides
+PROBE_STEP = {torch.float64: 1.0, torch.float32: 1.0, torch.bfloat16: 256.0, torch.float16: 256.0}
 PROBE_LEN = 13  # sequence length of the pattern probe
 #: lengths of the shape sweep, all run on one module: 12 > dynamo's recompile limit (8); 24 and
 #: 40 are 8 past a multiple of 16, the key lengths where a CPU micro-kernel overran its block
@@ -47,6 +67,26 @@ SWEEP_BATCH, SWEEP_DIM = 2, 16
 GUARD_ROWS = 32  # NaN rows after every swept input: a kernel reading past its inputs gives NaN
 #: the shapes of the running check_attention call (SHAPES, or QUICK_SHAPES in the quick profile)
 active_shapes: ContextVar[tuple[tuple[int, int, int, int, int, int], ...]] = ContextVar("shapes", default=SHAPES)
+#: the dtypes of the running check_attention call (EXACT_DTYPES unless it asked for others)
+active_dtypes: ContextVar[tuple[torch.dtype, ...]] = ContextVar("dtypes", default=EXACT_DTYPES)
+
+
+def dtypes_from(names: Sequence[str | torch.dtype] | None) -> tuple[torch.dtype, ...]:
+    """The dtypes ``check_attention(dtypes=...)`` names (``"bfloat16"`` or ``torch.bfloat16``),
+    in the kit's order; None: :data:`EXACT_DTYPES`. ValueError names the allowed values."""
+    if names is None:
+        return EXACT_DTYPES
+    allowed = {str(d).removeprefix("torch."): d for d in CHECK_DTYPES}
+    chosen = set()
+    for name in [names] if isinstance(names, (str, torch.dtype)) else names:
+        dtype = allowed.get(name) if isinstance(name, str) else name
+        if dtype not in CHECK_DTYPES:
+            raise ValueError(f"dtypes: {name!r} is not a dtype the kit checks; allowed values are "
+                             f"{list(allowed)}")
+        chosen.add(dtype)
+    if not chosen:
+        raise ValueError(f"dtypes: name at least one of {list(allowed)}")
+    return tuple(d for d in CHECK_DTYPES if d in chosen)
 
 
 #: the reason a check gives when no case ran
@@ -100,13 +140,15 @@ def refusals(module: Attention, kernel: str, device, dtype, causal: bool, grad: 
 
 
 def in_precision(module: Attention, kernel: str, device, grad: bool) -> tuple[Attention, torch.dtype]:
-    """A copy of ``module`` in float64 where the kernel supports it (tightest checks), else
-    float32; the check is skipped when the kernel supports neither."""
+    """A copy of ``module`` in the first checked dtype the kernel supports (by default float64,
+    the tightest checks, else float32); the check is skipped when it supports none."""
     causal = causal_options(module)[0]
-    for dtype in (torch.float64, torch.float32):
+    dtypes = active_dtypes.get()
+    for dtype in dtypes:
         if not refusals(module, kernel, device, dtype, causal, grad):
             return copy.deepcopy(module).to(dtype), dtype
-    raise Skip("kernel supports neither float64 nor float32 here")
+    names = " / ".join(str(d).removeprefix("torch.") for d in dtypes)
+    raise Skip(f"kernel supports none of {names} here")
 
 
 def causal_options(module: Attention) -> tuple[bool, ...]:
@@ -202,11 +244,11 @@ def for_cases(module: Attention, kernel: str, device, dtype, grad: bool, body) -
     return ran
 
 
-def for_both_precisions(module: Attention, kernel: str, device, body) -> bool:
-    """``for_cases`` in float64 and float32 on a copy of ``module`` in each precision;
-    ``body(typed_module, dtype, shape, causal, key_mask)``."""
+def for_precisions(module: Attention, kernel: str, device, body) -> bool:
+    """``for_cases`` in every checked dtype (by default float64 and float32) on a copy of
+    ``module`` in each; ``body(typed_module, dtype, shape, causal, key_mask)``."""
     ran = False
-    for dtype in (torch.float64, torch.float32):
+    for dtype in active_dtypes.get():
         typed = copy.deepcopy(module).to(dtype)
         ran |= for_cases(typed, kernel, device, dtype, False, functools.partial(body, typed, dtype))
     return ran

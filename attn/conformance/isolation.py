@@ -29,7 +29,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from attn.conformance.harness import QUICK_SHAPES, SHAPES, active_shapes
+from attn.conformance.harness import QUICK_SHAPES, SHAPES, active_dtypes, active_shapes, dtypes_from
 from attn.conformance.plan import Factory, steps
 from attn.conformance.report import CheckResult, ConformanceReport
 from attn.registration import REGISTRY, register_attention
@@ -50,6 +50,7 @@ class Job:
     device: str
     seed: int
     quick: bool
+    dtypes: tuple[str, ...] | None = None  # the dtypes checked, by name; None: the exact ones
     start: int = 0
     crashed: frozenset[int] = frozenset()  # steps whose child died: not run again
 
@@ -97,6 +98,7 @@ def _child_main(job: Job, parent: tuple[int, int] | None, conn: Any) -> None:
     os.setpgrp()
     threading.Thread(target=_watch, args=(parent,), daemon=True, name="kit-watchdog").start()
     active_shapes.set(QUICK_SHAPES if job.quick else SHAPES)
+    active_dtypes.set(dtypes_from(job.dtypes))
     try:
         if isinstance(job.attention, str) and job.registered is not None \
                 and REGISTRY.entries.get(job.attention) is not job.registered:

@@ -14,9 +14,9 @@ kernel's, for the step's lengths (see :meth:`attn.Attention.resolve_kernel`).
 ================  ==========================================  ================================
 kind              cpu                                          cuda
 ================  ==========================================  ================================
-banded            blocked, flex, sdpa                          flex, xformers, blocked, sdpa
+banded            blocked, flex, sdpa                          flex, xformers, sdpa, blocked
 plain             sdpa, chunked                                sdpa, xformers, flex, chunked
-biased / masked   chunked, sdpa                                flex, chunked, sdpa
+biased / masked   chunked, sdpa                                flex, sdpa, chunked
 approximate       native                                       native
 ================  ==========================================  ================================
 
@@ -46,7 +46,11 @@ approximate       native                                       native
   variants take sdpa below 768 keys and relative below 1024: training at LRA-like lengths
   and KV-cache decoding over short contexts.
 * On CUDA flex has a backward pass and is the block-sparse kernel of choice; xformers'
-  local/causal biases follow; the rule there is by design, not yet measured here.
+  local/causal biases follow; the rule there is by design, not yet measured here. The
+  kernels tuned for CPU caches (``blocked``, ``chunked``: Python loops over chunks, one
+  launch per chunk and stream) come after flex and SDPA there, so ``auto`` on CUDA never
+  picks one where flex or SDPA serves (their chunk sizes are still chosen per device, for
+  when they are named or nothing else serves).
 """
 
 from __future__ import annotations
@@ -59,15 +63,17 @@ from attn.call import AttentionCall
 from attn.kernels import get_kernel, kernels_for
 from attn.pattern import Pattern
 
+#: kernels tuned for CPU caches: on CUDA they come after every kernel built for the GPU
+CPU_TUNED_KERNELS = ("blocked", "chunked")
 #: preference order per (device type, kind); kernels a variant lacks are skipped
 AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     ("cpu", "banded"): ("blocked", "flex", "sdpa"),
     ("cpu", "plain"): ("sdpa", "chunked"),
     ("cpu", "biased"): ("chunked", "sdpa"),
     ("cpu", "approximate"): ("native",),
-    ("cuda", "banded"): ("flex", "xformers", "blocked", "sdpa"),
+    ("cuda", "banded"): ("flex", "xformers", "sdpa", "blocked"),
     ("cuda", "plain"): ("sdpa", "xformers", "flex", "chunked"),
-    ("cuda", "biased"): ("flex", "chunked", "sdpa"),
+    ("cuda", "biased"): ("flex", "sdpa", "chunked"),
     ("cuda", "approximate"): ("native",),
 }
 #: short calls (fewer keys than the limit) take another order: a dense kernel over a mask

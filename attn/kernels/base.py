@@ -15,6 +15,14 @@ from attn.pattern import Band, Pattern
 _DEVICE_NAMES = {"cuda": "CUDA", "cpu": "CPU"}
 
 
+def host_reads_are_free(device: torch.device) -> bool:
+    """True where reading a tensor's value on the host (``int(t)``, ``bool(t.any())``,
+    ``.cpu()``) costs no device synchronisation: the CPU. On an accelerator a kernel's hot path
+    must not read values on the host (each read waits for every queued kernel), so it takes
+    the branch-free path instead (e.g. applies a mask it cannot cheaply prove empty)."""
+    return torch.device(device).type == "cpu"
+
+
 class Kernel:
     """An implementation of attention semantics. Stateless apart from caches.
 
@@ -33,6 +41,9 @@ class Kernel:
     SUPPORTED_DEVICES: ClassVar[tuple[str, ...] | None] = None
     #: dtypes the kernel computes in; None: any
     SUPPORTED_DTYPES: ClassVar[tuple[torch.dtype, ...] | None] = None
+    #: True for kernels that compute float16 / bfloat16 inputs in float32 (their matmuls run at
+    #: the float32 peak: a benchmark's peak fraction divides by that one, :func:`compute_dtype`)
+    computes_half_in_float32: ClassVar[bool] = False
     #: True for kernels that compute exact attention from a pattern's mask_mod / score_mod /
     #: band: they refuse approximations and variants that bring their own implementation
     runs_definitions: ClassVar[bool] = True
@@ -77,4 +88,16 @@ class Kernel:
         raise NotImplementedError
 
 
-__all__ = ["Band", "Kernel", "KernelPath"]
+#: the dtypes :attr:`Kernel.computes_half_in_float32` kernels upcast
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def compute_dtype(kernel: Kernel, dtype: torch.dtype, native_in_float32: bool = False) -> torch.dtype:
+    """The dtype ``kernel``'s matmuls run in for inputs of ``dtype``: float32 for half inputs
+    to a kernel that upcasts them (``native``: when the variant says its own implementation
+    does, ``native_in_float32``), else ``dtype``."""
+    upcasts = kernel.computes_half_in_float32 or (kernel.name == "native" and native_in_float32)
+    return torch.float32 if upcasts and dtype in HALF_DTYPES else dtype
+
+
+__all__ = ["HALF_DTYPES", "Band", "Kernel", "KernelPath", "compute_dtype", "host_reads_are_free"]

@@ -21,13 +21,17 @@ from attn.mods import MaskMod, ScoreMod, and_masks, causal_mask_mod, masked_soft
 from attn.pattern import Pattern
 from attn.precision import without_autocast
 
-#: target elements of one chunk of scores (B * H * C * Nk)
-CHUNK_ELEMENTS = 1 << 22
+#: target elements of one chunk of scores (B * H * C * Nk), per device type: 16 MB in fp32 on
+#: CPU; 256 MB on CUDA, so a long call is a few chunks (launches), not thousands (chosen, not
+#: yet measured on a GPU)
+CHUNK_ELEMENTS: dict[str, int] = {"cpu": 1 << 22, "cuda": 1 << 26}
 
 
-def chunk_rows(batch: int, heads: int, k_len: int) -> int:
-    """Query rows per chunk so one chunk of scores holds about ``CHUNK_ELEMENTS`` values."""
-    return max(16, CHUNK_ELEMENTS // max(batch * heads * k_len, 1))
+def chunk_rows(batch: int, heads: int, k_len: int, device: torch.device | str = "cpu") -> int:
+    """Query rows per chunk so one chunk of scores holds about ``CHUNK_ELEMENTS`` values of
+    ``device``'s type (other device types: the CPU's)."""
+    elements = CHUNK_ELEMENTS.get(torch.device(device).type, CHUNK_ELEMENTS["cpu"])
+    return max(16, elements // max(batch * heads * k_len, 1))
 
 
 def _chunk(
@@ -82,7 +86,7 @@ def chunked_attention(
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
     mod = and_masks(mask_mod, causal_mask_mod if causal else None)
-    rows = rows or chunk_rows(batch, heads, k_len)
+    rows = rows or chunk_rows(batch, heads, k_len, q.device)
     offset = k_len - q_len if q_offset is None else q_offset
     grad = torch.is_grad_enabled() and (
         q.requires_grad or k.requires_grad or v.requires_grad
@@ -104,6 +108,7 @@ class ChunkedKernel(Kernel):
     """Query chunks of dense attention, checkpointed: any exact variant, O(C*N) memory."""
 
     name = "chunked"
+    computes_half_in_float32 = True
     description = "dense attention over query chunks with per-chunk checkpointing, O(chunk*N) memory"
 
     def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
@@ -112,7 +117,7 @@ class ChunkedKernel(Kernel):
             q, k, v, mask_mod=pattern.mask_mod, score_mod=pattern.score_mod,
             score_params=pattern.score_params, causal=causal, key_mask=key_mask,
         )  # (B, H, Nq, Dv)
-        rows = chunk_rows(q.shape[0], q.shape[1], k.shape[2])
+        rows = chunk_rows(q.shape[0], q.shape[1], k.shape[2], q.device)
         emulated = pattern.mask_mod is not None  # a sparse pattern at dense cost
         path = f"dense query chunks of {rows} rows (checkpointed)"
         return out, KernelPath(self.name, path, mask_emulated=emulated)

@@ -14,6 +14,13 @@ NaN depending on what memory lies past the keys. So on CPU keys are padded to a 
 :data:`ALIGN` (the padding masked out in the mask_mod), and queries of at least ``ALIGN``
 rows likewise (the padded rows are dropped); shorter query blocks (decoding) run as they are.
 
+Key-length buckets (every device). KV-cache decoding calls with one more key each step; with
+the key length baked into the compiled code that is a compile per step. So keys are padded
+up to a bucket (:func:`key_bucket`): a multiple of a power of two that grows with the length,
+at least :data:`ALIGN` on CPU and :data:`BLOCK` elsewhere, at most 1/8 of the length, so that
+padding wastes under 12.5% and a decode from 1K to 8K keys compiles ~24 times, not 7K (CUDA)
+or 450 (CPU) times.
+
 Caching (so a sweep never hits dynamo's recompile limit). One bucket per (pattern key, B, H,
 padded Nq, padded Nk, D, Dv, dtype, device, causal, key_mask present, padded or not). The
 pattern's key (:attr:`attn.pattern.Pattern.key`) is the fingerprint of its mods: their code
@@ -30,10 +37,16 @@ bucket of its own, with its lengths baked into the compiled code; in a padded bu
 mods read the true lengths from a small tensor refilled per call, so all lengths that pad
 to the same size share one compiled function. Compiles use ``dynamic=False,
 fullgraph=True``: a graph break or a recompile-limit hit raises instead of silently running
-the ~50x slower eager path; the kernel then runs eager flex on purpose and records
-``KernelPath.fallback``. The first call of each exact shape records its time in
-``KernelPath.compile_s`` (block-mask build + the bucket's compile if still needed + first
-run) so it can be reported apart.
+the ~50x slower eager path; that call then runs eager flex on purpose and records
+``KernelPath.fallback`` (for that call only: the next call tries the compiled code again, so
+one failure never turns a whole sweep eager unlabelled). An out-of-memory error
+(:func:`is_oom_error`: ``torch.OutOfMemoryError``, ``MemoryError``, or an error whose message
+or cause says so, e.g. Inductor wrapping one) is never a compile failure: it propagates, so
+the benchmark records the case as ``oom`` instead of running eager flex, which materialises
+N x N scores. The first call of each exact shape records its time in ``KernelPath.compile_s``
+(block-mask build + the bucket's compile if still needed + first run) so it can be reported
+apart; on CUDA the timings synchronise the device first and last (:func:`synchronize`), so
+they count the work queued, not just its launch.
 
 Limits (declared by :meth:`FlexKernel.not_supported_reasons`): no backward on CPU (torch has no CPU
 flex backward), float64 unsupported on CPU, approximate variants unsupported.
@@ -64,6 +77,31 @@ BLOCK = 128
 ALIGN = 16
 
 
+#: what an out-of-memory error says (as ``bench.engine.process.is_oom`` reads it)
+_OOM_MARKERS = ("out of memory", "can't allocate", "cannot allocate", "not enough memory")
+
+
+def is_oom_error(err: BaseException) -> bool:
+    """True when ``err``, or an error it was raised from (compilers wrap errors), is an
+    allocation failure: ``torch.OutOfMemoryError``, ``MemoryError`` or a message saying so."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (torch.OutOfMemoryError, MemoryError)):
+            return True
+        if any(marker in str(current).lower() for marker in _OOM_MARKERS):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work where it runs asynchronously (CUDA); a no-op on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def _fresh(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     """A copy of ``fn`` with its own code object (its own dynamo cache and recompile budget)."""
     code = fn.__code__.replace(co_name=name)
@@ -88,11 +126,26 @@ def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
+#: bucket steps divide the key length by at most this (a bucket pads under 1/8 of its keys)
+BUCKET_FRACTION_BITS = 3
+
+
+def key_bucket(k_len: int, device: torch.device) -> int:
+    """The key length a call of ``k_len`` keys runs at on ``device``: rounded up to a multiple
+    of a power of two >= ``k_len / 16`` (so under 12.5% padding), at least :data:`ALIGN` on CPU
+    (its micro-kernel width) and :data:`BLOCK` elsewhere (a flex block)."""
+    smallest = ALIGN if device.type == "cpu" else BLOCK
+    step = max(smallest, 1 << max(k_len.bit_length() - 1 - BUCKET_FRACTION_BITS, 0))
+    return _round_up(k_len, step)
+
+
 def padded_lengths(q_len: int, k_len: int, device: torch.device) -> tuple[int, int]:
-    """The ``(Nq, Nk)`` a call of this shape runs at (see the module docstring: CPU padding)."""
+    """The ``(Nq, Nk)`` a call of this shape runs at: keys in their bucket (:func:`key_bucket`)
+    on every device; on CPU queries of at least ``ALIGN`` rows padded to a multiple of it."""
+    k_pad = key_bucket(k_len, device)
     if device.type != "cpu":
-        return q_len, k_len
-    return (q_len if q_len < ALIGN else _round_up(q_len, ALIGN)), _round_up(k_len, ALIGN)
+        return q_len, k_pad
+    return (q_len if q_len < ALIGN else _round_up(q_len, ALIGN)), k_pad
 
 
 def _wrap_mods(
@@ -151,7 +204,6 @@ class _Bucket:
     block_masks: dict[tuple[int, int], Any] = field(default_factory=dict)  # per exact (Nq, Nk)
     seen: set[tuple[int, int]] = field(default_factory=set)
     current: tuple[int, int] | None = None  # the (Nq, Nk) that ``lengths`` holds
-    fallback: str | None = None
 
 
 class FlexKernel(Kernel):
@@ -194,6 +246,9 @@ class FlexKernel(Kernel):
         buckets = self._buckets_of(pattern)
         if key in buckets:
             return buckets[key]
+        shared = (*key[:-1], True)  # the padded bucket of these lengths, if one was compiled:
+        if not padded and shared in buckets:  # a decoding step landing on its edge reuses it
+            return buckets[shared]
         lengths = torch.zeros(3, dtype=torch.int64, device=q.device) if padded else None
         buf = None if key_mask is None else torch.zeros(batch, k_pad, dtype=torch.bool, device=q.device)
         exact = (q_len, k_len, k_len - q_len)
@@ -214,23 +269,27 @@ class FlexKernel(Kernel):
         return buckets[key]
 
     def _block_mask(self, bucket: _Bucket, shape: tuple[int, int], q: Tensor, k: Tensor
-                    ) -> tuple[Any, bool]:
-        """The block mask of this exact shape (cached, rebuilt when a key_mask is given), and
-        whether this call built it."""
+                    ) -> tuple[Any, bool, str | None]:
+        """The block mask of this exact shape (cached, rebuilt when a key_mask is given),
+        whether this call built it, and the fallback it took to build it (None: compiled).
+        An out-of-memory error propagates (:func:`is_oom_error`)."""
         if shape in bucket.block_masks and bucket.key_mask_buf is None:
-            return bucket.block_masks[shape], False
+            return bucket.block_masks[shape], False, None
         batch = q.shape[0] if bucket.key_mask_buf is not None else None
         heads = q.shape[1] if bucket.per_head else None  # None: one block mask shared by the heads
         q_pad, k_pad = q.shape[2], k.shape[2]
+        fallback = None
         try:
             block_mask = bucket.make_mask(bucket.mask_mod, batch, heads, q_pad, k_pad, q.device)
-        except Exception as err:  # compile failure: build eagerly, say so
-            bucket.fallback = bucket.fallback or f"block mask built eagerly (O(N^2)): {type(err).__name__}"
+        except Exception as err:
+            if is_oom_error(err):
+                raise  # an oom row, never an eager O(N^2) build
+            fallback = f"block mask built eagerly (O(N^2)): {type(err).__name__}: {err}"[:300]
             block_mask = create_block_mask(
                 bucket.mask_mod, batch, heads, q_pad, k_pad, device=q.device, BLOCK_SIZE=BLOCK
             )
         bucket.block_masks[shape] = block_mask
-        return block_mask, True
+        return block_mask, True, fallback
 
     def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
             key_mask: Tensor | None) -> tuple[Tensor, KernelPath]:
@@ -238,6 +297,7 @@ class FlexKernel(Kernel):
         q_len, k_len = q.shape[2], k.shape[2]
         shape = (q_len, k_len)
         first = shape not in bucket.seen
+        synchronize(q.device)  # the timings below count this call's work only
         start = time.perf_counter()
         if bucket.lengths is not None and bucket.current != shape:
             bucket.lengths.copy_(torch.tensor([q_len, k_len, k_len - q_len]))
@@ -248,31 +308,37 @@ class FlexKernel(Kernel):
         q_in = F.pad(q, (0, 0, 0, q_pad - q_len)) if q_pad > q_len else q  # (B, H, padded Nq, D)
         k_in, v_in = (F.pad(t, (0, 0, 0, k_pad - k_len)) if k_pad > k_len else t for t in (k, v))
         dense = bucket.all_allowed and bucket.lengths is None  # every pair allowed: no block mask
-        block_mask, built, setup = None, False, {}
+        block_mask, built, setup, mask_fallback = None, False, {}, None
         if not dense:
             mask_start = time.perf_counter()
-            block_mask, built = self._block_mask(bucket, shape, q_in, k_in)
+            block_mask, built, mask_fallback = self._block_mask(bucket, shape, q_in, k_in)
             if built and bucket.key_mask_buf is None:  # cached for later calls of this shape
+                synchronize(q.device)
                 setup = {"setup_s": time.perf_counter() - mask_start,
                          "setup_bytes": block_mask_bytes(block_mask)}
-        out = self._attend(bucket, q_in, k_in, v_in, block_mask)  # (B, H, padded Nq, Dv)
+        out, flex_fallback = self._attend(bucket, q_in, k_in, v_in, block_mask)  # (B, H, padded Nq, Dv)
         out = out[:, :, :q_len] if q_pad > q_len else out  # (B, H, Nq, Dv)
         compile_s = None
         if first:
+            synchronize(q.device)
             bucket.seen.add(shape)
             compile_s = time.perf_counter() - start - setup.get("setup_s", 0.0)
-        path = "flex_attention(compiled)" if bucket.fallback is None else "flex_attention"
+        path = "flex_attention(compiled)" if flex_fallback is None else "flex_attention"
         if bucket.per_head and not dense:
             path += ", block mask per head"
-        return out, KernelPath(self.name, path, fallback=bucket.fallback, compile_s=compile_s,
-                               **setup)
+        fallback = "; ".join(f for f in (mask_fallback, flex_fallback) if f) or None
+        return out, KernelPath(self.name, path, fallback=fallback, compile_s=compile_s, **setup)
 
     @staticmethod
-    def _attend(bucket: _Bucket, q: Tensor, k: Tensor, v: Tensor, block_mask: Any) -> Tensor:
-        """Compiled flex; eager flex (recorded in ``bucket.fallback``) once compiling has failed."""
-        if bucket.fallback is None or bucket.fallback.startswith("block mask"):
-            try:
-                return bucket.flex(q, k, v, bucket.score_mod, block_mask, None)
-            except Exception as err:  # graph break / recompile limit: eager, flagged
-                bucket.fallback = f"eager flex_attention (compile failed: {type(err).__name__}: {err})"[:300]
-        return flex_attention(q, k, v, score_mod=bucket.score_mod, block_mask=block_mask)
+    def _attend(bucket: _Bucket, q: Tensor, k: Tensor, v: Tensor, block_mask: Any
+                ) -> tuple[Tensor, str | None]:
+        """Compiled flex, and None; or, when compiling fails for this call, eager flex and the
+        fallback to record (the next call tries compiled again). An out-of-memory error
+        propagates (:func:`is_oom_error`): eager flex would materialise N x N scores."""
+        try:
+            return bucket.flex(q, k, v, bucket.score_mod, block_mask, None), None
+        except Exception as err:  # graph break / recompile limit: eager for this call, flagged
+            if is_oom_error(err):
+                raise
+            fallback = f"eager flex_attention (compile failed: {type(err).__name__}: {err})"[:300]
+        return flex_attention(q, k, v, score_mod=bucket.score_mod, block_mask=block_mask), fallback

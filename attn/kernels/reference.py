@@ -47,6 +47,7 @@ class ReferenceKernel(Kernel):
     """Dense math from the variant's definition: O(N^2) memory, any device, autograd."""
 
     name = "reference"
+    computes_half_in_float32 = True
     description = "dense materialised attention from the mask_mod/score_mod (ground truth)"
 
     def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,

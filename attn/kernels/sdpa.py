@@ -17,6 +17,18 @@ form on every call (measured on CPU at N=4096, H=8: 73 MiB per call with a cache
 mask; a learned bias is evaluated per call (its gradient must flow). The call that builds
 the mask reports its time and bytes in ``KernelPath.setup_s`` / ``setup_bytes``. A
 ``key_mask`` depends on the data, so it is added to the cached mask per call.
+
+Backends. Every call records in ``KernelPath.backend`` the backend SDPA runs it on
+(:func:`sdpa_backend`: torch's own choice, ``torch._fused_sdp_choice``, the function its
+dispatcher calls, under the backends enabled where the call runs, e.g. inside
+``torch.nn.attention.sdpa_kernel``): on CUDA ``flash``, ``memory-efficient``, ``cudnn`` or
+``math``; on CPU ``flash-cpu`` (torch's C++ flash kernel, which takes any float dtype and an
+additive mask) or ``math`` (e.g. a key dim that is not contiguous, or ``sdpa_kernel(MATH)``).
+A call with a mask also asks which backend the same call would get without it; where they
+differ the backend says so (``memory-efficient (the mask rules out flash)``: flash takes no
+``attn_mask``), so a row never reads as flash speed when a mask forced a slower kernel. The
+answers are cached per call signature (shapes, strides, dtype, device, mask layout,
+causality, gradients, enabled backends): a few microseconds on the first call of a shape.
 """
 
 from __future__ import annotations
@@ -29,13 +41,71 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend
 
-from attn.kernels.base import Kernel, KernelPath
+from attn.kernels.base import Kernel, KernelPath, host_reads_are_free
 from attn.mods import dense_allowed, index_grids
 from attn.pattern import Pattern, PatternOwner
 
 #: cached masks kept per module (most recently used shapes)
 MAX_CACHED_SHAPES = 4
+#: the names rows give torch's SDPBackend values (``flash`` on CPU is torch's C++ flash kernel)
+_BACKEND_NAMES = {"FLASH_ATTENTION": "flash", "EFFICIENT_ATTENTION": "memory-efficient",
+                  "CUDNN_ATTENTION": "cudnn", "MATH": "math", "OVERRIDEABLE": "overrideable"}
+#: at most this many call signatures keep their backend answer (a sweep has a few per case)
+MAX_CACHED_BACKENDS = 256
+_backend_cache: OrderedDict[tuple, str] = OrderedDict()
+
+
+def _enabled_backends() -> tuple[bool, ...]:
+    """Which SDPA backends are enabled now (``sdpa_kernel`` sets the same flags on any device)."""
+    cuda = torch.backends.cuda
+    return (cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(), cuda.math_sdp_enabled(),
+            cuda.cudnn_sdp_enabled())
+
+
+def _choice(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool) -> str:
+    """The backend torch's SDPA dispatcher picks for this call, by name (``"none"`` when no
+    enabled backend can run it, ``"unknown"`` where this torch cannot say)."""
+    choose = getattr(torch, "_fused_sdp_choice", None)
+    if choose is None:  # pragma: no cover - every torch >= 2.5 has it
+        return "unknown"
+    try:
+        value = choose(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+    except RuntimeError:  # "No viable backend": SDPA itself would raise the same
+        return "none"
+    try:
+        name = _BACKEND_NAMES.get(SDPBackend(value).name, SDPBackend(value).name.lower())
+    except ValueError:
+        return "unknown"
+    return "flash-cpu" if name == "flash" and q.device.type == "cpu" else name
+
+
+def _layout(t: Tensor | None) -> tuple | None:
+    return None if t is None else (tuple(t.shape), t.stride(), t.dtype)
+
+
+def sdpa_backend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
+                 is_causal: bool = False) -> str:
+    """The backend ``F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal)`` runs on
+    here and now (see the module docstring), and, for a call with a mask that rules out the
+    backend the same call gets without it, what it rules out: ``"math (the mask rules out
+    flash-cpu)"``. Cached per call signature."""
+    grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    key = (_layout(q), _layout(k), _layout(v), q.device, _layout(attn_mask), is_causal, grad,
+           _enabled_backends())
+    if key in _backend_cache:
+        _backend_cache.move_to_end(key)
+        return _backend_cache[key]
+    backend = _choice(q, k, v, attn_mask, is_causal)
+    if attn_mask is not None and backend != "none":
+        unmasked = _choice(q, k, v, None, is_causal)
+        if unmasked not in (backend, "none", "unknown"):
+            backend = f"{backend} (the mask rules out {unmasked})"
+    _backend_cache[key] = backend
+    while len(_backend_cache) > MAX_CACHED_BACKENDS:
+        _backend_cache.popitem(last=False)
+    return backend
 
 
 @dataclass(frozen=True)
@@ -124,10 +194,14 @@ class SdpaKernel(Kernel):
         attn_mask.masked_fill_(~key_mask, float("-inf"))
         empty = ~key_mask.any(dim=-1)  # (B,) rows of a batch element with no real key
         attn_mask[empty] = 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask[:, None, None, :])
-        if bool(empty.any()):
+        attn_mask = attn_mask[:, None, None, :]  # (B, 1, 1, Nk)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        # zero the rows of a batch element with no real key; on an accelerator always (reading
+        # ``empty.any()`` on the host would be a device sync per call)
+        if not host_reads_are_free(q.device) or bool(empty.any()):
             out = out.masked_fill(empty[:, None, None, None], 0.0)
-        return out, KernelPath(self.name, "sdpa(key padding mask (B, 1, 1, Nk))")
+        return out, KernelPath(self.name, "sdpa(key padding mask (B, 1, 1, Nk))",
+                               backend=sdpa_backend(q, k, v, attn_mask))
 
     def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
             key_mask: Tensor | None) -> tuple[Tensor, KernelPath]:
@@ -135,10 +209,12 @@ class SdpaKernel(Kernel):
         mask_mod, score_mod = pattern.mask_mod, pattern.score_mod
         if mask_mod is None and score_mod is None and key_mask is None:
             if not causal:
-                return F.scaled_dot_product_attention(q, k, v), KernelPath(self.name, "sdpa(fused, no mask)")
+                return F.scaled_dot_product_attention(q, k, v), KernelPath(
+                    self.name, "sdpa(fused, no mask)", backend=sdpa_backend(q, k, v))
             if q_len == k_len:
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                return out, KernelPath(self.name, "sdpa(fused, is_causal)")
+                return out, KernelPath(self.name, "sdpa(fused, is_causal)",
+                                       backend=sdpa_backend(q, k, v, is_causal=True))
         if mask_mod is None and score_mod is None and not causal:  # padding only: (B, 1, 1, Nk)
             return self._key_padding_only(q, k, v, key_mask)
         cached, built_s = self._mask(pattern, q, k_len, causal)
@@ -157,4 +233,5 @@ class SdpaKernel(Kernel):
         if empty_rows is not None:
             out = out.masked_fill(empty_rows, 0.0)
         setup = {} if built_s is None else {"setup_s": built_s, "setup_bytes": cached.nbytes}
-        return out, KernelPath(self.name, path, mask_emulated=True, **setup)
+        return out, KernelPath(self.name, path, mask_emulated=True,
+                               backend=sdpa_backend(q, k, v, attn_mask), **setup)

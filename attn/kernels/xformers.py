@@ -12,6 +12,13 @@ Patterns map onto xformers' bias classes, all bottom-right aligned like our cont
 Not supported (declared with a reason by :meth:`XformersKernel.not_supported_reasons`): no
 CUDA, no xformers, a ``key_mask`` (the bias classes above have no padding form), score_mods,
 other masks, float64.
+
+Which operator runs depends on the dtype. xformers' flash operator (fp16/bf16 only) takes both
+local masks; in float32 only its cutlass operator runs, whose forward has no
+``LocalAttentionFromBottomRightMask`` (a non-causal window) and whose backward has no
+``LowerTriangularFromBottomRightLocalAttentionMask`` (a causal window, "infs/nans in the BW
+pass" in xformers' source). Those float32 calls are declared unsupported from the call
+(:func:`cutlass_local_reason`), so the kit checks windows in bf16/fp16 only.
 """
 
 from __future__ import annotations
@@ -39,6 +46,27 @@ def load_xformers() -> tuple[ModuleType | None, str | None]:
 #: why a call with a ``key_mask`` is refused
 KEY_MASK_REASON = ("argument 'key_mask' is not supported (its attn_bias classes have no padding form); "
                    "use kernel 'sdpa', 'blocked' or 'flex'")
+
+
+#: dtypes xformers runs on its flash operator; any other (float32) runs cutlass only
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def cutlass_local_reason(pattern: Pattern, call: AttentionCall) -> str | None:
+    """Why a local (sliding window) call in a dtype only xformers' cutlass operator runs is
+    refused, or None: cutlass's forward lacks the non-causal local bias, its backward the
+    causal one."""
+    if pattern.band is None or call.dtype in FLASH_DTYPES:
+        return None
+    dtype = str(call.dtype).removeprefix("torch.")
+    if not call.causal:
+        return (f"{pattern.name}: in {dtype} only xformers' cutlass operator runs, and its forward "
+                "has no non-causal local mask (LocalAttentionFromBottomRightMask); use float16/bfloat16")
+    if call.requires_grad:
+        return (f"{pattern.name}: in {dtype} only xformers' cutlass operator runs, and its backward "
+                "has no causal local mask (LowerTriangularFromBottomRightLocalAttentionMask); use "
+                "float16/bfloat16 or forward only")
+    return None
 
 
 def attn_bias_for(ops: Any, pattern: Pattern, causal: bool) -> tuple[Any, str]:
@@ -77,6 +105,8 @@ class XformersKernel(Kernel):
                            "have no xformers attn_bias")
         elif band is not None and (band.dilation != 1 or band.num_global != 0):
             reasons.append(f"{pattern.name}: dilated / global bands have no xformers attn_bias")
+        elif band is not None and call is not None and (why := cutlass_local_reason(pattern, call)):
+            reasons.append(why)  # a plain window whose support depends on the dtype
         if pattern.score_mod is not None:
             reasons.append(f"{pattern.name}: a position bias (score_mod) is not supported")
         if not reasons and call is not None:

@@ -10,6 +10,7 @@ import typer
 from bench.cli.app import app
 from bench.cli.common import (
     PluginOpt,
+    check_device_option,
     check_writable,
     import_plugin_options,
     user_errors,
@@ -47,6 +48,8 @@ def decoding_command(
     stream_steps: Annotated[int, typer.Option(min=1, help="Streaming steps per repeat.")] = Defaults.stream_steps,
     repeats: Annotated[int, typer.Option(min=1, help="Timed repeats (median).")] = Defaults.repeats,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
+    device: Annotated[str, typer.Option(
+        help="Device the models run and are timed on (cpu, cuda).")] = Defaults.device,
     plugin: PluginOpt = None,
 ) -> None:
     """Measure decoding tokens/s with and without the KV cache, and streaming step time."""
@@ -56,8 +59,9 @@ def decoding_command(
         context=context, new_tokens=new_tokens, attention=attention, window=window, d_model=d_model,
         num_heads=num_heads, num_layers=num_layers, d_ff=d_ff, vocab_size=vocab_size,
         stream_window=stream_window, stream_layers=stream_layers, stream_steps=stream_steps,
-        repeats=repeats, threads=threads,
+        repeats=repeats, threads=threads, device=device,
     )
+    check_device_option(device)
     import_plugin_options(plugin)  # before the names are checked: it registers attentions
     check_attentions(options)
     check_writable(out)

@@ -35,7 +35,7 @@ def list_command(
     from attn import AttentionCall, attention_info, create_attention, list_attention, list_kernels
     from attn.registry import plugin_errors
     from bench.engine.config import DEVICES, DTYPES, list_config_presets
-    from bench.quality.settings import list_task_presets, task_settings
+    from bench.quality.settings import list_task_presets
 
     choice("--device", device, DEVICES)
     choice("--dtype", dtype, DTYPES)
@@ -181,6 +181,10 @@ def _check_params(name: str, info: Any, items: list[str] | None) -> dict[str, An
     return params
 
 
+#: the dtypes ``check --dtype`` takes (attn.conformance.CHECK_DTYPES; no torch import here)
+KIT_DTYPES = ("float64", "float32", "bfloat16", "float16")
+
+
 @app.command()
 @user_errors
 def check(
@@ -189,6 +193,10 @@ def check(
     param: Annotated[list[str] | None, typer.Option(
         help="Variant parameter KEY=VALUE (YAML value); repeatable.")] = None,
     device: Annotated[str, typer.Option(help="Device (cpu, cuda).")] = "cpu",
+    dtype: Annotated[list[str] | None, typer.Option(
+        help="Dtype the checks run in (float64, float32, bfloat16, float16), each against the "
+             "float64 reference with its own tolerances; repeatable (default float64 and "
+             "float32).")] = None,
     plugin: PluginOpt = None,
     timeout_s: Annotated[float, typer.Option(  # attn.conformance.CHECK_TIMEOUT_S (no torch here)
         help="Time limit of each check (s); each runs in a child process, so a variant that "
@@ -202,6 +210,8 @@ def check(
     import_plugin_options(plugin)
     choice("--device", device, DEVICES)
     check_device_option(device)
+    for one in dtype or []:
+        choice("--dtype", one, KIT_DTYPES)
     info = _attention_info(name)
     for k in kernel or []:
         if k not in info.kernels:
@@ -213,7 +223,7 @@ def check(
     def say(one: Any) -> None:  # a line per check as it finishes: a long kit is not silent
         typer.echo(str(one))
 
-    result = check_attention(name, params=params, kernels=kernel, device=device,
+    result = check_attention(name, params=params, kernels=kernel, device=device, dtypes=dtype,
                              timeout_s=timeout_s, on_result=say)
     summary, *rest = str(result).splitlines()
     typer.echo("\n".join([summary, *(line for line in rest if line.startswith("note: "))]))

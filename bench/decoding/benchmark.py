@@ -34,11 +34,21 @@ from models.registry import model_config
 SPEEDUP_GOAL = 5.0  # the cache must be at least this much faster at the longest context
 
 
-def _median_time(fn: Callable[[], Any], repeats: int) -> float:
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (CUDA runs asynchronously); a no-op on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _median_time(fn: Callable[[], Any], repeats: int, device: torch.device | None = None) -> float:
+    """Median seconds of ``repeats`` calls of ``fn``, each timed from and to an idle device."""
+    device = torch.device("cpu") if device is None else device
     times = []
     for _ in range(repeats):
+        synchronize(device)
         start = time.perf_counter()
         fn()
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -61,19 +71,23 @@ def bench_decoding(
     sizes: dict[str, int],
     repeats: int,
     seed: int = 0,
+    device: str | torch.device = "cpu",
 ) -> list[dict[str, Any]]:
-    """Rows for cached and uncached greedy decoding of ``new_tokens`` after ``context`` tokens."""
+    """Rows for cached and uncached greedy decoding of ``new_tokens`` after ``context`` tokens,
+    the model and prompt on ``device``."""
+    device = torch.device(device)
     torch.manual_seed(seed)
     model = create_model(
         "decoder_lm", size="lra_base", attention=attention, attention_params=params,
         max_len=context + new_tokens, **sizes,
-    ).eval()
-    prompt = torch.randint(0, model.config.vocab_size, (1, context))
+    ).eval().to(device)
+    prompt = torch.randint(0, model.config.vocab_size, (1, context)).to(device)
     model.generate(prompt[:, :16], 2)  # warm-up (kernel selection, allocator)
     rows = []
     for use_cache in (True, False):
-        total = _median_time(lambda c=use_cache: model.generate(prompt, new_tokens, use_cache=c), repeats)
-        first = _median_time(lambda c=use_cache: model.generate(prompt, 1, use_cache=c), repeats)
+        total = _median_time(lambda c=use_cache: model.generate(prompt, new_tokens, use_cache=c),
+                             repeats, device)
+        first = _median_time(lambda c=use_cache: model.generate(prompt, 1, use_cache=c), repeats, device)
         decode_s = max(total - first, 1e-9)
         rows.append({
             "benchmark": "decoding", "model": "decoder_lm", "attention": attention,
@@ -81,21 +95,23 @@ def bench_decoding(
             "use_cache": use_cache, "time_s": total, "time_to_first_token_s": first,
             "tokens_per_s": new_tokens / total,
             "decode_tokens_per_s": (new_tokens - 1) / decode_s if new_tokens > 1 else float("nan"),
-            "repeats": repeats, **sizes,
+            "repeats": repeats, "device": device.type, **sizes,
         })
     return rows
 
 
 def bench_streaming(
-    window: int, num_layers: int, steps: int, sizes: dict[str, int], repeats: int, seed: int = 0
+    window: int, num_layers: int, steps: int, sizes: dict[str, int], repeats: int, seed: int = 0,
+    device: str | torch.device = "cpu",
 ) -> dict[str, Any]:
-    """Per-step time of the streaming encoder and of recomputing the window."""
+    """Per-step time of the streaming encoder and of recomputing the window, on ``device``."""
+    device = torch.device(device)
     torch.manual_seed(seed)
     model = create_model(
         "encoder_classifier", size="lra_base", position="none", max_len=window,
         **{**sizes, "num_layers": num_layers},
-    ).eval()
-    ids = torch.randint(0, model.config.vocab_size, (1, window + steps * repeats))
+    ).eval().to(device)
+    ids = torch.randint(0, model.config.vocab_size, (1, window + steps * repeats)).to(device)
     stream = model.stream(window)
     stream.prefill(ids[:, :window])
     cursor = iter(range(window, ids.shape[1]))  # each timed repeat streams new tokens
@@ -108,13 +124,13 @@ def bench_streaming(
         for t in range(window, window + steps):
             stream.batch_forward(ids[:, t + 1 - window : t + 1])
 
-    step_s = _median_time(run_stream, repeats) / steps
-    recompute_s = _median_time(run_recompute, repeats) / steps
+    step_s = _median_time(run_stream, repeats, device) / steps
+    recompute_s = _median_time(run_recompute, repeats, device) / steps
     return {
         "benchmark": "streaming", "model": "encoder_classifier", "attention": "full",
         "window": window, "num_layers": num_layers, "steps": steps,
         "step_ms": 1e3 * step_s, "recompute_ms": 1e3 * recompute_s,
-        "speedup": recompute_s / step_s, "repeats": repeats,
+        "speedup": recompute_s / step_s, "repeats": repeats, "device": device.type,
         **{k: v for k, v in sizes.items() if k != "num_layers"},
     }
 
@@ -195,14 +211,16 @@ def run_decoding_benchmark(options: DecodingOptions, out: Path) -> None:
             name, params = _attention_spec(spec, options.window)
             for ctx in options.context:
                 print(f"decoding {name} context={ctx} ...", flush=True)
-                decoding_rows += bench_decoding(name, params, ctx, options.new_tokens, sizes, options.repeats)
+                decoding_rows += bench_decoding(name, params, ctx, options.new_tokens, sizes, options.repeats,
+                                                device=options.device)
         for n in options.stream_window:
             for layers in options.stream_layers:
                 print(f"streaming window={n} layers={layers} ...", flush=True)
                 streaming_rows.append(
-                    bench_streaming(n, layers, options.stream_steps, sizes, options.repeats)
+                    bench_streaming(n, layers, options.stream_steps, sizes, options.repeats,
+                                    device=options.device)
                 )
-    env = environment("cpu", options.threads)
+    env = environment(options.device, options.threads)
     decoding, streaming = pd.DataFrame(decoding_rows), pd.DataFrame(streaming_rows)
     table = pd.concat([decoding, streaming], ignore_index=True).convert_dtypes()
     table = table.assign(git_sha=env["git_sha"], torch_version=env["torch_version"],

@@ -12,10 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from attn.validation import require_int
+from attn.validation import require_choice, require_int
 
 #: smallest allowed value of the integer options that are not counts (those start at 1)
 _MINIMUM = {"window": 0, "vocab_size": 2}
+#: the devices ``--device`` takes (as :data:`bench.engine.config.DEVICES`)
+DEVICES = ("cpu", "cuda")
+#: options that are not integers
+_NOT_INTEGERS = ("attention", "device")
 
 
 def _at_least(option: str, values: Any, minimum: int) -> None:
@@ -45,10 +49,12 @@ class DecodingOptions:
     stream_steps: int = 32  # streaming steps per timed repeat
     repeats: int = 3  # timed repeats (median)
     threads: int | None = None  # torch threads (None: torch's default)
+    device: str = "cpu"  # where the models run and are timed
 
     def __post_init__(self) -> None:
+        require_choice("--device", self.device, DEVICES)
         for field in fields(self):
-            if field.name != "attention":
+            if field.name not in _NOT_INTEGERS:
                 _at_least(self.option(field.name), getattr(self, field.name), _MINIMUM.get(field.name, 1))
         if not self.context or not self.attention or not self.stream_window or not self.stream_layers:
             empty = next(n for n in ("context", "attention", "stream_window", "stream_layers")

@@ -54,8 +54,19 @@ def _preload(ctx: Any, target: Any) -> None:
 
 
 def is_oom(err: BaseException) -> bool:
-    """True for an allocation failure (MemoryError, torch's "can't allocate", CUDA OOM)."""
-    return isinstance(err, MemoryError) or any(m in str(err).lower() for m in _OOM_MARKERS)
+    """True for an allocation failure (MemoryError, ``torch.OutOfMemoryError``, torch's "can't
+    allocate", CUDA OOM), also one a compiler wrapped in its own error (read through
+    ``__cause__`` / ``__context__``)."""
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, MemoryError) or type(current).__name__ == "OutOfMemoryError":
+            return True
+        if any(m in str(current).lower() for m in _OOM_MARKERS):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def limit_memory(max_memory_gb: float | None) -> None:

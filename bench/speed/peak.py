@@ -9,13 +9,18 @@ row's ``peak_fraction`` and hands the peak back to the driver in two private row
 (:data:`PEAK_KEY`, :data:`PEAK_FLOPS`), which the driver records in ``peak.json`` and drops.
 So a GPU sweep driven from a head node without a GPU divides by the GPU's own peak, and a
 cluster of mixed devices by each device's.
+
+Each row is divided by the peak of the dtype its kernel computes in
+(:func:`row_compute_dtype`): in a float16/bfloat16 sweep, the kernels that upcast half inputs
+to float32 (``reference``, ``chunked``, ``blocked``, Nystrom's own implementation:
+:func:`attn.registry.kernel_compute_dtype`) are divided by the float32 peak, measured too.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from bench.engine.provenance import device_name
@@ -68,16 +73,37 @@ def node_peak(spec: PeakSpec, cuda_visible: str | None = None,
     return key, _MEASURED[key]
 
 
+#: sweep dtypes whose cases may run on kernels that compute in float32
+HALF_DTYPE_NAMES = ("float16", "bfloat16")
+
+
+def row_compute_dtype(row: dict[str, Any], dtype: str) -> str:
+    """The dtype a row's kernel computes in, for a sweep in ``dtype``: float32 for a kernel
+    that upcasts half inputs (:func:`attn.registry.kernel_compute_dtype`), else ``dtype``."""
+    if dtype not in HALF_DTYPE_NAMES or not row.get("variant") or not row.get("kernel"):
+        return dtype
+    import torch
+
+    from attn.registry import kernel_compute_dtype
+
+    computed = kernel_compute_dtype(str(row["variant"]), str(row["kernel"]), getattr(torch, dtype))
+    return str(computed).removeprefix("torch.")
+
+
 def add_node_peak(rows: list[dict[str, Any]], spec: PeakSpec,
                   cuda_visible: str | None = None) -> list[dict[str, Any]]:
-    """``rows`` (measured here) with ``peak_fraction`` over this device's matmul peak and the
-    peak itself in :data:`PEAK_KEY` / :data:`PEAK_FLOPS` for the driver."""
+    """``rows`` (measured here) with ``peak_fraction`` over this device's matmul peak in the
+    dtype each row's kernel computes in, and that peak in :data:`PEAK_KEY` /
+    :data:`PEAK_FLOPS` for the driver."""
     if not any(row.get("status") == "ok" for row in rows):
         return rows
-    key, peak = node_peak(spec, cuda_visible)
     for row in rows:
+        if row.get("status") != "ok":
+            continue
+        dtype = row_compute_dtype(row, spec.dtype)
+        key, peak = node_peak(replace(spec, dtype=dtype), cuda_visible)
         row[PEAK_KEY], row[PEAK_FLOPS] = key, peak
         rate = row.get("tflops")
-        if row.get("status") == "ok" and rate is not None and math.isfinite(peak) and peak > 0:
+        if rate is not None and math.isfinite(peak) and peak > 0:
             row["peak_fraction"] = rate * 1e12 / peak
     return rows

@@ -64,13 +64,23 @@ def timing_columns(times_s: list[float], flops: float) -> Row:
     }
 
 
+def kernel_path_text(path: Any) -> str:
+    """The ``kernel_path`` column of a ``KernelPath``: its path, and the backend a dispatching
+    kernel ran (``sdpa(fused, is_causal) [backend: flash]``). Rows written before backends
+    were recorded hold the path alone, and read the same."""
+    if path is None:
+        return ""
+    backend = getattr(path, "backend", None)
+    return f"{path.path} [backend: {backend}]" if backend else path.path
+
+
 def path_columns(paths: list[Any], case: Case) -> Row:
     """Row columns from the ``KernelPath`` of every call of a pass."""
     seen = [p for p in paths if p is not None]
     last = seen[-1] if seen else None
     return {
         "kernel": last.kernel if last else case.kernel,
-        "kernel_path": last.path if last else "",
+        "kernel_path": kernel_path_text(last),
         "mask_emulated": bool(last and last.mask_emulated),
         "fallback": "; ".join(sorted({p.fallback for p in seen if p.fallback})),
         "compile_ms": sum(p.compile_s or 0.0 for p in seen) * 1e3,

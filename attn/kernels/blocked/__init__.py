@@ -40,7 +40,7 @@ Modules, by concern:
 
 from attn.kernels.blocked.core import banded_attention
 from attn.kernels.blocked.dense import global_rows, key_span_attention, uses_key_span
-from attn.kernels.blocked.geometry import CHUNK_ELEMENTS, band_edges, block_size
+from attn.kernels.blocked.geometry import CHUNK_ELEMENTS, band_edges, block_size, chunk_elements
 from attn.kernels.blocked.kernel import BlockedKernel, blocked_attention
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "banded_attention",
     "block_size",
     "blocked_attention",
+    "chunk_elements",
     "global_rows",
     "key_span_attention",
     "uses_key_span",

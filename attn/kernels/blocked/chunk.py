@@ -45,7 +45,8 @@ class StreamInputs:
     """One stream's views of the inputs, and the global columns (``g`` first keys) it attends.
 
     ``q (nq, D)``, ``k (nk, D)``, ``v (nk, Dv)``; ``key_bias (nk,)`` additive or None;
-    ``masked_before (nk + 1,)`` on the host: masked keys before each position, or None;
+    ``masked_before (nk + 1,)`` on the host: masked keys before each position, or None (no
+    key bias, or on an accelerator, where it is not read: every interior chunk adds the bias);
     ``global_k (g, D)``, ``global_v (g, Dv)`` (all residues) or None; ``global_bias (g,)`` or None.
     """
 
@@ -85,7 +86,8 @@ class Chunk:
             self.k = window_view(inputs.k, self.key_start, count, rows, keys)
             self.v = window_view(inputs.v, self.key_start, count, rows, keys)
             self.key_bias = None
-            if inputs.key_bias is not None and self._has_masked_key(inputs.masked_before):
+            if inputs.key_bias is not None and (inputs.masked_before is None
+                                                or self._has_masked_key(inputs.masked_before)):
                 self.key_bias = window_view(inputs.key_bias, self.key_start, count, rows, keys).unsqueeze(1)
         else:
             self.q = padded_rows(inputs.q, self.row_start, count * rows)

@@ -115,7 +115,7 @@ def banded_attention(q: Tensor, k: Tensor, v: Tensor, band: Band, *, causal: boo
         raise ValueError("banded_attention: a per-head band runs through blocked_attention (one band per head group)")
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
-    geo = geometry(band.window, causal, block, chunk)
+    geo = geometry(band.window, causal, block, chunk, q.device)
     key_bias, global_bias = _key_biases(q, k_len, band.num_global, key_mask)
     global_keys = min(band.num_global, k_len)
     streams = make_streams(batch, heads, q_len, k_len, q_offset, band.dilation, geo.block)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attn.kernels.base import host_reads_are_free
 from attn.kernels.blocked.chunk import Chunk, StreamInputs, chunk_scores
 from attn.kernels.blocked.geometry import Geometry, Stream, max_chunk_blocks
 
@@ -52,15 +53,20 @@ class BandInputs:
 def band_forward(band: BandInputs, geo: Geometry, streams: list[Stream], num_global: int
                  ) -> tuple[Tensor, Tensor, Tensor | None]:
     """``out (B, H, Nq, Dv)``, the rows' log-sum-exp ``(B, H, Nq)`` (-inf for a row with no
-    key) and the masked keys on the host (``(B|1, H|1, Nk)`` bool, or None)."""
+    key) and the masked keys on the host (``(B|1, H|1, Nk)`` bool; None without a key bias
+    or on an accelerator, :func:`~attn.kernels.base.host_reads_are_free`)."""
     q, v = band.q, band.v
     batch, heads, q_len, dim = q.shape
     scale = 1.0 / math.sqrt(dim)
     out = q.new_empty(batch, heads, q_len, v.shape[-1])  # (B, H, Nq, Dv)
     lse = q.new_empty(batch, heads, q_len)  # (B, H, Nq)
     scores_buf = q.new_empty(max_chunk_blocks(geo, streams), geo.block, geo.window_keys)  # (chunk, S, L)
-    # masked keys, on the host once: each chunk checks its windows without a device sync
-    key_masked = None if band.key_bias is None else torch.isneginf(band.key_bias).cpu()
+    # masked keys, read on the host where that is free (CPU): each chunk then skips the key
+    # bias when its windows hold no masked key. On an accelerator no read (a sync per call):
+    # every interior chunk adds the key bias
+    key_masked = None
+    if band.key_bias is not None and host_reads_are_free(band.key_bias.device):
+        key_masked = torch.isneginf(band.key_bias)
     for stream in streams:
         inputs = band.stream_inputs(stream, key_masked, num_global)
         out_rows, lse_rows = stream.view(out, stream.q_rows), stream.view(lse, stream.q_rows)  # (nq, Dv), (nq,)

@@ -17,8 +17,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-#: scores per chunk of blocks (elements): ~4 MB in fp32, so the softmax passes stay in cache
-CHUNK_ELEMENTS = 1 << 20
+#: scores per chunk of blocks (elements), per device type. CPU: ~4 MB in fp32, so the softmax
+#: passes stay in cache. CUDA: 128 MB in fp32, so a stream is a few chunks, not hundreds (at
+#: N = 512K, w = 128, B*H = 8: ~25 chunks instead of ~800, each a dozen launches); chosen for
+#: launch count within modest memory, not yet measured on a GPU
+CHUNK_ELEMENTS: dict[str, int] = {"cpu": 1 << 20, "cuda": 1 << 25}
+
+
+def chunk_elements(device: torch.device | str) -> int:
+    """Scores per chunk of blocks on ``device`` (other device types: the CPU's)."""
+    return CHUNK_ELEMENTS.get(torch.device(device).type, CHUNK_ELEMENTS["cpu"])
 
 
 def block_size(window: int) -> int:
@@ -62,12 +70,14 @@ class Geometry:
         return self.window_blocks * self.block
 
 
-def geometry(window: int, causal: bool, block: int | None = None, chunk: int | None = None) -> Geometry:
-    """The layout of a band of ``window``; ``block`` and ``chunk`` override the tuned defaults."""
+def geometry(window: int, causal: bool, block: int | None = None, chunk: int | None = None,
+             device: torch.device | str = "cpu") -> Geometry:
+    """The layout of a band of ``window`` on ``device``; ``block`` and ``chunk`` override the
+    tuned defaults (the chunk's from :func:`chunk_elements` of the device)."""
     rows = block or block_size(window)
     left = math.ceil(window / rows)
     right = 0 if causal else left
-    per_chunk = chunk or max(1, CHUNK_ELEMENTS // (rows * (left + 1 + right) * rows))
+    per_chunk = chunk or max(1, chunk_elements(device) // (rows * (left + 1 + right) * rows))
     return Geometry(rows, left, right, per_chunk)
 
 

@@ -84,6 +84,7 @@ class BlockedKernel(Kernel):
     """Banded blocks in pure PyTorch: O(N*w) time, O(N) extra memory, autograd, any device."""
 
     name = "blocked"
+    computes_half_in_float32 = True
     description = "banded query/key blocks (sliding window, dilated, global tokens), O(N*w)"
 
     def not_supported_reasons(self, pattern: Pattern, call: AttentionCall | None = None) -> list[str]:
