@@ -35,11 +35,12 @@ PRESETS = {
     },
     "small": {
         "note": ("4-16 pairs of 32 keys and 32 values on 256 tokens, read by a decoder as in "
-                 "Zoology (a bidirectional encoder does not learn the recall at this budget; "
-                 "docs/quality.md)."),
+                 "Zoology, its output layer not tied to the embedding (a bidirectional encoder, "
+                 "or tied embeddings, do not learn the recall at this budget; docs/quality.md)."),
         "data": {"seq_len": 256, "num_pairs": [4, 8, 16], "num_keys": 32, "num_values": 32,
                  "num_fillers": 16, "distance_buckets": [16, 32, 64, 128], "train_examples": 8000,
                  "val_examples": 400, "test_examples": 1000, "data_seed": 0, "reader": "decoder"},
+        "model": {"tie_embeddings": False},
         "train": {"steps": 1200, "lr": 0.003, "eval_every": 200, "eval_examples": 200},
     },
     "lra": {
