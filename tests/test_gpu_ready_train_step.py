@@ -40,7 +40,7 @@ def _step(model: torch.nn.Module, inputs: torch.Tensor, target: torch.Tensor) ->
         assert p.dtype == torch.float32, name  # autocast never changes the weights' dtype
         if name in grads and grads[name].abs().sum() > 0:
             assert not torch.equal(p.detach(), before[name]), f"{name} did not move"
-    return float(loss)
+    return float(loss.detach())
 
 
 @pytest.mark.parametrize(("name", "params"), _cases(),
