@@ -160,7 +160,7 @@ def test_every_task_preset_parses_and_keeps_four_windows(preset):
             continue  # their length comes from the data (image size, BPE), checked on real data
         task = get_task(task_name, settings.data, seed=0)
         side = settings.data.get("size", 0) // settings.data.get("patch", 1)  # pathfinder: tokens per row
-        length = int(settings.data.get("seq_len", side**2))
+        length = int(settings.data.get("seq_len", settings.data.get("src_len", side**2)))
         assert length >= 4 * settings.attention["window"], (task_name, length)
         assert task.name == task_name
 
