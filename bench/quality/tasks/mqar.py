@@ -173,9 +173,9 @@ class MQAR(ClassificationTask):
         if not final:
             return metrics
         count = self.num_examples(split) if limit is None else min(limit, self.num_examples(split))
-        return [*metrics, self.majority_accuracy(split, count), *self.condition_metrics(q, hit)]
+        return [*metrics, self.majority_accuracy(split, count), *self.query_condition_metrics(q, hit)]
 
-    def condition_metrics(self, q: dict[str, Tensor], hit: Tensor) -> list[Metric]:
+    def query_condition_metrics(self, q: dict[str, Tensor], hit: Tensor) -> list[Metric]:
         """Accuracy per ``num_pairs=P`` and per distance bucket, from per-query ``hit``
         (1/0, or a probability of being right) and the queries' ``num_pairs`` and
         ``distance`` (as :meth:`query_predictions` gives them)."""
@@ -206,4 +206,4 @@ class MQAR(ClassificationTask):
         same = (values[rows] == data["labels"][query][:, None]) & written[rows]  # (Q, max P)
         hit = same.sum(dim=1) / pairs[rows]  # (Q,)
         q = {"num_pairs": pairs[rows], "distance": data["distance"][query]}
-        return [Metric("accuracy", float(hit.mean())), *self.condition_metrics(q, hit.double())]
+        return [Metric("accuracy", float(hit.mean())), *self.query_condition_metrics(q, hit.double())]
