@@ -1,4 +1,4 @@
-"""Issue 27 item 9: KV-cache decoding with flex compiles once per key-length *bucket*, not once
+"""KV-cache decoding with flex compiles once per key-length *bucket*, not once
 per key length, on every device (CUDA ran every call at its exact length: a compile per decoding
 step), and ``attn-bench decoding --device`` runs and times the models on the device it names.
 

@@ -1,4 +1,4 @@
-"""Issue 27 item 6: flex never hides an out-of-memory error as a compile failure.
+"""Flex never hides an out-of-memory error as a compile failure.
 
 ``torch.compile`` is replaced by fakes (no real compile: seconds each on this CPU) whose
 compiled functions raise ``torch.OutOfMemoryError`` or another error: an OOM propagates (the

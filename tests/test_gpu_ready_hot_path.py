@@ -1,4 +1,4 @@
-"""Issue 27 item 8: on CUDA ``auto`` never picks a CPU-tuned kernel where flex or SDPA serve;
+"""On CUDA ``auto`` never picks a CPU-tuned kernel where flex or SDPA serve;
 the chunk sizes of ``blocked``, ``chunked`` and Nystrom's short-side streaming are chosen per
 device type; no kernel reads a tensor's value on the host (a device sync) in its hot path.
 

@@ -1,4 +1,4 @@
-"""Issue 27 item 3: the conformance kit checks bfloat16 and float16 (the dtypes a GPU sweep
+"""The conformance kit checks bfloat16 and float16 (the dtypes a GPU sweep
 times) against the float64 reference with per-dtype tolerances, and kernels whose support
 depends on the dtype declare it from the call (xformers' cutlass-only float32 windows)."""
 

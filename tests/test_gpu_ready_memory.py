@@ -1,4 +1,4 @@
-"""Issue 27 item 4: while one case of a unit uses the GPU, no other case's worker holds GPU
+"""While one case of a unit uses the GPU, no other case's worker holds GPU
 memory (inputs, cached masks, the allocator's cached pool), so a case's peak and its OOM
 boundary do not depend on which kernels ran before it (see docs/gpu.md).
 

@@ -1,4 +1,4 @@
-"""Issue 27 item 14: the matmul peak on a GPU is timed after its clocks are steady (a
+"""The matmul peak on a GPU is timed after its clocks are steady (a
 time-based warm-up: at least a minimum time, and until two consecutive calls agree), and it
 is cached per device name and dtype (see docs/gpu.md). A fake clock and a fake timer stand in
 for a GPU whose clocks ramp up; fake device names for the devices."""

@@ -1,4 +1,4 @@
-"""Issue 27 item 8: a row's peak fraction divides by the matmul peak of the dtype its kernel
+"""A row's peak fraction divides by the matmul peak of the dtype its kernel
 actually computes in: kernels that compute half inputs in float32 (``reference``, ``chunked``,
 ``blocked``, Nystrom's own implementation) against the float32 peak, the others (``sdpa``,
 ``flex``, ``xformers``) against the peak of the input dtype."""

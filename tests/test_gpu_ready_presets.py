@@ -1,4 +1,4 @@
-"""Issue 27 item 13: presets that fit an 80 GB GPU. ``scaling-gpu`` caps each kernel's
+"""Presets that fit an 80 GB GPU. ``scaling-gpu`` caps each kernel's
 lengths by its memory model (bench/speed/memory.py), so its dry run lists no case that
 cannot fit and no case twice, with ``auto`` beside every kernel; ``quality-lra-gpu`` is the
 training grid at preset ``lra`` on CUDA (see docs/gpu.md). No GPU needed: the cases are

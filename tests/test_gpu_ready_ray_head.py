@@ -1,4 +1,4 @@
-"""Issue 27 item 12: a GPU sweep driven from a head node without a GPU. The device check and
+"""A GPU sweep driven from a head node without a GPU. The device check and
 the matmul peak are taken on the node that runs each unit (the peak keyed by the node's
 device name); the driver asks CUDA nothing (see docs/gpu.md).
 

@@ -1,4 +1,4 @@
-"""Issue 27 item 7: the ``sdpa`` kernel records which SDPA backend ran (torch's own choice,
+"""The ``sdpa`` kernel records which SDPA backend ran (torch's own choice,
 under the backends enabled where it runs) in ``KernelPath.backend`` and the row's
 ``kernel_path``, and says when a mask forced a slower backend.
 
