@@ -95,8 +95,6 @@ def add_node_peak(rows: list[dict[str, Any]], spec: PeakSpec,
     """``rows`` (measured here) with ``peak_fraction`` over this device's matmul peak in the
     dtype each row's kernel computes in, and that peak in :data:`PEAK_KEY` /
     :data:`PEAK_FLOPS` for the driver."""
-    if not any(row.get("status") == "ok" for row in rows):
-        return rows
     for row in rows:
         if row.get("status") != "ok":
             continue

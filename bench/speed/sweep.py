@@ -58,16 +58,19 @@ def read_peaks(run_dir: Path) -> dict[str, Any]:
     return read_json(path, what="matmul peak cache") if path.exists() else {}
 
 
-def record_peak(run_dir: Path, row: Row) -> None:
-    """Take the node's peak out of ``row`` (:data:`bench.speed.peak.PEAK_KEY`) and keep it in
-    ``peak.json`` when it is new and finite."""
-    key, value = row.pop(PEAK_KEY, None), row.pop(PEAK_FLOPS, None)
-    if key is None or value is None or not math.isfinite(value):
-        return
+def peak_recorder(run_dir: Path) -> Callable[[Row], None]:
+    """A function that takes the node's peak out of each row it is given
+    (:data:`bench.speed.peak.PEAK_KEY`) and keeps it in ``run_dir``'s ``peak.json`` when it is
+    new and finite (the file is read once, written only when a peak is new)."""
     cache = read_peaks(run_dir)
-    if cache.get(key) != value:
+
+    def record(row: Row) -> None:
+        key, value = row.pop(PEAK_KEY, None), row.pop(PEAK_FLOPS, None)
+        if key is None or value is None or not math.isfinite(value) or cache.get(key) == value:
+            return
         cache[key] = value
         atomic_write_json(Path(run_dir) / PEAK_FILE, cache)
+    return record
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,7 @@ class SweepPlan:
         """Nothing is measured here: each unit divides by the matmul peak of the device it
         ran on (:mod:`bench.speed.peak`, so a driver without the sweep's device can drive
         it); each arriving row hands that peak over for ``peak.json``."""
-        return lambda row: record_peak(run_dir, row)
+        return peak_recorder(run_dir)
 
 
 def run_sweep(
