@@ -133,6 +133,13 @@ def test_blocked_runs_full_attention_on_packed_calls_only() -> None:
     assert module.last_path.kernel == "blocked"
 
 
+@pytest.mark.parametrize(("n", "kernel"), [(1024, "blocked"), (64, "sdpa")])
+def test_auto_runs_long_packed_calls_on_blocked_and_short_banded_ones_on_sdpa(n, kernel) -> None:
+    module = create_attention("sliding_window", window=4)
+    call = AttentionCall(CPU, torch.float32, False, False, n, n, 16, has_document_ids=True)
+    assert module.resolve_kernel(call) == kernel
+
+
 def test_blocked_computes_each_document_alone(monkeypatch) -> None:
     """No product spans two documents: every fused call is one document's length."""
     lengths = []

@@ -88,3 +88,26 @@ def test_packing_ratios_are_per_round_against_unpacked_and_one_by_one() -> None:
     assert packed.vs_one_by_one == "1 [0.75, 1.25]"  # per-round ratios 0.5, 1.0, 1.5
     twin = table[table.label == "full [4 docs one by one]"].iloc[0]
     assert twin.vs_one_by_one == ""
+
+
+def test_packed_rows_keep_their_packing_in_the_label_when_read() -> None:
+    from bench.speed.results import _packed_label
+
+    label = "sliding_window(window=16) [packed 4 docs]"
+    assert _packed_label("sliding_window", '{"window": 16}', label, "packed 4 docs") == label
+    assert _packed_label("sliding_window", '{"window": 16}', "sliding_window(window=16)", "") == (
+        "sliding_window(window=16)")
+
+
+def test_the_committed_packed_run_reports_its_ratios() -> None:
+    from pathlib import Path
+
+    from bench.speed.results import load_results
+
+    run = Path(__file__).resolve().parents[1] / "results" / "packed-cpu"
+    df = load_results(run)
+    table = packing_ratios(df)
+    assert set(table.label) == {"full [packed 8 docs]", "full [8 docs one by one]",
+                                "causal [packed 8 docs]", "causal [8 docs one by one]"}
+    packed = table[table.label.str.contains("packed")]
+    assert set(packed.kernel) == {"blocked"} and packed.vs_one_by_one.str.len().gt(0).all()

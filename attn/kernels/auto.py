@@ -45,7 +45,8 @@ approximate       native                                       native
   1.5-1.7 at 2048, where SDPA's cached (H, N, N) bias starts to cost real memory. So banded
   variants take sdpa below 768 keys and relative below 1024: training at LRA-like lengths
   and KV-cache decoding over short contexts.
-* Packed calls (``document_ids``) try ``blocked`` first, on every device: it runs each
+* Long packed calls (``document_ids``; a short one takes the short-call order) try
+  ``blocked`` first, on every device: it runs each
   document as its own call (banded, or one fused SDPA product per document for full and
   causal), so a packed row costs what its documents cost; ``sdpa`` and ``chunked`` run a packed
   call over the whole row (a dense ``(B, H|1, N, N)`` mask, or the row's every pair). Measured
@@ -141,7 +142,7 @@ def choose_kernel(pattern: Pattern, call: AttentionCall, preferred: Sequence[str
     holds reasons already asked of kernels for this call (not asked again).
     """
     known = {} if known is None else known
-    if call.has_document_ids:
+    if call.has_document_ids and not is_short(pattern, call.device, call.k_len):
         preferred = (*preferred, *PACKED_FIRST)
     reasons: list[str] = []
     for name in auto_order(pattern, call.device, call.k_len, preferred):
