@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 import plotly.graph_objects as go
+import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from bench.engine.fsutil import atomic_write_text
@@ -50,11 +51,11 @@ def packed_plotly() -> str:
     return base64.b64encode(gzip.compress(get_plotlyjs().encode("utf-8"), mtime=0)).decode("ascii")
 
 
-def figure_div(fig: go.Figure, div_id: str, *, links: bool = False) -> str:
-    """``fig`` as a ``<div class="plot">`` and its figure JSON, drawn by the page's
-    ``plots.js``; ``links``: a click on a point opens the link that is the last field of its
-    ``customdata``."""
-    data = fig.to_json().replace("</", "<\\/")  # no "</script>" inside the JSON
+def figure_div(fig: go.Figure | dict, div_id: str, *, links: bool = False) -> str:
+    """``fig`` (a figure, or its JSON structure as a dict) as a ``<div class="plot">`` and
+    its figure JSON, drawn by the page's ``plots.js``; ``links``: a click on a point opens
+    the link that is the last field of its ``customdata``."""
+    data = pio.to_json(fig, validate=False).replace("</", "<\\/")  # no "</script>" inside the JSON
     flag = ' data-links="1"' if links else ""
     return (f'<div class="plot" id="{div_id}"{flag}></div>'
             f'<script type="application/json" id="{div_id}-data">{data}</script>')
