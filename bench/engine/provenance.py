@@ -103,8 +103,13 @@ def device_name(device: str) -> str:
 
 def command_line() -> str:
     """The command this process runs, as a shell would take it (``attn-bench sweep quick
-    --out runs/quick``): the program's file name, then its arguments."""
-    return shlex.join([Path(sys.argv[0]).name, *sys.argv[1:]]) if sys.argv and sys.argv[0] else ""
+    --out runs/quick``): the program's file name (``python -m PACKAGE`` for a package run
+    with ``-m``), then its arguments."""
+    if not sys.argv or not sys.argv[0]:
+        return ""
+    program = Path(sys.argv[0])
+    words = ["python", "-m", program.parent.name] if program.name == "__main__.py" else [program.name]
+    return shlex.join([*words, *sys.argv[1:]])
 
 
 def environment(device: str, threads: int | None, *, probe: bool = True) -> dict[str, Any]:
