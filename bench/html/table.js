@@ -10,9 +10,9 @@
   function sortBy(table, index, header) {
     var body = table.tBodies[0], rows = Array.prototype.slice.call(body.rows);
     var up = header.getAttribute("aria-sort") !== "ascending";
-    rows.sort(function (a, b) {
+    rows.sort(function (a, b) {  // numbers before text (a missing value, "-"), either way
       var x = key(a.cells[index]), y = key(b.cells[index]);
-      if (typeof x !== typeof y) { x = String(x); y = String(y); }
+      if (typeof x !== typeof y) { return typeof x === "number" ? -1 : 1; }
       return (x < y ? -1 : x > y ? 1 : 0) * (up ? 1 : -1);
     });
     rows.forEach(function (row) { body.appendChild(row); });
