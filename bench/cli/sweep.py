@@ -150,14 +150,14 @@ def sweep(
 
 
 def _where_results_are(rows_file: Path, written: list[Path]) -> str:
-    """The sweep's last line: where its report, figures and rows are (``written``: the
-    report and figures this run wrote; none with ``--no-plots``)."""
+    """The sweep's last line: where its report, page, figures and rows are (``written``: the
+    report, its page and the figures this run wrote; none with ``--no-plots``)."""
     if not written:
         return (f"results: rows in {rows_file} (`attn-bench report {rows_file.parent}` writes "
-                "report.md, `attn-bench plot` the figures)")
-    report, *figures = written
-    return (f"results: read {report} first; figures {', '.join(str(p) for p in figures) or 'none'}; "
-            f"rows in {rows_file}")
+                "report.md and report.html, `attn-bench plot` the figures)")
+    report, page, *figures = written
+    return (f"results: read {report} first (page: {page}); figures "
+            f"{', '.join(str(p) for p in figures) or 'none'}; rows in {rows_file}")
 
 
 def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
