@@ -151,12 +151,40 @@ def launch(playwright: Any) -> Any:
     return playwright.chromium.launch(executable_path=chromium_path(), headless=True, args=["--no-sandbox"])
 
 
-def main(argv: list[str]) -> int:
-    """``python tests/page_browser.py PAGE PNG``: open PAGE, check it, write its screenshot."""
+def time_pages(paths: list[Path], rounds: int) -> dict[Path, list[float]]:
+    """Open every page ``rounds`` times, interleaved (page 1, page 2, ..., page 1, ...), each
+    in a fresh tab; when each drew all its figures, in ms after navigation start."""
     from playwright.sync_api import sync_playwright
 
+    times: dict[Path, list[float]] = {path: [] for path in paths}
+    with sync_playwright() as playwright:
+        browser = launch(playwright)
+        for _ in range(rounds):
+            for path in paths:
+                page, loaded = open_page(browser, path)
+                page.close()
+                if loaded.drawn_ms is None:
+                    raise RuntimeError(f"{path}: figures not drawn: {loaded.draw_error}")
+                times[path].append(loaded.drawn_ms)
+        browser.close()
+    return times
+
+
+def main(argv: list[str]) -> int:
+    """``python tests/page_browser.py PAGE PNG``: open PAGE, check it, write its screenshot.
+    ``python tests/page_browser.py --time ROUNDS PAGE...``: when each page is drawn, over
+    ROUNDS interleaved openings (median, min, max)."""
+    from playwright.sync_api import sync_playwright
+
+    if len(argv) > 2 and argv[0] == "--time":
+        times = time_pages([Path(p) for p in argv[2:]], int(argv[1]))
+        for path, values in times.items():
+            ordered = sorted(values)
+            print(f"{path}: drawn after {ordered[len(ordered) // 2]:.0f} ms (median of {len(values)}; "
+                  f"min {ordered[0]:.0f}, max {ordered[-1]:.0f}; all: {', '.join(f'{v:.0f}' for v in values)})")
+        return 0
     if len(argv) != 2:
-        print("usage: python tests/page_browser.py PAGE PNG")
+        print("usage: python tests/page_browser.py PAGE PNG | --time ROUNDS PAGE...")
         return 2
     path, png = Path(argv[0]), Path(argv[1])
     with sync_playwright() as playwright:
