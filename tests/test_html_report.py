@@ -168,3 +168,19 @@ def test_the_readme_shows_a_page_and_says_how_to_open_one():
     shot = re.search(r"!\[[^\]]*\]\((docs/[^)]+\.png)\)", readme[readme.index("## Result pages"):])
     assert shot and (ROOT / shot.group(1)).is_file()
     assert "report.html" in readme and "opens offline" in readme
+
+
+def test_the_committed_history_shows_every_commit_of_the_committed_runs():
+    import csv
+
+    text = (ROOT / "results/history.html").read_text(encoding="utf-8")
+    commits_table = text[text.index('id="commits"'):]
+    shown = set(re.findall(r">([0-9a-f]{12})<", commits_table[:commits_table.index("</table>")]))
+    recorded = set()
+    for name in ("results.csv", "quality.csv"):
+        for path in (ROOT / "results").rglob(name):
+            if path.parent.name in IN_PROGRESS:
+                continue  # a training run still adding rows, perhaps from newer commits
+            with path.open(encoding="utf-8") as file:
+                recorded |= {row["git_sha"][:12] for row in csv.DictReader(file) if row.get("git_sha")}
+    assert recorded and recorded <= shown, sorted(recorded - shown)
