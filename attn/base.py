@@ -41,6 +41,8 @@ class Attention(nn.Module):
     #: bfloat16 inputs in float32 (:func:`attn.kernels.base.compute_dtype`)
     native_computes_half_in_float32: ClassVar[bool] = False
     supports_causal: ClassVar[bool] = True
+    #: True when a call may give k, v fewer heads than q (grouped-query attention, ``H % H_kv == 0``)
+    supports_gqa: ClassVar[bool] = True
     forces_causal: ClassVar[bool] = False
     #: small parameter sets that make the conformance kit meaningful at short lengths
     example_params: ClassVar[tuple[dict[str, Any], ...]] = ({},)
@@ -195,6 +197,8 @@ class Attention(nn.Module):
             call = replace(call, causal=True)
         if call.causal and not self.supports_causal:
             return [f"{self.name} does not support causal=True"]
+        if call.kv_groups > 1 and not self.supports_gqa:
+            return [gqa_refusal(self.name)]
         pattern = self.pattern()
         if kernel == "auto":
             try:
@@ -242,7 +246,8 @@ class Attention(nn.Module):
     def forward(
         self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None
     ) -> Tensor:
-        """Attention of ``q (B, H, Nq, D)`` over ``k (B, H, Nk, D)``, ``v (B, H, Nk, Dv)``."""
+        """Attention of ``q (B, H, Nq, D)`` over ``k (B, H_kv, Nk, D)``, ``v (B, H_kv, Nk, Dv)``
+        (``H % H_kv == 0``: query head h reads key head ``h // (H / H_kv)``)."""
         check_qkv(self.name, q, k, v, key_mask)
         if self.num_heads is not None and q.shape[1] != self.num_heads:
             raise ValueError(
@@ -254,6 +259,9 @@ class Attention(nn.Module):
             raise NotImplementedError(
                 f"{self.name}: argument 'causal' must be False; {self.name} has no causal form"
             )
+        if k.shape[1] != q.shape[1] and not self.supports_gqa:
+            raise NotImplementedError(f"{self.name}: arguments 'k', 'v' must have q's {q.shape[1]} heads; "
+                                      f"got {k.shape[1]}: {gqa_refusal(self.name)}")
         requires_grad = torch.is_grad_enabled() and (
             q.requires_grad or k.requires_grad or v.requires_grad
             or any(p.requires_grad for p in self.parameters())
@@ -275,6 +283,11 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"kernel={self.kernel!r}"
+
+
+def gqa_refusal(name: str) -> str:
+    """The reason an attention without grouped-query support gives for a call with ``H_kv < H``."""
+    return f"{name} does not support grouped-query attention (k, v with fewer heads than q)"
 
 
 class ExactAttention(Attention):

@@ -28,6 +28,7 @@ class AttentionCall:
     k_len: int | None = None  # Nk; None: any
     head_dim: int | None = None  # D; None: any
     has_key_mask: bool = False
+    kv_groups: int = 1  # query heads per key/value head, H / H_kv (1: multi-head)
 
     def __post_init__(self) -> None:
         if not isinstance(self.device, torch.device):  # "cpu", "cuda:0", ...
@@ -51,7 +52,7 @@ class AttentionCall:
         if requires_grad is None:
             requires_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         return cls(q.device, q.dtype, bool(causal), bool(requires_grad), q.shape[2], k.shape[2],
-                   q.shape[-1], key_mask is not None)
+                   q.shape[-1], key_mask is not None, kv_groups=max(q.shape[1] // max(k.shape[1], 1), 1))
 
     @property
     def self_attention(self) -> bool | None:
@@ -71,6 +72,8 @@ class AttentionCall:
             parts.append(f"Nk={self.k_len}")
         if self.has_key_mask:
             parts.append("key_mask given")
+        if self.kv_groups > 1:
+            parts.append(f"{self.kv_groups} query heads per key head (GQA)")
         return ", ".join(parts)
 
 
