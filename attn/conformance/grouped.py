@@ -69,7 +69,9 @@ def check_grouped_query(module, kernel, device, seed) -> str | None:
         if compiles and index > 0:  # a compile per case: the first case is enough
             break
         # GQA and MQA take turns, so each meets every (causal, key_mask) pair across the shapes
-        for kv_heads in (KV_HEADS[(index + index // 2) % len(KV_HEADS)],):
+        # (a kernel compiling per shape runs both on its one case)
+        turns = KV_HEADS if compiles else (KV_HEADS[(index + index // 2) % len(KV_HEADS)],)
+        for kv_heads in turns:
             groups = shape[1] // kv_heads
             reasons = refusals(module, kernel, device, dtype, causal, False, shape, key_mask, groups)
             if reasons and not refusals(module, kernel, device, dtype, causal, False, shape, key_mask):
