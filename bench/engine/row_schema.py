@@ -43,6 +43,8 @@ COLUMNS = [
     "interleave_id", "interleaved", "threads", *ROW_FIELDS,
     # added later (bench.speed.noise): files without them read as rows judged by their spread
     "time_spread", "probe_ms", "noisy", "noise_threshold",
+    # added later (grouped-query attention): files without it read as kv_heads = heads
+    "kv_heads",
 ]
 #: the matched-compute columns of a training row (:mod:`bench.quality.budget`; ``budget_x``
 #: empty: an equal-steps run)
@@ -188,7 +190,7 @@ SPEED = RowSchema(
         Column("kernel_requested", required=True),
         Column("params", "json"),
         Column("seq_len", "int", required=True, minimum=1),
-        *_numbers(("batch", "heads", "head_dim"), "int", 1),
+        *_numbers(("batch", "heads", "head_dim", "kv_heads"), "int", 1),
         Column("dtype", "choice", allowed=DTYPES),
         Column("device", "choice", allowed=DEVICES),
         Column("causal", "bool"),

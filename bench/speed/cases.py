@@ -52,6 +52,13 @@ class Case:
     #: the noise policy (bench.speed.noise): how a row is flagged, not what is measured, so
     #: not in the id (a run-directory setting a resume compares, rundir.SETTING_FIELDS)
     noise_threshold: float = DEFAULT_THRESHOLD
+    #: key/value heads (grouped-query attention); None: as many as ``heads``
+    kv_heads: int | None = None
+
+    @property
+    def key_heads(self) -> int:
+        """The heads of ``k`` and ``v``: ``kv_heads``, or ``heads`` when it is None."""
+        return self.heads if self.kv_heads is None else self.kv_heads
 
     @property
     def params_dict(self) -> dict[str, Any]:
@@ -64,12 +71,13 @@ class Case:
     @property
     def group(self) -> tuple[Any, ...]:
         """Cases that differ only in ``seq_len`` (a scaling curve)."""
-        return (self.variant, self.params, self.kernel, self.batch, self.heads, self.head_dim,
-                self.dtype, self.device, self.causal)
+        return (self.variant, self.params, self.kernel, self.batch, self.heads, self.key_heads,
+                self.head_dim, self.dtype, self.device, self.causal)
 
     @property
     def comparison(self) -> tuple[Any, ...]:
-        """Cases that differ only in ``kernel`` and ``seq_len`` (compared side by side)."""
+        """Cases that differ only in ``kernel``, key heads (``kv_heads``) and ``seq_len``
+        (compared side by side: timed in the same interleaved rounds)."""
         return (self.variant, self.params, self.batch, self.heads, self.head_dim, self.dtype,
                 self.device, self.causal)
 
@@ -84,12 +92,15 @@ class Case:
         }
         if self.workload != "attention":  # attention cases keep their ids of earlier runs
             key.update(workload=self.workload, model=dict(self.model))
+        if self.key_heads != self.heads:  # multi-head cases keep theirs too
+            key["kv_heads"] = self.key_heads
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     def describe(self) -> str:
         """One-line description for progress bars and ``--dry-run``."""
         causal = " causal" if self.causal else ""
-        return (f"{self.label} [{self.kernel}] N={self.seq_len} B={self.batch} H={self.heads} "
+        kv = f" H_kv={self.key_heads}" if self.key_heads != self.heads else ""
+        return (f"{self.label} [{self.kernel}] N={self.seq_len} B={self.batch} H={self.heads}{kv} "
                 f"D={self.head_dim} {self.dtype}{causal} {'/'.join(self.passes)}")
 
     def to_dict(self) -> dict[str, Any]:
@@ -123,8 +134,8 @@ def expand_cases(config: SweepConfig) -> list[Case]:
         causal = causal or info.forces_causal
         lengths = sorted(set(spec.seq_len or config.seq_len))
         patterns: dict[tuple[int, int], Pattern] = {}
-        for kernel, batch, heads, head_dim in product(
-            kernels, config.batch, config.heads, config.head_dim
+        for kernel, batch, heads, kv_heads, head_dim in product(
+            kernels, config.batch, config.heads, config.kv_heads or (None,), config.head_dim
         ):
             for n in lengths:
                 if not _fits(config, spec.name, spec.params_dict, kernel, n, batch, heads,
@@ -138,7 +149,7 @@ def expand_cases(config: SweepConfig) -> list[Case]:
                     max_memory_gb=config.max_memory_gb, threads=config.threads,
                     time_budget_s=config.time_budget_s, plugins=config.plugins,
                     min_repeats=config.min_repeats, workload=config.workload, model=config.model,
-                    noise_threshold=config.noise_threshold,
+                    noise_threshold=config.noise_threshold, kv_heads=kv_heads,
                 ))
     return cases
 
