@@ -41,7 +41,9 @@ class Attention(nn.Module):
     #: bfloat16 inputs in float32 (:func:`attn.kernels.base.compute_dtype`)
     native_computes_half_in_float32: ClassVar[bool] = False
     supports_causal: ClassVar[bool] = True
-    #: True when a call may give k, v fewer heads than q (grouped-query attention, ``H % H_kv == 0``)
+    #: True when a call may give k, v fewer heads than q (grouped-query attention, ``H % H_kv == 0``).
+    #: The kernels that run definitions all take it; a variant that brings its own implementation
+    #: (overrides ``native_forward``) is taken not to unless its class sets this to True
     supports_gqa: ClassVar[bool] = True
     forces_causal: ClassVar[bool] = False
     #: small parameter sets that make the conformance kit meaningful at short lengths
@@ -63,6 +65,10 @@ class Attention(nn.Module):
                 "what each kernel supports (attn.kernels.kernels_for). Name the kernels 'auto' "
                 "should try first in 'preferred_kernels'"
             )
+        own_code = cls.native_forward is not Attention.native_forward
+        declared = any("supports_gqa" in vars(klass) for klass in cls.__mro__ if klass is not Attention)
+        if own_code and not declared:  # its own code was not said to take H_kv < H
+            cls.supports_gqa = False
 
     def __init__(
         self, *, kernel: str = "auto", num_heads: int | None = None, head_dim: int | None = None

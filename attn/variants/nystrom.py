@@ -82,6 +82,7 @@ class NystromAttention(Attention):
 
     exact = False
     supports_causal = False
+    supports_gqa = True  # k, v expanded to the query heads (a view for one key head)
     example_params = ({"num_landmarks": 8}, {"num_landmarks": 4, "conv_kernel": 3})
     convergence_param = "num_landmarks"
     #: its landmark path and pseudo-inverse run in float32 for half inputs (the matmul peak a
