@@ -42,6 +42,10 @@ class Attention(nn.Module):
     #: bfloat16 inputs in float32 (:func:`attn.kernels.base.compute_dtype`)
     native_computes_half_in_float32: ClassVar[bool] = False
     supports_causal: ClassVar[bool] = True
+    #: True when a call may give k, v fewer heads than q (grouped-query attention, ``H % H_kv == 0``).
+    #: The kernels that run definitions all take it; a variant that brings its own implementation
+    #: (overrides ``native_forward``) is taken not to unless its class sets this to True
+    supports_gqa: ClassVar[bool] = True
     forces_causal: ClassVar[bool] = False
     #: small parameter sets that make the conformance kit meaningful at short lengths
     example_params: ClassVar[tuple[dict[str, Any], ...]] = ({},)
@@ -62,6 +66,10 @@ class Attention(nn.Module):
                 "what each kernel supports (attn.kernels.kernels_for). Name the kernels 'auto' "
                 "should try first in 'preferred_kernels'"
             )
+        own_code = cls.native_forward is not Attention.native_forward
+        declared = any("supports_gqa" in vars(klass) for klass in cls.__mro__ if klass is not Attention)
+        if own_code and not declared:  # its own code was not said to take H_kv < H
+            cls.supports_gqa = False
 
     def __init__(
         self, *, kernel: str = "auto", num_heads: int | None = None, head_dim: int | None = None
@@ -196,6 +204,8 @@ class Attention(nn.Module):
             call = replace(call, causal=True)
         if call.causal and not self.supports_causal:
             return [f"{self.name} does not support causal=True"]
+        if call.kv_groups > 1 and not self.supports_gqa:
+            return [gqa_refusal(self.name)]
         pattern = self.pattern()
         if kernel == "auto":
             try:
@@ -245,8 +255,9 @@ class Attention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None,
         document_ids: Tensor | None = None,
     ) -> Tensor:
-        """Attention of ``q (B, H, Nq, D)`` over ``k (B, H, Nk, D)``, ``v (B, H, Nk, Dv)``;
-        ``document_ids (B, N)``: a packed call (docs/contract.md, "Packed sequences")."""
+        """Attention of ``q (B, H, Nq, D)`` over ``k (B, H_kv, Nk, D)``, ``v (B, H_kv, Nk, Dv)``
+        (``H % H_kv == 0``: query head h reads key head ``h // (H / H_kv)``); ``document_ids
+        (B, N)``: a packed call (docs/contract.md, "Packed sequences")."""
         check_qkv(self.name, q, k, v, key_mask)
         if document_ids is not None:
             check_document_ids(self.name, document_ids, batch=q.shape[0], q_len=q.shape[2],
@@ -261,6 +272,9 @@ class Attention(nn.Module):
             raise NotImplementedError(
                 f"{self.name}: argument 'causal' must be False; {self.name} has no causal form"
             )
+        if k.shape[1] != q.shape[1] and not self.supports_gqa:
+            raise NotImplementedError(f"{self.name}: arguments 'k', 'v' must have q's {q.shape[1]} heads; "
+                                      f"got {k.shape[1]}: {gqa_refusal(self.name)}")
         requires_grad = torch.is_grad_enabled() and (
             q.requires_grad or k.requires_grad or v.requires_grad
             or any(p.requires_grad for p in self.parameters())
@@ -284,6 +298,11 @@ class Attention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"kernel={self.kernel!r}"
+
+
+def gqa_refusal(name: str) -> str:
+    """The reason an attention without grouped-query support gives for a call with ``H_kv < H``."""
+    return f"{name} does not support grouped-query attention (k, v with fewer heads than q)"
 
 
 class ExactAttention(Attention):

@@ -29,6 +29,7 @@ class AttentionCall:
     head_dim: int | None = None  # D; None: any
     has_key_mask: bool = False
     has_document_ids: bool = False  # a packed call (docs/contract.md, "Packed sequences")
+    kv_groups: int = 1  # query heads per key/value head, H / H_kv (1: multi-head)
 
     def __post_init__(self) -> None:
         if not isinstance(self.device, torch.device):  # "cpu", "cuda:0", ...
@@ -53,7 +54,8 @@ class AttentionCall:
         if requires_grad is None:
             requires_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         return cls(q.device, q.dtype, bool(causal), bool(requires_grad), q.shape[2], k.shape[2],
-                   q.shape[-1], key_mask is not None, document_ids is not None)
+                   q.shape[-1], key_mask is not None, document_ids is not None,
+                   kv_groups=max(q.shape[1] // max(k.shape[1], 1), 1))
 
     @property
     def self_attention(self) -> bool | None:
@@ -75,6 +77,8 @@ class AttentionCall:
             parts.append("key_mask given")
         if self.has_document_ids:
             parts.append("document_ids given")
+        if self.kv_groups > 1:
+            parts.append(f"{self.kv_groups} query heads per key head (GQA)")
         return ", ".join(parts)
 
 

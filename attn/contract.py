@@ -1,6 +1,7 @@
 """The tensor contract every attention obeys (docs/contract.md): the checks of q, k, v and key_mask.
 
-Shapes: ``q (B, H, Nq, D)``, ``k (B, H, Nk, D)``, ``v (B, H, Nk, Dv)`` -> ``(B, H, Nq, Dv)``;
+Shapes: ``q (B, H, Nq, D)``, ``k (B, H_kv, Nk, D)``, ``v (B, H_kv, Nk, Dv)`` -> ``(B, H, Nq, Dv)``
+with ``H % H_kv == 0`` (grouped-query attention; ``H_kv == H`` is multi-head, 1 multi-query);
 ``key_mask`` is bool ``(B, Nk)`` with True for a real token. Every error names the
 attention, the argument and what is allowed.
 """
@@ -38,11 +39,12 @@ def check_qkv(name: str, q: Any, k: Any, v: Any, key_mask: Any = None) -> None:
             f"{name}: arguments 'q', 'k', 'v' must be on one device; "
             f"got {q.device}, {k.device}, {v.device}"
         )
-    if q.shape[:2] != k.shape[:2] or k.shape[:2] != v.shape[:2]:
+    if k.shape[:2] != v.shape[:2]:
         raise ValueError(
-            f"{name}: arguments 'q', 'k', 'v' must share batch and heads (B, H); got "
-            f"{tuple(q.shape[:2])}, {tuple(k.shape[:2])}, {tuple(v.shape[:2])}"
+            f"{name}: arguments 'k' and 'v' must share batch and key heads (B, H_kv); got "
+            f"{tuple(k.shape[:2])} and {tuple(v.shape[:2])}"
         )
+    check_kv_heads(name, q.shape[:2], k.shape[:2])
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
             f"{name}: arguments 'q' and 'k' must share head_dim D; got {q.shape[-1]} and {k.shape[-1]}"
@@ -55,6 +57,17 @@ def check_qkv(name: str, q: Any, k: Any, v: Any, key_mask: Any = None) -> None:
         raise ValueError(f"{name}: sequence lengths must be >= 1; got Nq={q.shape[2]}, Nk={k.shape[2]}")
     if key_mask is not None:
         check_key_mask(name, key_mask, batch=q.shape[0], keys=k.shape[2], device=q.device)
+
+
+def check_kv_heads(name: str, q_shape: tuple[int, ...], k_shape: tuple[int, ...]) -> None:
+    """Raise ``ValueError`` unless k's ``(B, H_kv)`` fits q's ``(B, H)``: the same batch and
+    ``H % H_kv == 0`` (query head ``h`` reads key head ``h // (H / H_kv)``)."""
+    (batch, heads), (k_batch, kv_heads) = tuple(q_shape[:2]), tuple(k_shape[:2])
+    if batch != k_batch or heads % kv_heads != 0:
+        raise ValueError(
+            f"{name}: arguments 'k', 'v' must have q's batch B and H_kv heads dividing q's H "
+            f"(H % H_kv == 0); got q (B, H) = {(batch, heads)}, k/v (B, H_kv) = {(k_batch, kv_heads)}"
+        )
 
 
 def check_key_mask(name: str, key_mask: Any, *, batch: int, keys: int, device: torch.device) -> None:

@@ -4,6 +4,7 @@ A plain module needs no import of ``attn``. It only has to keep the contract::
 
     forward(q, k, v, *, causal=False, key_mask=None) -> out
     q (B, H, Nq, D), k (B, H, Nk, D), v (B, H, Nk, Dv) -> out (B, H, Nq, Dv)
+    (k, v with H_kv < H heads only for a module that declares ``supports_gqa``)
     key_mask: bool (B, Nk), True = real token; causal: bottom-right aligned (query row r
     sits at absolute position Nk - Nq + r and sees keys j <= Nk - Nq + r)
 
@@ -23,6 +24,11 @@ Optional attributes of the module (class or instance) that the suite understands
 - ``supports_causal`` (default True; a module may also refuse a call by raising
   ``NotImplementedError``, which the kit reports as unsupported), ``forces_causal``
   (default False);
+- ``supports_gqa`` (default False): True when the module takes ``k, v (B, H_kv, Nk, .)``
+  with fewer heads than ``q`` (``H % H_kv == 0``, query head ``h`` reading key head
+  ``h // (H / H_kv)``: grouped-query attention). Without it a call with ``H_kv < H`` is
+  refused before the module runs (``NotImplementedError``; the conformance kit reports
+  "GQA: not supported"), as a module written for equal heads would mis-broadcast it;
 - ``example_params``: parameter sets for the conformance kit (default ``({},)``).
 """
 
@@ -49,6 +55,7 @@ class PlainTraits:
     exact: bool
     supports_causal: bool
     forces_causal: bool
+    supports_gqa: bool
     example_params: tuple[dict[str, Any], ...]
 
 
@@ -59,6 +66,7 @@ def plain_traits(module: nn.Module | type[nn.Module]) -> PlainTraits:
         exact=bool(getattr(module, "exact", defines_mods)),
         supports_causal=bool(getattr(module, "supports_causal", True)),
         forces_causal=bool(getattr(module, "forces_causal", False)),
+        supports_gqa=bool(getattr(module, "supports_gqa", False)),
         example_params=tuple(getattr(module, "example_params", ({},))),
     )
 
@@ -127,6 +135,7 @@ class PlainModuleAttention(Attention):
         self.exact = traits.exact
         self.supports_causal = traits.supports_causal
         self.forces_causal = traits.forces_causal
+        self.supports_gqa = traits.supports_gqa
         self.example_params = traits.example_params
         self.inner = module
 

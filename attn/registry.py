@@ -66,6 +66,7 @@ class AttentionInfo:
     source: str
     example_params: tuple[dict[str, Any], ...] = field(default=({},))
     forces_causal: bool = False
+    supports_gqa: bool = True  # k, v may have fewer heads than q (grouped-query attention)
 
 
 def _ensure_loaded() -> None:
@@ -334,6 +335,7 @@ def attention_info(name: str) -> AttentionInfo:
         source=_registry.sources.get(name, "?"),
         example_params=tuple(getattr(probe, "example_params", ({},))),
         forces_causal=bool(getattr(probe, "forces_causal", False)),
+        supports_gqa=bool(getattr(probe, "supports_gqa", True)),
     )
 
 
@@ -365,4 +367,5 @@ def _plain_info(name: str, cls: type[nn.Module]) -> AttentionInfo:
         source=_registry.sources.get(name, "?"),
         example_params=traits.example_params,
         forces_causal=traits.forces_causal,
+        supports_gqa=traits.supports_gqa,
     )

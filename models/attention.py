@@ -103,7 +103,9 @@ def pattern_shift_reason(attention: attn.Attention, probe: int = 48, shift: int 
 
 
 class KVCache:
-    """Keys and values of past positions for one attention layer, ``(B, H, T, D)``.
+    """Keys and values of past positions for one attention layer, ``(B, H_kv, T, D)``: as many
+    heads as the layer's keys have (``num_kv_heads``; fewer than the query heads with
+    grouped-query attention, so the cache holds ``H / H_kv`` times less, :attr:`nbytes`).
 
     ``keep_first`` / ``keep_last`` bound what is stored: after each update only the first
     ``keep_first`` and the last ``keep_last`` keys are kept (all keys when ``keep_last`` is
@@ -135,10 +137,18 @@ class KVCache:
         """Number of keys stored now."""
         return 0 if self.k is None else self.k.shape[2]
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tensors this cache holds: its key and value storage (the grown
+        buffers, capacity included, when unbounded) and the key mask."""
+        held = (self._k_buf, self._v_buf) if self._k_buf is not None else (self.k, self.v)
+        held += (self.mask,)
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
+
     def update(
         self, k: Tensor, v: Tensor, key_mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Append new ``k, v (B, H, Nnew, D)`` with their ``key_mask (B, Nnew)`` (None: all
+        """Append new ``k, v (B, H_kv, Nnew, D)`` with their ``key_mask (B, Nnew)`` (None: all
         real); return every key the new queries may need and the mask of those keys (None
         when all are real). A static cache passes ``key_mask`` through."""
         if self.static:
@@ -206,6 +216,15 @@ class KVCache:
             self.v = self.v.index_select(0, index)
 
 
+def check_kv_heads(num_heads: int, num_kv_heads: int) -> None:
+    """``ValueError`` naming ``num_kv_heads`` unless it is an integer >= 1 dividing ``num_heads``."""
+    if isinstance(num_kv_heads, bool) or not isinstance(num_kv_heads, int) or num_kv_heads < 1 \
+            or num_heads % num_kv_heads:
+        raise invalid("num_kv_heads", f"must be an integer >= 1 that divides num_heads={num_heads} "
+                                      f"(each key head serves num_heads / num_kv_heads query heads); "
+                                      f"got {num_kv_heads!r}")
+
+
 def cache_policy(attention: attn.Attention) -> tuple[int, int | None]:
     """``(keep_first, keep_last)`` that keeps cached decoding exact for ``attention``.
 
@@ -228,6 +247,12 @@ class MultiHeadAttention(nn.Module):
 
     ``x (B, Nq, D)`` attends over ``context (B, Nk, D)`` (``x`` itself when None).
 
+    ``num_kv_heads`` (default ``num_heads``, which it must divide): the key and value
+    projections produce that many heads of ``head_dim``, shared by groups of
+    ``num_heads / num_kv_heads`` query heads (grouped-query attention, Ainslie et al. 2023;
+    1 is multi-query, Shazeer 2019); the attention reads them as they are and a KV cache
+    stores only them.
+
     With ``rope=True`` (a self-attention of a model with ``position: rope``) the per-head
     queries and keys are rotated by their absolute positions (:class:`RotaryEmbedding`)
     after the projections and before the attention variant, whatever its pattern; keys are
@@ -242,19 +267,23 @@ class MultiHeadAttention(nn.Module):
         attention_params: dict[str, Any] | None = None,
         kernel: str = "auto",
         rope: bool = False,
+        num_kv_heads: int | None = None,
     ) -> None:
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"d_model: must be divisible by num_heads={num_heads}; got {d_model}")
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        check_kv_heads(num_heads, num_kv_heads)
         self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
         self.head_dim = d_model // num_heads
         if rope and self.head_dim % 2:
             raise invalid("head_dim", f"must be even for rotary positions (rope=True); got "
                                       f"d_model / num_heads = {d_model} / {num_heads} = {self.head_dim}")
         self.rope = RotaryEmbedding(self.head_dim) if rope else None
         self.q_proj = nn.Linear(d_model, d_model)
-        self.k_proj = nn.Linear(d_model, d_model)
-        self.v_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, num_kv_heads * self.head_dim)
+        self.v_proj = nn.Linear(d_model, num_kv_heads * self.head_dim)
         self.out_proj = nn.Linear(d_model, d_model)
         self.attention = attn.create_attention(
             attention,
@@ -271,18 +300,20 @@ class MultiHeadAttention(nn.Module):
         keep_first, keep_last = cache_policy(self.attention)
         return KVCache(keep_first, keep_last)
 
-    def split(self, x: Tensor) -> Tensor:
-        """``(B, N, D)`` -> per-head ``(B, H, N, Dh)``."""
+    def split(self, x: Tensor, heads: int | None = None) -> Tensor:
+        """``(B, N, heads * Dh)`` -> per-head ``(B, heads, N, Dh)`` (default: the query heads)."""
         batch, length, _ = x.shape
-        return x.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (B, H, N, Dh)
+        heads = self.num_heads if heads is None else heads
+        return x.view(batch, length, heads, self.head_dim).transpose(1, 2)  # (B, heads, N, Dh)
 
     def queries(self, x: Tensor) -> Tensor:
         """Per-head queries ``(B, H, Nq, Dh)`` of ``x (B, Nq, D)``."""
         return self.split(self.q_proj(x))
 
     def keys_values(self, context: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-head keys and values ``(B, H, Nk, Dh)`` of ``context (B, Nk, D)``."""
-        return self.split(self.k_proj(context)), self.split(self.v_proj(context))
+        """Per-head keys and values ``(B, H_kv, Nk, Dh)`` of ``context (B, Nk, D)``."""
+        kv = self.num_kv_heads
+        return self.split(self.k_proj(context), kv), self.split(self.v_proj(context), kv)
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
         """Per-head ``x (B, H, N, Dh)`` rotated by ``positions (B|1, N)`` with RoPE, or
@@ -292,7 +323,7 @@ class MultiHeadAttention(nn.Module):
     def project(
         self, x: Tensor, context: Tensor | None = None, *, positions: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-head ``q (B, H, Nq, Dh)``, ``k, v (B, H, Nk, Dh)`` (each token independently).
+        """Per-head ``q (B, H, Nq, Dh)``, ``k, v (B, H_kv, Nk, Dh)`` (each token independently).
 
         With RoPE, ``positions (B|1, Nk)`` are the keys' absolute positions (default
         ``0 .. Nk-1``) and the queries sit at the last ``Nq`` of them (bottom-right alignment)."""
@@ -335,7 +366,7 @@ class MultiHeadAttention(nn.Module):
         if cache is not None and cache.static and cache.k is not None:
             k, v = cache.k, cache.v  # cross attention: memory projected once
         else:
-            k, v = self.keys_values(x if context is None else context)  # (B, H, Nk, Dh)
+            k, v = self.keys_values(x if context is None else context)  # (B, H_kv, Nk, Dh)
             if self.rope is not None:
                 if positions is None:
                     offset = 0 if cache is None else cache.seen

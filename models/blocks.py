@@ -67,6 +67,7 @@ class TransformerBlock(nn.Module):
         mixer: str = "attention",
         causal: bool = False,
         rope: bool = False,
+        num_kv_heads: int | None = None,
     ) -> None:
         super().__init__()
         require_choice("mixer", mixer, MIXERS)
@@ -76,14 +77,15 @@ class TransformerBlock(nn.Module):
         self.recurrent: RecurrentMixer | None = None
         if mixer == "attention":
             self.self_attn = MultiHeadAttention(
-                d_model, num_heads, attention, attention_params, kernel, rope=rope
+                d_model, num_heads, attention, attention_params, kernel, rope=rope, num_kv_heads=num_kv_heads
             )
         else:
             self.recurrent = RecurrentMixer(d_model, mixer, causal=causal)
         self.norm1 = nn.LayerNorm(d_model)
         self.cross_attn: MultiHeadAttention | None = None
         if cross_attention is not None:
-            self.cross_attn = MultiHeadAttention(d_model, num_heads, cross_attention, None, kernel)
+            self.cross_attn = MultiHeadAttention(d_model, num_heads, cross_attention, None, kernel,
+                                                 num_kv_heads=num_kv_heads)
             self.norm_cross = nn.LayerNorm(d_model)
         self.ffn = FeedForward(d_model, d_ff, activation, dropout)
         self.norm2 = nn.LayerNorm(d_model)
@@ -234,6 +236,7 @@ def make_blocks(
             mixer=config.mixer,
             causal=causal,
             rope=config.position == "rope",
+            num_kv_heads=config.num_kv_heads,
         )
         for _ in range(num_layers)
     )

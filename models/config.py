@@ -73,6 +73,9 @@ class ModelConfig:
     # "attention": self-attention; "lstm" / "gru": a recurrent layer in its place (bidirectional
     # in an encoder, unidirectional in a decoder); attention / attention_params are then unused
     mixer: str = "attention"
+    # key/value heads of every attention layer (grouped-query attention: each serves
+    # num_heads / num_kv_heads query heads; 1 is multi-query); None: num_heads
+    num_kv_heads: int | None = None
 
     #: whether the model's self-attention runs causally (decoders)
     needs_causal: ClassVar[bool] = False
@@ -87,6 +90,12 @@ class ModelConfig:
             raise invalid(
                 "d_model", f"must be divisible by num_heads={self.num_heads}; got {self.d_model}"
             )
+        if self.num_kv_heads is None:
+            object.__setattr__(self, "num_kv_heads", self.num_heads)
+        require_int("num_kv_heads", self.num_kv_heads, minimum=1)
+        if self.num_heads % self.num_kv_heads:
+            raise invalid("num_kv_heads", f"must divide num_heads={self.num_heads} (each key head serves "
+                                          f"num_heads / num_kv_heads query heads); got {self.num_kv_heads}")
         if not 0.0 <= self.dropout < 1.0:
             raise invalid("dropout", f"must be in [0, 1); got {self.dropout!r}")
         require_choice("activation", self.activation, ACTIVATIONS)
@@ -105,6 +114,10 @@ class ModelConfig:
         # a self-attention that a recurrent mixer replaces is never run, so needs no causal form
         causal = self.needs_causal and not self.recurrent
         self._check_attention(self.attention, self.attention_params, "attention", causal=causal)
+        if self.num_kv_heads < self.num_heads and not attn.attention_info(self.attention).supports_gqa:
+            raise invalid("num_kv_heads", f"must equal num_heads={self.num_heads} with attention "
+                                          f"{self.attention!r}, which does not support grouped-query "
+                                          f"attention (supports_gqa=False); got {self.num_kv_heads}")
         has_bias = self.attention == "relative" or self.attention_params.get("position_bias")
         if self.position == "auto":
             object.__setattr__(self, "position", "none" if has_bias else self.default_position())

@@ -51,8 +51,8 @@ def test_mixed_devices(att) -> None:
 
 def test_mismatched_shapes(att) -> None:
     q, k, v = qkv()
-    with pytest.raises(ValueError, match=r"share batch and heads"):
-        att(q, k[:, :1], v[:, :1])
+    with pytest.raises(ValueError, match=r"'k' and 'v' must share batch and key heads \(B, H_kv\)"):
+        att(q, k, v[:, :1])
     with pytest.raises(ValueError, match=r"'q' and 'k' must share head_dim D; got 4 and 3"):
         att(q, k[..., :3], v)
     with pytest.raises(ValueError, match=r"'k' and 'v' must share the key length Nk; got 5 and 4"):

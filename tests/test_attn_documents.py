@@ -155,3 +155,27 @@ def test_blocked_computes_each_document_alone(monkeypatch) -> None:
     module(q, k, v, document_ids=row_ids(ROW_DOCUMENTS, CPU))
     assert lengths == [(n, n) for row in ROW_DOCUMENTS for n in row]
     assert module.last_path.path == "per document (5 documents in 2 rows: fused sdpa)"
+
+
+@pytest.mark.parametrize(("kernel", "variant", "params"), [
+    ("blocked", "full", {}), ("blocked", "causal", {}), ("blocked", "sliding_window", {"window": 3}),
+    ("blocked", "relative", {"bias": "alibi", "num_heads": 4}),
+    ("sdpa", "full", {}), ("sdpa", "sliding_window", {"window": 3}), ("chunked", "causal", {}),
+])
+def test_packed_grouped_query_calls_equal_each_document_with_repeated_key_heads(kernel, variant, params) -> None:
+    """A packed call with k, v of fewer heads than q (GQA): each document's rows equal the
+    reference run on that document alone with k, v repeated per group of query heads."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 12, 8, generator=gen, dtype=torch.float64)  # (B, H, N, D)
+    k, v = (torch.randn(2, 2, 12, 8, generator=gen, dtype=torch.float64) for _ in range(2))  # (B, H_kv, N, D)
+    ids = torch.tensor([[0] * 5 + [1] * 4 + [2] * 3, [0] * 12])
+    module = create_attention(variant, kernel=kernel, **params).double()
+    reference = create_attention(variant, kernel="reference", **params).double()
+    reference.load_state_dict(module.state_dict())
+    out = module(q, k, v, document_ids=ids)  # (B, H, N, D)
+    k_all, v_all = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)  # (B, H, N, D)
+    for row, spans in enumerate(([(0, 5), (5, 9), (9, 12)], [(0, 12)])):
+        for start, end in spans:
+            alone = reference(*(t[row:row + 1, :, start:end] for t in (q, k_all, v_all)))
+            torch.testing.assert_close(out[row:row + 1, :, start:end], alone, rtol=0, atol=1e-12)
+    assert "GQA 4/2 heads" in module.last_path.path

@@ -34,7 +34,10 @@ def test_decoding_benchmark_writes_results(tmp_path):
     streaming = table[table.benchmark == "streaming"]
     assert sorted(streaming.num_layers) == [1, 2] and (streaming.step_ms > 0).all()
     summary = (tmp_path / "summary.md").read_text()
-    assert "| full | 128 |" in summary and "goal >= 5x" in summary and "## Streaming" in summary
+    assert "| full | 2 | 128 |" in summary and "goal >= 5x" in summary and "## Streaming" in summary
+    assert (decoding.num_kv_heads == 2).all()  # --num-heads 2, no --num-kv-heads: multi-head
+    on = decoding.use_cache.astype(bool)
+    assert (decoding[on].cache_bytes > 0).all() and (decoding[~on].cache_bytes == 0).all()
     (env,) = json.loads((tmp_path / "env.json").read_text())["segments"]
     assert {"torch_version", "threads", "git_sha", "timestamp"} <= set(env)
 

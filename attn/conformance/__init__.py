@@ -32,6 +32,9 @@ does not support a call is reported as skipped with its reason):
   lengths (more than dynamo's recompile limit, including key lengths 8 past a multiple of
   16) with q, k, v lying inside NaN-filled buffers, and each output must equal the dense
   reference, so a stale compiled entry or a kernel reading past its inputs is named by shape;
+- ``grouped_query``: k, v with fewer heads than q (GQA with 2 of 4, MQA with 1, in turn over
+  the cases) equal the reference with k, v repeated per group, output and gradients; an
+  attention that does not declare ``supports_gqa`` is skipped as "GQA: not supported";
 - ``converges`` (approximate variants with ``convergence_param``): error against full
   attention falls as the parameter grows and is exact once it reaches N.
 

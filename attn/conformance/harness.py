@@ -132,10 +132,13 @@ def make_key_mask(batch: int, k_len: int, device: torch.device, seed: int) -> Te
 
 
 def refusals(module: Attention, kernel: str, device, dtype, causal: bool, grad: bool,
-             shape: tuple[int, ...] | None = None, key_mask: Tensor | None = None) -> list[str]:
-    """Why ``kernel`` cannot run this case ([] = it can); without a ``shape``, any lengths."""
+             shape: tuple[int, ...] | None = None, key_mask: Tensor | None = None,
+             kv_groups: int = 1) -> list[str]:
+    """Why ``kernel`` cannot run this case ([] = it can); without a ``shape``, any lengths;
+    ``kv_groups``: query heads per key head (grouped-query attention)."""
     lengths = {} if shape is None else {"q_len": shape[2], "k_len": shape[3], "head_dim": shape[4]}
-    call = AttentionCall(device, dtype, causal, grad, has_key_mask=key_mask is not None, **lengths)
+    call = AttentionCall(device, dtype, causal, grad, has_key_mask=key_mask is not None,
+                         kv_groups=kv_groups, **lengths)
     return module.not_supported_reasons(call, kernel=kernel)
 
 

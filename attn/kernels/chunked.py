@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from attn.gqa import GROUPED, gqa_note, grouped_scores, grouped_values
 from attn.kernels.base import Kernel, KernelPath
 from attn.mods import MaskMod, ScoreMod, and_masks, causal_mask_mod, masked_softmax
 from attn.pattern import Pattern
@@ -46,7 +47,7 @@ def _chunk(
     h = torch.arange(heads, device=q.device).view(1, heads, 1, 1)
     i = (torch.arange(rows, device=q.device) + row0 + offset).view(1, 1, rows, 1)
     j = torch.arange(k_len, device=q.device).view(1, 1, 1, k_len)
-    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(dim)  # (B, H, C, Nk)
+    scores = grouped_scores(q, k) / math.sqrt(dim)  # (B, H, C, Nk); k (B, H_kv, Nk, D) read once per group
     if score_mod is not None:
         scores = score_mod(scores, b, h, i, j)
     allowed = None
@@ -57,7 +58,7 @@ def _chunk(
         allowed = km if allowed is None else allowed & km
     if allowed is not None:
         allowed = allowed.expand(torch.broadcast_shapes(allowed.shape, (1, 1, rows, k_len)))
-    return torch.matmul(masked_softmax(scores, allowed), v)  # (B, H, C, Dv)
+    return grouped_values(masked_softmax(scores, allowed), v)  # (B, H, C, Dv)
 
 
 @without_autocast
@@ -74,7 +75,7 @@ def chunked_attention(
     rows: int | None = None,
     q_offset: int | None = None,
 ) -> Tensor:
-    """Exact attention ``q (B, H, Nq, D)`` x ``k, v (B, H, Nk, .)`` -> ``(B, H, Nq, Dv)``.
+    """Exact attention ``q (B, H, Nq, D)`` x ``k, v (B, H_kv, Nk, .)`` -> ``(B, H, Nq, Dv)``.
 
     ``score_params`` are the tensors the score_mod closes over (e.g. a learned bias table),
     passed so that checkpointed chunks propagate their gradients. ``q_offset``: absolute
@@ -120,5 +121,5 @@ class ChunkedKernel(Kernel):
         )  # (B, H, Nq, Dv)
         rows = chunk_rows(q.shape[0], q.shape[1], k.shape[2], q.device)
         emulated = pattern.mask_mod is not None  # a sparse pattern at dense cost
-        path = f"dense query chunks of {rows} rows (checkpointed)"
+        path = f"dense query chunks of {rows} rows (checkpointed)" + gqa_note(q.shape[1], k.shape[1], GROUPED)
         return out, KernelPath(self.name, path, mask_emulated=emulated)

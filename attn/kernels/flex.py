@@ -48,6 +48,9 @@ N x N scores. The first call of each exact shape records its time in ``KernelPat
 apart; on CUDA the timings synchronise the device first and last (:func:`synchronize`), so
 they count the work queued, not just its launch.
 
+Grouped-query calls (``k, v`` with ``H_kv < H`` heads) run natively: ``enable_gqa=True``,
+the bucket keyed on ``H_kv`` too; the mods see the query head ``h``.
+
 Limits (declared by :meth:`FlexKernel.not_supported_reasons`): no backward on CPU (torch has no CPU
 flex backward), float64 unsupported on CPU, approximate variants unsupported.
 """
@@ -67,6 +70,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from attn.call import AttentionCall
+from attn.gqa import gqa_note
 from attn.kernels.base import Kernel, KernelPath
 from attn.mods import MaskMod, ScoreMod, and_masks, causal_mask_mod
 from attn.pattern import Pattern, PatternOwner
@@ -115,7 +119,8 @@ def block_mask_bytes(block_mask: Any) -> int:
 
 
 def _flex_call(q, k, v, score_mod, block_mask, scale):
-    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                          enable_gqa=q.shape[1] != k.shape[1])
 
 
 def _mask_call(mask_mod, batch, heads, q_len, k_len, device):
@@ -242,7 +247,7 @@ class FlexKernel(Kernel):
         q_pad, k_pad = padded_lengths(q_len, k_len, q.device)
         padded = (q_pad, k_pad) != (q_len, k_len)  # unpadded calls get exact code of their own
         key = (batch, heads, q_pad, k_pad, dim, v.shape[-1], q.dtype, q.device, causal,
-               key_mask is not None, padded)
+               key_mask is not None, k.shape[1], padded)
         buckets = self._buckets_of(pattern)
         if key in buckets:
             return buckets[key]
@@ -253,7 +258,8 @@ class FlexKernel(Kernel):
         buf = None if key_mask is None else torch.zeros(batch, k_pad, dtype=torch.bool, device=q.device)
         exact = (q_len, k_len, k_len - q_len)
         mask_mod, score_mod, all_allowed = _wrap_mods(pattern, causal, exact if lengths is None else lengths, buf)
-        tag = f"{batch}x{heads}x{q_pad}x{k_pad}x{dim}{'_padded' if padded else ''}"
+        kv = f"kv{k.shape[1]}" if k.shape[1] != heads else ""
+        tag = f"{batch}x{heads}{kv}x{q_pad}x{k_pad}x{dim}{'_padded' if padded else ''}"
         per_head = pattern.per_head
         # a head-dependent mask trips Inductor's vectorised C++ codegen when the block mask is
         # compiled (a VecMask<int> / VecMask<float> mix that g++ rejects, torch 2.13): compile it
@@ -326,6 +332,7 @@ class FlexKernel(Kernel):
         path = "flex_attention(compiled)" if flex_fallback is None else "flex_attention"
         if bucket.per_head and not dense:
             path += ", block mask per head"
+        path += gqa_note(q.shape[1], k.shape[1], "native enable_gqa")
         fallback = "; ".join(f for f in (mask_fallback, flex_fallback) if f) or None
         return out, KernelPath(self.name, path, fallback=fallback, compile_s=compile_s, **setup)
 
@@ -341,4 +348,5 @@ class FlexKernel(Kernel):
             if is_oom_error(err):
                 raise
             fallback = f"eager flex_attention (compile failed: {type(err).__name__}: {err})"[:300]
-        return flex_attention(q, k, v, score_mod=bucket.score_mod, block_mask=block_mask), fallback
+        return flex_attention(q, k, v, score_mod=bucket.score_mod, block_mask=block_mask,
+                              enable_gqa=q.shape[1] != k.shape[1]), fallback

@@ -7,6 +7,7 @@ import math
 import torch
 from torch import Tensor
 
+from attn.gqa import GROUPED, gqa_note, grouped_scores, grouped_values
 from attn.kernels.base import Kernel, KernelPath
 from attn.mods import MaskMod, ScoreMod, dense_allowed, dense_scores_mod, masked_softmax
 from attn.pattern import Pattern
@@ -27,20 +28,22 @@ def dense_attention(
 ) -> Tensor:
     """Materialised softmax attention; half precision is computed in float32.
 
-    Rows with no allowed key give zeros. Memory O(B*H*Nq*Nk).
+    ``q (B, H, Nq, D)``, ``k (B, H_kv, Nk, D)``, ``v (B, H_kv, Nk, Dv)`` -> ``(B, H, Nq, Dv)``
+    (``H_kv < H``: grouped, :mod:`attn.gqa`). Rows with no allowed key give zeros. Memory
+    O(B*H*Nq*Nk).
     """
     batch, heads, q_len, dim = q.shape
     k_len = k.shape[2]
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
-    scores = torch.matmul(q.to(compute), k.to(compute).transpose(-2, -1)) * scale  # (B, H, Nq, Nk)
+    scores = grouped_scores(q.to(compute), k.to(compute)) * scale  # (B, H, Nq, Nk)
     scores = dense_scores_mod(score_mod, scores)
     allowed = dense_allowed(
         mask_mod, batch=batch, heads=heads, q_len=q_len, k_len=k_len,
         causal=causal, key_mask=key_mask, device=q.device,
     )
     probs = masked_softmax(scores, allowed)  # (B, H, Nq, Nk)
-    return torch.matmul(probs, v.to(compute)).to(q.dtype)  # (B, H, Nq, Dv)
+    return grouped_values(probs, v.to(compute)).to(q.dtype)  # (B, H, Nq, Dv)
 
 
 class ReferenceKernel(Kernel):
@@ -58,4 +61,5 @@ class ReferenceKernel(Kernel):
             causal=causal, key_mask=key_mask,
         )  # (B, H, Nq, Dv)
         mask_emulated = pattern.mask_mod is not None
-        return out, KernelPath(self.name, "dense softmax", mask_emulated=mask_emulated)
+        path = "dense softmax" + gqa_note(q.shape[1], k.shape[1], GROUPED)
+        return out, KernelPath(self.name, path, mask_emulated=mask_emulated)

@@ -3,7 +3,9 @@
 Full attention runs unmasked or with ``is_causal`` (Nq == Nk), PyTorch's fused O(N)-memory
 paths. Every other pattern, a position bias, a ``key_mask`` or causal with Nq != Nk
 (``is_causal`` is top-left aligned in SDPA, our contract is bottom-right) goes through a
-materialised ``(1, H|1, Nq, Nk)`` mask: the row is flagged ``mask_emulated``. The mask is
+materialised ``(1, H|1, Nq, Nk)`` mask: the row is flagged ``mask_emulated``. Grouped-query
+calls (``k, v`` with ``H_kv < H`` heads) run natively: every call passes ``enable_gqa=True``
+when the head counts differ (the path says ``GQA ... native enable_gqa``). The mask is
 ``(1, 1, Nq, Nk)``, shared by the heads, unless the pattern depends on the head
 (``Pattern.per_head``, e.g. per-head dilations) or a constant
 bias is folded in: then ``(1, H, Nq, Nk)``.
@@ -43,6 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention import SDPBackend
 
+from attn.gqa import gqa_note
 from attn.kernels.base import Kernel, KernelPath, host_reads_are_free
 from attn.mods import dense_allowed, index_grids
 from attn.pattern import Pattern, PatternOwner
@@ -64,6 +67,16 @@ def _enabled_backends() -> tuple[bool, ...]:
             cuda.cudnn_sdp_enabled())
 
 
+def _gqa(q: Tensor, k: Tensor) -> dict[str, bool]:
+    """SDPA's keyword for a grouped-query call (k, v with fewer heads than q); {} otherwise."""
+    return {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
+    """``F.scaled_dot_product_attention``, with ``enable_gqa`` when k, v have fewer heads."""
+    return F.scaled_dot_product_attention(q, k, v, **kwargs, **_gqa(q, k))
+
+
 def _choice(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool) -> str:
     """The backend torch's SDPA dispatcher picks for this call, by name (``"none"`` when no
     enabled backend can run it, ``"unknown"`` where this torch cannot say)."""
@@ -71,7 +84,7 @@ def _choice(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal
     if choose is None:  # pragma: no cover - every torch >= 2.5 has it
         return "unknown"
     try:
-        value = choose(q, k, v, attn_mask=attn_mask, is_causal=is_causal)
+        value = choose(q, k, v, attn_mask=attn_mask, is_causal=is_causal, **_gqa(q, k))
     except RuntimeError:  # "No viable backend": SDPA itself would raise the same
         return "none"
     try:
@@ -106,6 +119,10 @@ def sdpa_backend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = Non
     while len(_backend_cache) > MAX_CACHED_BACKENDS:
         _backend_cache.popitem(last=False)
     return backend
+
+
+def _note(q: Tensor, k: Tensor) -> str:
+    return gqa_note(q.shape[1], k.shape[1], "native enable_gqa")
 
 
 @dataclass(frozen=True)
@@ -196,12 +213,12 @@ class SdpaKernel(Kernel):
         empty = ~key_mask.any(dim=-1)  # (B,) rows of a batch element with no real key
         attn_mask[empty] = 0.0
         attn_mask = attn_mask[:, None, None, :]  # (B, 1, 1, Nk)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        out = _sdpa(q, k, v, attn_mask=attn_mask)
         # zero the rows of a batch element with no real key; on an accelerator always (reading
         # ``empty.any()`` on the host would be a device sync per call)
         if not host_reads_are_free(q.device) or bool(empty.any()):
             out = out.masked_fill(empty[:, None, None, None], 0.0)
-        return out, KernelPath(self.name, "sdpa(key padding mask (B, 1, 1, Nk))",
+        return out, KernelPath(self.name, "sdpa(key padding mask (B, 1, 1, Nk))" + _note(q, k),
                                backend=sdpa_backend(q, k, v, attn_mask))
 
     def _packed(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
@@ -220,8 +237,8 @@ class SdpaKernel(Kernel):
             attn_mask = attn_mask + pattern.score_mod(zeros, b, h, i, j).to(q.dtype)  # (B, H, N, N)
         empty = ~allowed.any(dim=-1, keepdim=True)  # (B, H|1, N, 1) rows with no allowed key
         attn_mask = attn_mask.masked_fill(empty, 0.0)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask).masked_fill(empty, 0.0)
-        return out, KernelPath(self.name, "sdpa(dense mask of the documents, built per call)",
+        out = _sdpa(q, k, v, attn_mask=attn_mask).masked_fill(empty, 0.0)  # (B, H, N, Dv)
+        return out, KernelPath(self.name, "sdpa(dense mask of the documents, built per call)" + _note(q, k),
                                mask_emulated=True, backend=sdpa_backend(q, k, v, attn_mask))
 
     def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
@@ -232,11 +249,11 @@ class SdpaKernel(Kernel):
         mask_mod, score_mod = pattern.mask_mod, pattern.score_mod
         if mask_mod is None and score_mod is None and key_mask is None:
             if not causal:
-                return F.scaled_dot_product_attention(q, k, v), KernelPath(
-                    self.name, "sdpa(fused, no mask)", backend=sdpa_backend(q, k, v))
+                return _sdpa(q, k, v), KernelPath(
+                    self.name, "sdpa(fused, no mask)" + _note(q, k), backend=sdpa_backend(q, k, v))
             if q_len == k_len:
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                return out, KernelPath(self.name, "sdpa(fused, is_causal)",
+                out = _sdpa(q, k, v, is_causal=True)
+                return out, KernelPath(self.name, "sdpa(fused, is_causal)" + _note(q, k),
                                        backend=sdpa_backend(q, k, v, is_causal=True))
         if mask_mod is None and score_mod is None and not causal:  # padding only: (B, 1, 1, Nk)
             return self._key_padding_only(q, k, v, key_mask)
@@ -252,9 +269,9 @@ class SdpaKernel(Kernel):
             emptied = torch.isneginf(attn_mask).all(dim=-1, keepdim=True)  # (B, H|1, Nq, 1)
             attn_mask = attn_mask.masked_fill(emptied, 0.0)
             empty_rows = emptied if empty_rows is None else emptied | empty_rows
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+        out = _sdpa(q, k, v, attn_mask=attn_mask)
         if empty_rows is not None:
             out = out.masked_fill(empty_rows, 0.0)
         setup = {} if built_s is None else {"setup_s": built_s, "setup_bytes": cached.nbytes}
-        return out, KernelPath(self.name, path, mask_emulated=True,
+        return out, KernelPath(self.name, path + _note(q, k), mask_emulated=True,
                                backend=sdpa_backend(q, k, v, attn_mask), **setup)

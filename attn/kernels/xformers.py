@@ -9,6 +9,11 @@ Patterns map onto xformers' bias classes, all bottom-right aligned like our cont
   causal: ``LowerTriangularFromBottomRightLocalAttentionMask(w + 1)`` (the diagonal plus
   ``w`` keys to the left).
 
+Grouped-query calls (``k, v`` with ``H_kv < H`` heads) run natively in xformers' 5-D layout
+``(B, N, G, H, D)`` (G groups = ``H_kv``, H heads per group = ``H / H_kv``): q is a view of
+its heads as ``(B, Nq, H_kv, H/H_kv, D)`` and k, v are ``(B, Nk, H_kv, 1, D)`` expanded along
+the group's heads (stride 0, no copy) (:func:`to_bmghk`).
+
 Not supported (declared with a reason by :meth:`XformersKernel.not_supported_reasons`): no
 CUDA, no xformers, a ``key_mask`` (the bias classes above have no padding form), score_mods,
 other masks, float64.
@@ -31,6 +36,7 @@ import torch
 from torch import Tensor
 
 from attn.call import AttentionCall
+from attn.gqa import gqa_note
 from attn.kernels.base import Kernel, KernelPath
 from attn.pattern import Pattern
 
@@ -83,6 +89,18 @@ def attn_bias_for(ops: Any, pattern: Pattern, causal: bool) -> tuple[Any, str]:
     return bias_mod.LocalAttentionFromBottomRightMask(window_left=w, window_right=w), f"local w={w}"
 
 
+def to_bmghk(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``q (B, H, Nq, D)``, ``k, v (B, H_kv, Nk, .)`` -> xformers' 5-D ``(B, N, H_kv, H/H_kv, .)``:
+    views, k and v expanded over the heads of their group (stride 0)."""
+    batch, heads = q.shape[:2]
+    kv_heads, k_len = k.shape[1], k.shape[2]
+    groups = heads // kv_heads
+    qx = q.transpose(1, 2).unflatten(2, (kv_heads, groups))  # (B, Nq, H_kv, G, D)
+    kx, vx = (t.transpose(1, 2).unsqueeze(3).expand(batch, k_len, kv_heads, groups, t.shape[-1])
+              for t in (k, v))  # (B, Nk, H_kv, G, .)
+    return qx, kx, vx
+
+
 class XformersKernel(Kernel):
     """xformers memory-efficient attention (CUDA only), lazily imported."""
 
@@ -123,7 +141,13 @@ class XformersKernel(Kernel):
         if ops is None:
             raise NotImplementedError(f"{pattern.name}: kernel 'xformers' unavailable: {why}")
         bias, desc = attn_bias_for(ops, pattern, causal)
-        # (B, H, N, D) -> (B, N, H, D)
-        qx, kx, vx = (t.transpose(1, 2) for t in (q, k, v))
-        out = ops.memory_efficient_attention(qx, kx, vx, attn_bias=bias)  # (B, Nq, H, Dv)
-        return out.transpose(1, 2), KernelPath(self.name, f"memory_efficient_attention({desc})")
+        if k.shape[1] != q.shape[1]:  # grouped-query: xformers' 5-D form, keys not copied
+            out = ops.memory_efficient_attention(*to_bmghk(q, k, v), attn_bias=bias)  # (B, Nq, H_kv, G, Dv)
+            out = out.flatten(2, 3)  # (B, Nq, H, Dv)
+            note = gqa_note(q.shape[1], k.shape[1], "native 5-D (B, N, G, H, D), k/v expanded (stride 0)")
+        else:
+            # (B, H, N, D) -> (B, N, H, D)
+            qx, kx, vx = (t.transpose(1, 2) for t in (q, k, v))
+            out = ops.memory_efficient_attention(qx, kx, vx, attn_bias=bias)  # (B, Nq, H, Dv)
+            note = ""
+        return out.transpose(1, 2), KernelPath(self.name, f"memory_efficient_attention({desc}){note}")

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from attn.base import Attention, KernelPath
 from attn.call import AttentionCall
 from attn.cost import Cost, CostQuery, matmul_flops, pairs_cost
+from attn.gqa import expand_how, expand_kv, gqa_note
 from attn.kernels.reference import dense_attention
 from attn.mods import masked_softmax
 from attn.precision import without_autocast
@@ -81,6 +82,7 @@ class NystromAttention(Attention):
 
     exact = False
     supports_causal = False
+    supports_gqa = True  # k, v expanded to the query heads (a view for one key head)
     example_params = ({"num_landmarks": 8}, {"num_landmarks": 4, "conv_kernel": 3})
     convergence_param = "num_landmarks"
     #: its landmark path and pseudo-inverse run in float32 for half inputs (the matmul peak a
@@ -110,6 +112,7 @@ class NystromAttention(Attention):
             )
         self._exact_last = False
         self._fused_last = False
+        self._gqa_last = ""
 
     @classmethod
     def check_together(cls, params: dict[str, Any]) -> None:
@@ -135,7 +138,7 @@ class NystromAttention(Attention):
             path = "nystrom landmarks (softmax products fused, streamed along N)"
         else:
             path = "nystrom landmarks (masked, materialised (N, m) softmax)"
-        return KernelPath("native", path)
+        return KernelPath("native", path + self._gqa_last)
 
     def native_forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:
         if causal:
@@ -145,6 +148,11 @@ class NystromAttention(Attention):
         if self.conv is not None and q_len != k_len:  # declared above; kept for direct calls
             raise NotImplementedError(self._conv_reason(q_len, k_len))
         m = self.num_landmarks
+        heads, kv_heads = q.shape[1], k.shape[1]
+        # grouped-query: the landmark products read per-head keys (B, H, Nk, D); expanded, a
+        # view for MQA (attn/gqa.py), reported in the path
+        self._gqa_last = gqa_note(heads, kv_heads, expand_how(heads, kv_heads))
+        k, v = expand_kv(k, heads), expand_kv(v, heads)  # (B, H, Nk, D|Dv)
         self._exact_last = max(q_len, k_len) <= m
         if self._exact_last:
             out = dense_attention(q, k, v, key_mask=key_mask)

@@ -36,6 +36,10 @@ def decoding_command(
     window: Annotated[int, typer.Option(min=0, help="Window of banded attentions.")] = Defaults.window,
     d_model: Annotated[int, typer.Option(min=1, help="Model width.")] = Defaults.d_model,
     num_heads: Annotated[int, typer.Option(min=1, help="Attention heads.")] = Defaults.num_heads,
+    num_kv_heads: Annotated[list[int] | None, typer.Option(
+        "--num-kv-heads", min=1,
+        help="Key/value heads of the decoder, each measured (grouped-query attention; must divide "
+             "--num-heads; repeatable; default --num-heads).")] = None,
     num_layers: Annotated[int, typer.Option(min=1, help="Layers.")] = Defaults.num_layers,
     d_ff: Annotated[int, typer.Option(min=1, help="Feed-forward width.")] = Defaults.d_ff,
     vocab_size: Annotated[int, typer.Option(min=2, help="Vocabulary size.")] = Defaults.vocab_size,
@@ -58,7 +62,7 @@ def decoding_command(
 
     options = Defaults.from_given(
         context=context, new_tokens=new_tokens, attention=attention, window=window, d_model=d_model,
-        num_heads=num_heads, num_layers=num_layers, d_ff=d_ff, vocab_size=vocab_size,
+        num_heads=num_heads, num_kv_heads=num_kv_heads, num_layers=num_layers, d_ff=d_ff, vocab_size=vocab_size,
         stream_window=stream_window, stream_layers=stream_layers, stream_steps=stream_steps,
         repeats=repeats, threads=threads, device=device,
     )

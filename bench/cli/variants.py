@@ -64,7 +64,8 @@ def list_command(
         lines += _wrapped("  params:  ", params, " " * 11)
         lines += _wrapped("  kernels: ", ", ".join(cells), " " * 11)
         lines += _wrapped("  auto:    ", auto.removeprefix("auto -> "), " " * 11)
-        lines += [f"  causal:  {'yes' if info.supports_causal else 'no'}", ""]
+        lines += [f"  causal:  {'yes' if info.supports_causal else 'no'}",
+                  f"  GQA:     {'yes' if info.supports_gqa else 'no'} (k, v with fewer heads than q)", ""]
     lines += _wrapped("kernels: ", ", ".join(list_kernels()), "  ")
     lines += ["", *_tasks_lines(), ""]
     lines += _wrapped("model kinds: ", ", ".join(_model_kinds()), "  ")

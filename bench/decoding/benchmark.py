@@ -3,7 +3,10 @@
 1. Decoding: ``decoder_lm.generate`` tokens/s with and without the KV cache at long
    contexts (default 1K and 4K), greedy, ``--new-tokens`` new tokens after a random prompt.
    ``tokens_per_s`` counts the whole call (prompt prefill included); ``decode_tokens_per_s``
-   leaves out the time to the first token.
+   leaves out the time to the first token. Per ``--num-kv-heads`` (grouped-query attention;
+   default ``--num-heads``); ``cache_bytes`` is the memory the KV cache holds once the prompt
+   and the new tokens are in it (every layer's key and value storage,
+   :attr:`models.attention.KVCache.nbytes`), measured on the cache itself.
 2. Streaming: :class:`models.StreamingEncoder` step time against recomputing the encoder
    on the whole window each step (the batch forward), per window size and depth.
 
@@ -21,6 +24,7 @@ from typing import Any
 
 import pandas as pd
 import torch
+from torch import Tensor
 
 import attn
 from bench.decoding.options import DecodingOptions
@@ -72,17 +76,19 @@ def bench_decoding(
     repeats: int,
     seed: int = 0,
     device: str | torch.device = "cpu",
+    num_kv_heads: int | None = None,
 ) -> list[dict[str, Any]]:
     """Rows for cached and uncached greedy decoding of ``new_tokens`` after ``context`` tokens,
-    the model and prompt on ``device``."""
+    the model (``num_kv_heads`` key/value heads; None: ``num_heads``) and prompt on ``device``."""
     device = torch.device(device)
     torch.manual_seed(seed)
     model = create_model(
         "decoder_lm", size="lra_base", attention=attention, attention_params=params,
-        max_len=context + new_tokens, **sizes,
+        max_len=context + new_tokens, num_kv_heads=num_kv_heads, **sizes,
     ).eval().to(device)
     prompt = torch.randint(0, model.config.vocab_size, (1, context)).to(device)
     model.generate(prompt[:, :16], 2)  # warm-up (kernel selection, allocator)
+    held = cache_bytes(model, prompt, new_tokens)
     rows = []
     for use_cache in (True, False):
         total = _median_time(lambda c=use_cache: model.generate(prompt, new_tokens, use_cache=c),
@@ -96,8 +102,20 @@ def bench_decoding(
             "tokens_per_s": new_tokens / total,
             "decode_tokens_per_s": (new_tokens - 1) / decode_s if new_tokens > 1 else float("nan"),
             "repeats": repeats, "device": device.type, **sizes,
+            "num_kv_heads": model.config.num_kv_heads, "cache_bytes": held if use_cache else 0,
         })
     return rows
+
+
+def cache_bytes(model: Any, prompt: Tensor, new_tokens: int) -> int:
+    """Bytes the KV cache of ``model`` holds after ``prompt (1, N)`` and ``new_tokens`` greedy
+    tokens (the last one is returned, never cached): the sum of every layer's
+    :attr:`~models.attention.KVCache.nbytes`."""
+    cache = model.new_cache()
+    logits = model(prompt, cache=cache)  # (1, N, V)
+    for _ in range(new_tokens - 1):
+        logits = model(logits[:, -1:].argmax(-1), cache=cache)  # (1, 1, V)
+    return sum(getattr(layer, "nbytes", 0) for layer in cache.layers)
 
 
 def bench_streaming(
@@ -144,12 +162,17 @@ def summary_markdown(decoding: pd.DataFrame, streaming: pd.DataFrame, env: dict[
             "tok/s counts the whole generate call (prompt prefill included); decode tok/s "
             "leaves out the time to the first token.",
             "",
-            "| attention | context | new tokens | tok/s cached | tok/s uncached | speedup "
+            "H_kv: the decoder's key/value heads (grouped-query attention when fewer than its "
+            "query heads); cache MiB: what the KV cache holds after the prompt and the new tokens, "
+            "measured on the cache.",
+            "",
+            "| attention | H_kv | context | new tokens | cache MiB | tok/s cached | tok/s uncached | speedup "
             "| decode tok/s cached | decode tok/s uncached |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         longest = decoding["context"].max()
-        for (attention, context), group in decoding.groupby(["attention", "context"], sort=True):
+        for (attention, kv, context), group in decoding.groupby(["attention", "num_kv_heads", "context"],
+                                                                 sort=True):
             on = group.use_cache.astype(bool)
             cached = group[on]["tokens_per_s"].iloc[0]
             uncached = group[~on]["tokens_per_s"].iloc[0]
@@ -159,8 +182,9 @@ def summary_markdown(decoding: pd.DataFrame, streaming: pd.DataFrame, env: dict[
             goal = ""
             if context == longest:
                 goal = " (goal >= 5x: " + ("met" if speedup >= SPEEDUP_GOAL else "NOT met") + ")"
+            held = group[on]["cache_bytes"].iloc[0] / 2**20
             lines.append(
-                f"| {attention} | {context} | {group.new_tokens.iloc[0]} | {cached:.1f} | "
+                f"| {attention} | {kv} | {context} | {group.new_tokens.iloc[0]} | {held:.2f} | {cached:.1f} | "
                 f"{uncached:.2f} | {speedup:.1f}x{goal} | {decode_cached:.1f} | "
                 f"{decode_uncached:.2f} |"
             )
@@ -175,8 +199,10 @@ def summary_markdown(decoding: pd.DataFrame, streaming: pd.DataFrame, env: dict[
     return "\n".join(lines) + "\n"
 
 
-def _decoder_attention(spec: str, window: int, max_len: int, sizes: dict[str, int]) -> None:
-    """``--attention spec`` can run in ``decoder_lm`` (registered, causal, buildable)."""
+def _decoder_attention(spec: str, window: int, max_len: int, sizes: dict[str, int],
+                       num_kv_heads: int | None = None) -> None:
+    """``--attention spec`` can run in ``decoder_lm`` (registered, causal, buildable, with
+    ``num_kv_heads`` key/value heads)."""
     known = attn.list_attention()
     causal = [n for n in known if attn.attention_info(n).supports_causal]
     if spec not in known:
@@ -186,7 +212,8 @@ def _decoder_attention(spec: str, window: int, max_len: int, sizes: dict[str, in
                          f"allowed values are {causal}")
     name, params = _attention_spec(spec, window)
     try:
-        model_config("decoder_lm", "lra_base", name, params, max_len=max_len, **sizes)
+        model_config("decoder_lm", "lra_base", name, params, max_len=max_len, num_kv_heads=num_kv_heads,
+                     **sizes)
     except (ValueError, TypeError) as err:
         raise ValueError(f"--attention {spec}: {err}") from None
 
@@ -194,7 +221,8 @@ def _decoder_attention(spec: str, window: int, max_len: int, sizes: dict[str, in
 def check_attentions(options: DecodingOptions) -> None:
     """``ValueError`` naming ``--attention`` for any attention a decoder cannot run."""
     for spec in options.attention:
-        _decoder_attention(spec, options.window, options.max_len, options.sizes)
+        for kv in options.kv_heads:
+            _decoder_attention(spec, options.window, options.max_len, options.sizes, kv)
 
 
 def run_decoding_benchmark(options: DecodingOptions, out: Path) -> None:
@@ -209,10 +237,11 @@ def run_decoding_benchmark(options: DecodingOptions, out: Path) -> None:
     with torch_threads(options.threads), torch.inference_mode():
         for spec in options.attention:
             name, params = _attention_spec(spec, options.window)
-            for ctx in options.context:
-                print(f"decoding {name} context={ctx} ...", flush=True)
-                decoding_rows += bench_decoding(name, params, ctx, options.new_tokens, sizes, options.repeats,
-                                                device=options.device)
+            for kv in options.kv_heads:
+                for ctx in options.context:
+                    print(f"decoding {name} num_kv_heads={kv} context={ctx} ...", flush=True)
+                    decoding_rows += bench_decoding(name, params, ctx, options.new_tokens, sizes,
+                                                    options.repeats, device=options.device, num_kv_heads=kv)
         for n in options.stream_window:
             for layers in options.stream_layers:
                 print(f"streaming window={n} layers={layers} ...", flush=True)

@@ -41,6 +41,8 @@ class DecodingOptions:
     window: int = 256  # window of banded attentions
     d_model: int = 256
     num_heads: int = 4
+    # key/value heads of the decoder (grouped-query attention), each measured; None: num_heads
+    num_kv_heads: tuple[int, ...] | None = None
     num_layers: int = 4
     d_ff: int = 1024
     vocab_size: int = 256
@@ -62,6 +64,10 @@ class DecodingOptions:
             raise ValueError(f"{self.option(empty)}: must not be empty")
         if self.d_model % self.num_heads:
             raise ValueError(f"--d-model: must be divisible by --num-heads={self.num_heads}; got {self.d_model}")
+        for kv in self.kv_heads:
+            if self.num_heads % kv:
+                raise ValueError(f"--num-kv-heads: must divide --num-heads={self.num_heads} (each key head "
+                                 f"serves num_heads / num_kv_heads query heads); got {kv}")
 
     @classmethod
     def from_given(cls, **given: Any) -> DecodingOptions:
@@ -78,6 +84,11 @@ class DecodingOptions:
         """The model sizes, as ``create_model`` keywords."""
         return dict(d_model=self.d_model, num_heads=self.num_heads, num_layers=self.num_layers,
                     d_ff=self.d_ff, vocab_size=self.vocab_size)
+
+    @property
+    def kv_heads(self) -> tuple[int, ...]:
+        """The decoder's key/value head counts to measure (``--num-kv-heads``; default ``num_heads``)."""
+        return (self.num_heads,) if not self.num_kv_heads else tuple(self.num_kv_heads)
 
     @property
     def max_len(self) -> int:

@@ -45,6 +45,8 @@ COLUMNS = [
     "time_spread", "probe_ms", "noisy", "noise_threshold",
     # added later (bench.speed.packing): files without it read as unpacked, unpadded rows
     "packing",
+    # added later (grouped-query attention): files without it read as kv_heads = heads
+    "kv_heads",
 ]
 #: the matched-compute columns of a training row (:mod:`bench.quality.budget`; ``budget_x``
 #: empty: an equal-steps run)
@@ -190,7 +192,7 @@ SPEED = RowSchema(
         Column("kernel_requested", required=True),
         Column("params", "json"),
         Column("seq_len", "int", required=True, minimum=1),
-        *_numbers(("batch", "heads", "head_dim"), "int", 1),
+        *_numbers(("batch", "heads", "head_dim", "kv_heads"), "int", 1),
         Column("dtype", "choice", allowed=DTYPES),
         Column("device", "choice", allowed=DEVICES),
         Column("causal", "bool"),

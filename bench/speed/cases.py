@@ -64,6 +64,14 @@ class Case:
         """The packing and padding in words (``""``: an unpacked, unpadded call)."""
         return packing_text(self.documents, self.one_by_one, self.pad_fraction)
 
+    #: key/value heads (grouped-query attention); None: as many as ``heads``
+    kv_heads: int | None = None
+
+    @property
+    def key_heads(self) -> int:
+        """The heads of ``k`` and ``v``: ``kv_heads``, or ``heads`` when it is None."""
+        return self.heads if self.kv_heads is None else self.kv_heads
+
     @property
     def params_dict(self) -> dict[str, Any]:
         return dict(self.params)
@@ -75,12 +83,13 @@ class Case:
     @property
     def group(self) -> tuple[Any, ...]:
         """Cases that differ only in ``seq_len`` (a scaling curve)."""
-        return (self.variant, self.params, self.kernel, self.batch, self.heads, self.head_dim,
-                self.dtype, self.device, self.causal, self.packing)
+        return (self.variant, self.params, self.kernel, self.batch, self.heads, self.key_heads,
+                self.head_dim, self.dtype, self.device, self.causal, self.packing)
 
     @property
     def comparison(self) -> tuple[Any, ...]:
-        """Cases that differ only in ``kernel`` and ``seq_len`` (compared side by side)."""
+        """Cases that differ only in ``kernel``, key heads (``kv_heads``) and ``seq_len``
+        (compared side by side: timed in the same interleaved rounds)."""
         return (self.variant, self.params, self.batch, self.heads, self.head_dim, self.dtype,
                 self.device, self.causal)
 
@@ -97,12 +106,15 @@ class Case:
             key.update(workload=self.workload, model=dict(self.model))
         if self.packing:  # so do unpacked, unpadded ones
             key.update(documents=self.documents, one_by_one=self.one_by_one, pad_fraction=self.pad_fraction)
+        if self.key_heads != self.heads:  # multi-head cases keep theirs too
+            key["kv_heads"] = self.key_heads
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     def describe(self) -> str:
         """One-line description for progress bars and ``--dry-run``."""
         causal = " causal" if self.causal else ""
-        return (f"{self.label} [{self.kernel}] N={self.seq_len} B={self.batch} H={self.heads} "
+        kv = f" H_kv={self.key_heads}" if self.key_heads != self.heads else ""
+        return (f"{self.label} [{self.kernel}] N={self.seq_len} B={self.batch} H={self.heads}{kv} "
                 f"D={self.head_dim} {self.dtype}{causal} {'/'.join(self.passes)}")
 
     def to_dict(self) -> dict[str, Any]:
@@ -136,8 +148,9 @@ def expand_cases(config: SweepConfig) -> list[Case]:
         causal = causal or info.forces_causal
         lengths = sorted(set(spec.seq_len or config.seq_len))
         patterns: dict[tuple[int, int], Pattern] = {}
-        for kernel, batch, heads, head_dim, (documents, one_by_one, pad) in product(
-            kernels, config.batch, config.heads, config.head_dim, _packings(config)
+        for kernel, batch, heads, kv_heads, head_dim, (documents, one_by_one, pad) in product(
+            kernels, config.batch, config.heads, config.kv_heads or (None,), config.head_dim,
+            _packings(config)
         ):
             suffix = packing_text(documents, one_by_one, pad)
             label = f"{spec.label} [{suffix}]" if suffix else spec.label
@@ -154,7 +167,7 @@ def expand_cases(config: SweepConfig) -> list[Case]:
                     time_budget_s=config.time_budget_s, plugins=config.plugins,
                     min_repeats=config.min_repeats, workload=config.workload, model=config.model,
                     noise_threshold=config.noise_threshold, documents=documents,
-                    one_by_one=one_by_one, pad_fraction=pad,
+                    one_by_one=one_by_one, pad_fraction=pad, kv_heads=kv_heads,
                 ))
     return cases
 

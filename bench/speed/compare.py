@@ -28,8 +28,8 @@ import pandas as pd
 from attn.validation import require_number
 from bench.speed.results import load_results
 
-KEY = ["label", "kernel_requested", "seq_len", "batch", "heads", "head_dim", "dtype", "device",
-       "causal", "pass"]
+KEY = ["label", "kernel_requested", "seq_len", "batch", "heads", "kv_heads", "head_dim", "dtype",
+       "device", "causal", "pass"]
 #: the classes of :func:`classify_runs`, most alarming first
 CLASSES = ("broken", "newly failing", "lost", "worse", "better", "fixed", "new", "unchanged")
 #: classes that make the gate fail

@@ -80,6 +80,10 @@ class SweepConfig:
     passes: tuple[str, ...] = PASSES
     batch: tuple[int, ...] = (1,)
     heads: tuple[int, ...] = (8,)
+    #: key/value heads (grouped-query attention: each divides every ``heads``); None: as many
+    #: as ``heads``. The key-head counts of one variant, kernel set and length share their
+    #: interleaved rounds, so their time ratios are measured under one load
+    kv_heads: tuple[int, ...] | None = None
     head_dim: tuple[int, ...] = (64,)
     kernels: tuple[str, ...] = ("auto",)
     repeats: int = 10  # at most this many timed repeats per pass
@@ -166,6 +170,23 @@ def _model_settings(value: Any, workload: str) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted(value.items()))
 
 
+def _kv_heads(value: Any, heads: tuple[int, ...], workload: str) -> tuple[int, ...] | None:
+    """The ``kv_heads`` axis: None, or integers >= 1 each dividing every value of ``heads``
+    (an attention sweep only)."""
+    if value is None:
+        return None
+    if workload != "attention":
+        raise key_error("kv_heads", "only a 'workload: attention' sweep takes kv_heads (a model's "
+                                    "key heads are its own)")
+    kv_heads = check_key(require_int_list, "kv_heads", value)
+    for kv in kv_heads:
+        bad = [h for h in heads if h % kv]
+        if bad:
+            raise key_error("kv_heads", f"each value must divide every heads value {list(heads)} "
+                                        f"(H % H_kv == 0); got {kv} for heads={bad[0]}")
+    return kv_heads
+
+
 def _variant(index: int, raw: Any, kernel_names: tuple[str, ...]) -> VariantSpec:
     key = f"variants[{index}]"
     if isinstance(raw, str):
@@ -231,6 +252,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
     else:
         heads = check_key(require_int_list, "heads", get("heads"))
         head_dim = check_key(require_int_list, "head_dim", get("head_dim"))
+    kv_heads = _kv_heads(get("kv_heads"), heads, workload)
     repeats = check_key(require_number, "repeats", get("repeats"), minimum=1, integer=True)
     min_repeats = check_key(require_number, "min_repeats", get("min_repeats"), minimum=1, integer=True)
     if "min_repeats" not in raw:
@@ -247,6 +269,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
         passes=check_key(require_choices, "passes", raw.get("passes", list(passes)), allowed=passes),
         batch=check_key(require_int_list, "batch", get("batch")),
         heads=heads,
+        kv_heads=kv_heads,
         head_dim=head_dim,
         workload=workload,
         model=model,

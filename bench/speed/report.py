@@ -40,8 +40,8 @@ PROVENANCE = ["git_sha", "package_version", "device_name", "threads", "torch_ver
 
 def _pivot(df: pd.DataFrame, cell: pd.Series) -> pd.DataFrame:
     ok = df[df.status == "ok"].assign(cell=cell)
-    table = ok.pivot_table(index=["label", "kernel_requested"], columns="seq_len", values="cell",
-                           aggfunc="first")
+    table = ok.pivot_table(index=["label", "kernel_requested", "heads", "kv_heads"], columns="seq_len",
+                           values="cell", aggfunc="first")
     table.columns = [f"N={c}" for c in table.columns]
     return table.reset_index()
 
@@ -73,7 +73,8 @@ def interleaved_ratios(df: pd.DataFrame) -> pd.DataFrame:
             mem = (row.peak_mem_bytes / fastest.peak_mem_bytes
                    if fastest.peak_mem_bytes and fastest.peak_mem_bytes > 0 else math.nan)
             rows.append({"label": row.label, "pass": pass_name, "seq_len": row.seq_len,
-                         "kernel": row.kernel_requested, "vs": fastest.kernel_requested,
+                         "kernel": row.kernel_requested, "kv_heads": row.kv_heads,
+                         "vs": fastest.kernel_requested, "vs_kv_heads": fastest.kv_heads,
                          "time_ratio": q50, "ratio_q25": q25, "ratio_q75": q75, "rounds": rounds,
                          "memory_ratio": mem})
     return pd.DataFrame(rows)
@@ -124,6 +125,34 @@ def packing_ratios(df: pd.DataFrame) -> pd.DataFrame:
                 "vs_one_by_one": _ratio_cell(None if twin is None else _round_ratio(times, _times(twin.times_ms))),
                 "density": row.density,
             })
+    return pd.DataFrame(rows)
+
+
+def gqa_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """For each kernel timed in one unit with several key-head counts (a ``kv_heads`` sweep),
+    the time and memory of each ``kv_heads < heads`` row over the same kernel's row with
+    ``kv_heads == heads``: the median of the per-round ratios and their quartiles."""
+    rows = []
+    ok = df[(df.status == "ok") & (df.interleaved.fillna(1) > 1)]
+    for (_unit, pass_name, _kernel), group in ok.groupby(["interleave_id", "pass", "kernel_requested"],
+                                                       sort=False):
+        full = group[group.kv_heads == group.heads]
+        if full.empty:
+            continue
+        base = full.iloc[0]
+        base_times = _times(base.times_ms)
+        for row in group[group.kv_heads < group.heads].itertuples():
+            times = _times(row.times_ms)
+            rounds = min(len(times), len(base_times))
+            ratios = times[:rounds] / base_times[:rounds]
+            q25, q50, q75 = np.percentile(ratios, [25, 50, 75]) if rounds else (math.nan,) * 3
+            mem = (row.peak_mem_bytes / base.peak_mem_bytes
+                   if base.peak_mem_bytes and base.peak_mem_bytes > 0 else math.nan)
+            rows.append({"label": row.label, "pass": pass_name, "seq_len": row.seq_len,
+                         "kernel": row.kernel_requested, "kernel_ran": row.kernel, "heads": row.heads,
+                         "kv_heads": row.kv_heads, "time_ratio": q50, "ratio_q25": q25,
+                         "ratio_q75": q75, "rounds": rounds, "memory_ratio": mem,
+                         "kernel_path": row.kernel_path})
     return pd.DataFrame(rows)
 
 
@@ -218,6 +247,12 @@ def _pass_sections(df: pd.DataFrame, table: pd.DataFrame, pass_name: str, points
                   "the same documents run one by one, timed in the same rounds (median of "
                   "per-round ratios [q25, q75]; `density`: allowed pairs over N^2)", "",
                   markdown_table(packed.drop(columns="pass")), ""]
+    gqa = gqa_ratios(rows)
+    if len(gqa):
+        parts += [f"### Grouped-query ratios, `{pass_name}`: time and memory with `kv_heads` key "
+                  "heads over the same kernel with as many key heads as query heads, timed in the "
+                  "same rounds (median of per-round ratios [q25, q75])", "",
+                  markdown_table(gqa.drop(columns="pass")), ""]
     ok = rows[rows.status == "ok"]
     parts += [f"### Median time in ms (IQR, repeats), `{pass_name}`", "",
               markdown_table(_pivot(rows, _time_cells(ok))), ""]

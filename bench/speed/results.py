@@ -39,8 +39,9 @@ def load_results(run_dir: str | Path, *, damaged: bool = False) -> pd.DataFrame:
     if damaged:
         records += [{**bad.row, "problem": bad.problem} for bad in read.rejected if bad.row]
     df = pd.DataFrame(records, columns=[*COLUMNS, "problem"])
-    for col in ("seq_len", "batch", "heads", "head_dim", "threads"):
+    for col in ("seq_len", "batch", "heads", "head_dim", "threads", "kv_heads"):
         df[col] = pd.to_numeric(df[col], errors="coerce").astype("Int64")
+    df["kv_heads"] = df["kv_heads"].fillna(df["heads"])  # rows written before the column: H_kv = H
     for col in NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce")
     for col in ("causal", "mask_emulated", "noisy"):

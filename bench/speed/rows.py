@@ -35,7 +35,7 @@ def base_row(case: Case, pass_name: str) -> Row:
         "case_id": case.case_id, "label": case.label, "variant": case.variant,
         "kernel_requested": case.kernel, "kernel": case.kernel,
         "params": case.params_json, "seq_len": case.seq_len, "batch": case.batch,
-        "heads": case.heads, "head_dim": case.head_dim, "dtype": case.dtype,
+        "heads": case.heads, "kv_heads": case.key_heads, "head_dim": case.head_dim, "dtype": case.dtype,
         "device": case.device, "causal": case.causal, "pass": pass_name, "packing": case.packing,
     }
 

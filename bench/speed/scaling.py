@@ -16,9 +16,9 @@ import numpy as np
 import pandas as pd
 
 #: columns that identify one scaling curve (everything but seq_len)
-CURVE = ["label", "variant", "kernel_requested", "causal", "batch", "heads", "head_dim",
+CURVE = ["label", "variant", "kernel_requested", "causal", "batch", "heads", "kv_heads", "head_dim",
          "dtype", "device", "pass"]
-SHAPE = ["causal", "batch", "heads", "head_dim", "dtype", "device", "pass"]
+SHAPE = ["causal", "batch", "heads", "kv_heads", "head_dim", "dtype", "device", "pass"]
 FAILED = ("oom", "timeout", "error")
 
 

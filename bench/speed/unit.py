@@ -54,7 +54,9 @@ class SpeedUnit:
         first = (self.runs[0].case if self.runs else None)
         if first is None:
             return f"{len(self.skipped)} skipped row(s)"
-        kernels = "/".join(r.case.kernel for r in self.runs)
+        kernels = "/".join(dict.fromkeys(
+            r.case.kernel + (f" H_kv={r.case.key_heads}" if r.case.key_heads != r.case.heads else "")
+            for r in self.runs))
         causal = " causal" if first.causal else ""
         passes = "/".join(dict.fromkeys(p for r in self.runs for p in r.passes))
         return (f"{first.label} [{kernels}] N={first.seq_len} B={first.batch} H={first.heads} "

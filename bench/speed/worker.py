@@ -79,8 +79,9 @@ class PassRunner:
         self.grad = grad
         gen = torch.Generator(device="cpu").manual_seed(0)
         self.q, self.k, self.v = (
-            torch.randn(b, h, n, d, generator=gen, dtype=torch.float32)  # (B, H, N, D)
-            .to(device=self.device, dtype=self.dtype).requires_grad_(grad) for _ in range(3))
+            torch.randn(b, heads, n, d, generator=gen, dtype=torch.float32)  # q (B, H, N, D), k/v (B, H_kv, N, D)
+            .to(device=self.device, dtype=self.dtype).requires_grad_(grad)
+            for heads in (h, case.key_heads, case.key_heads))
         self.d_out = torch.randn(b, h, n, d, generator=gen).to(device=self.device, dtype=self.dtype)
         self.key_mask = padding_mask(n, b, case.pad_fraction, self.device) if case.pad_fraction else None
         self.spans: list[tuple[int, int]] = []  # the documents, [start, end)

@@ -22,7 +22,8 @@ from attn.kernels.blocked.geometry import Geometry, Stream, max_chunk_blocks
 @dataclass(frozen=True)
 class BandGrads:
     """Gradients of the core's inputs: ``q (B, H, Nq, D)`` (every row written once), ``k``,
-    ``v`` (summed over overlapping windows), and the per-block biases ``(T, S, L)`` /
+    ``v`` (summed over overlapping windows and, for grouped-query attention, over the query
+    heads of a key head), and the per-block biases ``(T, S, L)`` /
     ``(T, S, g)`` or None when not wanted."""
 
     q: Tensor
@@ -80,7 +81,7 @@ def band_backward(band: BandInputs, out: Tensor, lse: Tensor, key_masked: Tensor
     for stream in streams:
         inputs = band.stream_inputs(stream, key_masked, num_global)
         rows = _StreamRows(*(stream.view(x, stream.q_rows) for x in (d_out, delta, lse, grads.q)),
-                           stream.view(grads.k, stream.k_rows), stream.view(grads.v, stream.k_rows))
+                           stream.kv_view(grads.k, stream.k_rows), stream.kv_view(grads.v, stream.k_rows))
         for first, end, interior in stream.chunks(geo):
             chunk = Chunk(stream, geo, first, end, interior, inputs)
             blocks = slice(stream.first_block + first, stream.first_block + end)
@@ -132,5 +133,5 @@ def _backward_global_columns(chunk: Chunk, inputs: StreamInputs, blocks: slice, 
     if grads.global_score_bias is not None:
         grads.global_score_bias[blocks] = d_global.view(count, block, -1)
     d_q.addmm_(d_global, inputs.global_k, alpha=scale)
-    grads.k[stream.batch, stream.head, :num_global].addmm_(d_global.t(), chunk.q, alpha=scale)
-    grads.v[stream.batch, stream.head, :num_global].addmm_(global_probs.t(), d_out)
+    grads.k[stream.batch, stream.key_head, :num_global].addmm_(d_global.t(), chunk.q, alpha=scale)
+    grads.v[stream.batch, stream.key_head, :num_global].addmm_(global_probs.t(), d_out)

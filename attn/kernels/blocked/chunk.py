@@ -53,14 +53,14 @@ class StreamInputs:
     def __init__(self, stream: Stream, q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor | None,
                  key_masked: Tensor | None, num_global: int, global_bias: Tensor | None):
         self.q = stream.view(q, stream.q_rows)
-        self.k, self.v = stream.view(k, stream.k_rows), stream.view(v, stream.k_rows)
-        self.key_bias = None if key_bias is None else stream.view(key_bias, stream.k_rows)
+        self.k, self.v = stream.kv_view(k, stream.k_rows), stream.kv_view(v, stream.k_rows)
+        self.key_bias = None if key_bias is None else stream.kv_view(key_bias, stream.k_rows)
         self.masked_before = None
         if key_masked is not None:
-            masked = stream.view(key_masked, stream.k_rows).to(torch.int64)
+            masked = stream.kv_view(key_masked, stream.k_rows).to(torch.int64)
             self.masked_before = torch.cat([masked.new_zeros(1), masked.cumsum(0)])
-        self.global_k = k[stream.batch, stream.head, :num_global] if num_global else None
-        self.global_v = v[stream.batch, stream.head, :num_global] if num_global else None
+        self.global_k = k[stream.batch, stream.key_head, :num_global] if num_global else None
+        self.global_v = v[stream.batch, stream.key_head, :num_global] if num_global else None
         self.global_bias = None if global_bias is None else global_bias[min(stream.batch, global_bias.shape[0] - 1)]
 
 

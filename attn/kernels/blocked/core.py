@@ -109,7 +109,7 @@ def banded_attention(q: Tensor, k: Tensor, v: Tensor, band: Band, *, causal: boo
                      key_mask: Tensor | None, score_mod: ScoreMod | None, block: int | None,
                      chunk: int | None) -> Tensor:
     """Rows of ``q (B, H, Nq, D)`` at positions ``q_offset + row`` (none of them global rows)
-    over ``k, v (B, H, Nk, .)``: the band (keys ``j < g`` removed) plus the global columns.
+    over ``k, v (B, H_kv, Nk, .)``: the band (keys ``j < g`` removed) plus the global columns.
     Returns ``(B, H, Nq, Dv)``."""
     if band.per_head:
         raise ValueError("banded_attention: a per-head band runs through blocked_attention (one band per head group)")
@@ -118,7 +118,8 @@ def banded_attention(q: Tensor, k: Tensor, v: Tensor, band: Band, *, causal: boo
     geo = geometry(band.window, causal, block, chunk, q.device)
     key_bias, global_bias = _key_biases(q, k_len, band.num_global, key_mask)
     global_keys = min(band.num_global, k_len)
-    streams = make_streams(batch, heads, q_len, k_len, q_offset, band.dilation, geo.block)
+    streams = make_streams(batch, heads, q_len, k_len, q_offset, band.dilation, geo.block,
+                           groups=heads // k.shape[1])  # GQA: a group's streams share key rows
     edges = band_edges(geo.block, geo.blocks_left, geo.blocks_right, band.window, causal, q.dtype, q.device)
     score_bias = global_score_bias = None
     if score_mod is not None:

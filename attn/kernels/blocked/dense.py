@@ -9,6 +9,7 @@ import math
 import torch
 from torch import Tensor
 
+from attn.gqa import grouped_scores, grouped_values
 from attn.kernels.base import Band
 from attn.kernels.blocked.geometry import block_size
 from attn.mods import ScoreMod
@@ -24,7 +25,7 @@ def dense_part(
     A row with no allowed key gets out 0 and lse -inf, with finite (zero) gradients.
     """
     batch, heads = q.shape[:2]
-    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(q.shape[-1])  # (B, H, n, m)
+    scores = grouped_scores(q, k) / math.sqrt(q.shape[-1])  # (B, H, n, m); k may have H_kv heads
     if score_mod is not None:
         b = torch.arange(batch, device=q.device).view(batch, 1, 1, 1)
         h = torch.arange(heads, device=q.device).view(1, heads, 1, 1)
@@ -38,7 +39,7 @@ def dense_part(
     # row's incoming gradient past the float range, and 0 * inf is NaN in the backward
     has_key = denom > 0
     safe = torch.where(has_key, denom, torch.ones_like(denom))
-    out = torch.matmul(weights, v) / safe  # empty rows: 0
+    out = grouped_values(weights, v) / safe  # empty rows: 0
     lse = torch.where(has_key, row_max + safe.log(), torch.full_like(row_max, float("-inf")))
     return out, lse.squeeze(-1)
 

@@ -85,6 +85,10 @@ def geometry(window: int, causal: bool, block: int | None = None, chunk: int | N
 class Stream:
     """One (batch, head, residue class): rows ``q_rows`` of the queries, ``k_rows`` of the keys.
 
+    ``kv_head`` is the key/value head the query head ``head`` reads (``head // G`` for
+    grouped-query attention with ``G`` query heads per key head; ``head`` otherwise), so the
+    streams of one group read the same key rows, never a copy of them.
+
     In the stream's own coordinates query row ``m`` sits at position ``q_offset + m`` and key
     row ``n`` at ``n``; absolute positions are ``dilation * position + residue``.
     ``first_block`` numbers the stream's first query block among all streams (the layout of
@@ -100,6 +104,7 @@ class Stream:
     k_count: int
     q_offset: int
     first_block: int
+    kv_head: int | None = None  # None: the query head
 
     def n_blocks(self, block: int) -> int:
         """Query blocks of ``block`` rows covering the stream (the last one may be partial)."""
@@ -108,6 +113,15 @@ class Stream:
     def view(self, x: Tensor, rows: slice) -> Tensor:
         """The stream's 2-D (or 1-D) view of ``x (B|1, H|1, N, ...)``: no copy."""
         return x[min(self.batch, x.shape[0] - 1), min(self.head, x.shape[1] - 1), rows]
+
+    @property
+    def key_head(self) -> int:
+        """The head of ``k``, ``v`` (and their gradients) this stream reads."""
+        return self.head if self.kv_head is None else self.kv_head
+
+    def kv_view(self, x: Tensor, rows: slice) -> Tensor:
+        """The stream's 2-D (or 1-D) view of a key-side ``x (B|1, H_kv|1, Nk, ...)``: no copy."""
+        return x[min(self.batch, x.shape[0] - 1), min(self.key_head, x.shape[1] - 1), rows]
 
     def chunks(self, geo: Geometry) -> list[tuple[int, int, bool]]:
         """Block ranges ``(first, end, interior)``; interior blocks are full and their window
@@ -126,8 +140,10 @@ class Stream:
 
 
 def make_streams(batch: int, heads: int, q_len: int, k_len: int, q_offset: int, dilation: int,
-                 block: int) -> list[Stream]:
-    """Streams in (batch, head, residue) order; residue ``c`` holds positions ``i % dilation == c``."""
+                 block: int, groups: int = 1) -> list[Stream]:
+    """Streams in (batch, head, residue) order; residue ``c`` holds positions ``i % dilation == c``.
+    ``groups``: query heads per key head (grouped-query attention); head ``h`` reads key head
+    ``h // groups``."""
     streams, first_block = [], 0
     for b in range(batch):
         for h in range(heads):
@@ -138,7 +154,7 @@ def make_streams(batch: int, heads: int, q_len: int, k_len: int, q_offset: int, 
                     continue
                 stream = Stream(b, h, residue, slice(row0, None, dilation), slice(residue, None, dilation),
                                 q_count, len(range(residue, k_len, dilation)), (q_offset + row0) // dilation,
-                                first_block)
+                                first_block, h // groups)
                 streams.append(stream)
                 first_block += stream.n_blocks(block)
     return streams

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from attn.call import AttentionCall
+from attn.gqa import gqa_note
 from attn.kernels.base import Band, Kernel, KernelPath
 from attn.kernels.blocked.core import banded_attention
 from attn.kernels.blocked.dense import global_row_attention, global_rows, key_span_attention, uses_key_span
@@ -31,8 +32,9 @@ def blocked_attention(
 ) -> Tensor:
     """Exact banded attention (sliding window, dilated, global tokens) in O(N*w) time.
 
-    ``q (B, H, Nq, D)``, ``k (B, H, Nk, D)``, ``v (B, H, Nk, Dv)`` -> ``(B, H, Nq, Dv)``;
-    positions bottom-right aligned. ``block`` (query rows per block) and ``chunk`` (blocks per
+    ``q (B, H, Nq, D)``, ``k (B, H_kv, Nk, D)``, ``v (B, H_kv, Nk, Dv)`` -> ``(B, H, Nq, Dv)``;
+    positions bottom-right aligned; with ``H_kv < H`` the streams of a key head's query heads
+    read its rows (grouped-query attention, no copy). ``block`` (query rows per block) and ``chunk`` (blocks per
     chunk) override the tuned defaults. A per-head band (:attr:`Band.group_dilations`) runs
     each run of heads of one dilation with its own uniform band (views of the heads, the
     score_mod told their true head index) and concatenates the outputs along H.
@@ -40,9 +42,9 @@ def blocked_attention(
     if band.per_head:
         outs = []
         for h0, h1, group in band.head_groups(q.shape[1]):
-            heads = slice(h0, h1)
+            k_heads, v_heads = _key_heads(k, q.shape[1], h0, h1), _key_heads(v, q.shape[1], h0, h1)
             outs.append(blocked_attention(
-                q[:, heads], k[:, heads], v[:, heads], group, causal=causal, key_mask=key_mask,
+                q[:, h0:h1], k_heads, v_heads, group, causal=causal, key_mask=key_mask,
                 score_mod=_heads_from(score_mod, h0), block=block, chunk=chunk,
             ))  # (B, h1 - h0, Nq, Dv)
         return torch.cat(outs, dim=1)  # (B, H, Nq, Dv)
@@ -68,6 +70,21 @@ def blocked_attention(
                                           key_mask=key_mask, score_mod=score_mod)  # (B, H, n_global_rows, Dv)
         result = global_out if band_out is None else torch.cat([global_out, band_out], dim=2)
     return result.to(dtype)
+
+
+def _key_heads(x: Tensor, heads: int, h0: int, h1: int) -> Tensor:
+    """The key heads ``x (B, H_kv, Nk, .)`` that query heads ``[h0, h1)`` read, laid out so that
+    the slice's own grouping (``(h1 - h0) / H_kv'`` query heads per key head) holds: a view when
+    the slice covers whole groups or lies inside one, else the heads gathered one per query head."""
+    kv_heads = x.shape[1]
+    groups = heads // kv_heads
+    if groups == 1:
+        return x[:, h0:h1]
+    if h0 // groups == (h1 - 1) // groups:  # inside one group: one key head for the slice
+        return x[:, h0 // groups : h0 // groups + 1]
+    if h0 % groups == 0 and h1 % groups == 0:  # whole groups
+        return x[:, h0 // groups : h1 // groups]
+    return x[:, torch.arange(h0, h1, device=x.device) // groups]  # (B, h1 - h0, Nk, .)
 
 
 def _heads_from(score_mod: ScoreMod | None, first: int) -> ScoreMod | None:
@@ -104,7 +121,8 @@ class BlockedKernel(Kernel):
             key_mask: Tensor | None) -> tuple[Tensor, KernelPath]:
         if pattern.documents is not None and pattern.within is not None:
             out, path = packed_attention(pattern.within, pattern.documents, q, k, v, causal, key_mask)
-            return out, KernelPath(self.name, path)
+            return out, KernelPath(self.name, path + gqa_note(
+                q.shape[1], k.shape[1], "each document's call takes the grouped heads as an unpacked call does"))
         band = pattern.band
         if band is None:  # declared above; kept for direct calls
             raise NotImplementedError(f"{pattern.name}: kernel 'blocked' needs a band; band() is None")
@@ -125,7 +143,9 @@ class BlockedKernel(Kernel):
             )  # (B, H, n_neg, Dv)
             out = torch.cat([head, out], dim=2)
             fallback = f"{n_neg} query rows at negative positions (Nq > Nk) computed by chunked"
-        return out, KernelPath(self.name, _path(band, q_len - n_neg, k_len, q.shape[1]), fallback=fallback)
+        path = _path(band, q_len - n_neg, k_len, q.shape[1]) + gqa_note(
+            q.shape[1], k.shape[1], "native (the streams of a group read its key head, no copy)")
+        return out, KernelPath(self.name, path, fallback=fallback)
 
 
 def _path(band: Band, q_len: int, k_len: int, heads: int) -> str:

@@ -36,14 +36,15 @@ def _batch_from(score_mod: ScoreMod | None, row: int) -> ScoreMod | None:
 
 def document_dense(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None,
                    score_mod: ScoreMod | None, score_params: tuple[Tensor, ...]) -> tuple[Tensor, str]:
-    """Exact attention of one document without a mask_mod, ``q, k (1, H, n, D)``, ``v (1, H,
-    n, Dv)`` -> ``(1, H, n, Dv)`` in the input dtype (half inputs computed in float32), and
+    """Exact attention of one document without a mask_mod, ``q (1, H, n, D)``, ``k (1, H_kv, n,
+    D)``, ``v (1, H_kv, n, Dv)`` -> ``(1, H, n, Dv)`` in the input dtype (half inputs computed in float32), and
     how: the fused SDPA product, or chunked query rows where a score term or padding needs
     them."""
     if score_mod is None and key_mask is None:
         compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+        grouped = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}  # k, v: (1, H_kv, n, .)
         out = F.scaled_dot_product_attention(q.to(compute), k.to(compute), v.to(compute),
-                                             is_causal=causal)  # (1, H, n, Dv); Nq == Nk
+                                             is_causal=causal, **grouped)  # (1, H, n, Dv); Nq == Nk
         return out.to(q.dtype), "fused sdpa"
     out = chunked_attention(q, k, v, score_mod=score_mod, score_params=score_params, causal=causal,
                             key_mask=key_mask)  # (1, H, n, Dv)
@@ -52,7 +53,7 @@ def document_dense(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: T
 
 def packed_attention(within: Pattern, documents: Documents, q: Tensor, k: Tensor, v: Tensor,
                      causal: bool, key_mask: Tensor | None) -> tuple[Tensor, str]:
-    """``q (B, H, N, D)``, ``k (B, H, N, D)``, ``v (B, H, N, Dv)`` of a packed call ->
+    """``q (B, H, N, D)``, ``k (B, H_kv, N, D)``, ``v (B, H_kv, N, Dv)`` of a packed call ->
     ``(B, H, N, Dv)``, each document run alone with ``within`` (the unpacked pattern), and the
     path in words."""
     from attn.kernels.blocked.kernel import blocked_attention  # the kernel module imports this one

@@ -14,6 +14,10 @@ class LocalWindowAttention(nn.Module):
 
     #: optional: parameter sets that make attn-bench's conformance kit meaningful at short lengths
     example_params = ({"window": 2}, {"window": 0})
+    #: optional (default False): whether k, v may have fewer heads than q (grouped-query
+    #: attention); ``q @ k.transpose(-2, -1)`` below needs equal heads, so it says no and the
+    #: suite refuses such a call before it reaches this module ("GQA: not supported" in the kit)
+    supports_gqa = False
 
     def __init__(self, window: int = 4) -> None:
         super().__init__()

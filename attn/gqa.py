@@ -1,0 +1,96 @@
+"""Grouped-query attention (GQA, Ainslie et al. 2023; MQA, Shazeer 2019): the one place the
+kernels read ``k, v (B, H_kv, Nk, .)`` against ``q (B, H, Nq, D)`` with ``H % H_kv == 0``.
+
+Query head ``h`` reads key/value head ``h // G`` with ``G = H / H_kv`` (the heads of one
+group are contiguous, as ``repeat_interleave(G, dim=1)`` lays them out). Three ways to run it,
+each named in a kernel's ``KernelPath.path`` by :func:`gqa_note`:
+
+- *grouped*: fold a group's queries into the row dimension, ``q -> (B, H_kv, G*Nq, D)``, and
+  multiply against ``k (B, H_kv, Nk, D)`` as it is (:func:`grouped_scores`,
+  :func:`grouped_values`): every key is read once per group, nothing of ``k`` or ``v`` is
+  copied; the scores come back as ``(B, H, Nq, Nk)`` by a view;
+- *native*: the kernel's own GQA form (SDPA's and flex's ``enable_gqa``, xformers' 5-D
+  layout, ``blocked``'s streams reading their group's key head);
+- *expanded*: :func:`expand_kv`, ``(B, H_kv, N, D) -> (B, H, N, D)``, a view (``expand``,
+  stride 0) when ``H_kv == 1`` (MQA); for ``1 < H_kv < H`` no strided view can repeat each
+  head ``G`` times, so it is a copy, and the path says so.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+
+def kv_groups(heads: int, kv_heads: int) -> int:
+    """Query heads per key/value head, ``G = H / H_kv`` (callers have checked divisibility)."""
+    return heads // kv_heads
+
+
+def fold_queries(x: Tensor, kv_heads: int) -> Tensor:
+    """``x (B, H, N, E) -> (B, H_kv, G*N, E)``: a group's rows stacked (a view when ``x`` is
+    contiguous, else a copy of ``x``, never of ``k`` / ``v``)."""
+    batch, heads, n, e = x.shape
+    return x.reshape(batch, kv_heads, kv_groups(heads, kv_heads) * n, e)
+
+
+def unfold_heads(x: Tensor, heads: int) -> Tensor:
+    """``x (B, H_kv, G*N, E) -> (B, H, N, E)``, the inverse of :func:`fold_queries` (a view)."""
+    batch, kv_heads, rows, e = x.shape
+    return x.view(batch, heads, rows // kv_groups(heads, kv_heads), e)
+
+
+def grouped_scores(q: Tensor, k: Tensor) -> Tensor:
+    """``q (B, H, Nq, D) @ k (B, H_kv, Nk, D)^T -> (B, H, Nq, Nk)``, unscaled, each key head
+    read once by its group's queries (no copy of ``k``)."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads == kv_heads:
+        return q @ k.transpose(-1, -2)  # (B, H, Nq, Nk)
+    scores = fold_queries(q, kv_heads) @ k.transpose(-1, -2)  # (B, H_kv, G*Nq, Nk)
+    return unfold_heads(scores, heads)  # (B, H, Nq, Nk)
+
+
+def grouped_values(probs: Tensor, v: Tensor) -> Tensor:
+    """``probs (B, H, Nq, Nk) @ v (B, H_kv, Nk, Dv) -> (B, H, Nq, Dv)``, no copy of ``v``."""
+    heads, kv_heads = probs.shape[1], v.shape[1]
+    if heads == kv_heads:
+        return probs @ v  # (B, H, Nq, Dv)
+    return unfold_heads(fold_queries(probs, kv_heads) @ v, heads)  # (B, H, Nq, Dv)
+
+
+def expand_is_view(heads: int, kv_heads: int) -> bool:
+    """True when :func:`expand_kv` returns a view (``H_kv`` is 1 or ``H``)."""
+    return kv_heads in (1, heads)
+
+
+def expand_kv(x: Tensor, heads: int) -> Tensor:
+    """``x (B, H_kv, N, E) -> (B, H, N, E)``, head ``h`` holding key head ``h // G``.
+
+    A view when :func:`expand_is_view` (``x`` itself, or ``expand`` of the one head, stride
+    0); otherwise ``repeat_interleave``, a copy (no strided view repeats each of several
+    heads ``G`` times)."""
+    batch, kv_heads, n, e = x.shape
+    if kv_heads == heads:
+        return x
+    if kv_heads == 1:
+        return x.expand(batch, heads, n, e)
+    return x.repeat_interleave(kv_groups(heads, kv_heads), dim=1)
+
+
+def gqa_note(heads: int, kv_heads: int, how: str) -> str:
+    """The suffix a kernel adds to its path for a GQA call: ``""`` when ``H_kv == H``, else
+    e.g. ``", GQA 16/2 heads: grouped (keys read once per group)"``."""
+    if heads == kv_heads:
+        return ""
+    kind = "MQA" if kv_heads == 1 else "GQA"
+    return f", {kind} {heads}/{kv_heads} heads: {how}"
+
+
+def expand_how(heads: int, kv_heads: int) -> str:
+    """How :func:`expand_kv` repeats the key heads, for :func:`gqa_note`."""
+    if expand_is_view(heads, kv_heads):
+        return "k/v expanded to H heads (a view, no copy)"
+    return "k/v repeated to H heads (a copy)"
+
+
+#: how the grouped helpers run it, for :func:`gqa_note`
+GROUPED = "grouped (q folded per key head, keys read once)"
