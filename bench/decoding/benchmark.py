@@ -175,7 +175,7 @@ def summary_markdown(decoding: pd.DataFrame, streaming: pd.DataFrame, env: dict[
     return "\n".join(lines) + "\n"
 
 
-def _decoder_attention(spec: str, window: int, max_len: int, sizes: dict[str, int]) -> None:
+def check_decoder_attention(spec: str, window: int, max_len: int, sizes: dict[str, int]) -> None:
     """``--attention spec`` can run in ``decoder_lm`` (registered, causal, buildable)."""
     known = attn.list_attention()
     causal = [n for n in known if attn.attention_info(n).supports_causal]
@@ -194,7 +194,7 @@ def _decoder_attention(spec: str, window: int, max_len: int, sizes: dict[str, in
 def check_attentions(options: DecodingOptions) -> None:
     """``ValueError`` naming ``--attention`` for any attention a decoder cannot run."""
     for spec in options.attention:
-        _decoder_attention(spec, options.window, options.max_len, options.sizes)
+        check_decoder_attention(spec, options.window, options.max_len, options.sizes)
 
 
 def run_decoding_benchmark(options: DecodingOptions, out: Path) -> None:
