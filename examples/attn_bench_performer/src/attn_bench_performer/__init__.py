@@ -33,8 +33,8 @@ def orthogonal_gaussian(num_features: int, dim: int, generator: torch.Generator)
     of an independent D-dimensional Gaussian (so each row is marginally Gaussian)."""
     blocks = []
     for _ in range(-(-num_features // dim)):
-        q, _ = torch.linalg.qr(torch.randn(dim, dim, generator=generator, dtype=torch.float64, device="cpu"))
-        blocks.append(q.T)  # (D, D) orthonormal rows
+        q, r = torch.linalg.qr(torch.randn(dim, dim, generator=generator, dtype=torch.float64, device="cpu"))
+        blocks.append((q * torch.sign(torch.diagonal(r))).T)  # (D, D) orthonormal rows, Haar (signs fixed)
     rows = torch.cat(blocks)[:num_features]  # (m, D)
     norms = torch.randn(num_features, dim, generator=generator, dtype=torch.float64, device="cpu").norm(dim=1)
     return rows * norms[:, None]
