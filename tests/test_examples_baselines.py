@@ -151,7 +151,7 @@ def test_performer_approaches_softmax_attention_as_features_grow():
     """An unbiased estimate: the error falls like m^-1/2 (16 -> 65536 features: about 64x,
     at least 16x required); a biased one (e.g. orthogonal blocks without Haar signs) stalls."""
     performer_cls = load("attn_bench_performer").PerformerAttention
-    q, k, v = qkv(nq=20, nk=20, d=8, scale=0.5)
+    q, k, v = qkv(b=1, h=2, nq=20, nk=20, d=8, scale=0.5)
     exact = dense_attention(q, k, v)
     errors = {}
     for m in (16, 256, 4096, 65536):
@@ -161,15 +161,19 @@ def test_performer_approaches_softmax_attention_as_features_grow():
     assert errors[65536] < errors[16] / 16 and errors[65536] < 0.02, errors
 
 
-def test_performer_features_are_positive_and_a_softmax_kernel_estimate():
-    performer = load("attn_bench_performer").PerformerAttention(num_features=20000, head_dim=4).double()
-    q, k, _ = qkv(b=1, h=1, nq=3, nk=3, d=4, scale=0.7)
+def test_performer_features_are_positive_random_features_up_to_a_row_factor():
+    """phi(q) phi(k)^T equals the plain FAVOR+ estimate mean_r exp(w_r.x - |x|^2/2) exp(w_r.y - |y|^2/2)
+    (x = q D^-1/4, y = k D^-1/4) up to one factor per query row: the stabiliser changes nothing else."""
+    performer = load("attn_bench_performer").PerformerAttention(num_features=64, head_dim=4).double()
+    q, k, _ = qkv(b=1, h=1, nq=3, nk=5, d=4, scale=2.0)
     phi_q, phi_k = performer.features(q, True), performer.features(k, False)
-    assert (phi_q > 0).all() and (phi_k > 0).all()
-    estimate = phi_q @ phi_k.transpose(-2, -1)  # (1, 1, 3, 3) up to a per-row factor
-    exact = torch.exp(q @ k.transpose(-2, -1) / 2.0)  # exp(q . k / sqrt(D)), D = 4
-    ratio = estimate / exact  # the per-query-row factor the stabiliser leaves: constant along a row
-    torch.testing.assert_close(ratio / ratio[..., :1], torch.ones_like(ratio), atol=0.05, rtol=0)
+    assert (phi_q > 0).all() and (phi_k > 0).all() and phi_k.max() <= 1.0
+    w, x, y = performer.projection, q * 4**-0.25, k * 4**-0.25
+    fx = torch.exp(x @ w.T - (x * x).sum(-1, keepdim=True) / 2)  # (1, 1, Nq, m)
+    fy = torch.exp(y @ w.T - (y * y).sum(-1, keepdim=True) / 2)  # (1, 1, Nk, m)
+    plain = fx @ fy.transpose(-2, -1)
+    ratio = (phi_q @ phi_k.transpose(-2, -1)) / plain  # (1, 1, Nq, Nk)
+    torch.testing.assert_close(ratio / ratio[..., :1], torch.ones_like(ratio), atol=1e-12, rtol=0)
 
 
 def test_performer_redraws_on_schedule_in_training_only():
@@ -224,14 +228,15 @@ def test_linformer_equals_the_direct_formula_with_its_projections():
 def test_linformer_declares_what_it_cannot_run():
     linformer = load("attn_bench_linformer").LinformerAttention(proj_len=4, max_len=16)
     q = torch.randn(1, 2, 17, 8)
-    call = AttentionCall.from_tensors(q, q, q, True, None, False)
-    reasons = " ".join(linformer.not_supported_reasons(call))
-    assert "no causal form" in reasons and "17 keys exceed max_len=16" in reasons
+    causal = AttentionCall.from_tensors(q[:, :, :8], q[:, :, :8], q[:, :, :8], True, None, False)
+    assert [r.endswith("does not support causal=True") for r in linformer.not_supported_reasons(causal)] == [True]
+    too_long = AttentionCall.from_tensors(q, q, q, False, None, False)
+    assert any("17 keys exceed max_len=16" in r for r in linformer.not_supported_reasons(too_long))
     with pytest.raises(NotImplementedError, match="max_len=16"):
         linformer(q, q, q)
     with pytest.raises(NotImplementedError, match="'causal' must be False"):
         linformer(q[:, :, :8], q[:, :, :8], q[:, :, :8], causal=True)
-    with pytest.raises(ValueError, match="linformer: parameter 'proj_len' must be an integer >= 1; got 0"):
+    with pytest.raises(ValueError, match="linformer: parameter 'proj_len': must be an integer >= 1; got 0"):
         create_attention_from(load("attn_bench_linformer").LinformerAttention, "linformer", proj_len=0)
 
 
@@ -275,7 +280,8 @@ def test_bigbird_mask_is_window_global_and_seeded_random_blocks():
     assert torch.equal(same.random_table, bigbird.random_table)
     assert not torch.equal(other.random_table, bigbird.random_table)
     q, k, v = qkv(b=1, h=2, nq=n, nk=n)
-    expected = dense_attention(q, k, v, mask_mod=lambda b, h, i, j: bigbird_pairs(n, 3, 1, 1, bigbird.random_table)[i, j])
+    pairs = bigbird_pairs(n, 3, 1, 1, bigbird.random_table)
+    expected = dense_attention(q, k, v, mask_mod=lambda b, h, i, j: pairs[i, j])
     torch.testing.assert_close(bigbird.double()(q, k, v), expected, atol=1e-12, rtol=0)
 
 

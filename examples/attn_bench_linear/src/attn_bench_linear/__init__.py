@@ -43,9 +43,11 @@ class LinearAttention(Attention):
     def __init__(self, chunk: int = 128, **common) -> None:
         self.check_params(chunk=chunk)
         super().__init__(**common)
+        self.causal_last = False
         self.chunk = chunk  # query rows per causal chunk (C x C products inside a chunk)
 
     def native_forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:
+        self.causal_last = causal  # for native_path
         compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         out = kernelized_attention(
             elu_features(q.to(compute)), elu_features(k.to(compute)), v.to(compute),
@@ -54,7 +56,8 @@ class LinearAttention(Attention):
         return out.to(v.dtype)
 
     def native_path(self) -> KernelPath:
-        return KernelPath("native", "linear attention (elu+1 features, chunked prefix sums)")
+        form = "causal: chunked prefix sums" if self.causal_last else "non-causal: one pass"
+        return KernelPath("native", f"linear attention (elu+1 features, {form})")
 
     def reference_forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:
         """The definition computed directly, O(Nq * Nk)."""

@@ -60,6 +60,7 @@ class PerformerAttention(Attention):
                  chunk: int = 128, **common) -> None:
         self.check_params(num_features=num_features, redraw_interval=redraw_interval, seed=seed, chunk=chunk)
         super().__init__(**common)
+        self.causal_last = False
         self.num_features, self.redraw_interval, self.seed, self.chunk = num_features, redraw_interval, seed, chunk
         self.draws = 0  # how many times the directions were drawn (the generator's seed moves on)
         self.calls = 0  # training forward calls since the last draw
@@ -96,6 +97,7 @@ class PerformerAttention(Attention):
             self.calls += 1
 
     def native_forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:
+        self.causal_last = causal  # for native_path
         self._prepare(q)
         compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         q, k = q.to(compute), k.to(compute)
@@ -104,7 +106,8 @@ class PerformerAttention(Attention):
         return out.to(v.dtype)
 
     def native_path(self) -> KernelPath:
-        return KernelPath("native", f"performer FAVOR+ ({self.num_features} features, chunked prefix sums)")
+        form = "causal: chunked prefix sums" if self.causal_last else "non-causal: one pass"
+        return KernelPath("native", f"performer FAVOR+ ({self.num_features} features, {form})")
 
     def reference_forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:
         """The same features' estimate computed directly, O(Nq * Nk)."""
