@@ -51,6 +51,13 @@ class Attention(nn.Module):
     example_params: ClassVar[tuple[dict[str, Any], ...]] = ({},)
     #: for approximate variants: the parameter whose growth must converge to full attention
     convergence_param: ClassVar[str | None] = None
+    #: the values of ``convergence_param`` the kit's ``converges`` check tries, growing, on a
+    #: sequence of 45 tokens (None: 2, 4, 8, 16, 32 and 45 itself)
+    convergence_values: ClassVar[tuple[int, ...] | None] = None
+    #: the largest error against full attention allowed at the last value; None: the
+    #: approximation must be exact there (error <= 1e-8), as Nystrom is once m reaches N. A
+    #: random-feature approximation is never exact: it states the bound its last value meets
+    convergence_bound: ClassVar[float | None] = None
     #: the rules of this class's own constructor parameters (merged along the MRO by
     #: :meth:`check_params`); ``kernel`` is checked against :meth:`class_kernels`
     param_rules: ClassVar[dict[str, Param]] = {
@@ -169,6 +176,31 @@ class Attention(nn.Module):
         raise NotImplementedError(
             f"{self.name}: no native implementation; use kernels {list(self.supported_kernels())}"
         )
+
+    def reference_forward(
+        self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None
+    ) -> Tensor | None:
+        """An approximation's own definition computed directly (O(Nq * Nk), the same
+        parameters and random features as ``native_forward``), or None (default).
+
+        The conformance kit's ``matches_reference`` compares an approximate variant's output
+        with this, as it compares an exact variant's with the dense reference of its
+        ``mask_mod``: it proves the fast form (prefix sums, chunking, padding) computes the
+        formula, for every shape, ``causal`` and ``key_mask`` case.
+        """
+        return None
+
+    def new_decoding_state(self) -> Any | None:
+        """A state for step-wise causal decoding that replaces the KV cache, or None (default:
+        the model keeps every key and value in a ``KVCache``).
+
+        A variant whose causal form is a recurrence (linear attention) returns an object with
+        ``step(q, k, v, key_mask=None) -> out`` (causal attention of the new queries over every
+        key fed so far, bottom-right aligned: the new keys are fed), ``reorder(index)`` (beam
+        search) and ``length`` (keys fed so far); :class:`attn.kernelized.KernelizedState` is
+        one. The models use it in place of a KV cache when it is not None.
+        """
+        return None
 
     def pattern(self) -> Pattern:
         """What this module computes, as the value its kernel reads (built once per call)."""

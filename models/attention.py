@@ -225,6 +225,35 @@ def check_kv_heads(num_heads: int, num_kv_heads: int) -> None:
                                       f"got {num_kv_heads!r}")
 
 
+class StateCache:
+    """A layer's decoding state in place of a KV cache: the attention's own
+    ``new_decoding_state()`` (e.g. linear attention's running sums), whose size does not grow
+    with the context. ``seen`` counts the positions fed (the offset RoPE rotates by); a
+    ``key_mask`` given with new tokens (left padding) keeps padded keys out of the state."""
+
+    static = False
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.seen = 0
+
+    @property
+    def length(self) -> int:
+        """Number of keys fed so far."""
+        return self.seen
+
+    def step(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = None) -> Tensor:
+        """Causal attention of the new ``q (B, H, Nnew, Dh)`` over every key fed so far and
+        the new ``k, v``, which are fed: ``(B, H, Nnew, Dh)``."""
+        out = self.state.step(q, k, v, key_mask)
+        self.seen += k.shape[2]
+        return out
+
+    def reorder(self, index: Tensor) -> None:
+        """Select / repeat batch rows (beam search)."""
+        self.state.reorder(index)
+
+
 def cache_policy(attention: attn.Attention) -> tuple[int, int | None]:
     """``(keep_first, keep_last)`` that keeps cached decoding exact for ``attention``.
 
@@ -293,10 +322,15 @@ class MultiHeadAttention(nn.Module):
             **(attention_params or {}),
         )
 
-    def new_cache(self, static: bool = False) -> KVCache:
-        """An empty cache sized by this layer's attention pattern (all keys for static)."""
+    def new_cache(self, static: bool = False) -> KVCache | StateCache:
+        """An empty cache sized by this layer's attention pattern (all keys for static), or
+        the attention's own decoding state when it has one (``new_decoding_state``)."""
         if static:
             return KVCache(static=True)
+        new_state = getattr(self.attention, "new_decoding_state", None)
+        state = None if new_state is None else new_state()
+        if state is not None:
+            return StateCache(state)
         keep_first, keep_last = cache_policy(self.attention)
         return KVCache(keep_first, keep_last)
 
@@ -342,7 +376,10 @@ class MultiHeadAttention(nn.Module):
         """Attention over per-head tensors, merged and projected: -> ``(B, Nq, D)``;
         ``document_ids (B, N)``: a packed call (docs/contract.md, "Packed sequences")."""
         packed = {} if document_ids is None else {"document_ids": document_ids}  # plain modules too
-        out = self.attention(q, k, v, causal=causal, key_mask=key_mask, **packed)  # (B, H, Nq, Dh)
+        return self.merge(self.attention(q, k, v, causal=causal, key_mask=key_mask, **packed))
+
+    def merge(self, out: Tensor) -> Tensor:
+        """Per-head outputs ``(B, H, Nq, Dh)`` merged and projected: -> ``(B, Nq, D)``."""
         batch, _, length, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(batch, length, -1))  # (B, Nq, D)
 
@@ -353,7 +390,7 @@ class MultiHeadAttention(nn.Module):
         *,
         causal: bool = False,
         key_mask: Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | StateCache | None = None,
         positions: Tensor | None = None,
         document_ids: Tensor | None = None,
     ) -> Tensor:
@@ -372,6 +409,10 @@ class MultiHeadAttention(nn.Module):
                     offset = 0 if cache is None else cache.seen
                     positions = default_positions(k.shape[2], offset, k.device)  # (1, Nk)
                 q, k = self.rotate(q, positions[:, -q.shape[2] :]), self.rotate(k, positions)
+            if isinstance(cache, StateCache):
+                if not causal:
+                    raise invalid("causal", "must be True with a decoding state (it attends causally)")
+                return self.merge(cache.step(q, k, v, key_mask))  # (B, Nq, D)
             if cache is not None:
                 k, v, key_mask = cache.update(k, v, key_mask)
         return self.attend(q, k, v, causal=causal, key_mask=key_mask, document_ids=document_ids)

@@ -8,7 +8,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from attn.validation import require_choice
-from models.attention import KVCache, MultiHeadAttention
+from models.attention import KVCache, MultiHeadAttention, StateCache
 from models.config import MIXERS, ModelConfig
 from models.recurrent import RecurrentCache, RecurrentMixer
 
@@ -91,7 +91,7 @@ class TransformerBlock(nn.Module):
         self.norm2 = nn.LayerNorm(d_model)
         self.drop = nn.Dropout(dropout)
 
-    def new_cache(self) -> KVCache | RecurrentCache:
+    def new_cache(self) -> KVCache | StateCache | RecurrentCache:
         """An empty KV cache for this block's self-attention (sized by its pattern), or the
         recurrent state cache of a (causal) recurrent block."""
         if self.recurrent is not None:
@@ -159,7 +159,7 @@ class TransformerBlock(nn.Module):
         key_mask: Tensor | None = None,
         context: Tensor | None = None,
         context_mask: Tensor | None = None,
-        cache: KVCache | RecurrentCache | None = None,
+        cache: KVCache | StateCache | RecurrentCache | None = None,
         cross_cache: KVCache | None = None,
         positions: Tensor | None = None,
         document_ids: Tensor | None = None,

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from attn.documents import Documents, check_document_ids
 from attn.validation import invalid
-from models.attention import KVCache, pattern_shift_reason
+from models.attention import KVCache, StateCache, pattern_shift_reason
 from models.blocks import make_blocks
 from models.config import DecoderLMConfig
 from models.embeddings import PositionEmbedding, TokenEmbedding, first_real, token_positions
@@ -24,7 +24,7 @@ class DecoderCache:
     cross-attention caches, the tokens seen so far and, after a first call with a left-padded
     ``key_mask``, each row's first real column (``start``: positions count from there)."""
 
-    layers: list[KVCache | RecurrentCache]
+    layers: list[KVCache | StateCache | RecurrentCache]
     cross: list[KVCache] = field(default_factory=list)
     length: int = 0  # column of the next token (its absolute position in a row without padding)
     start: Tensor | None = None  # (B,) each row's first real column; None: 0 for every row

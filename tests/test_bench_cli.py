@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 from bench.cli import app
 
 runner = CliRunner()
-COMMANDS = ["list", "sweep", "plot", "report", "compare", "history", "check", "decoding"]
+COMMANDS = ["list", "sweep", "plot", "report", "compare", "history", "check", "decoding", "decoding-step",
+            "approx-error"]
 
 
 @pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)])

@@ -15,7 +15,9 @@ does not support a call is reported as skipped with its reason):
   mask_mod / score_mod (fp64 atol 1e-10, fp32 1e-5) for odd lengths, B > 1, H = 4 (every
   module is built with ``num_heads=4``, divisible by per-head-group parameters),
   Nq != Nk, with and without ``key_mask`` and ``causal``, contiguous and head-split
-  (non-contiguous) inputs;
+  (non-contiguous) inputs; an approximation that gives ``reference_forward`` (its own
+  definition computed directly) equals it on the same cases, with the tolerance scaled by
+  the largest reference output;
 - ``gradients``: finite, and for exact variants equal to the reference's (fp64) for
   q, k, v and the module's own parameters;
 - ``pattern``: the keys that actually influence each query (probed by perturbing one
@@ -36,7 +38,9 @@ does not support a call is reported as skipped with its reason):
   the cases) equal the reference with k, v repeated per group, output and gradients; an
   attention that does not declare ``supports_gqa`` is skipped as "GQA: not supported";
 - ``converges`` (approximate variants with ``convergence_param``): error against full
-  attention falls as the parameter grows and is exact once it reaches N.
+  attention falls as the parameter grows (over ``convergence_values``) and is exact once it
+  reaches N, or, for an approximation never exact (random features), within its stated
+  ``convergence_bound`` at the last value.
 
 Each check runs in a child process with a time limit (``timeout_s``, default
 :data:`CHECK_TIMEOUT_S`): a variant that exits, crashes or hangs fails that check with the

@@ -72,3 +72,31 @@ def decoding_command(
     check_writable(out)
     run_decoding_benchmark(options, out)
     typer.echo(f"page: {write_report_html(out)}")
+
+
+@app.command("decoding-step")
+@user_errors
+def decoding_step_command(
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("results/decoding-step"),
+    attention: Annotated[list[str] | None, typer.Option(
+        "--attention", help="Decoder attentions, causal ones only (repeatable; default full).")] = None,
+    context: Annotated[list[int] | None, typer.Option(
+        "--context", min=1, help="Context lengths (repeatable; default 1024, 4096, 16384, 32768).")] = None,
+    steps: Annotated[int, typer.Option(min=1, help="Tokens timed per context per repeat.")] = 16,
+    repeats: Annotated[int, typer.Option(min=1, help="Repeats (contexts interleaved in each).")] = 7,
+    num_layers: Annotated[int, typer.Option(min=1, help="Layers.")] = 2,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
+    plugin: PluginOpt = None,
+) -> None:
+    """Time per generated token against the context length (KV cache or decoding state)."""
+    from bench.decoding.benchmark import check_decoder_attention
+    from bench.decoding.step import StepOptions, run_decoding_step
+
+    given = {"attention": tuple(attention) if attention else None, "context": tuple(context) if context else None}
+    options = StepOptions(**{k: v for k, v in given.items() if v is not None}, steps=steps, repeats=repeats,
+                          num_layers=num_layers, threads=threads)
+    import_plugin_options(plugin)  # before the names are checked: it registers attentions
+    for spec in options.attention:
+        check_decoder_attention(spec, 0, max(options.context) + 1, {"num_layers": num_layers})
+    check_writable(out)
+    run_decoding_step(options, out)

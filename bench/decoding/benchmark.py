@@ -199,8 +199,8 @@ def summary_markdown(decoding: pd.DataFrame, streaming: pd.DataFrame, env: dict[
     return "\n".join(lines) + "\n"
 
 
-def _decoder_attention(spec: str, window: int, max_len: int, sizes: dict[str, int],
-                       num_kv_heads: int | None = None) -> None:
+def check_decoder_attention(spec: str, window: int, max_len: int, sizes: dict[str, int],
+                            num_kv_heads: int | None = None) -> None:
     """``--attention spec`` can run in ``decoder_lm`` (registered, causal, buildable, with
     ``num_kv_heads`` key/value heads)."""
     known = attn.list_attention()
@@ -222,7 +222,7 @@ def check_attentions(options: DecodingOptions) -> None:
     """``ValueError`` naming ``--attention`` for any attention a decoder cannot run."""
     for spec in options.attention:
         for kv in options.kv_heads:
-            _decoder_attention(spec, options.window, options.max_len, options.sizes, kv)
+            check_decoder_attention(spec, options.window, options.max_len, options.sizes, kv)
 
 
 def run_decoding_benchmark(options: DecodingOptions, out: Path) -> None:
