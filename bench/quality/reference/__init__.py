@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from bench.quality.reference import counts, translation
-from bench.quality.reference.per_frame import per_frame_predictions
 from bench.quality.reference.bytes_model import compressed_bits_per_byte, ngram_bits_per_byte, scored_windows
+from bench.quality.reference.per_frame import per_frame_predictions
 from bench.quality.tasks import ClassificationTask, Metric, Task
 from bench.quality.tasks.bytelm import ByteLM
 from bench.quality.tasks.image import ImagePatches, ImagePixels
