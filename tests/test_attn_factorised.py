@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from attn import create_attention
+from attn.base import ExactAttention
 from attn.conformance.grid import check_grid
 from attn.cost import CostQuery, counted_pairs
-from attn.grid import Grid, spatial_mod
+from attn.grid import Grid, spatial_mod, temporal_mod
 from attn.kernels.factorised import factorised_attention
 from attn.kernels.reference import dense_attention
 from attn.mods import dense_allowed
@@ -154,3 +155,25 @@ def test_function_form_runs_a_partial_frame() -> None:
     # token 6 is alone in its (partial) frame with token 5: attends to {5, 6}
     ref = dense_attention(q, q, q, mask_mod=lambda b, h, i, j: (i // 5) == (j // 5))
     assert float((out - ref).abs().max()) < 1e-12
+
+
+class _PluginGrid(ExactAttention):
+    """A plug-in's own variant on a grid: it declares grid() and mask_mod, nothing else."""
+
+    name = "plugin_grid"
+
+    def mask_mod(self):
+        return temporal_mod(3)
+
+    def grid(self) -> Grid:
+        return Grid(3, ("temporal",))
+
+
+def test_a_plugin_variant_with_a_grid_gets_the_kernel() -> None:
+    module = _PluginGrid()
+    assert "factorised" in module.supported_kernels()
+    module.kernel = "factorised"
+    q = torch.randn(2, 2, 10, 4, dtype=torch.float64)
+    ref = dense_attention(q, q, q, mask_mod=module.mask_mod(), causal=True)
+    assert float((module(q, q, q, causal=True) - ref).abs().max()) < 1e-12
+    assert check_grid(module, {})[0].status == "pass"
