@@ -10,8 +10,8 @@ import models
 from models import create_model, list_models, model_config
 
 
-def test_registry_lists_the_four_kinds():
-    assert list_models() == ["decoder_lm", "encoder_classifier", "encoder_decoder", "vit"]
+def test_registry_lists_the_built_in_kinds():
+    assert list_models() == ["decoder_lm", "encoder_classifier", "encoder_decoder", "vit", "vivit"]
     assert list_models("enc*") == ["encoder_classifier", "encoder_decoder"]
 
 
