@@ -101,6 +101,8 @@ def test_tiny_preset_step_is_tiny(kind):
     cfg = model.config
     if kind == "vit":
         inputs = (torch.randn(8, cfg.in_channels, cfg.image_size, cfg.image_size),)
+    elif kind == "vivit":
+        inputs = (torch.randn(8, cfg.frames, cfg.in_channels, cfg.image_size, cfg.image_size),)
     elif kind == "encoder_decoder":
         inputs = (torch.randint(0, cfg.vocab_size, (8, 128)), torch.randint(0, cfg.vocab_size, (8, 64)))
     else:
