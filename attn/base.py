@@ -12,6 +12,7 @@ from attn.call import AttentionCall, KernelPath
 from attn.contract import check_qkv
 from attn.cost import Cost, CostQuery, exact_cost, pairs_cost
 from attn.documents import Documents, check_document_ids
+from attn.grid import Grid
 from attn.kernels import auto, get_kernel, kernel_names, kernels_for
 from attn.mods import MaskMod, ScoreMod
 from attn.pattern import Band, Native, Pattern, PatternOwner
@@ -168,6 +169,12 @@ class Attention(nn.Module):
         admits exactly the pairs ``mask_mod`` admits."""
         return None
 
+    def grid(self) -> Grid | None:
+        """The token grid of a factorised pattern (frames x positions, :mod:`attn.grid`) for
+        kernels that run it as batched attention over frames and over positions, or None. The
+        conformance kit checks that it admits exactly the pairs ``mask_mod`` admits."""
+        return None
+
     def native_forward(
         self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None
     ) -> Tensor:
@@ -206,7 +213,7 @@ class Attention(nn.Module):
         """What this module computes, as the value its kernel reads (built once per call)."""
         return Pattern(
             name=self.name, exact=self.exact, mask_mod=self.mask_mod(), score_mod=self.score_mod(),
-            band=self.band(), per_head=self.mask_depends_on_head(), heads=self.num_heads,
+            band=self.band(), grid=self.grid(), per_head=self.mask_depends_on_head(), heads=self.num_heads,
             always_causal=self.forces_causal, score_params=self.score_params(),
             native=self._native(), owner=self.__dict__.setdefault("_pattern_owner", PatternOwner()),
         )

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from attn.call import AttentionCall, KernelPath
 from attn.documents import Documents, packed_mods
+from attn.grid import Grid
 from attn.mods import MaskMod, ScoreMod
 
 
@@ -123,6 +124,8 @@ class Pattern:
     """What one call computes, built by the attention once per call and read by its kernel.
 
     ``exact``: the mods define the output exactly (else an approximation, run natively).
+    ``grid``: a factorised pattern's token grid (frames x positions, :mod:`attn.grid`), for
+    kernels that run it as batched attention over frames and over positions; None otherwise.
     ``per_head``: ``mask_mod`` reads the head index ``h``; ``heads`` is then the head count it
     is defined for (the module's ``num_heads``). ``always_causal``: the variant applies
     ``causal=True`` to every call (the caller folds it into ``causal``; costs read it).
@@ -143,6 +146,7 @@ class Pattern:
     mask_mod: MaskMod | None = None
     score_mod: ScoreMod | None = None
     band: Band | None = None
+    grid: Grid | None = None
     per_head: bool = False
     heads: int | None = None
     always_causal: bool = False

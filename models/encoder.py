@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -19,11 +21,16 @@ class TransformerEncoder(nn.Module):
     With ``config.mixer`` "lstm" / "gru" each block's self-attention is a bidirectional
     recurrent layer; CLS and extra global tokens are then read as ordinary leading tokens."""
 
-    def __init__(self, config: ModelConfig, num_layers: int | None = None) -> None:
+    def __init__(self, config: ModelConfig, num_layers: int | None = None, attention: str | None = None,
+                 attention_params: dict[str, Any] | None = None) -> None:
+        """``num_layers`` blocks (default ``config.num_layers``) of self-attention ``attention``
+        (default ``config.attention``, with ``config.attention_params``)."""
         super().__init__()
         layers = config.num_layers if num_layers is None else num_layers
+        if attention is None:
+            attention, attention_params = config.attention, config.attention_params
         # non-causal: a recurrent mixer reads both directions
-        self.blocks = make_blocks(config, layers, config.attention, config.attention_params, causal=False)
+        self.blocks = make_blocks(config, layers, attention, dict(attention_params or {}), causal=False)
         self.norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
 
     def forward(self, x: Tensor, key_mask: Tensor | None = None, document_ids: Tensor | None = None) -> Tensor:

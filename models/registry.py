@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from models import decoder, encoder, encoder_decoder, vit  # noqa: F401  (register the built-in kinds)
+from models import decoder, encoder, encoder_decoder, vit, vivit  # noqa: F401  (register the built-in kinds)
 from models.config import ModelConfig, build_config
 from models.registration import MODELS, ModelEntry, register_model
 

@@ -10,8 +10,8 @@ import models
 from models import create_model, list_models, model_config
 
 
-def test_registry_lists_the_four_kinds():
-    assert list_models() == ["decoder_lm", "encoder_classifier", "encoder_decoder", "vit"]
+def test_registry_lists_the_built_in_kinds():
+    assert list_models() == ["decoder_lm", "encoder_classifier", "encoder_decoder", "vit", "vivit"]
     assert list_models("enc*") == ["encoder_classifier", "encoder_decoder"]
 
 
@@ -101,6 +101,8 @@ def test_tiny_preset_step_is_tiny(kind):
     cfg = model.config
     if kind == "vit":
         inputs = (torch.randn(8, cfg.in_channels, cfg.image_size, cfg.image_size),)
+    elif kind == "vivit":
+        inputs = (torch.randn(8, cfg.frames, cfg.in_channels, cfg.image_size, cfg.image_size),)
     elif kind == "encoder_decoder":
         inputs = (torch.randint(0, cfg.vocab_size, (8, 128)), torch.randint(0, cfg.vocab_size, (8, 64)))
     else:

@@ -10,6 +10,10 @@ does not support a call is reported as skipped with its reason):
 - ``band_matches_mask`` (once per parameter set, for a variant that declares a band): the
   band admits exactly the pairs the mask_mod admits (N = 24, every head), so the pattern the
   banded kernels run is the one the others run;
+- ``grid_matches_mask`` (once per parameter set, for a variant that declares a token grid,
+  :mod:`attn.grid`): the grid admits exactly the pairs the mask_mod admits (N = 23, a
+  partial last frame, every head), so the pattern the ``factorised`` kernel runs is the one
+  the others run;
 - ``shape_dtype_finite``: output (B, H, Nq, Dv), input dtype, finite values;
 - ``matches_reference``: exact variants equal the dense reference built from their own
   mask_mod / score_mod (fp64 atol 1e-10, fp32 1e-5) for odd lengths, B > 1, H = 4 (every

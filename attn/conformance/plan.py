@@ -2,7 +2,8 @@
 numbered step, in one fixed order, so that a run can be cut at any step and resumed after it.
 
 For each parameter set: ``construct`` (build the variant, randomise its learned parameters),
-``band_matches_mask`` when the variant declares a band, then every check of
+``band_matches_mask`` when the variant declares a band, ``grid_matches_mask`` when it
+declares a token grid, then every check of
 :data:`~attn.conformance.checks.CHECKS` on every kernel, then
 ``converges`` for an approximate variant with a ``convergence_param``. A step's ``run``
 returns its results; a construct that failed has no further steps for its parameter set.
@@ -23,6 +24,8 @@ from attn.base import Attention
 from attn.conformance.band import CHECK as BAND_CHECK
 from attn.conformance.band import check_band
 from attn.conformance.checks import CHECKS, check_convergence
+from attn.conformance.grid import CHECK as GRID_CHECK
+from attn.conformance.grid import check_grid
 from attn.conformance.harness import HEADS, SHAPES
 from attn.conformance.report import CheckResult
 from attn.registry import attention_info, build_attention, create_attention
@@ -80,6 +83,8 @@ def steps(attention: str | Factory, params: dict[str, Any] | Sequence[dict[str, 
             continue
         if base.band() is not None:
             yield Step(next(counter), BAND_CHECK, "-", p, functools.partial(check_band, base, p))
+        if base.grid() is not None:
+            yield Step(next(counter), GRID_CHECK, "-", p, functools.partial(check_grid, base, p))
         for kernel in kernels if kernels is not None else base.supported_kernels():
             module = copy.deepcopy(base).to(device)
             module.kernel = kernel

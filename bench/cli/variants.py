@@ -130,8 +130,11 @@ def _tasks_lines() -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = ["quality tasks (attn-bench train TASK; a grid's tasks)"]
     for row, note in zip(rows, notes):
-        lines.append(("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  "
-                      + note).rstrip())
+        line = "  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths))
+        if len(line.rstrip()) + 2 + len(note) <= LIST_WIDTH:
+            lines.append((line + "  " + note).rstrip())
+        else:  # the presets on a line of their own, under the task's model kind
+            lines += [line.rstrip(), " " * (4 + widths[0]) + note]
     return lines
 
 

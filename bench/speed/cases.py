@@ -199,14 +199,18 @@ def _fits(config: SweepConfig, variant: str, params: dict[str, Any], kernel: str
     return fits(estimate, config.device_memory_gb)
 
 
-def chains(cases: list[Case], interleave: bool) -> list[list[list[Case]]]:
+def chains(cases: list[Case], interleave: bool | str) -> list[list[list[Case]]]:
     """Cases as chains of same-length groups, in config order and increasing length.
 
     With ``interleave`` the kernels of one variant and shape share a chain (their cases at
-    one length form one group); without it each curve is a chain of single cases.
+    one length form one group); with ``"variants"`` every variant and kernel of one shape
+    does; without it each curve is a chain of single cases.
     """
     by_chain: dict[tuple[Any, ...], dict[int, list[Case]]] = {}
     for case in cases:
-        key = case.comparison if interleave else case.group
+        if interleave == "variants":
+            key = (case.batch, case.heads, case.head_dim, case.dtype, case.device, case.causal)
+        else:
+            key = case.comparison if interleave else case.group
         by_chain.setdefault(key, {}).setdefault(case.seq_len, []).append(case)
     return [[groups[n] for n in sorted(groups)] for groups in by_chain.values()]

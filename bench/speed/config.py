@@ -97,7 +97,9 @@ class SweepConfig:
     device_memory_gb: float | None = None
     threads: int | None = None
     time_budget_s: float = 20.0  # the timed repeats of one pass aim to fit in this
-    interleave: bool = True  # kernels of one variant at one length timed in rounds
+    #: True: the kernels of one variant at one length are timed in rounds; "variants": every
+    #: variant and kernel of one shape at one length (ratios between variants share the load)
+    interleave: bool | str = True
     workload: str = "attention"  # or "model_step": a training step of encoder_classifier
     model: tuple[tuple[str, Any], ...] = ()  # model settings of a model_step sweep
     plugins: tuple[str, ...] = ()
@@ -125,6 +127,13 @@ def _default(key: str) -> Any:
 
 def _optional(check: Callable[..., Any], key: str, value: Any, **rules: Any) -> Any:
     return None if value is None else check_key(check, key, value, **rules)
+
+
+def _interleave(value: Any) -> bool | str:
+    """``interleave``: true, false or "variants"."""
+    if value == "variants" or isinstance(value, bool):
+        return value
+    raise key_error("interleave", f"must be true, false or 'variants'; got {shown(value)}")
 
 
 def _fit_ranges(key: str, value: Any) -> tuple[tuple[int, int], ...]:
@@ -284,7 +293,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
                                    minimum=0.1),
         threads=_optional(require_number, "threads", get("threads"), minimum=1, integer=True),
         time_budget_s=float(check_key(require_number, "time_budget_s", get("time_budget_s"), minimum=0.0)),
-        interleave=check_key(require_bool, "interleave", get("interleave")),
+        interleave=_interleave(get("interleave")),
         plugins=tuple(plugins),
         peak_matmul_size=_optional(require_number, "peak_matmul_size", get("peak_matmul_size"), minimum=64,
                                    integer=True),

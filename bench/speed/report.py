@@ -74,7 +74,9 @@ def interleaved_ratios(df: pd.DataFrame) -> pd.DataFrame:
                    if fastest.peak_mem_bytes and fastest.peak_mem_bytes > 0 else math.nan)
             rows.append({"label": row.label, "pass": pass_name, "seq_len": row.seq_len,
                          "kernel": row.kernel_requested, "kv_heads": row.kv_heads,
-                         "vs": fastest.kernel_requested, "vs_kv_heads": fastest.kv_heads,
+                         "vs": (fastest.kernel_requested if group.label.nunique() == 1
+                                else f"{fastest.label} {fastest.kernel_requested}"),
+                         "vs_kv_heads": fastest.kv_heads,
                          "time_ratio": q50, "ratio_q25": q25, "ratio_q75": q75, "rounds": rounds,
                          "memory_ratio": mem})
     return pd.DataFrame(rows)

@@ -22,6 +22,7 @@ import torch
 
 from bench.quality.reference import counts, translation
 from bench.quality.reference.bytes_model import compressed_bits_per_byte, ngram_bits_per_byte, scored_windows
+from bench.quality.reference.per_frame import per_frame_predictions
 from bench.quality.tasks import ClassificationTask, Metric, Task
 from bench.quality.tasks.bytelm import ByteLM
 from bench.quality.tasks.image import ImagePatches, ImagePixels
@@ -29,6 +30,7 @@ from bench.quality.tasks.mqar import MQAR
 from bench.quality.tasks.retrieval import Retrieval
 from bench.quality.tasks.text import Text
 from bench.quality.tasks.translate import Translate
+from bench.quality.tasks.video import Video
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,23 @@ def _present_value(task: Task) -> Outcome:
     return Outcome(task.present_value_guess("test"))
 
 
+def _majority(task: Task) -> Outcome:
+    """Always the most frequent training label."""
+    assert isinstance(task, ClassificationTask)
+    labels = task.splits["test"]["labels"]
+    common = int(torch.bincount(task.splits["train"]["labels"]).argmax())
+    fitted = counts.Fitted(np.full(len(labels), common), {"label": common})
+    return classification_outcome(task, fitted)
+
+
+def _per_frame(task: Task) -> Outcome:
+    """A classifier of single frames, its log-probabilities averaged over a clip's frames."""
+    assert isinstance(task, Video)
+    train, test = task.splits["train"], task.splits["test"]
+    preds = per_frame_predictions(train["videos"], train["labels"], test["videos"], task.num_classes)
+    return classification_outcome(task, counts.Fitted(preds, {}))
+
+
 def _is(*classes: type) -> Callable[[Task], bool]:
     return lambda task: isinstance(task, classes)
 
@@ -200,6 +219,9 @@ def list_references() -> list[Reference]:
         Reference("xz", "xz -9e (test bytes alone)", _is(ByteLM), _compressor("xz")),
         Reference("present_value", "a value the sequence holds, at random (expected)", _is(MQAR),
                   _present_value),
+        Reference("majority_class", "the most frequent training label", _is(Video), _majority),
+        Reference("per_frame", "a classifier of single frames, averaged over time (MLP on pixels)",
+                  _is(Video), _per_frame),
         Reference("copy_source", "copy the source sentence", _is(Translate), _translation("copy")),
         Reference("nearest_training_pair", "target of the nearest training source (TF-IDF)",
                   _is(Translate), _translation("nearest")),

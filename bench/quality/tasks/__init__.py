@@ -24,6 +24,7 @@ from bench.quality.tasks import (  # noqa: F401  (register the built-in tasks)
     selective_copy,
     text,
     translate,
+    video,
 )
 from bench.quality.tasks.base import SPLITS, ClassificationTask, Metric, Split, Task
 from bench.quality.tasks.registration import (

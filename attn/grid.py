@@ -1,0 +1,134 @@
+"""A token grid of frames x positions and the factorised patterns on it (Arnab et al. 2021,
+ViViT, sections 3.3-3.4).
+
+A video of ``T`` frames of ``S`` tokens each is one sequence of ``N = T * S`` tokens in
+frame-major order: token ``i`` is position ``i % S`` of frame ``i // S``. A trailing partial
+frame is allowed (``N`` need not be a multiple of ``S``: a stream decoded frame by frame),
+so the rules below are defined at every length, as the contract asks of a mask_mod. On it:
+
+- ``spatial``: key ``j`` is visible to query ``i`` iff both are in one frame,
+  ``i // S == j // S`` (ViViT's spatial self-attention: ``S`` keys per query);
+- ``temporal``: iff both are at one position, ``i % S == j % S`` (temporal self-attention:
+  ``T`` keys per query);
+- per head group: ``axes = (a_0, ..., a_{k-1})`` splits the ``H`` heads into ``k``
+  contiguous groups of ``H // k`` and head ``h`` follows ``a_{h // (H // k)}``; ViViT's
+  model 4 (factorised dot-product attention) is ``("spatial", "temporal")``: half the heads
+  within frames, half across them.
+
+:class:`Grid` is the value a pattern carries (``Pattern.grid``, as a banded pattern carries
+its ``Band``), so a kernel runs the pattern as batched attention over frames and over
+positions (:mod:`attn.kernels.factorised`); the conformance kit checks that the grid admits
+exactly the pairs the variant's mask_mod admits (``grid_matches_mask``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from attn.mods import MaskMod
+
+#: the axes a head group of a factorised pattern attends along
+AXES = ("spatial", "temporal")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """``positions`` tokens per frame (``S``) and the axis of each head group (``axes``:
+    one entry for every head, or one per contiguous group of ``H // len(axes)`` heads)."""
+
+    positions: int
+    axes: tuple[str, ...] = ("spatial",)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.positions, int) or isinstance(self.positions, bool) or self.positions < 1:
+            raise ValueError(f"Grid: 'positions' must be an integer >= 1; got {self.positions!r}")
+        if not self.axes or any(a not in AXES for a in self.axes):
+            raise ValueError(f"Grid: 'axes' must be a non-empty tuple of {list(AXES)}; got {self.axes!r}")
+
+    @property
+    def per_head(self) -> bool:
+        """True when the heads do not all attend along one axis."""
+        return len(set(self.axes)) > 1
+
+    def head_groups(self, heads: int) -> list[tuple[int, int, str]]:
+        """``(h0, h1, axis)``: contiguous head ranges ``[h0, h1)`` with one axis each (adjacent
+        groups of equal axis merged); ``ValueError`` when ``heads`` is not divisible by the
+        number of groups."""
+        groups = len(self.axes)
+        if heads % groups:
+            raise ValueError(
+                f"Grid: {heads} heads are not divisible into the {groups} head groups of axes={self.axes}"
+            )
+        size = heads // groups
+        runs: list[list] = []  # [h0, h1, axis]
+        for g, axis in enumerate(self.axes):
+            if runs and runs[-1][2] == axis:
+                runs[-1][1] = (g + 1) * size
+            else:
+                runs.append([g * size, (g + 1) * size, axis])
+        return [(h0, h1, axis) for h0, h1, axis in runs]
+
+    def allows(self, axis: str, i: int, j: int) -> bool:
+        """The rule of ``axis`` for one pair, read from this docstring's definition (a check
+        against any mask_mod must not reuse the mask_mod)."""
+        s = self.positions
+        return i // s == j // s if axis == "spatial" else i % s == j % s
+
+    def pairs(self, n: int, causal: bool) -> tuple[int, ...]:
+        """Allowed pairs of each head group's axis in an ``n x n`` call, in closed form
+        (one count per entry of :attr:`axes`)."""
+        s = self.positions
+        full, rest = divmod(n, s)  # complete frames, tokens of the partial one
+        counts = []
+        for axis in self.axes:
+            if axis == "spatial":  # every frame: its tokens squared (or triangle)
+                sizes = [s] * full + ([rest] if rest else [])
+            else:  # every position: its frames (rest positions have one frame more)
+                sizes = [full + 1] * rest + [full] * (s - rest)
+            counts.append(sum(m * (m + 1) // 2 if causal else m * m for m in sizes))
+        return tuple(counts)
+
+
+def spatial_mod(positions: int) -> MaskMod:
+    """Allowed iff ``i`` and ``j`` are in one frame of ``positions`` tokens: ``i // S == j // S``."""
+
+    def spatial(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        return torch.div(i, positions, rounding_mode="floor") == torch.div(j, positions, rounding_mode="floor")
+
+    return spatial
+
+
+def temporal_mod(positions: int) -> MaskMod:
+    """Allowed iff ``i`` and ``j`` are at one position of their frames: ``i % S == j % S``."""
+
+    def temporal(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        return (i - j).remainder(positions) == 0
+
+    return temporal
+
+
+def grid_mod(grid: Grid, num_heads: int | None = None) -> MaskMod:
+    """The mask_mod of ``grid``: its one axis's rule, or with several head groups each head's
+    (``num_heads`` divisible by ``len(grid.axes)``; the head index read by elementwise selects,
+    so the mod closes over no tensor)."""
+    rules = {"spatial": spatial_mod(grid.positions), "temporal": temporal_mod(grid.positions)}
+    if not grid.per_head:
+        return rules[grid.axes[0]]
+    if num_heads is None or num_heads % len(grid.axes):
+        raise ValueError(
+            f"grid_mod: axes={grid.axes} (one per head group) needs num_heads divisible by "
+            f"{len(grid.axes)}; got {num_heads}"
+        )
+    spatial_rule, temporal_rule = rules["spatial"], rules["temporal"]
+    groups = tuple((h0, h1) for h0, h1, axis in grid.head_groups(num_heads) if axis == "spatial")
+
+    def factorised_heads(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        spatial_head = torch.zeros_like(h, dtype=torch.bool)
+        for h0, h1 in groups:
+            spatial_head = spatial_head | ((h >= h0) & (h < h1))
+        return torch.where(spatial_head, spatial_rule(b, h, i, j), temporal_rule(b, h, i, j))
+
+    return factorised_heads
