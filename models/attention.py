@@ -308,9 +308,12 @@ class MultiHeadAttention(nn.Module):
         self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None
     ) -> Tensor:
         """Attention over per-head tensors, merged and projected: -> ``(B, Nq, D)``."""
-        out = self.attention(q, k, v, causal=causal, key_mask=key_mask)  # (B, H, Nq, Dh)
-        batch, _, length, _ = out.shape
-        return self.out_proj(out.transpose(1, 2).reshape(batch, length, -1))  # (B, Nq, D)
+        return self.merge(self.attention(q, k, v, causal=causal, key_mask=key_mask))  # (B, Nq, D)
+
+    def merge(self, heads: Tensor) -> Tensor:
+        """Per-head attention outputs ``(B, H, Nq, Dh)`` merged and projected: -> ``(B, Nq, D)``."""
+        batch, _, length, _ = heads.shape
+        return self.out_proj(heads.transpose(1, 2).reshape(batch, length, -1))  # (B, Nq, D)
 
     def forward(
         self,
