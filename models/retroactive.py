@@ -25,7 +25,7 @@ stays below ~``2 n * 2^-52 / REFRESH_BELOW`` relative (2e-7 at n = 1024).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -54,112 +54,120 @@ def retroactive_reason(attention: attn.Attention, causal: bool = False) -> str |
     return None
 
 
-@dataclass(frozen=True)
-class SoftmaxSums:
-    """Per-query softmax sums over the window's keys, float64, relative to ``m``.
-
-    ``m (B, H, T)`` row maxima (an upper bound of the row's scores), ``den (B, H, T)``
-    ``sum_j e^(s_ij - m_i)``, ``num (B, H, T, Dv)`` ``sum_j e^(s_ij - m_i) v_j``, ``peak
-    (B, H, T)`` the largest ``den`` since the row was computed exactly (same scale).
-    """
-
-    m: Tensor
-    den: Tensor
-    num: Tensor
-    peak: Tensor
-
-    def outputs(self, dtype: torch.dtype) -> Tensor:
-        """The attention outputs of the rows, ``(B, H, T, Dv)`` in ``dtype``."""
-        return (self.num / self.den[..., None]).to(dtype)  # (B, H, T, Dv)
-
-
-def exact_sums(q: Tensor, k: Tensor, v: Tensor, scale: float) -> SoftmaxSums:
-    """The sums of queries ``q (B, H, T, D)`` over keys ``k (B, H, N, D)``, values
-    ``v (B, H, N, Dv)``, from scratch (O(T * N * D))."""
-    scores = torch.matmul(q.double(), k.double().transpose(-2, -1)) * scale  # (B, H, T, N)
-    m = scores.amax(dim=-1)  # (B, H, T)
-    weights = torch.exp(scores - m[..., None])  # (B, H, T, N)
-    den = weights.sum(dim=-1)  # (B, H, T)
-    return SoftmaxSums(m, den, torch.matmul(weights, v.double()), den)
+def exact_rows(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Softmax sums of queries ``q (..., T, D)`` over keys ``k (..., N, D)``, values
+    ``v (..., N, Dv)``, from scratch, float64: row maxima ``m (..., T)``, denominators
+    ``den (..., T)`` and numerators ``num (..., T, Dv)`` relative to ``m`` (O(T * N * D))."""
+    scores = torch.matmul(q.double(), k.double().transpose(-2, -1)) * scale  # (..., T, N)
+    m = scores.amax(dim=-1)  # (..., T)
+    weights = torch.exp(scores - m[..., None])  # (..., T, N)
+    return m, weights.sum(dim=-1), torch.matmul(weights, v.double())
 
 
 class RetroactiveSoftmax:
     """The softmax sums of every query of a FIFO window of ``window`` tokens.
 
-    :meth:`fill` starts from a window (O(n^2 * d), once); each :meth:`step` pushes one token's
-    per-head ``q, k, v (B, H, 1, D)`` given the window's buffers before the push, and returns
-    the new outputs of all its queries (O(n * d), plus the rows it refreshes).
+    Per-head queries, keys and values are kept in float64 ring buffers of ``window`` slots
+    (the token pushed ``c``-th since :meth:`fill` sits in slot ``c % window``), with each
+    query's sums relative to its running maximum: ``m (B, H, n)`` an upper bound of the
+    row's scores, ``den (B, H, n)`` ``sum_j e^(s_ij - m_i)``, ``num (B, H, n, Dv)`` ``sum_j
+    e^(s_ij - m_i) v_j``, ``peak (B, H, n)`` the largest ``den`` since the row was computed
+    exactly (same scale). Every update is in place. :meth:`fill` starts from a window
+    (O(n^2 * d), once); each :meth:`step` pushes one token and returns the outputs of all
+    queries of the window (O(n * d), plus the rows it refreshes).
     """
 
     def __init__(self, window: int, head_dim: int) -> None:
         self.window = window
         self.scale = 1.0 / math.sqrt(head_dim)
-        self.sums: SoftmaxSums | None = None
+        self.count = 0  # tokens pushed since fill (0: empty)
         self.refreshed = 0  # rows recomputed exactly by the last step
+
+    @property
+    def length(self) -> int:
+        """Tokens in the window now."""
+        return min(self.count, self.window)
 
     def clear(self) -> None:
         """Forget the window."""
-        self.sums = None
+        self.count = 0
         self.refreshed = 0
 
     def fill(self, q: Tensor, k: Tensor, v: Tensor) -> None:
-        """Start from the window's ``q, k, v (B, H, T, D)`` (T <= window)."""
-        self.sums = exact_sums(q, k, v, self.scale)
-        self.refreshed = 0
+        """Start from the window's per-head ``q, k, v (B, H, T, D)`` (the last ``window`` kept)."""
+        q, k, v = (x[:, :, -self.window :] for x in (q, k, v))
+        batch, heads, length, _ = q.shape
+        shape = (batch, heads, self.window)
+        self.q = q.new_zeros((*shape, q.shape[-1]), dtype=torch.float64)  # (B, H, n, D) ring
+        self.k = k.new_zeros((*shape, k.shape[-1]), dtype=torch.float64)
+        self.v = v.new_zeros((*shape, v.shape[-1]), dtype=torch.float64)  # (B, H, n, Dv)
+        self.m = q.new_zeros(shape, dtype=torch.float64)  # (B, H, n)
+        self.den, self.peak = torch.ones_like(self.m), torch.ones_like(self.m)
+        self.num = torch.zeros_like(self.v)  # (B, H, n, Dv)
+        self.q[:, :, :length], self.k[:, :, :length], self.v[:, :, :length] = q, k, v
+        self.m[:, :, :length], self.den[:, :, :length], self.num[:, :, :length] = exact_rows(
+            q, k, v, self.scale)
+        self.peak[:, :, :length] = self.den[:, :, :length]
+        self.count, self.refreshed = length, 0
 
-    def step(
-        self, q: Tensor | None, k: Tensor | None, v: Tensor | None,
-        q_new: Tensor, k_new: Tensor, v_new: Tensor,
-    ) -> Tensor:
-        """Push the token ``q_new, k_new, v_new (B, H, 1, D)`` onto the window whose buffers
-        are ``q, k, v (B, H, T, D)`` (before the push, the ones :meth:`fill` or the previous
-        steps saw; None when empty); the oldest token leaves when ``T == window``. Returns the
-        outputs of the window after the push, ``(B, H, T', Dv)`` in ``q_new``'s dtype."""
-        if self.sums is None or q is None:
+    def step(self, q_new: Tensor, k_new: Tensor, v_new: Tensor) -> Tensor:
+        """Push one token's ``q_new, k_new, v_new (B, H, 1, D)``; the oldest token leaves a
+        full window. Returns the outputs of the window's queries, oldest first,
+        ``(B, H, T, Dv)`` in ``q_new``'s dtype."""
+        if self.count == 0:
             self.fill(q_new, k_new, v_new)
-            return self.sums.outputs(q_new.dtype)
-        sums = self.sums
-        if q.shape[2] == self.window:  # the oldest query leaves, and its key leaves every other row
-            k_old, v_old = k[:, :, :1], v[:, :, :1]  # (B, H, 1, D)
-            q, k, v = q[:, :, 1:], k[:, :, 1:], v[:, :, 1:]  # (B, H, T-1, D)
-            sums = SoftmaxSums(*(t[:, :, 1:] for t in (sums.m, sums.den, sums.num, sums.peak)))
-            sums = self._remove(sums, q, k_old, v_old)
-        sums = self._add(sums, q, k_new, v_new)  # rows of the old queries: (B, H, T-1|T, ...)
-        keys, values = torch.cat([k, k_new], dim=2), torch.cat([v, v_new], dim=2)  # (B, H, T', D)
-        new_row = exact_sums(q_new, keys, values, self.scale)  # (B, H, 1, ...)
-        sums = SoftmaxSums(*(torch.cat([a, b], dim=2) for a, b in zip(
-            (sums.m, sums.den, sums.num, sums.peak),
-            (new_row.m, new_row.den, new_row.num, new_row.peak), strict=True)))
-        self.sums = self._refresh(sums, torch.cat([q, q_new], dim=2), keys, values)
-        return self.sums.outputs(q_new.dtype)
+            return self.outputs(q_new.dtype)
+        slot, full = self.count % self.window, self.count >= self.window
+        live = slice(0, self.window if full else self.count)  # the rows and keys before the push
+        q, m, den, num = self.q[:, :, live], self.m[:, :, live], self.den[:, :, live], self.num[:, :, live]
+        if full:  # the oldest key (in the new token's slot) leaves every row
+            gone = torch.exp(self._scores(q, self.k[:, :, slot]) - m)  # (B, H, T)
+            den.sub_(gone)
+            num.sub_(gone[..., None] * self.v[:, :, slot, None])  # (B, H, T, Dv)
+        s = self._scores(q, k_new[:, :, 0].double())  # (B, H, T)
+        m_new = torch.maximum(m, s)
+        old, new = torch.exp(m - m_new), torch.exp(s - m_new)  # (B, H, T)
+        m.copy_(m_new)
+        den.mul_(old).add_(new)
+        num.mul_(old[..., None]).add_(new[..., None] * v_new.double())  # (B, H, T, Dv)
+        peak = self.peak[:, :, live]  # (B, H, T), rescaled with the sums
+        peak.copy_(torch.maximum(peak * old, den))
+        self.q[:, :, slot], self.k[:, :, slot], self.v[:, :, slot] = q_new[:, :, 0], k_new[:, :, 0], v_new[:, :, 0]
+        self.count += 1
+        live = slice(0, self.length)  # after the push
+        self._set_rows(slot, *exact_rows(self.q[:, :, slot, None], self.k[:, :, live], self.v[:, :, live],
+                                         self.scale))  # the new query's row
+        self._refresh()
+        return self.outputs(q_new.dtype)
 
-    def _add(self, sums: SoftmaxSums, q: Tensor, k_new: Tensor, v_new: Tensor) -> SoftmaxSums:
-        """Add key ``k_new (B, H, 1, D)`` and value ``v_new`` to the rows of ``q (B, H, T, D)``."""
-        s = torch.matmul(q.double(), k_new.double().transpose(-2, -1))[..., 0] * self.scale  # (B, H, T)
-        m = torch.maximum(sums.m, s)  # (B, H, T)
-        old, new = torch.exp(sums.m - m), torch.exp(s - m)  # (B, H, T)
-        den = sums.den * old + new
-        num = sums.num * old[..., None] + new[..., None] * v_new.double()  # (B, H, T, Dv)
-        return SoftmaxSums(m, den, num, torch.maximum(sums.peak * old, den))
+    def outputs(self, dtype: torch.dtype) -> Tensor:
+        """The attention outputs of the window's queries, oldest first, ``(B, H, T, Dv)``."""
+        out = (self.num / self.den[..., None]).to(dtype)  # (B, H, n, Dv), ring order
+        if self.count <= self.window:
+            return out[:, :, : self.count]
+        return torch.roll(out, -(self.count % self.window), dims=2)  # oldest first
 
-    def _remove(self, sums: SoftmaxSums, q: Tensor, k_old: Tensor, v_old: Tensor) -> SoftmaxSums:
-        """Remove key ``k_old (B, H, 1, D)`` and value ``v_old`` from the rows of ``q``."""
-        s = torch.matmul(q.double(), k_old.double().transpose(-2, -1))[..., 0] * self.scale  # (B, H, T)
-        gone = torch.exp(s - sums.m)  # (B, H, T)
-        den = sums.den - gone
-        num = sums.num - gone[..., None] * v_old.double()  # (B, H, T, Dv)
-        return SoftmaxSums(sums.m, den, num, sums.peak)
+    def _scores(self, q: Tensor, key: Tensor) -> Tensor:
+        """Scores of queries ``q (B, H, T, D)`` against one key ``(B, H, D)``: ``(B, H, T)``."""
+        return torch.matmul(q, key[..., None])[..., 0] * self.scale
 
-    def _refresh(self, sums: SoftmaxSums, q: Tensor, k: Tensor, v: Tensor) -> SoftmaxSums:
+    def _set_rows(self, rows: Any, m: Tensor, den: Tensor, num: Tensor) -> None:
+        """Overwrite the sums of ``rows`` (an index of the slot axis, or ``(b, h, t)``)."""
+        index = (slice(None), slice(None), rows) if isinstance(rows, int) else rows
+        squeeze = isinstance(rows, int)
+        self.m[index] = m[..., 0] if squeeze else m
+        self.den[index] = den[..., 0] if squeeze else den
+        self.peak[index] = den[..., 0] if squeeze else den
+        self.num[index] = num[..., 0, :] if squeeze else num
+
+    def _refresh(self) -> None:
         """Recompute exactly the rows whose denominator cancelled below :data:`REFRESH_BELOW`
-        of its peak (``q (B, H, T, D)`` the rows' queries, ``k, v`` the window's)."""
-        stale = sums.den < sums.peak * REFRESH_BELOW  # (B, H, T)
+        of its peak (which also resets a stale maximum)."""
+        live = slice(0, self.length)
+        stale = self.den[:, :, live] < self.peak[:, :, live] * REFRESH_BELOW  # (B, H, T)
         self.refreshed = int(stale.sum())
         if not self.refreshed:
-            return sums
+            return
         b, h, t = stale.nonzero(as_tuple=True)
-        fresh = exact_sums(q[b, h, t][:, None, None], k[b, h][:, None], v[b, h][:, None], self.scale)
-        m, den, num, peak = (x.clone() for x in (sums.m, sums.den, sums.num, sums.peak))
-        m[b, h, t], den[b, h, t] = fresh.m[:, 0, 0], fresh.den[:, 0, 0]
-        num[b, h, t], peak[b, h, t] = fresh.num[:, 0, 0], fresh.den[:, 0, 0]
-        return SoftmaxSums(m, den, num, peak)
+        m, den, num = exact_rows(self.q[b, h, t][:, None], self.k[b, h, live], self.v[b, h, live], self.scale)
+        self._set_rows((b, h, t), m[:, 0], den[:, 0], num[:, 0])

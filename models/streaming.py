@@ -53,11 +53,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from attn.validation import require_choice
 from models.retroactive import RetroactiveSoftmax, retroactive_reason
 
 #: the first block's paths (:class:`StreamPath`)
 SINGLE_OUTPUT, RETROACTIVE_UPDATE, RETROACTIVE_RECOMPUTE = (
     "single-output", "retroactive-update", "retroactive-recompute")
+#: ``update``: ``auto`` takes the O(n d) update where it is exact, ``recompute`` never does
+UPDATES = ("auto", "recompute")
 
 
 @dataclass(frozen=True)
@@ -83,11 +86,15 @@ def _push(buffer: Tensor | None, new: Tensor, dim: int, size: int) -> Tensor:
 
 class StreamingEncoder:
     """Step-wise encoder over the last ``window`` tokens of a model with ``token_emb`` and
-    ``encoder`` (e.g. :class:`~models.encoder.EncoderClassifier`)."""
+    ``encoder`` (e.g. :class:`~models.encoder.EncoderClassifier`).
 
-    def __init__(self, model: nn.Module, window: int) -> None:
+    ``update="auto"`` runs the first block's O(n * d) retroactive update where it is exact
+    and the recompute path elsewhere; ``"recompute"`` always recomputes (a baseline)."""
+
+    def __init__(self, model: nn.Module, window: int, update: str = "auto") -> None:
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window: must be an int >= 1; got {window!r}")
+        require_choice("update", update, UPDATES)
         mixer = getattr(model.config, "mixer", "attention")
         if mixer != "attention":
             raise ValueError(
@@ -107,6 +114,8 @@ class StreamingEncoder:
         self.norm = model.encoder.norm
         first = self.blocks[0].self_attn
         self.fallback = None if len(self.blocks) == 1 else retroactive_reason(first.attention)
+        if self.fallback is None and len(self.blocks) > 1 and update == "recompute":
+            self.fallback = "update='recompute' was asked for"
         self.retro = (RetroactiveSoftmax(window, first.head_dim)
                       if len(self.blocks) > 1 and self.fallback is None else None)
         self.last_path: StreamPath | None = None
@@ -115,9 +124,11 @@ class StreamingEncoder:
     def reset(self) -> None:
         """Forget every past token."""
         self.x: Tensor | None = None  # (B, T, D) first-block inputs (b >= 2 only)
-        self.q: Tensor | None = None  # (B, H, T, Dh) first-block queries (b >= 2 only)
-        self.k: Tensor | None = None  # (B, H, T, Dh)
-        self.v: Tensor | None = None  # (B, H, T, Dh)
+        # first-block per-head q / k / v (B, H, T, Dh); q for b >= 2 only, none of them on
+        # the retroactive-update path (its RetroactiveSoftmax keeps them)
+        self.q: Tensor | None = None
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
         self.seen = 0  # tokens stepped since the reset: the next token's absolute position (RoPE)
         if self.retro is not None:
             self.retro.clear()  # the softmax sums of the first block's queries
@@ -125,6 +136,8 @@ class StreamingEncoder:
     @property
     def length(self) -> int:
         """Tokens in the window now."""
+        if self.x is not None:  # b >= 2
+            return self.x.shape[1]
         return 0 if self.k is None else self.k.shape[2]
 
     @torch.no_grad()
@@ -143,8 +156,9 @@ class StreamingEncoder:
             self.q = None
         else:
             self.x = x
-            if self.retro is not None:
+            if self.retro is not None:  # it keeps the window's q / k / v itself
                 self.retro.fill(self.q, self.k, self.v)
+                self.q = self.k = self.v = None
 
     @torch.no_grad()
     def step(self, ids: Tensor) -> Tensor:
@@ -160,14 +174,13 @@ class StreamingEncoder:
             self.last_path = StreamPath(SINGLE_OUTPUT)
             y = first.finish(x_t, q, self.k, self.v)  # single output: (B, 1, D)
             return self.norm(y)[:, 0]
-        if self.retro is not None:  # O(n d): the sums of every query, before the buffers move
-            heads = self.retro.step(self.q, self.k, self.v, q, k, v)  # (B, H, T, Dh)
-        self.q, self.k, self.v = (_push(a, b, 2, n) for a, b in ((self.q, q), (self.k, k), (self.v, v)))
         self.x = _push(self.x, x_t, 1, n)  # (B, T, D)
-        if self.retro is not None:
-            h = first.finish_heads(self.x, heads)  # retroactive update: (B, T, D)
+        if self.retro is not None:  # O(n d): the retroactive update keeps its own q / k / v
+            heads = self.retro.step(q, k, v)  # (B, H, T, Dh)
+            h = first.finish_heads(self.x, heads)  # (B, T, D)
             self.last_path = StreamPath(RETROACTIVE_UPDATE, refreshed_rows=self.retro.refreshed)
         else:
+            self.q, self.k, self.v = (_push(a, b, 2, n) for a, b in ((self.q, q), (self.k, k), (self.v, v)))
             h = first.finish(self.x, self.q, self.k, self.v)  # retroactive recompute: (B, T, D)
             self.last_path = StreamPath(RETROACTIVE_RECOMPUTE, fallback=self.fallback)
         for block in self.blocks[1:-1]:

@@ -156,9 +156,7 @@ def test_retroactive_sums_survive_overflowing_scores_and_cancellation():
     retro = RetroactiveSoftmax(window, dim)
     refreshed = []
     for t in range(steps):
-        lo = max(0, t - window)
-        past = (None, None, None) if t == 0 else (q[:, :, lo:t], k[:, :, lo:t], v[:, :, lo:t])
-        out = retro.step(*past, q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1])
+        out = retro.step(q[:, :, t : t + 1], k[:, :, t : t + 1], v[:, :, t : t + 1])
         refreshed.append(retro.refreshed)
         start = max(0, t + 1 - window)
         qw, kw, vw = (x[:, :, start : t + 1] for x in (q, k, v))
@@ -176,3 +174,16 @@ def test_finish_heads_equals_finish():
     q, k, v = block.self_attention_inputs(x)
     heads = torch.softmax(q @ k.transpose(-2, -1) / 8**0.5, dim=-1) @ v  # (B, H, N, Dh)
     torch.testing.assert_close(block.finish_heads(x, heads), block.finish(x, q, k, v))
+
+
+def test_update_recompute_forces_the_baseline_and_bad_update_is_named():
+    model = encoder("full", {}, num_layers=2)
+    ids = torch.randint(0, 32, (1, 8))
+    fast, slow = model.stream(4), model.stream(4, update="recompute")
+    for t in range(8):
+        torch.testing.assert_close(fast.step(ids[:, t]), slow.step(ids[:, t]), atol=1e-5, rtol=1e-5)
+    assert fast.last_path.first_layer == "retroactive-update"
+    assert slow.last_path.first_layer == "retroactive-recompute"
+    assert "update='recompute'" in slow.last_path.fallback
+    with pytest.raises(ValueError, match=r"^update: unknown value 'fast'; allowed values are \['auto', 'recompute'\]"):
+        model.stream(4, update="fast")
