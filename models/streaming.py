@@ -34,8 +34,8 @@ n^2 terms and the last block's per-position work, not the first block's FFN: by 
 A third block cannot be incremental: it needs the second block's outputs at all ``n``
 positions, and every one of them changes each step (its keys and values are the first
 block's outputs, all updated), so every block between the first and the last runs in full,
-O(n^2 * d + n * d * (d + d_ff)) each, and a b-block step costs about what recomputing
-b - 1 blocks does.
+O(n^2 * d + n * d * (d + d_ff)) each: a b-block step costs the 2-block step plus b - 2
+full blocks, so its gain over recomputing falls towards 1 as b grows (docs/models.md).
 
 Exactness needs token keys and values that do not depend on where the token sits in the
 window, so the encoder must not add absolute positions (``position="none"``, e.g. with
