@@ -60,3 +60,17 @@ def test_count_under_callgrind_is_deterministic_and_grows_with_length(tmp_path):
     assert per_call[2] > 1.5 * per_call[0]
     assert (rows.harness_total < rows.instructions_total).all() and (rows.kernel == "sdpa").all()
     assert "| 128 | sdpa |" in (tmp_path / "summary.md").read_text()
+
+
+def test_summary_names_the_call_and_each_length():
+    from bench.counting.run import summary_markdown
+
+    row = {"variant": "full", "params": "{}", "kernel_requested": "auto", "kernel": "sdpa",
+           "path": "sdpa(fused, no mask)", "fallback": "", "seq_len": 64, "batch": 1, "heads": 2,
+           "head_dim": 16, "dtype": "float64", "causal": True, "calls": 4,
+           "instructions_per_call": 6400.0, "harness_total": 400, "counter_version": "valgrind-3.19.0"}
+    text = summary_markdown(pd.DataFrame([row, {**row, "seq_len": 128, "fallback": "dense mask"}]),
+                            {"git_sha": "abc"})
+    assert "(1, 2, N, 16) float64, causal=True" in text
+    assert "| 64 | sdpa | sdpa(fused, no mask) | 6,400 | 100 | 100 |" in text
+    assert "| 128 | sdpa | sdpa(fused, no mask) (fallback: dense mask) | 6,400 | 50 | 100 |" in text

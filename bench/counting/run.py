@@ -64,14 +64,15 @@ def count_rows(options: CountOptions) -> list[dict[str, Any]]:
 
 def summary_markdown(rows: pd.DataFrame, env: dict[str, Any]) -> str:
     """The report: provenance, how the count was made, one line per length."""
-    first = rows.iloc[0]
+    first = rows.iloc[0].to_dict()  # a dict: a Series' own attributes (dtype) would shadow columns
     lines = ["# Instructions per call", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]
     lines += [
         "",
-        f"`{first.variant}` {first.params}, kernel `{first.kernel_requested}`, q/k/v "
-        f"({first.batch}, {first.heads}, N, {first.head_dim}) {first.dtype}, causal={first.causal}, "
-        f"one torch thread. Counted by {first.counter_version} (callgrind): {first.calls} calls per "
+        f"`{first['variant']}` {first['params']}, kernel `{first['kernel_requested']}`, q/k/v "
+        f"({first['batch']}, {first['heads']}, N, {first['head_dim']}) {first['dtype']}, "
+        f"causal={first['causal']}, one torch thread. Counted by {first['counter_version']} "
+        f"(callgrind): {first['calls']} calls per "
         "length after warm-up, less the same number of calls of an empty function with the "
         "same arguments (the harness). Instructions, not time: see docs/measurement.md.",
         "",
