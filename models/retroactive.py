@@ -19,7 +19,7 @@ row's weight (cancellation); each row therefore tracks the largest denominator i
 since it was last computed exactly, and a row whose denominator falls below
 :data:`REFRESH_BELOW` of that is recomputed from the window's keys (O(n * d) for that row,
 and it resets a stale maximum). A row lives at most ``n`` steps, so its rounding error
-stays below ~``2 n * 2^-52 / REFRESH_BELOW`` relative (2e-7 at n = 1024).
+stays below ~``2 n * 2^-52 / REFRESH_BELOW`` relative (5e-7 at n = 1024).
 """
 
 from __future__ import annotations
