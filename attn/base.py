@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from attn.call import AttentionCall, KernelPath
 from attn.contract import check_qkv
 from attn.cost import Cost, CostQuery, exact_cost, pairs_cost
+from attn.documents import Documents, check_document_ids
 from attn.kernels import auto, get_kernel, kernel_names, kernels_for
 from attn.mods import MaskMod, ScoreMod
 from attn.pattern import Band, Native, Pattern, PatternOwner
@@ -228,7 +229,8 @@ class Attention(nn.Module):
             limits[device_type] = auto.short_keys(pattern, call.device)
         limit = limits[device_type]
         short = limit is not None and call.k_len is not None and call.k_len < limit
-        key = (call.device, call.dtype, call.causal, call.requires_grad, call.has_key_mask, short)
+        key = (call.device, call.dtype, call.causal, call.requires_grad, call.has_key_mask, short,
+               call.has_document_ids)
         cache = self.__dict__.setdefault("_auto_choices", {})
         name = cache.get(key)
         known = {} if name is None else {name: get_kernel(name).not_supported_reasons(pattern, call)}
@@ -240,10 +242,15 @@ class Attention(nn.Module):
         return name
 
     def forward(
-        self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None
+        self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
-        """Attention of ``q (B, H, Nq, D)`` over ``k (B, H, Nk, D)``, ``v (B, H, Nk, Dv)``."""
+        """Attention of ``q (B, H, Nq, D)`` over ``k (B, H, Nk, D)``, ``v (B, H, Nk, Dv)``;
+        ``document_ids (B, N)``: a packed call (docs/contract.md, "Packed sequences")."""
         check_qkv(self.name, q, k, v, key_mask)
+        if document_ids is not None:
+            check_document_ids(self.name, document_ids, batch=q.shape[0], q_len=q.shape[2],
+                               k_len=k.shape[2], device=q.device)
         if self.num_heads is not None and q.shape[1] != self.num_heads:
             raise ValueError(
                 f"{self.name}: argument 'q' has {q.shape[1]} heads but the module was built with "
@@ -258,7 +265,7 @@ class Attention(nn.Module):
             q.requires_grad or k.requires_grad or v.requires_grad
             or any(p.requires_grad for p in self.parameters())
         )
-        call = AttentionCall.from_tensors(q, k, v, causal, key_mask, requires_grad)
+        call = AttentionCall.from_tensors(q, k, v, causal, key_mask, requires_grad, document_ids)
         pattern = self.pattern()
         if self.kernel == "auto":  # auto chose a kernel that supports the call
             name = self._auto_kernel(pattern, call)
@@ -269,6 +276,8 @@ class Attention(nn.Module):
                 raise NotImplementedError(
                     f"{self.name}: kernel {name!r} cannot run this call: {'; '.join(reasons)}"
                 )
+        if document_ids is not None:  # the kernel chosen above runs packed calls
+            pattern = pattern.packed(Documents.from_ids(document_ids))
         out, path = get_kernel(name).run(pattern, q, k, v, causal, key_mask)  # (B, H, Nq, Dv)
         self.last_path = path
         return out

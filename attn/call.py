@@ -28,6 +28,7 @@ class AttentionCall:
     k_len: int | None = None  # Nk; None: any
     head_dim: int | None = None  # D; None: any
     has_key_mask: bool = False
+    has_document_ids: bool = False  # a packed call (docs/contract.md, "Packed sequences")
 
     def __post_init__(self) -> None:
         if not isinstance(self.device, torch.device):  # "cpu", "cuda:0", ...
@@ -42,6 +43,7 @@ class AttentionCall:
         causal: bool = False,
         key_mask: Tensor | None = None,
         requires_grad: bool | None = None,
+        document_ids: Tensor | None = None,
     ) -> AttentionCall:
         """The call ``attention(q, k, v, causal=causal, key_mask=key_mask)``.
 
@@ -51,7 +53,7 @@ class AttentionCall:
         if requires_grad is None:
             requires_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         return cls(q.device, q.dtype, bool(causal), bool(requires_grad), q.shape[2], k.shape[2],
-                   q.shape[-1], key_mask is not None)
+                   q.shape[-1], key_mask is not None, document_ids is not None)
 
     @property
     def self_attention(self) -> bool | None:
@@ -71,6 +73,8 @@ class AttentionCall:
             parts.append(f"Nk={self.k_len}")
         if self.has_key_mask:
             parts.append("key_mask given")
+        if self.has_document_ids:
+            parts.append("document_ids given")
         return ", ".join(parts)
 
 

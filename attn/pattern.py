@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from attn.call import AttentionCall, KernelPath
+from attn.documents import Documents, packed_mods
 from attn.mods import MaskMod, ScoreMod
 
 
@@ -148,6 +149,18 @@ class Pattern:
     score_params: tuple[Tensor, ...] = ()
     native: Native | None = None
     owner: PatternOwner = field(default_factory=PatternOwner)
+    #: a packed call's documents (:mod:`attn.documents`), or None; then ``mask_mod`` /
+    #: ``score_mod`` are the packed forms and ``within`` is the pattern each document runs alone
+    documents: Documents | None = None
+    within: Pattern | None = None
+
+    def packed(self, documents: Documents) -> Pattern:
+        """This pattern on a packed call: the mods allow pairs within one document only, at
+        positions counted from its start (:func:`attn.documents.packed_mods`); the band and
+        the rest are this pattern's, which ``within`` keeps whole."""
+        mask_mod, score_mod = packed_mods(documents, self.mask_mod, self.score_mod)
+        return dataclasses.replace(self, mask_mod=mask_mod, score_mod=score_mod,
+                                   documents=documents, within=self)
 
     @functools.cached_property
     def _key_and_shared(self) -> tuple[Hashable, bool]:

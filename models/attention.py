@@ -305,10 +305,14 @@ class MultiHeadAttention(nn.Module):
         return q, k, v
 
     def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None
+        self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
-        """Attention over per-head tensors, merged and projected: -> ``(B, Nq, D)``."""
-        return self.merge(self.attention(q, k, v, causal=causal, key_mask=key_mask))  # (B, Nq, D)
+        """Attention over per-head tensors, merged and projected: -> ``(B, Nq, D)``;
+        ``document_ids (B, N)``: a packed call (docs/contract.md, "Packed sequences")."""
+        packed = {} if document_ids is None else {"document_ids": document_ids}  # plain modules too
+        out = self.attention(q, k, v, causal=causal, key_mask=key_mask, **packed)  # (B, H, Nq, Dh)
+        return self.merge(out)  # (B, Nq, D)
 
     def merge(self, heads: Tensor) -> Tensor:
         """Per-head attention outputs ``(B, H, Nq, Dh)`` merged and projected: -> ``(B, Nq, D)``."""
@@ -324,6 +328,7 @@ class MultiHeadAttention(nn.Module):
         key_mask: Tensor | None = None,
         cache: KVCache | None = None,
         positions: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         """``x (B, Nq, D)`` attends over ``context`` (default ``x``), through ``cache`` if given.
 
@@ -342,4 +347,4 @@ class MultiHeadAttention(nn.Module):
                 q, k = self.rotate(q, positions[:, -q.shape[2] :]), self.rotate(k, positions)
             if cache is not None:
                 k, v, key_mask = cache.update(k, v, key_mask)
-        return self.attend(q, k, v, causal=causal, key_mask=key_mask)
+        return self.attend(q, k, v, causal=causal, key_mask=key_mask, document_ids=document_ids)

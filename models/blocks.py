@@ -169,18 +169,24 @@ class TransformerBlock(nn.Module):
         cache: KVCache | RecurrentCache | None = None,
         cross_cache: KVCache | None = None,
         positions: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
-        """``x (B, N, D)`` -> ``(B, N, D)``; ``context (B, M, D)`` feeds the cross-attention.
+        """``x (B, N, D)`` -> ``(B, N, D)``; ``context (B, M, D)`` feeds the cross-attention;
+        ``document_ids (B, N)`` packs documents in the self-attention (attention blocks only).
 
         A recurrent block needs ``causal`` to match its direction (ValueError naming
         ``mixer`` otherwise) and, with ``cache``, takes only the new tokens."""
         h = self.sublayer_input(self.norm1, x)  # (B, N, D)
+        if self.recurrent is not None and document_ids is not None:
+            raise ValueError(f"document_ids: packed sequences need self-attention blocks; this block "
+                             f"has mixer={self.mixer!r} (allowed: mixer='attention')")
         if self.recurrent is not None:
             if cache is not None and not isinstance(cache, RecurrentCache):
                 raise ValueError(f"cache: a block with mixer={self.mixer!r} needs its RecurrentCache")
             out = self.recurrent(h, causal=causal, key_mask=key_mask, cache=cache)  # (B, N, D)
         else:
-            out = self.self_attn(h, causal=causal, key_mask=key_mask, cache=cache, positions=positions)
+            out = self.self_attn(h, causal=causal, key_mask=key_mask, cache=cache, positions=positions,
+                                 document_ids=document_ids)
         x = self.residual(self.norm1, x, out)
         if self.cross_attn is not None:
             if context is None and (cross_cache is None or cross_cache.k is None):

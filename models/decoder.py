@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from attn.documents import Documents, check_document_ids
 from attn.validation import invalid
 from models.attention import KVCache, pattern_shift_reason
 from models.blocks import make_blocks
@@ -58,6 +59,15 @@ def row_positions(length: int, key_mask: Tensor | None, cache: DecoderCache | No
     return token_positions(length, 0, start, device)
 
 
+def document_positions(ids: Tensor, document_ids: Tensor) -> Tensor:
+    """Positions ``(B, N)`` counted from each token's document start, for validated-here
+    ``document_ids`` of the tokens ``ids (B, N)`` (:func:`attn.documents.check_document_ids`)."""
+    check_document_ids("decoder_lm", document_ids, batch=ids.shape[0], q_len=ids.shape[1],
+                       k_len=ids.shape[1], device=ids.device)
+    starts = Documents.from_ids(document_ids).starts  # (B, N)
+    return torch.arange(ids.shape[1], device=ids.device) - starts
+
+
 @register_model("decoder_lm", DecoderLMConfig, place=place_causal_self_attention)
 class DecoderLM(GenerationMixin, nn.Module):
     """Causal LM: ``model(ids, key_mask=None) -> logits (B, N, V)``; ``generate`` decodes.
@@ -86,15 +96,27 @@ class DecoderLM(GenerationMixin, nn.Module):
         return DecoderCache([block.new_cache() for block in self.blocks])
 
     def forward(
-        self, ids: Tensor, key_mask: Tensor | None = None, *, cache: DecoderCache | None = None
+        self, ids: Tensor, key_mask: Tensor | None = None, *, cache: DecoderCache | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         """``ids (B, N)`` -> ``logits (B, N, V)``; with ``cache``, ids are the new tokens only
-        and ``key_mask (B, N)`` (None: all real) masks them for this and every later call."""
+        and ``key_mask (B, N)`` (None: all real) masks them for this and every later call.
+
+        ``document_ids (B, N)`` packs documents in each row (docs/contract.md, "Packed
+        sequences"): attention stays inside each document and positions restart at 0 at each
+        document's start, so a packed row gives the logits of its documents run alone. Not with
+        a cache or with ``key_mask`` (a packed row's padding is a document of its own)."""
+        if document_ids is not None and (cache is not None or key_mask is not None):
+            raise ValueError("document_ids: packed rows take no cache and no key_mask (allowed: "
+                             "document_ids alone, in a full forward)")
         positions = row_positions(ids.shape[1], key_mask, cache, ids.device)  # (B|1, N)
+        if document_ids is not None:
+            positions = document_positions(ids, document_ids)  # (B, N)
         x = self.drop(self.pos_emb(self.token_emb(ids), positions=positions))  # (B, N, D)
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache.layers[i]
-            x = block(x, causal=True, key_mask=key_mask, cache=layer_cache, positions=positions)
+            x = block(x, causal=True, key_mask=key_mask, cache=layer_cache, positions=positions,
+                      document_ids=document_ids)
         if cache is not None:
             cache.length += ids.shape[1]
         return self.lm_head(self.norm(x))  # (B, N, V)

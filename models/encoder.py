@@ -26,9 +26,11 @@ class TransformerEncoder(nn.Module):
         self.blocks = make_blocks(config, layers, config.attention, config.attention_params, causal=False)
         self.norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
 
-    def forward(self, x: Tensor, key_mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, key_mask: Tensor | None = None, document_ids: Tensor | None = None) -> Tensor:
+        """``x (B, N, D)`` -> ``(B, N, D)``; ``document_ids (B, N)`` packs documents in every
+        block's self-attention (positions are the caller's: an embedding added before)."""
         for block in self.blocks:
-            x = block(x, key_mask=key_mask)
+            x = block(x, key_mask=key_mask, document_ids=document_ids)
         return self.norm(x)
 
 

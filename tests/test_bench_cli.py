@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from bench.cli import app
 
 runner = CliRunner()
-COMMANDS = ["list", "sweep", "plot", "report", "compare", "check", "decoding", "count"]
+COMMANDS = ["list", "sweep", "plot", "report", "compare", "history", "check", "decoding", "count"]
 
 
 @pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)])

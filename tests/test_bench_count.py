@@ -24,6 +24,15 @@ def test_count_refuses_naming_what_is_missing(tmp_path, monkeypatch):
     assert not (tmp_path / "out" / "results.csv").exists()
 
 
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="the kernel is checked after the counter")
+def test_count_refuses_a_kernel_that_cannot_run_the_call(tmp_path):
+    """Checked before callgrind starts: one line naming --kernel and the kernel's reason."""
+    result = CliRunner().invoke(app, ["count", "full", "--kernel", "blocked", "--seq-len", "16",
+                                      "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "--kernel: 'blocked' cannot run full at N=16:" in " ".join(result.output.split())
+
+
 def test_perf_problem_names_the_paranoid_level(tmp_path, monkeypatch):
     pmu = tmp_path / "cpu"
     pmu.mkdir()
@@ -39,8 +48,8 @@ def test_perf_problem_names_the_paranoid_level(tmp_path, monkeypatch):
 
 def test_count_bad_options_are_one_line(tmp_path):
     runner = CliRunner()
-    result = runner.invoke(app, ["count", "full", "--kernel", "blocked", "--out", str(tmp_path)])
-    assert result.exit_code == 2 and "--kernel: 'full' has no kernel 'blocked'" in result.output
+    result = runner.invoke(app, ["count", "full", "--kernel", "banded", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "--kernel: 'full' has no kernel 'banded'" in result.output
     result = runner.invoke(app, ["count", "full", "--dtype", "float16", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "--dtype: unknown value 'float16'" in result.output
 

@@ -24,6 +24,8 @@ def test_decoding_benchmark_writes_results(tmp_path):
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert torch.get_num_threads() == threads  # --threads 1 held for the run only
+    assert f"page: {tmp_path / 'report.html'}" in result.output and (tmp_path / "report.html").is_file()
+    assert '"command": "' in (tmp_path / "env.json").read_text()  # the command line, for the page
     table = pd.read_csv(tmp_path / "results.csv")
     decoding = table[table.benchmark == "decoding"]
     assert len(decoding) == 2 * 2 * 2  # attentions x contexts x cache on/off

@@ -126,7 +126,7 @@ def test_a_sweep_ends_by_saying_where_its_results_are_on_lines_never_wrapped(tmp
     lines = result.output.strip().splitlines()
     assert any(line.startswith(f"{out}: ok 2 rows this run") for line in lines), result.output
     last = lines[-1]
-    for name in ("report.md", "scaling.png", "results.csv"):
+    for name in ("report.md", "report.html", "scaling.png", "results.csv"):
         assert str(out / name) in last, last
         assert (out / name).is_file()
     assert last.startswith(f"results: read {out / 'report.md'} first")

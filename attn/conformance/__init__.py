@@ -24,6 +24,10 @@ does not support a call is reported as skipped with its reason):
 - ``causal_no_leak``: perturbing keys/values after position t leaves rows <= t unchanged;
 - ``key_mask``: perturbing padded keys changes nothing; an all-padding row gives zeros;
 - ``batch_independence``: each batch element alone gives the same output as in the batch;
+- ``documents``: packed rows (``document_ids``: uneven documents, a one-token document, a
+  row of one document) equal the dense reference of each document run alone, concatenated,
+  outputs and gradients, with and without ``key_mask`` and ``causal``; a kernel that does not
+  run packed calls is skipped with its reason (``refused: ...``);
 - ``shape_sweep`` (kernels that compile per call shape): one module runs many successive
   lengths (more than dynamo's recompile limit, including key lengths 8 past a multiple of
   16) with q, k, v lying inside NaN-filled buffers, and each output must equal the dense

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from attn.base import Attention
+from attn.conformance.documents import check_documents
 from attn.conformance.harness import (
     ATOL,
     GRAD_ATOL,
@@ -318,7 +319,7 @@ def _check_shape_sweep(module, kernel, device, seed) -> str | None:
 
 CHECKS = (
     _check_shape, _check_reference, _check_gradients, _check_pattern,
-    _check_causal, _check_key_mask, _check_batch, _check_shape_sweep,
+    _check_causal, _check_key_mask, _check_batch, _check_shape_sweep, check_documents,
 )
 
 

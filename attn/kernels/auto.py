@@ -45,6 +45,12 @@ approximate       native                                       native
   1.5-1.7 at 2048, where SDPA's cached (H, N, N) bias starts to cost real memory. So banded
   variants take sdpa below 768 keys and relative below 1024: training at LRA-like lengths
   and KV-cache decoding over short contexts.
+* Long packed calls (``document_ids``; a short one takes the short-call order) try
+  ``blocked`` first, on every device: it runs each
+  document as its own call (banded, or one fused SDPA product per document for full and
+  causal), so a packed row costs what its documents cost; ``sdpa`` and ``chunked`` run a packed
+  call over the whole row (a dense ``(B, H|1, N, N)`` mask, or the row's every pair). Measured
+  in ``results/packed-cpu`` (``attn-bench sweep packed-cpu``).
 * On CUDA flex has a backward pass and is the block-sparse kernel of choice; xformers'
   local/causal biases follow; the rule there is by design, not yet measured here. The
   kernels tuned for CPU caches (``blocked``, ``chunked``: Python loops over chunks, one
@@ -65,6 +71,8 @@ from attn.pattern import Pattern
 
 #: kernels tuned for CPU caches: on CUDA they come after every kernel built for the GPU
 CPU_TUNED_KERNELS = ("blocked", "chunked")
+#: kernels a packed call (``document_ids``) tries first, after the variant's own preferences
+PACKED_FIRST: tuple[str, ...] = ("blocked",)
 #: preference order per (device type, kind); kernels a variant lacks are skipped
 AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     ("cpu", "banded"): ("blocked", "flex", "sdpa"),
@@ -134,6 +142,8 @@ def choose_kernel(pattern: Pattern, call: AttentionCall, preferred: Sequence[str
     holds reasons already asked of kernels for this call (not asked again).
     """
     known = {} if known is None else known
+    if call.has_document_ids and not is_short(pattern, call.device, call.k_len):
+        preferred = (*preferred, *PACKED_FIRST)
     reasons: list[str] = []
     for name in auto_order(pattern, call.device, call.k_len, preferred):
         why = known[name] if name in known else get_kernel(name).not_supported_reasons(pattern, call)

@@ -47,6 +47,9 @@ class Kernel:
     #: True for kernels that compute exact attention from a pattern's mask_mod / score_mod /
     #: band: they refuse approximations and variants that bring their own implementation
     runs_definitions: ClassVar[bool] = True
+    #: True for kernels that run packed calls (``document_ids``) exactly; the others refuse
+    #: them (:meth:`not_supported_reasons`), so a packed call is never silently unpacked
+    supports_document_ids: ClassVar[bool] = False
 
     def not_supported_reasons(self, pattern: Pattern, call: AttentionCall | None = None) -> list[str]:
         """Reasons this kernel cannot run ``pattern`` for ``call``; [] = supported.
@@ -66,6 +69,8 @@ class Kernel:
             if self.SUPPORTED_DTYPES is not None and call.dtype not in self.SUPPORTED_DTYPES:
                 names = "/".join(str(d).removeprefix("torch.") for d in self.SUPPORTED_DTYPES)
                 reasons.append(f"{self.name} supports {names}, not {call.dtype}")
+            if call.has_document_ids and not self.supports_document_ids:
+                reasons.append(f"{self.name} does not run packed sequences (document_ids)")
         if self.runs_definitions:
             if not pattern.exact:
                 reasons.append(f"{pattern.name} is approximate; {self.name} computes exact attention only")

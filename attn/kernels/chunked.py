@@ -108,6 +108,7 @@ class ChunkedKernel(Kernel):
     """Query chunks of dense attention, checkpointed: any exact variant, O(C*N) memory."""
 
     name = "chunked"
+    supports_document_ids = True  # the packed mods (attn.documents) per query chunk
     computes_half_in_float32 = True
     description = "dense attention over query chunks with per-chunk checkpointing, O(chunk*N) memory"
 

@@ -47,6 +47,7 @@ class ReferenceKernel(Kernel):
     """Dense math from the variant's definition: O(N^2) memory, any device, autograd."""
 
     name = "reference"
+    supports_document_ids = True  # the packed mods (attn.documents) in the dense mask
     computes_half_in_float32 = True
     description = "dense materialised attention from the mask_mod/score_mod (ground truth)"
 

@@ -162,6 +162,7 @@ class SdpaKernel(Kernel):
     """PyTorch SDPA; fused for full/causal, a cached materialised mask otherwise."""
 
     name = "sdpa"
+    supports_document_ids = True  # a dense mask of the documents, built per call
     description = "torch scaled_dot_product_attention (is_causal, or a mask built once per shape)"
 
     def __init__(self) -> None:
@@ -203,8 +204,30 @@ class SdpaKernel(Kernel):
         return out, KernelPath(self.name, "sdpa(key padding mask (B, 1, 1, Nk))",
                                backend=sdpa_backend(q, k, v, attn_mask))
 
+    def _packed(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
+                key_mask: Tensor | None) -> tuple[Tensor, KernelPath]:
+        """A packed call: the documents' dense ``(B, H|1, N, N)`` additive mask, built per
+        call (the documents change with the data, so nothing is cached), score term included."""
+        batch, heads, length = q.shape[0], q.shape[1], q.shape[2]
+        allowed = dense_allowed(pattern.mask_mod, batch=batch, heads=_mask_heads(pattern, heads),
+                                q_len=length, k_len=length, causal=causal, key_mask=key_mask,
+                                device=q.device)  # (B, H|1, N, N)
+        attn_mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device)
+        attn_mask = attn_mask.masked_fill(~allowed, float("-inf"))
+        if pattern.score_mod is not None:
+            b, h, i, j = index_grids(batch, heads, length, length, q.device)
+            zeros = torch.zeros((), dtype=q.dtype, device=q.device)
+            attn_mask = attn_mask + pattern.score_mod(zeros, b, h, i, j).to(q.dtype)  # (B, H, N, N)
+        empty = ~allowed.any(dim=-1, keepdim=True)  # (B, H|1, N, 1) rows with no allowed key
+        attn_mask = attn_mask.masked_fill(empty, 0.0)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask).masked_fill(empty, 0.0)
+        return out, KernelPath(self.name, "sdpa(dense mask of the documents, built per call)",
+                               mask_emulated=True, backend=sdpa_backend(q, k, v, attn_mask))
+
     def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
             key_mask: Tensor | None) -> tuple[Tensor, KernelPath]:
+        if pattern.documents is not None:
+            return self._packed(pattern, q, k, v, causal, key_mask)
         q_len, k_len = q.shape[2], k.shape[2]
         mask_mod, score_mod = pattern.mask_mod, pattern.score_mod
         if mask_mod is None and score_mod is None and key_mask is None:

@@ -1,4 +1,5 @@
-"""The ``attn-bench`` command line: list, sweep, train, plot, report, compare, check, decoding, count.
+"""The ``attn-bench`` command line: list, sweep, train, plot, report, compare, history, check, decoding,
+count.
 
 Every command imports what it needs when it runs, so ``attn-bench --help`` starts fast. Bad
 input (a config, an option, a run directory) is one line naming the argument and the
@@ -6,7 +7,7 @@ allowed values, exit code 2; ``--debug`` shows the traceback instead. One module
 of commands; importing them registers the commands on :data:`app`.
 """
 
-from bench.cli import count, decoding, runs, sweep, train, variants  # noqa: F401  (registers the commands)
+from bench.cli import count, decoding, history, runs, sweep, train, variants  # noqa: F401  (registers the commands)
 from bench.cli.app import app, main
 from bench.cli.common import UsageError, user_errors
 

@@ -58,6 +58,7 @@ def decoding_command(
 ) -> None:
     """Measure decoding tokens/s with and without the KV cache, and streaming step time."""
     from bench.decoding.benchmark import check_attentions, run_decoding_benchmark
+    from bench.html.report import write_report_html
 
     options = Defaults.from_given(
         benchmark=benchmark, context=context, new_tokens=new_tokens, attention=attention, window=window,
@@ -71,3 +72,4 @@ def decoding_command(
     check_attentions(options)
     check_writable(out)
     run_decoding_benchmark(options, out)
+    typer.echo(f"page: {write_report_html(out)}")

@@ -70,18 +70,27 @@ def report(
         metavar="LO:HI")] = None,
     plugin: PluginOpt = None,
 ) -> None:
-    """Print a run's report as markdown (also report.md): scaling exponents, crossovers,
-    interleaved ratios of a speed sweep; the quality table of a training grid."""
-    from bench.quality.report import build_quality_report, is_quality_run
+    """Print a run's report as markdown (also report.md; summary.md of a decoding run) and
+    write its page report.html beside it: scaling exponents, crossovers, interleaved ratios
+    of a speed sweep; the quality table of a training grid; a decoding run's summary."""
+    from bench.decoding.results import SUMMARY_FILE
+    from bench.html.report import run_kind, write_report_html
+    from bench.quality.report import build_quality_report
     from bench.speed.report import build_report
 
     ranges = _parse_ranges(fit_range)
     import_plugin_options(plugin)  # a plug-in task's tables
     require_run_dir(run_dir)
-    if is_quality_run(run_dir):
+    kind = run_kind(run_dir)
+    if kind == "quality":
         typer.echo(build_quality_report(run_dir))
-        return
-    typer.echo(build_report(run_dir, points, ranges))
+    elif kind == "decoding":
+        summary = run_dir / SUMMARY_FILE
+        typer.echo(summary.read_text(encoding="utf-8") if summary.is_file() else
+                   f"(no {SUMMARY_FILE} in {run_dir}: the page has the rows)")
+    else:
+        typer.echo(build_report(run_dir, points, ranges))
+    typer.echo(f"page: {write_report_html(run_dir)}", err=True)
 
 
 def _non_negative(option: str, value: float | None, example: str) -> None:

@@ -150,14 +150,14 @@ def sweep(
 
 
 def _where_results_are(rows_file: Path, written: list[Path]) -> str:
-    """The sweep's last line: where its report, figures and rows are (``written``: the
-    report and figures this run wrote; none with ``--no-plots``)."""
+    """The sweep's last line: where its report, page, figures and rows are (``written``: the
+    report, its page and the figures this run wrote; none with ``--no-plots``)."""
     if not written:
         return (f"results: rows in {rows_file} (`attn-bench report {rows_file.parent}` writes "
-                "report.md, `attn-bench plot` the figures)")
-    report, *figures = written
-    return (f"results: read {report} first; figures {', '.join(str(p) for p in figures) or 'none'}; "
-            f"rows in {rows_file}")
+                "report.md and report.html, `attn-bench plot` the figures)")
+    report, page, *figures = written
+    return (f"results: read {report} first (page: {page}); figures "
+            f"{', '.join(str(p) for p in figures) or 'none'}; rows in {rows_file}")
 
 
 def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
@@ -261,8 +261,10 @@ def _stop_progress(progress: Any) -> None:
 
 
 def _report_and_plot(run_dir: Path, console: Any) -> list[Path]:
-    """Write the run's ``report.md`` and its figures; their paths, the report first (only
-    the report when no figure can be drawn: the reason is printed)."""
+    """Write the run's ``report.md``, its page ``report.html`` and its figures; their paths,
+    the report first (only the two reports when no figure can be drawn: the reason is
+    printed)."""
+    from bench.html.report import write_report_html
     from bench.quality.plots import plot_quality_run
     from bench.quality.report import build_quality_report, is_quality_run
     from bench.speed.plots import plot_run
@@ -270,10 +272,10 @@ def _report_and_plot(run_dir: Path, console: Any) -> list[Path]:
 
     quality = is_quality_run(run_dir)
     (build_quality_report if quality else build_report)(run_dir)
-    report = run_dir / "report.md"
+    reports = [run_dir / "report.md", write_report_html(run_dir)]
     try:
         paths = plot_quality_run(run_dir) if quality else plot_run(run_dir)
     except ValueError as err:
         console.print(f"no plots: {err}", markup=False, highlight=False)
-        return [report]
-    return [report, *(Path(p) for p in paths)]
+        return reports
+    return [*reports, *(Path(p) for p in paths)]

@@ -78,9 +78,10 @@ def run_callgrind(args: list[str], workdir: Path, timeout_s: float, env: dict[st
                f"--callgrind-out-file={out}", *args]
     done = subprocess.run(command, cwd=workdir, capture_output=True, text=True,
                           timeout=timeout_s, env={**os.environ, **env}, check=False)
-    if done.returncode:
-        tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
-        raise RuntimeError(f"callgrind run failed (exit {done.returncode}): " + " | ".join(tail))
+    if done.returncode:  # the script's own last lines, not callgrind's (==PID== ...)
+        own = [line for line in (done.stdout + done.stderr).splitlines()
+               if line.strip() and not line.startswith("==")]
+        raise RuntimeError(f"the counted script failed (exit {done.returncode}): " + " | ".join(own[-3:]))
     counts = []
     index = 1
     while (dump := workdir / f"callgrind.out.{index}").exists():  # one dump per counted region

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import torch
 
 import bench
+from attn import AttentionCall, create_attention
 from bench.counting.counter import no_counter_message, run_callgrind, valgrind_version
 from bench.counting.options import CountOptions
 from bench.engine.fsutil import atomic_write_text
@@ -27,12 +29,27 @@ from bench.engine.results import write_env
 SOURCE_ROOT = Path(bench.__file__).resolve().parents[1]
 
 
+def check_kernel_runs(options: CountOptions) -> None:
+    """``ValueError`` naming ``--kernel`` when it cannot run the counted calls (checked here,
+    before minutes under callgrind)."""
+    att = create_attention(options.variant, kernel=options.kernel, num_heads=options.heads,
+                           head_dim=options.head_dim, **options.params)
+    for length in options.seq_len:
+        call = AttentionCall(torch.device("cpu"), getattr(torch, options.dtype), options.causal,
+                             q_len=length, k_len=length, head_dim=options.head_dim)
+        reasons = att.not_supported_reasons(call)
+        if reasons:
+            raise ValueError(f"--kernel: {options.kernel!r} cannot run {options.variant} at N={length}: "
+                             f"{'; '.join(reasons)}")
+
+
 def count_rows(options: CountOptions) -> list[dict[str, Any]]:
     """Count ``options``' kernel at each length; one row per length. ``ValueError`` (one
-    line) when no counter works on this machine."""
+    line) when no counter works on this machine or the kernel cannot run the calls."""
     refusal = no_counter_message()
     if refusal is not None:
         raise ValueError(refusal)
+    check_kernel_runs(options)
     with tempfile.TemporaryDirectory(prefix="attn-count-") as tmp:
         work = Path(tmp)
         spec, result = work / "spec.json", work / "paths.json"

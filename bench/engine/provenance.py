@@ -13,8 +13,10 @@ from __future__ import annotations
 import datetime as dt
 import os
 import platform
+import shlex
 import socket
 import subprocess
+import sys
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -99,8 +101,19 @@ def device_name(device: str) -> str:
     return cpu_name()
 
 
+def command_line() -> str:
+    """The command this process runs, as a shell would take it (``attn-bench sweep quick
+    --out runs/quick``): the program's file name (``python -m PACKAGE`` for a package run
+    with ``-m``), then its arguments."""
+    if not sys.argv or not sys.argv[0]:
+        return ""
+    program = Path(sys.argv[0])
+    words = ["python", "-m", program.parent.name] if program.name == "__main__.py" else [program.name]
+    return shlex.join([*words, *sys.argv[1:]])
+
+
 def environment(device: str, threads: int | None, *, probe: bool = True) -> dict[str, Any]:
-    """Versions, device name, threads, host and time stamp of this run. ``probe`` False: the
+    """Versions, device name, threads, host, time stamp and command line of this run. ``probe`` False: the
     device is not on this machine (a cluster's driver), so CUDA is not asked and the name is
     this machine's CPU model."""
     try:
@@ -115,6 +128,7 @@ def environment(device: str, threads: int | None, *, probe: bool = True) -> dict
         "hostname": socket.gethostname(),
         "python": platform.python_version(), "platform": platform.platform(),
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": command_line(),
     }
 
 

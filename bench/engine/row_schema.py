@@ -43,6 +43,8 @@ COLUMNS = [
     "interleave_id", "interleaved", "threads", *ROW_FIELDS,
     # added later (bench.speed.noise): files without them read as rows judged by their spread
     "time_spread", "probe_ms", "noisy", "noise_threshold",
+    # added later (bench.speed.packing): files without it read as unpacked, unpadded rows
+    "packing",
 ]
 #: the matched-compute columns of a training row (:mod:`bench.quality.budget`; ``budget_x``
 #: empty: an equal-steps run)

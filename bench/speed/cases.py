@@ -21,6 +21,7 @@ from attn.pattern import Pattern
 from bench.speed.config import SweepConfig
 from bench.speed.memory import estimate_bytes, fits, pattern_of
 from bench.speed.noise import DEFAULT_THRESHOLD
+from bench.speed.packing import packing_text
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,16 @@ class Case:
     #: the noise policy (bench.speed.noise): how a row is flagged, not what is measured, so
     #: not in the id (a run-directory setting a resume compares, rundir.SETTING_FIELDS)
     noise_threshold: float = DEFAULT_THRESHOLD
+    #: packed documents per row (0: unpacked), run packed or one by one, and the fraction of
+    #: keys that are padding (bench.speed.packing)
+    documents: int = 0
+    one_by_one: bool = False
+    pad_fraction: float = 0.0
+
+    @property
+    def packing(self) -> str:
+        """The packing and padding in words (``""``: an unpacked, unpadded call)."""
+        return packing_text(self.documents, self.one_by_one, self.pad_fraction)
 
     @property
     def params_dict(self) -> dict[str, Any]:
@@ -65,7 +76,7 @@ class Case:
     def group(self) -> tuple[Any, ...]:
         """Cases that differ only in ``seq_len`` (a scaling curve)."""
         return (self.variant, self.params, self.kernel, self.batch, self.heads, self.head_dim,
-                self.dtype, self.device, self.causal)
+                self.dtype, self.device, self.causal, self.packing)
 
     @property
     def comparison(self) -> tuple[Any, ...]:
@@ -84,6 +95,8 @@ class Case:
         }
         if self.workload != "attention":  # attention cases keep their ids of earlier runs
             key.update(workload=self.workload, model=dict(self.model))
+        if self.packing:  # so do unpacked, unpadded ones
+            key.update(documents=self.documents, one_by_one=self.one_by_one, pad_fraction=self.pad_fraction)
         return hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
     def describe(self) -> str:
@@ -123,24 +136,37 @@ def expand_cases(config: SweepConfig) -> list[Case]:
         causal = causal or info.forces_causal
         lengths = sorted(set(spec.seq_len or config.seq_len))
         patterns: dict[tuple[int, int], Pattern] = {}
-        for kernel, batch, heads, head_dim in product(
-            kernels, config.batch, config.heads, config.head_dim
+        for kernel, batch, heads, head_dim, (documents, one_by_one, pad) in product(
+            kernels, config.batch, config.heads, config.head_dim, _packings(config)
         ):
+            suffix = packing_text(documents, one_by_one, pad)
+            label = f"{spec.label} [{suffix}]" if suffix else spec.label
             for n in lengths:
-                if not _fits(config, spec.name, spec.params_dict, kernel, n, batch, heads,
-                             head_dim, causal, patterns):
+                if documents > n or not _fits(config, spec.name, spec.params_dict, kernel, n, batch,
+                                              heads, head_dim, causal, patterns):
                     continue
                 cases.append(Case(
-                    variant=spec.name, label=spec.label, params=spec.params, kernel=kernel,
+                    variant=spec.name, label=label, params=spec.params, kernel=kernel,
                     seq_len=n, batch=batch, heads=heads, head_dim=head_dim, dtype=config.dtype,
                     device=config.device, causal=causal, passes=config.passes,
                     repeats=config.repeats, warmup=config.warmup, timeout_s=config.timeout_s,
                     max_memory_gb=config.max_memory_gb, threads=config.threads,
                     time_budget_s=config.time_budget_s, plugins=config.plugins,
                     min_repeats=config.min_repeats, workload=config.workload, model=config.model,
-                    noise_threshold=config.noise_threshold,
+                    noise_threshold=config.noise_threshold, documents=documents,
+                    one_by_one=one_by_one, pad_fraction=pad,
                 ))
     return cases
+
+
+def _packings(config: SweepConfig) -> list[tuple[int, bool, float]]:
+    """``(documents, one_by_one, pad_fraction)`` of every case of a shape: each packing (a
+    packed count also one by one with ``one_by_one``) with each padding fraction."""
+    out = []
+    for documents in config.packing:
+        ways = (False, True) if documents and config.one_by_one else (False,)
+        out += [(documents, way, pad) for way in ways for pad in config.pad_fraction]
+    return out
 
 
 def _fits(config: SweepConfig, variant: str, params: dict[str, Any], kernel: str, n: int,

@@ -103,6 +103,12 @@ class SweepConfig:
     #: a row whose repeats' spread (IQR / median) or calibration probe change exceeds this is
     #: flagged noisy (bench.speed.noise); fits and crossovers leave noisy rows out
     noise_threshold: float = DEFAULT_THRESHOLD
+    #: documents packed per row (0: unpacked; bench.speed.packing), each timed in the same
+    #: rounds; ``one_by_one`` adds, per packed count, the same documents run one by one
+    packing: tuple[int, ...] = (0,)
+    one_by_one: bool = False
+    #: fractions of each row's keys that are padding (a ``key_mask``), each its own case
+    pad_fraction: tuple[float, ...] = (0.0,)
     description: str = ""
 
 
@@ -128,6 +134,15 @@ def _fit_ranges(key: str, value: Any) -> tuple[tuple[int, int], ...]:
             raise key_error(key, f"each range must be [lo, hi] with integers 1 <= lo < hi; got {shown(item)}")
         out.append((item[0], item[1]))
     return tuple(out)
+
+
+def _pad_fractions(key: str, value: Any) -> tuple[float, ...]:
+    """A fraction in [0, 1) or a non-empty list of them (the padding axis)."""
+    values = value if isinstance(value, (list, tuple)) else [value]
+    ok = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1]
+    if not values or len(ok) != len(values):
+        raise key_error(key, f"must be a number in [0, 1) or a list of them; got {shown(value)}")
+    return tuple(dict.fromkeys(float(v) for v in values))
 
 
 def _model_settings(value: Any, workload: str) -> tuple[tuple[str, Any], ...]:
@@ -255,6 +270,9 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
         fit_ranges=_fit_ranges("fit_ranges", get("fit_ranges")),
         noise_threshold=float(check_key(require_number, "noise_threshold", get("noise_threshold"),
                                         minimum=0.01)),
+        packing=tuple(dict.fromkeys(check_key(require_int_list, "packing", get("packing"), minimum=0))),
+        one_by_one=check_key(require_bool, "one_by_one", get("one_by_one")),
+        pad_fraction=_pad_fractions("pad_fraction", get("pad_fraction")),
     )
     _check_model_step_dtype(config)
     _check_has_cases(config)

@@ -79,6 +79,54 @@ def interleaved_ratios(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _round_ratio(times: np.ndarray, base: np.ndarray) -> tuple[float, float, float, int]:
+    """Median and quartiles of the per-round ratios ``times / base``, and the rounds."""
+    rounds = min(len(times), len(base))
+    if not rounds:
+        return math.nan, math.nan, math.nan, 0
+    q25, q50, q75 = np.percentile(times[:rounds] / base[:rounds], [25, 50, 75])
+    return float(q50), float(q25), float(q75), rounds
+
+
+def _ratio_cell(ratio: tuple[float, float, float, int] | None) -> str:
+    if ratio is None or not ratio[3]:
+        return ""
+    return f"{cell(ratio[0])} [{cell(ratio[1])}, {cell(ratio[2])}]"
+
+
+def packing_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """For packed / padded rows (``packing`` not empty, :mod:`bench.speed.packing`): the time
+    over the unpacked row timed in the same rounds (same kernel requested, else the fastest
+    unpacked one) and, for a packed row, over its twin that ran the documents one by one:
+    medians of per-round ratios [q25, q75]."""
+    if "packing" not in df.columns:
+        return pd.DataFrame()
+    ok = df[(df.status == "ok") & (df.interleaved.fillna(1) > 1)].assign(
+        packing=df.packing.astype("string").fillna(""))
+    rows = []
+    for (_unit, pass_name), group in ok.groupby(["interleave_id", "pass"], sort=False):
+        plain = group[group.packing == ""]
+        for row in group[group.packing != ""].itertuples():
+            same = plain[plain.kernel_requested == row.kernel_requested]
+            base = (same if len(same) else plain)
+            unpacked = base.loc[base.time_ms.idxmin()] if len(base) else None
+            twin_text = row.packing.replace("packed ", "").replace(" docs", " docs one by one", 1)
+            twins = group[(group.packing == twin_text) & (group.kernel_requested == row.kernel_requested)]
+            twin = twins.iloc[0] if row.packing.startswith("packed") and len(twins) else None
+            times = _times(row.times_ms)
+            rows.append({
+                "label": row.label, "pass": pass_name, "seq_len": row.seq_len,
+                "kernel_requested": row.kernel_requested, "kernel": row.kernel,
+                "time_ms": row.time_ms,
+                "vs_unpacked": _ratio_cell(None if unpacked is None else
+                                           _round_ratio(times, _times(unpacked.times_ms))),
+                "unpacked_ms": math.nan if unpacked is None else unpacked.time_ms,
+                "vs_one_by_one": _ratio_cell(None if twin is None else _round_ratio(times, _times(twin.times_ms))),
+                "density": row.density,
+            })
+    return pd.DataFrame(rows)
+
+
 def _provenance(df: pd.DataFrame, run_dir: Path) -> list[str]:
     parts = ["## Provenance", ""]
     segments = read_env(run_dir)
@@ -164,6 +212,12 @@ def _pass_sections(df: pd.DataFrame, table: pd.DataFrame, pass_name: str, points
         parts += [f"### Interleaved ratios, `{pass_name}`: time over the fastest kernel timed in "
                   "the same rounds (median of per-round ratios [q25, q75])", "",
                   markdown_table(ratios.drop(columns="pass")), ""]
+    packed = packing_ratios(rows)
+    if len(packed):
+        parts += [f"### Packing and padding, `{pass_name}`: time over the unpacked row and over "
+                  "the same documents run one by one, timed in the same rounds (median of "
+                  "per-round ratios [q25, q75]; `density`: allowed pairs over N^2)", "",
+                  markdown_table(packed.drop(columns="pass")), ""]
     ok = rows[rows.status == "ok"]
     parts += [f"### Median time in ms (IQR, repeats), `{pass_name}`", "",
               markdown_table(_pivot(rows, _time_cells(ok))), ""]

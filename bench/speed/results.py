@@ -49,8 +49,18 @@ def load_results(run_dir: str | Path, *, damaged: bool = False) -> pd.DataFrame:
                 "interleave_id", "problem", "probe_ms"):
         df[col] = df[col].astype(object).where(df[col].notna(), "")
     df["noisy"] = noisy_flags(df)  # rows written before the flag: judged by their spread
-    df["label"] = [_label(row.variant, row.params, row.label) for row in df.itertuples()]
+    df["packing"] = df["packing"].astype(object).where(df["packing"].notna(), "")
+    df["label"] = [_packed_label(row.variant, row.params, row.label, row.packing) for row in df.itertuples()]
     return df
+
+
+def _packed_label(variant: Any, params: Any, recorded: Any, packing: str) -> Any:
+    """:func:`_label` of a row whose label ends with its packing (``full [packed 8 docs]``,
+    :mod:`bench.speed.packing`), the packing kept."""
+    suffix = f" [{packing}]" if packing else ""
+    if not suffix or not str(recorded).endswith(suffix):
+        return _label(variant, params, recorded)
+    return f"{_label(variant, params, str(recorded)[: -len(suffix)])}{suffix}"
 
 
 def _label(variant: Any, params: Any, recorded: Any) -> Any:

@@ -36,7 +36,7 @@ def base_row(case: Case, pass_name: str) -> Row:
         "kernel_requested": case.kernel, "kernel": case.kernel,
         "params": case.params_json, "seq_len": case.seq_len, "batch": case.batch,
         "heads": case.heads, "head_dim": case.head_dim, "dtype": case.dtype,
-        "device": case.device, "causal": case.causal, "pass": pass_name,
+        "device": case.device, "causal": case.causal, "pass": pass_name, "packing": case.packing,
     }
 
 

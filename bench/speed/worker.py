@@ -42,6 +42,7 @@ from bench.engine.process import failure, limit_memory
 from bench.speed.cases import Case
 from bench.speed.flops import case_flops
 from bench.speed.model_step import ModelStepRunner, build_model, model_flops
+from bench.speed.packing import document_ids, document_lengths, padding_mask
 from bench.speed.rows import path_columns
 
 
@@ -81,6 +82,15 @@ class PassRunner:
             torch.randn(b, h, n, d, generator=gen, dtype=torch.float32)  # (B, H, N, D)
             .to(device=self.device, dtype=self.dtype).requires_grad_(grad) for _ in range(3))
         self.d_out = torch.randn(b, h, n, d, generator=gen).to(device=self.device, dtype=self.dtype)
+        self.key_mask = padding_mask(n, b, case.pad_fraction, self.device) if case.pad_fraction else None
+        self.spans: list[tuple[int, int]] = []  # the documents, [start, end)
+        self.document_ids = None  # (B, N) for a packed call
+        if case.documents:
+            lengths = document_lengths(n, case.documents)
+            ends = torch.tensor(lengths).cumsum(0).tolist()
+            self.spans = list(zip([0, *ends[:-1]], ends, strict=True))
+            if not case.one_by_one:
+                self.document_ids = document_ids(lengths, b, self.device)
         self.paths: list[Any] = []  # KernelPath of every call of this pass
         self._keep_output = False  # the planning call keeps its output for the finiteness check
         self._output: Any = None
@@ -89,8 +99,19 @@ class PassRunner:
         self.timer = CallTimer(fn, setup, self.device)
 
     def _forward(self) -> Any:
-        out = self.module(self.q, self.k, self.v, causal=self.case.causal)
-        self.paths.append(self.module.last_path)
+        if self.case.one_by_one:  # each document its own call, outputs concatenated
+            outs = []
+            for start, end in self.spans:
+                mask = None if self.key_mask is None else self.key_mask[:, start:end]
+                outs.append(self.module(self.q[:, :, start:end], self.k[:, :, start:end],
+                                        self.v[:, :, start:end], causal=self.case.causal,
+                                        key_mask=mask))  # (B, H, n_d, D)
+                self.paths.append(self.module.last_path)
+            out = torch.cat(outs, dim=2)  # (B, H, N, D)
+        else:
+            out = self.module(self.q, self.k, self.v, causal=self.case.causal, key_mask=self.key_mask,
+                              document_ids=self.document_ids)
+            self.paths.append(self.module.last_path)
         if self._keep_output:
             self._output = out.detach()
         return out
@@ -129,8 +150,14 @@ class PassRunner:
 
     def prepare(self) -> dict[str, Any]:
         """Warm-up, one planning call and the memory readings; raises when unsupported."""
-        call = AttentionCall.from_tensors(self.q, self.k, self.v, self.case.causal, None, self.grad)
-        reasons = self.module.not_supported_reasons(call)
+        if self.case.one_by_one:  # the calls of the documents, each alone
+            calls = [AttentionCall.from_tensors(self.q[:, :, s:e], self.k[:, :, s:e], self.v[:, :, s:e],
+                                                self.case.causal, self.key_mask, self.grad)
+                     for s, e in self.spans]
+        else:
+            calls = [AttentionCall.from_tensors(self.q, self.k, self.v, self.case.causal, self.key_mask,
+                                                self.grad, self.document_ids)]
+        reasons = list(dict.fromkeys(r for call in calls for r in self.module.not_supported_reasons(call)))
         if reasons:
             raise NotImplementedError("; ".join(reasons))
         first = self.timer.time_once()
@@ -164,7 +191,7 @@ def _build(case: Case) -> tuple[Any, dict[str, Any]]:
     else:
         flops, flops_kind, density = case_flops(module, batch=case.batch, heads=case.heads,
                                                 n=case.seq_len, head_dim=case.head_dim,
-                                                causal=case.causal)
+                                                causal=case.causal, documents=case.documents)
     return module, {"flops": flops, "flops_kind": flops_kind, "density": density,
                     "threads": torch.get_num_threads()}
 

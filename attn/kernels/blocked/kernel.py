@@ -9,6 +9,7 @@ from attn.call import AttentionCall
 from attn.kernels.base import Band, Kernel, KernelPath
 from attn.kernels.blocked.core import banded_attention
 from attn.kernels.blocked.dense import global_row_attention, global_rows, key_span_attention, uses_key_span
+from attn.kernels.blocked.packed import packed_attention
 from attn.kernels.chunked import chunked_attention
 from attn.mods import ScoreMod
 from attn.pattern import Pattern
@@ -85,17 +86,25 @@ class BlockedKernel(Kernel):
 
     name = "blocked"
     computes_half_in_float32 = True
-    description = "banded query/key blocks (sliding window, dilated, global tokens), O(N*w)"
+    supports_document_ids = True  # each document its own call (attn.kernels.blocked.packed)
+    description = ("banded query/key blocks (sliding window, dilated, global tokens), O(N*w); "
+                   "packed calls per document")
 
     def not_supported_reasons(self, pattern: Pattern, call: AttentionCall | None = None) -> list[str]:
         if reasons := super().not_supported_reasons(pattern, call):
             return reasons
-        if pattern.band is None:
+        if pattern.band is None and pattern.mask_mod is not None:
             return [f"{pattern.name} has no banded structure (band() is None)"]
+        if pattern.band is None and call is not None and not call.has_document_ids:
+            return [f"{pattern.name} has no banded structure (band() is None); blocked runs it on "
+                    "packed calls only (document_ids), one dense product per document"]
         return []
 
     def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
             key_mask: Tensor | None) -> tuple[Tensor, KernelPath]:
+        if pattern.documents is not None and pattern.within is not None:
+            out, path = packed_attention(pattern.within, pattern.documents, q, k, v, causal, key_mask)
+            return out, KernelPath(self.name, path)
         band = pattern.band
         if band is None:  # declared above; kept for direct calls
             raise NotImplementedError(f"{pattern.name}: kernel 'blocked' needs a band; band() is None")

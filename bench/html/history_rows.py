@@ -1,0 +1,106 @@
+"""One run directory's rows as history rows: one per (figure, case) and commit and machine.
+
+A history row is what a history figure plots: the run, the commit and machine its rows
+came from, the case's identity, the figure (``time_ms``, ``memory_mib`` or a quality
+metric), the value, the run's spread of it (the repeats' IQR of a time, the standard
+deviation over seeds of a quality metric; missing where the run records none), the number
+behind it (repeats or seeds) and the status (``ok`` or why not).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from bench.decoding.results import load_decoding
+from bench.engine.results import read_env
+from bench.html.report import run_kind
+from bench.quality.report import load_quality
+from bench.quality.tables import headline
+from bench.speed.compare import KEY
+from bench.speed.results import load_results
+
+COLUMNS = ["run", "kind", "commit_sha", "machine", "case", "figure", "value", "spread", "n",
+           "status", "timestamp"]
+#: what each figure's value is, and whether a smaller one is better
+FIGURES = {"time_ms": ("time (ms)", True), "memory_mib": ("peak tensor memory (MiB)", True),
+           "tokens_per_s": ("decoding tokens/s", False), "step_ms": ("streaming step (ms)", True)}
+
+
+def machine(device_name: object, threads: object, hostname: object) -> str:
+    """A machine's fingerprint: its device, the threads the run used and its host name."""
+    def text(value: object) -> str:
+        return "?" if value is None or pd.isna(value) or value == "" else str(value)
+    return f"{text(device_name)}, {text(threads)} threads, host {text(hostname)}"
+
+
+def _speed_case(row: pd.Series) -> str:
+    causal = " causal" if row.causal is True else ""
+    return (f"{row.label} [{row.kernel_requested}] {row['pass']} N={row.seq_len} B={row.batch} "
+            f"H={row.heads} D={row.head_dim} {row['dtype']} {row.device}{causal}")
+
+
+def _speed(run_dir: Path) -> pd.DataFrame:
+    df = load_results(run_dir).drop_duplicates([*KEY, "git_sha"], keep="last")
+    if df.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    base = pd.DataFrame({
+        "kind": "speed", "commit_sha": df.git_sha.astype(str),
+        "machine": [machine(*r) for r in zip(df.device_name, df.threads, df.hostname)],
+        "case": df.apply(_speed_case, axis=1), "n": df.repeats, "status": df.status,
+        "timestamp": df.timestamp.astype(str)})
+    time = base.assign(figure="time_ms", value=df.time_ms, spread=df.time_iqr_ms)
+    memory = base.assign(figure="memory_mib", value=df.peak_mem_bytes / 2**20, spread=float("nan"))
+    return pd.concat([time, memory], ignore_index=True)
+
+
+def _quality(run_dir: Path) -> pd.DataFrame:
+    df = load_quality(run_dir)
+    top = headline(df) if len(df) else df
+    if top.empty:
+        return pd.DataFrame(columns=COLUMNS)
+    top = top.assign(machine=[machine(*r) for r in zip(top.device_name, top.threads, top.hostname)],
+                     value=[v * (100.0 if m == "accuracy" else 1.0) for v, m in zip(top.value, top.metric)])
+    grouped = top.groupby(["git_sha", "machine", "task", "label", "metric"], sort=False)
+    stats = grouped.agg(value=("value", "mean"), spread=("value", "std"), n=("value", "size"),
+                        timestamp=("timestamp", "max")).reset_index()
+    return pd.DataFrame({
+        "kind": "quality", "commit_sha": stats.git_sha.astype(str), "machine": stats.machine,
+        "case": stats.task + ": " + stats.label, "figure": stats.metric, "value": stats.value,
+        "spread": stats.spread, "n": stats.n, "status": "ok", "timestamp": stats.timestamp.astype(str)})
+
+
+def _decoding(run_dir: Path) -> pd.DataFrame:
+    df = load_decoding(run_dir)
+    env = (read_env(run_dir) or [{}])[0]
+    where = [machine(env.get("device_name"), t, env.get("hostname")) for t in df.threads]
+    decoding = df.benchmark == "decoding"
+    cases = [f"{r.attention} context={r.context} {'cache' if r.use_cache else 'no cache'}" if d
+             else f"streaming window={r.window} layers={r.num_layers}" for d, r in zip(decoding, df.itertuples())]
+    return pd.DataFrame({
+        "kind": "decoding", "commit_sha": df.git_sha.astype(str), "machine": where, "case": cases,
+        "figure": ["tokens_per_s" if d else "step_ms" for d in decoding],
+        "value": [r.tokens_per_s if d else r.step_ms for d, r in zip(decoding, df.itertuples())],
+        "spread": float("nan"), "n": df.repeats, "status": "ok", "timestamp": df.timestamp.astype(str)})
+
+
+def history_rows(run_dir: str | Path, name: str) -> pd.DataFrame:
+    """The history rows of ``run_dir``, its ``run`` column ``name`` (the path the page links)."""
+    run_dir = Path(run_dir)
+    read = {"speed": _speed, "quality": _quality, "decoding": _decoding}[run_kind(run_dir)]
+    rows = read(run_dir).assign(run=name)
+    rows["n"] = pd.to_numeric(rows.n, errors="coerce")
+    return rows[COLUMNS]
+
+
+def find_runs(roots: list[Path]) -> list[Path]:
+    """Every run directory under ``roots`` (recursively; a root may be one): a directory
+    with ``results.csv`` or ``quality.csv``, sorted."""
+    found: set[Path] = set()
+    for root in roots:
+        for file in ("results.csv", "quality.csv"):
+            found.update(p.parent for p in root.rglob(file))
+            if (root / file).is_file():
+                found.add(root)
+    return sorted(found)

@@ -1,0 +1,132 @@
+"""The history store: every run's history rows in one SQLite file, read again only for the
+runs whose results changed.
+
+SQLite (Python's own ``sqlite3``) and not Parquet with DuckDB: no new dependency, one file
+that is updated in place run by run (a run whose results file is unchanged is not read
+again, so gathering hundreds of runs costs only the new ones), and an index on (figure,
+case, machine) that keeps a query of one series fast however many runs there are.
+docs/history.md says more.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+
+import pandas as pd
+
+from bench.html.history_rows import COLUMNS, find_runs, history_rows
+
+STORE_FILE = "history.sqlite"
+#: bump when the rows or tables change: a store of another version is rebuilt
+SCHEMA_VERSION = "2"
+_RESULTS = ("results.csv", "quality.csv")
+#: the columns of the cases table, quoted (``case`` is an SQL keyword)
+_QUOTED = ", ".join(f'"{c}"' for c in COLUMNS)
+
+
+def _signature(run_dir: Path) -> str:
+    """What changes when a run's results change: its results files' sizes and times."""
+    parts = []
+    for name in (*_RESULTS, "env.json"):
+        path = run_dir / name
+        if path.is_file():
+            stat = path.stat()
+            parts.append(f"{name}:{stat.st_size}:{stat.st_mtime_ns}")
+    return ";".join(parts)
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    """The store at ``path``, its tables made (emptied when of another schema version)."""
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+    found = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+    if found is None or found[0] != SCHEMA_VERSION:
+        db.executescript("DROP TABLE IF EXISTS runs; DROP TABLE IF EXISTS cases;")
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+    db.execute("CREATE TABLE IF NOT EXISTS runs (run TEXT PRIMARY KEY, signature TEXT)")
+    db.execute(f"CREATE TABLE IF NOT EXISTS cases ({_QUOTED})")
+    db.execute("CREATE INDEX IF NOT EXISTS series ON cases (figure, \"case\", machine)")
+    db.execute("CREATE INDEX IF NOT EXISTS by_run ON cases (run)")
+    db.execute("CREATE TABLE IF NOT EXISTS commits (sha TEXT PRIMARY KEY, time TEXT, source TEXT)")
+    return db
+
+
+def update_store(db: sqlite3.Connection, runs: Iterable[Path], base: Path) -> tuple[int, int]:
+    """Read the runs whose results changed since the store last saw them, drop the runs no
+    longer found; ``(read, kept)``: how many runs were read and how many were unchanged.
+    A run is named by its path relative to ``base`` (where the page is written)."""
+    names = {}
+    for run in runs:
+        names[Path(_relative(run, base)).as_posix()] = run
+    known = dict(db.execute("SELECT run, signature FROM runs").fetchall())
+    read = kept = 0
+    with db:
+        for gone in set(known) - set(names):
+            db.execute("DELETE FROM cases WHERE run = ?", (gone,))
+            db.execute("DELETE FROM runs WHERE run = ?", (gone,))
+        for name, run in names.items():
+            signature = _signature(run)
+            if known.get(name) == signature:
+                kept += 1
+                continue
+            rows = history_rows(run, name)
+            db.execute("DELETE FROM cases WHERE run = ?", (name,))
+            db.executemany(f"INSERT INTO cases VALUES ({', '.join('?' * len(COLUMNS))})",
+                           [tuple(None if pd.isna(v) else v for v in row) for row in
+                            rows.itertuples(index=False)])
+            db.execute("INSERT OR REPLACE INTO runs VALUES (?, ?)", (name, signature))
+            read += 1
+    return read, kept
+
+
+def _relative(path: Path, base: Path) -> str:
+    """``path`` relative to ``base`` (with ``..`` where needed)."""
+    return os.path.relpath(path.resolve(), base.resolve())
+
+
+def commit_times(db: sqlite3.Connection, repo: Path) -> None:
+    """Record the commit time of every commit in the store not yet timed: from git in
+    ``repo`` (source ``git``), else the earliest row of that commit (source ``first row``:
+    the commit is not in this repository)."""
+    shas = [r[0] for r in db.execute(
+        "SELECT DISTINCT commit_sha FROM cases WHERE commit_sha NOT IN (SELECT sha FROM commits)")]
+    if not shas:
+        return
+    timed = {}
+    plain = sorted({s.split("+")[0] for s in shas})
+    try:
+        out = subprocess.run(["git", "show", "-s", "--format=%H %cI", *plain], cwd=repo,
+                             capture_output=True, text=True, timeout=30).stdout
+        timed = dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    with db:
+        for sha in shas:
+            time = timed.get(sha.split("+")[0])
+            if time:
+                db.execute("INSERT INTO commits VALUES (?, ?, 'git')", (sha, time))
+            else:
+                first = db.execute("SELECT MIN(timestamp) FROM cases WHERE commit_sha = ?", (sha,)).fetchone()[0]
+                db.execute("INSERT INTO commits VALUES (?, ?, 'first row')", (sha, first or ""))
+
+
+def gather(roots: list[Path], out: Path) -> tuple[pd.DataFrame, dict[str, int]]:
+    """Every run under ``roots`` in the store ``out/history.sqlite`` (updated), and the whole
+    table with each row's ``commit_time`` and ``commit_time_source``; and counts
+    (``runs``, ``read``, ``kept``)."""
+    runs = find_runs(roots)
+    db = connect(out / STORE_FILE)
+    try:
+        read, kept = update_store(db, runs, out)
+        commit_times(db, roots[0] if roots[0].is_dir() else Path.cwd())
+        table = pd.read_sql_query(
+            "SELECT cases.*, commits.time AS commit_time, commits.source AS commit_time_source "
+            "FROM cases JOIN commits ON commits.sha = cases.commit_sha "
+            "ORDER BY figure, \"case\", machine, commit_time, timestamp", db)
+    finally:
+        db.close()
+    return table, {"runs": len(runs), "read": read, "kept": kept}

@@ -1,0 +1,146 @@
+"""One self-contained HTML page: Plotly's script, the table script, styles and data inline,
+so that the page opens offline and no request leaves it.
+
+The building blocks every page uses: :func:`figure_div` (a Plotly figure), :func:`table_html`
+(a sortable table with filters and marked rows), :func:`provenance_html` and
+:func:`render_page` (the whole document).
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import html
+import math
+from collections.abc import Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+from bench.engine.fsutil import atomic_write_text
+from bench.engine.markdown import cell
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
+table { border-collapse: collapse; font-size: 0.85em; }
+th, td { border: 1px solid #ccc; padding: 2px 6px; text-align: left; }
+table.sortable th { cursor: pointer; background: #f0f0f0; }
+th[aria-sort=ascending]::after { content: " \\25B2"; } th[aria-sort=descending]::after { content: " \\25BC"; }
+tr.failed { background: #f8d0d0; } tr.noisy { background: #fff0c0; } tr.regression { background: #f8d0d0; }
+td.mark { font-weight: bold; } .filters { margin: 0.5em 0; } .filters label { margin-right: 1em; }
+dl.provenance { display: grid; grid-template-columns: max-content auto; gap: 2px 12px; }
+dl.provenance dt { font-weight: bold; } .note { color: #555; max-width: 60em; }
+"""
+
+
+def _script(name: str) -> str:
+    """One of this package's scripts (``table.js``, ``plots.js``)."""
+    return resources.files("bench.html").joinpath(name).read_text(encoding="utf-8")
+
+
+def packed_plotly() -> str:
+    """Plotly's own bundle (``plotly.min.js`` of the installed ``plotly``), gzip-compressed
+    and base64-encoded: a third of its size (about 1.9 of 4.8 MB), which keeps a page under
+    5 MB; ``plots.js`` unpacks it in the browser."""
+    return base64.b64encode(gzip.compress(get_plotlyjs().encode("utf-8"), mtime=0)).decode("ascii")
+
+
+def figure_div(fig: go.Figure | dict, div_id: str, *, links: bool = False) -> str:
+    """``fig`` (a figure, or its JSON structure as a dict) as a ``<div class="plot">`` and
+    its figure JSON, drawn by the page's ``plots.js``; ``links``: a click on a point opens
+    the link that is the last field of its ``customdata``."""
+    data = pio.to_json(fig, validate=False).replace("</", "<\\/")  # no "</script>" inside the JSON
+    flag = ' data-links="1"' if links else ""
+    return (f'<div class="plot" id="{div_id}"{flag}></div>'
+            f'<script type="application/json" id="{div_id}-data">{data}</script>')
+
+
+def _text(value: Any) -> str:
+    """A table cell's text: numbers short (:func:`bench.engine.markdown.cell`)."""
+    return cell(value.item() if hasattr(value, "item") else value)
+
+
+def _sort_key(value: Any) -> str:
+    """What a cell sorts by: a number's full value (so ``-`` and rounding do not reorder)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return repr(float(value))
+    return ""
+
+
+def table_html(df: pd.DataFrame, table_id: str, *, filters: Mapping[str, str] | None = None,
+               marks: Sequence[str] | None = None, links: Mapping[str, str] | None = None) -> str:
+    """``df`` as a sortable table (a header click sorts by its column) with one ``<select>``
+    per ``filters`` entry (``{name: column}``: show only the rows whose ``column`` has the
+    chosen value). ``marks``: one word per row (``failed``, ``noisy``, ``regression`` or
+    ``""``), its row's class and the text of a first column ``mark``; ``links``: ``{column:
+    link column}``, the cell of ``column`` a link to that row's value of the other."""
+    filters = dict(filters or {})
+    links = dict(links or {})
+    marks = list(marks) if marks is not None else None
+    shown = [c for c in df.columns if c not in links.values()]
+    parts = []
+    if filters:
+        parts.append('<div class="filters">')
+        for name, column in filters.items():
+            values = sorted({str(v) for v in df[column]})
+            options = "".join(f'<option value="{html.escape(v)}">{html.escape(v)}</option>' for v in values)
+            parts.append(f'<label>{html.escape(name)} <select data-table="{table_id}" data-filter="{name}">'
+                         f'<option value="">(all)</option>{options}</select></label>')
+        parts.append("</div>")
+    head = (["<th>mark</th>"] if marks is not None else []) + [f"<th>{html.escape(str(c))}</th>" for c in shown]
+    parts.append(f'<table class="sortable" id="{table_id}"><thead><tr>{"".join(head)}</tr></thead><tbody>')
+    for i, row in enumerate(df.itertuples(index=False)):
+        values = dict(zip(df.columns, row))
+        attrs = "".join(f' data-{name}="{html.escape(str(values[column]))}"' for name, column in filters.items())
+        cells = []
+        if marks is not None:
+            attrs += f' class="{marks[i]}"' if marks[i] else ""
+            cells.append(f'<td class="mark">{html.escape(marks[i])}</td>')
+        for column in shown:
+            value = values[column]
+            text = html.escape(_text(value))
+            if column in links and values[links[column]]:
+                text = f'<a href="{html.escape(str(values[links[column]]))}">{text}</a>'
+            key = _sort_key(value)
+            cells.append(f'<td data-sort="{key}">{text}</td>' if key else f"<td>{text}</td>")
+        parts.append(f"<tr{attrs}>{''.join(cells)}</tr>")
+    parts.append("</tbody></table>")
+    return "\n".join(parts)
+
+
+def provenance_html(items: Mapping[str, str]) -> str:
+    """The run's provenance as a definition list (``{what: value}``)."""
+    rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items.items())
+    return f'<dl class="provenance" id="provenance">{rows}</dl>'
+
+
+def section(title: str, *blocks: str, note: str = "") -> str:
+    """A titled section of a page: a note paragraph, then the blocks (HTML)."""
+    intro = f'<p class="note">{html.escape(note)}</p>' if note else ""
+    return f"<section><h2>{html.escape(title)}</h2>{intro}{''.join(blocks)}</section>"
+
+
+def render_page(title: str, provenance: Mapping[str, str], sections: Sequence[str]) -> str:
+    """The whole document: ``title``, the provenance at the top, then ``sections``; Plotly's
+    library (packed: :func:`packed_plotly`), the page's scripts and the styles inline."""
+    return "\n".join([
+        "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{html.escape(title)}</title>", f"<style>{STYLE}</style>",
+        "</head><body>",
+        f"<h1>{html.escape(title)}</h1>", provenance_html(provenance), *sections,
+        f'<script type="application/octet-stream" id="plotly-gz">{packed_plotly()}</script>',
+        f"<script>{_script('plots.js')}</script>", f"<script>{_script('table.js')}</script>",
+        "</body></html>"])
+
+
+def write_page(path: str | Path, text: str) -> Path:
+    """Write a page atomically; its path."""
+    path = Path(path)
+    atomic_write_text(path, text)
+    return path

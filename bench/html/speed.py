@@ -1,0 +1,79 @@
+"""The page of a speed sweep: per pass, time and memory against N (one series per variant
+and requested kernel, log axes, the repeats' IQR as an error bar, noisy points hollow), and
+every row in one table, failed and noisy rows marked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+
+from bench.html.page import figure_div, section, table_html
+from bench.speed.report import PASSES
+from bench.speed.results import load_results
+
+MIB = 2**20
+HOVER = ("<b>%{customdata[0]}</b><br>kernel %{customdata[1]} (requested %{customdata[2]})<br>"
+         "N=%{customdata[3]}<br>time %{customdata[4]:.4g} ms (IQR %{customdata[5]:.3g} ms, "
+         "n=%{customdata[6]})<br>memory %{customdata[7]:.4g} MiB<br>status %{customdata[8]}"
+         "<extra></extra>")
+TABLE_COLUMNS = ["label", "kernel_requested", "kernel", "pass", "seq_len", "time_ms", "time_iqr_ms",
+                 "repeats", "peak_mem_mib", "status", "reason"]
+
+
+def _figure(ok: pd.DataFrame, column: str, title: str, y_title: str) -> go.Figure:
+    """One series per (label, kernel_requested) of ``ok`` rows: ``column`` against N."""
+    fig = go.Figure()
+    for (label, requested), rows in ok.groupby(["label", "kernel_requested"], sort=True):
+        rows = rows.sort_values("seq_len")  # (points,)
+        status = ["ok, noisy" if noisy else "ok" for noisy in rows.noisy]
+        custom = list(zip(rows.label, rows.kernel, rows.kernel_requested, rows.seq_len.astype(int),
+                          rows.time_ms, rows.time_iqr_ms.fillna(0), rows.repeats.fillna(0).astype(int),
+                          rows.peak_mem_bytes / MIB, status))
+        error = dict(type="data", array=(rows.time_iqr_ms.fillna(0) / 2).tolist(), visible=True) \
+            if column == "time_ms" else None
+        fig.add_trace(go.Scatter(
+            x=rows.seq_len.astype(int).tolist(), y=(rows[column] / (MIB if column == "peak_mem_bytes" else 1)).tolist(),
+            mode="lines+markers", name=f"{label} [{requested}]", customdata=custom, hovertemplate=HOVER,
+            error_y=error, marker=dict(symbol=["circle-open" if n else "circle" for n in rows.noisy], size=8)))
+    fig.update_layout(title=title, xaxis_title="N (sequence length)", yaxis_title=y_title,
+                      xaxis_type="log", yaxis_type="log", height=480, template="plotly_white",
+                      legend=dict(font=dict(size=10)))
+    return fig
+
+
+def row_marks(df: pd.DataFrame) -> list[str]:
+    """``failed`` for a row that did not run ok, ``noisy`` for one measured under contention."""
+    return ["failed" if status != "ok" else "noisy" if noisy else ""
+            for status, noisy in zip(df.status, df.noisy)]
+
+
+def speed_sections(run_dir: str | Path) -> tuple[list[str], list[str]]:
+    """The page's sections of a speed run, and the commits of its rows."""
+    df = load_results(run_dir)
+    if df.empty:
+        raise ValueError(f"RUN_DIR {run_dir}: results.csv has no result rows yet (header only); "
+                         "run or resume the sweep first")
+    ok = df[(df.status == "ok") & df.time_ms.notna()]
+    sections = []
+    for pass_name in [p for p in PASSES if (df["pass"] == p).any()]:
+        rows = ok[ok["pass"] == pass_name]
+        failed = int(((df["pass"] == pass_name) & (df.status != "ok")).sum())
+        note = ("Hover a point for its row; click a legend entry to hide or show its series. "
+                "Error bars: ± half the IQR of the repeats; a hollow point is a noisy row. "
+                + (f"{failed} row(s) of this pass did not run (no point; marked in the table)." if failed else ""))
+        sections.append(section(
+            f"Pass {pass_name}: time and memory against N",
+            figure_div(_figure(rows, "time_ms", f"Median time, {pass_name}", "time (ms)"), f"time-{pass_name}"),
+            figure_div(_figure(rows, "peak_mem_bytes", f"Peak tensor memory above inputs, {pass_name}",
+                               "memory (MiB)"), f"memory-{pass_name}"), note=note))
+    table = df.assign(peak_mem_mib=df.peak_mem_bytes / MIB, reason=df.reason.str.slice(0, 160))
+    table = table.sort_values(["pass", "label", "kernel_requested", "seq_len"])
+    sections.append(section(
+        "Every row", table_html(table[TABLE_COLUMNS], "rows", marks=row_marks(table),
+                                filters={"variant": "label", "kernel": "kernel_requested", "pass": "pass"}),
+        note="Click a header to sort by it; the selects show one variant, kernel or pass. "
+             "failed: the case did not run ok (its status and reason); noisy: measured under "
+             "contention (docs/measurement.md)."))
+    return sections, df.git_sha.dropna().astype(str).tolist()
