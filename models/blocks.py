@@ -151,6 +151,15 @@ class TransformerBlock(nn.Module):
         out = self_attn.attend(q, k, v, causal=causal, key_mask=key_mask)  # (B, Nq, D)
         return self.ffn_sublayer(self.residual(self.norm1, x, out))
 
+    def finish_heads(self, x: Tensor, heads: Tensor) -> Tensor:
+        """As :meth:`finish`, from the self-attention's per-head outputs ``heads (B, H, Nq, Dh)``
+        computed elsewhere (streaming's retroactive update): output projection, residual,
+        FFN -> ``(B, Nq, D)``."""
+        self_attn = self._attention_only("finish_heads")
+        if self.cross_attn is not None:
+            raise ValueError("cross_attention: finish_heads() runs blocks without cross-attention only")
+        return self.ffn_sublayer(self.residual(self.norm1, x, self_attn.merge(heads)))
+
     def forward(
         self,
         x: Tensor,

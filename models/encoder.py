@@ -149,6 +149,7 @@ class EncoderClassifier(nn.Module):
             return self.head(u, v)
         return self.head(torch.cat([u, v, u * v, u - v], dim=-1))
 
-    def stream(self, window: int):
-        """A :class:`~models.streaming.StreamingEncoder` over the last ``window`` tokens."""
-        return StreamingEncoder(self, window)
+    def stream(self, window: int, update: str = "auto"):
+        """A :class:`~models.streaming.StreamingEncoder` over the last ``window`` tokens
+        (``update="recompute"`` forces its first block's O(n^2 d) path)."""
+        return StreamingEncoder(self, window, update=update)

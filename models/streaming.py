@@ -8,13 +8,34 @@ window (the last ``n`` tokens, fewer while warming up).
 - one block: Continual *single-output* attention. The key and value of every token are
   computed once and kept in a FIFO buffer of ``n``; each step projects only the new token
   and attends with one query: O(n * d) per step instead of O(n^2 * d + n * d^2).
-- b >= 2 blocks: the first block is *retroactive*: its per-token q/k/v projections are
-  cached, and the outputs of all ``n`` window positions are recomputed from them (they
-  change when the oldest token leaves). Regular blocks follow; the last block is
-  single-output (query and FFN for the newest position only). This is the paper's
-  multi-block layout. The paper's O(n * d) retroactive update of the softmax sums
-  (d_mem / AV_mem) is not used: it only holds for unmasked softmax without a score term,
-  while this class must stay exact for every registered attention.
+- b >= 2 blocks: the first block is *retroactive*: it updates the outputs of all ``n``
+  window positions each step (they change when the new token arrives and the oldest
+  leaves). Regular blocks follow; the last block is single-output (query and FFN for the
+  newest position only). This is the paper's multi-block layout. The first block's
+  attention runs one of two paths, reported in :attr:`StreamingEncoder.last_path`:
+
+  - ``retroactive-update`` (plain softmax attention over the whole window: ``full``
+    without a position bias, not causal): the paper's O(n * d) update of each query's
+    softmax sums (their d_mem / AV_mem; :mod:`models.retroactive`, with a running maximum
+    per query in float64 and exact recomputation of rows whose sum cancelled).
+  - ``retroactive-recompute`` (every other attention: a mask, a score term, an
+    approximation): the outputs of all ``n`` positions are recomputed from the cached
+    per-token q / k / v, O(n^2 * d); the path names why the update does not apply.
+
+Per-step cost of the 2-block layout (d the width, d_ff the FFN width): first block
+O(n * d) attention (update path) or O(n^2 * d) (recompute path), then its output
+projection, LayerNorms and FFN on all ``n`` updated outputs, O(n * d * (d + d_ff)), as in
+the paper; the last block's keys and values of all ``n`` positions, O(n * d^2) (they are
+the first block's outputs, which all changed), and one query, O(n * d). Recomputing the
+window costs O(n^2 * d + n * d * (d + d_ff)) per block, so the step saves the attention's
+n^2 terms and the last block's per-position work, not the first block's FFN: by FLOPs the
+2-block gain is about (48 d + 8 n) / (22 d) with d_ff = 4 d, 3.6x at n = 1024, d = 256.
+
+A third block cannot be incremental: it needs the second block's outputs at all ``n``
+positions, and every one of them changes each step (its keys and values are the first
+block's outputs, all updated), so every block between the first and the last runs in full,
+O(n^2 * d + n * d * (d + d_ff)) each: a b-block step costs the 2-block step plus b - 2
+full blocks, so its gain over recomputing falls towards 1 as b grows (docs/models.md).
 
 Exactness needs token keys and values that do not depend on where the token sits in the
 window, so the encoder must not add absolute positions (``position="none"``, e.g. with
@@ -27,8 +48,34 @@ the oldest token sits at 0). CLS / extra global tokens are not used.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
+
+from attn.validation import require_choice
+from models.retroactive import RetroactiveSoftmax, retroactive_reason
+
+#: the first block's paths (:class:`StreamPath`)
+SINGLE_OUTPUT, RETROACTIVE_UPDATE, RETROACTIVE_RECOMPUTE = (
+    "single-output", "retroactive-update", "retroactive-recompute")
+#: ``update``: ``auto`` takes the O(n d) update where it is exact, ``recompute`` never does
+UPDATES = ("auto", "recompute")
+
+
+@dataclass(frozen=True)
+class StreamPath:
+    """What the last :meth:`StreamingEncoder.step` ran in its first block.
+
+    ``first_layer``: ``single-output`` (one block), ``retroactive-update`` (O(n * d) update
+    of the softmax sums) or ``retroactive-recompute`` (all ``n`` outputs recomputed,
+    O(n^2 * d)); ``fallback``: why the update does not apply (recompute only);
+    ``refreshed_rows``: rows of the update recomputed exactly after cancellation.
+    """
+
+    first_layer: str
+    fallback: str | None = None
+    refreshed_rows: int = 0
 
 
 def _push(buffer: Tensor | None, new: Tensor, dim: int, size: int) -> Tensor:
@@ -39,11 +86,15 @@ def _push(buffer: Tensor | None, new: Tensor, dim: int, size: int) -> Tensor:
 
 class StreamingEncoder:
     """Step-wise encoder over the last ``window`` tokens of a model with ``token_emb`` and
-    ``encoder`` (e.g. :class:`~models.encoder.EncoderClassifier`)."""
+    ``encoder`` (e.g. :class:`~models.encoder.EncoderClassifier`).
 
-    def __init__(self, model: nn.Module, window: int) -> None:
+    ``update="auto"`` runs the first block's O(n * d) retroactive update where it is exact
+    and the recompute path elsewhere; ``"recompute"`` always recomputes (a baseline)."""
+
+    def __init__(self, model: nn.Module, window: int, update: str = "auto") -> None:
         if not isinstance(window, int) or window < 1:
             raise ValueError(f"window: must be an int >= 1; got {window!r}")
+        require_choice("update", update, UPDATES)
         mixer = getattr(model.config, "mixer", "attention")
         if mixer != "attention":
             raise ValueError(
@@ -61,19 +112,32 @@ class StreamingEncoder:
         self.embed = model.token_emb
         self.blocks = model.encoder.blocks
         self.norm = model.encoder.norm
+        first = self.blocks[0].self_attn
+        self.fallback = None if len(self.blocks) == 1 else retroactive_reason(first.attention)
+        if self.fallback is None and len(self.blocks) > 1 and update == "recompute":
+            self.fallback = "update='recompute' was asked for"
+        self.retro = (RetroactiveSoftmax(window, first.head_dim)
+                      if len(self.blocks) > 1 and self.fallback is None else None)
+        self.last_path: StreamPath | None = None
         self.reset()
 
     def reset(self) -> None:
         """Forget every past token."""
         self.x: Tensor | None = None  # (B, T, D) first-block inputs (b >= 2 only)
-        self.q: Tensor | None = None  # (B, H, T, Dh) first-block queries (b >= 2 only)
-        self.k: Tensor | None = None  # (B, H, T, Dh)
-        self.v: Tensor | None = None  # (B, H, T, Dh)
+        # first-block per-head q / k / v (B, H, T, Dh); q for b >= 2 only, none of them on
+        # the retroactive-update path (its RetroactiveSoftmax keeps them)
+        self.q: Tensor | None = None
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
         self.seen = 0  # tokens stepped since the reset: the next token's absolute position (RoPE)
+        if self.retro is not None:
+            self.retro.clear()  # the softmax sums of the first block's queries
 
     @property
     def length(self) -> int:
         """Tokens in the window now."""
+        if self.x is not None:  # b >= 2
+            return self.x.shape[1]
         return 0 if self.k is None else self.k.shape[2]
 
     @torch.no_grad()
@@ -92,6 +156,9 @@ class StreamingEncoder:
             self.q = None
         else:
             self.x = x
+            if self.retro is not None:  # it keeps the window's q / k / v itself
+                self.retro.fill(self.q, self.k, self.v)
+                self.q = self.k = self.v = None
 
     @torch.no_grad()
     def step(self, ids: Tensor) -> Tensor:
@@ -102,12 +169,20 @@ class StreamingEncoder:
         position = torch.full((1, 1), self.seen, dtype=torch.long, device=x_t.device)  # (1, 1)
         q, k, v = first.self_attention_inputs(x_t, positions=position)  # (B, H, 1, Dh)
         self.seen += 1
-        self.k, self.v = _push(self.k, k, 2, n), _push(self.v, v, 2, n)  # (B, H, T, Dh)
         if len(self.blocks) == 1:
+            self.k, self.v = _push(self.k, k, 2, n), _push(self.v, v, 2, n)  # (B, H, T, Dh)
+            self.last_path = StreamPath(SINGLE_OUTPUT)
             y = first.finish(x_t, q, self.k, self.v)  # single output: (B, 1, D)
             return self.norm(y)[:, 0]
-        self.q, self.x = _push(self.q, q, 2, n), _push(self.x, x_t, 1, n)
-        h = first.finish(self.x, self.q, self.k, self.v)  # retroactive: (B, T, D)
+        self.x = _push(self.x, x_t, 1, n)  # (B, T, D)
+        if self.retro is not None:  # O(n d): the retroactive update keeps its own q / k / v
+            heads = self.retro.step(q, k, v)  # (B, H, T, Dh)
+            h = first.finish_heads(self.x, heads)  # (B, T, D)
+            self.last_path = StreamPath(RETROACTIVE_UPDATE, refreshed_rows=self.retro.refreshed)
+        else:
+            self.q, self.k, self.v = (_push(a, b, 2, n) for a, b in ((self.q, q), (self.k, k), (self.v, v)))
+            h = first.finish(self.x, self.q, self.k, self.v)  # retroactive recompute: (B, T, D)
+            self.last_path = StreamPath(RETROACTIVE_RECOMPUTE, fallback=self.fallback)
         for block in self.blocks[1:-1]:
             h = block(h)
         y = self.blocks[-1].forward_last(h)  # (B, 1, D)

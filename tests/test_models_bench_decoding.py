@@ -32,7 +32,12 @@ def test_decoding_benchmark_writes_results(tmp_path):
     assert set(decoding.use_cache) == {True, False}
     assert (decoding.tokens_per_s > 0).all()
     streaming = table[table.benchmark == "streaming"]
-    assert sorted(streaming.num_layers) == [1, 2] and (streaming.step_ms > 0).all()
+    assert (streaming.step_ms > 0).all()
+    paths = sorted(zip(streaming.num_layers, streaming.path, strict=True))
+    assert paths == [(1, "single-output"), (2, "retroactive-recompute"), (2, "retroactive-update")]
+    assert (streaming.speedup_q25 <= streaming.speedup).all() and (streaming.speedup <= streaming.speedup_q75).all()
+    assert all(len(json.loads(t)) == 1 for t in streaming.step_times_ms)  # one kept round per repeat
+    assert "| 16 | 2 | retroactive-update |" in (tmp_path / "summary.md").read_text()
     summary = (tmp_path / "summary.md").read_text()
     assert "| full | 2 | 128 |" in summary and "goal >= 5x" in summary and "## Streaming" in summary
     assert (decoding.num_kv_heads == 2).all()  # --num-heads 2, no --num-kv-heads: multi-head
@@ -55,3 +60,18 @@ def test_decoding_options_hold_the_defaults_and_check_each_option():
                         (dict(stream_layers=()), "--stream-layers"), (dict(d_model=30), "--d-model")):
         with pytest.raises(ValueError, match=f"^{option}: "):
             DecodingOptions(**bad)
+
+
+def test_benchmark_option_runs_streaming_alone_and_names_bad_values(tmp_path):
+    args = ["decoding", "--out", str(tmp_path), "--benchmark", "streaming", "--d-model", "16",
+            "--num-heads", "2", "--d-ff", "32", "--vocab-size", "16", "--stream-window", "8",
+            "--stream-layers", "2", "--stream-steps", "2", "--repeats", "2", "--threads", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(tmp_path / "results.csv")
+    assert set(table.benchmark) == {"streaming"} and len(table) == 2
+    assert all(len(json.loads(t)) == 2 for t in table.recompute_times_ms)  # 2 kept rounds
+    assert "## Decoding" not in (tmp_path / "summary.md").read_text()
+    result = CliRunner().invoke(app, ["decoding", "--out", str(tmp_path), "--benchmark", "prefill"])
+    assert result.exit_code == 2
+    assert "--benchmark: unknown value 'prefill'; allowed values are ['decoding', 'streaming']" in result.output

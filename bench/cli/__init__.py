@@ -1,5 +1,5 @@
 """The ``attn-bench`` command line: list, sweep, train, plot, report, compare, history, check,
-decoding, approx-error.
+decoding, decoding-step, approx-error, count.
 
 Every command imports what it needs when it runs, so ``attn-bench --help`` starts fast. Bad
 input (a config, an option, a run directory) is one line naming the argument and the
@@ -7,7 +7,7 @@ allowed values, exit code 2; ``--debug`` shows the traceback instead. One module
 of commands; importing them registers the commands on :data:`app`.
 """
 
-from bench.cli import approx, decoding, history, runs, sweep, train, variants  # noqa: F401  (registers the commands)
+from bench.cli import approx, count, decoding, history, runs, sweep, train, variants  # noqa: F401  (registers the commands)
 from bench.cli.app import app, main
 from bench.cli.common import UsageError, user_errors
 

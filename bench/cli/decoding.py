@@ -26,6 +26,9 @@ def _listed(values: tuple) -> str:
 @user_errors
 def decoding_command(
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("results/decoding"),
+    benchmark: Annotated[list[str] | None, typer.Option(
+        "--benchmark",
+        help=f"Benchmarks to run (repeatable; default {_listed(Defaults.benchmark)}).")] = None,
     context: Annotated[list[int] | None, typer.Option(
         "--context", min=1,
         help=f"Prompt lengths (repeatable; default {_listed(Defaults.context)}).")] = None,
@@ -50,7 +53,8 @@ def decoding_command(
         "--stream-layers", min=1,
         help=f"Streaming encoder depths (repeatable; default {_listed(Defaults.stream_layers)}).")] = None,
     stream_steps: Annotated[int, typer.Option(min=1, help="Streaming steps per repeat.")] = Defaults.stream_steps,
-    repeats: Annotated[int, typer.Option(min=1, help="Timed repeats (median).")] = Defaults.repeats,
+    repeats: Annotated[int, typer.Option(
+        min=1, help="Timed repeats (median; streaming: interleaved rounds).")] = Defaults.repeats,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
     device: Annotated[str, typer.Option(
         help="Device the models run and are timed on (cpu, cuda).")] = Defaults.device,
@@ -61,8 +65,9 @@ def decoding_command(
     from bench.html.report import write_report_html
 
     options = Defaults.from_given(
-        context=context, new_tokens=new_tokens, attention=attention, window=window, d_model=d_model,
-        num_heads=num_heads, num_kv_heads=num_kv_heads, num_layers=num_layers, d_ff=d_ff, vocab_size=vocab_size,
+        benchmark=benchmark, context=context, new_tokens=new_tokens, attention=attention, window=window,
+        d_model=d_model, num_heads=num_heads, num_kv_heads=num_kv_heads, num_layers=num_layers, d_ff=d_ff,
+        vocab_size=vocab_size,
         stream_window=stream_window, stream_layers=stream_layers, stream_steps=stream_steps,
         repeats=repeats, threads=threads, device=device,
     )

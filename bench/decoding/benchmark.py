@@ -8,7 +8,9 @@
    and the new tokens are in it (every layer's key and value storage,
    :attr:`models.attention.KVCache.nbytes`), measured on the cache itself.
 2. Streaming: :class:`models.StreamingEncoder` step time against recomputing the encoder
-   on the whole window each step (the batch forward), per window size and depth.
+   on the whole window each step (the batch forward), per window size and depth, timed in
+   interleaved rounds; with 2+ layers both first-block paths of the stream (the O(n d)
+   retroactive update and the recompute baseline), each row naming the path that ran.
 
 Writes ``results.csv`` (one row per measurement, column ``benchmark``), ``summary.md``
 and ``env.json`` into ``--out``. Run: ``attn-bench decoding --out results/decoding``.
@@ -16,12 +18,14 @@ and ``env.json`` into ``--out``. Run: ``attn-bench decoding --out results/decodi
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
@@ -118,39 +122,70 @@ def cache_bytes(model: Any, prompt: Tensor, new_tokens: int) -> int:
     return sum(getattr(layer, "nbytes", 0) for layer in cache.layers)
 
 
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    """25th, 50th and 75th percentiles of ``values``."""
+    q25, q50, q75 = np.percentile(np.asarray(values, dtype=float), [25, 50, 75])
+    return float(q25), float(q50), float(q75)
+
+
 def bench_streaming(
     window: int, num_layers: int, steps: int, sizes: dict[str, int], repeats: int, seed: int = 0,
     device: str | torch.device = "cpu",
-) -> dict[str, Any]:
-    """Per-step time of the streaming encoder and of recomputing the window, on ``device``."""
+) -> list[dict[str, Any]]:
+    """Per-step time of the streaming encoder and of recomputing the window, on ``device``,
+    timed in ``repeats`` interleaved rounds: one row per first-block path of the stream
+    (``retroactive-update`` and the ``retroactive-recompute`` baseline for 2+ layers of
+    full attention; ``single-output`` for one layer), with the median per-round ratio to
+    recomputing and its quartiles."""
     device = torch.device(device)
     torch.manual_seed(seed)
     model = create_model(
         "encoder_classifier", size="lra_base", position="none", max_len=window,
         **{**sizes, "num_layers": num_layers},
     ).eval().to(device)
-    ids = torch.randint(0, model.config.vocab_size, (1, window + steps * repeats)).to(device)
-    stream = model.stream(window)
-    stream.prefill(ids[:, :window])
-    cursor = iter(range(window, ids.shape[1]))  # each timed repeat streams new tokens
+    ids = torch.randint(0, model.config.vocab_size, (1, window + steps * (repeats + 1))).to(device)
+    updates = ("auto",) if num_layers == 1 else ("auto", "recompute")
+    streams = {u: model.stream(window, update=u) for u in updates}
+    for stream in streams.values():
+        stream.prefill(ids[:, :window])
+    cursor = {"t": window}  # each round streams new tokens (the same ones to every stream)
 
-    def run_stream() -> None:
-        for _ in range(steps):
-            stream.step(ids[:, next(cursor)])
+    def run_stream(stream: Any) -> Callable[[], None]:
+        def run() -> None:
+            for t in range(cursor["t"], cursor["t"] + steps):
+                stream.step(ids[:, t])
+        return run
 
     def run_recompute() -> None:
-        for t in range(window, window + steps):
-            stream.batch_forward(ids[:, t + 1 - window : t + 1])
+        for t in range(cursor["t"], cursor["t"] + steps):
+            streams["auto"].batch_forward(ids[:, t + 1 - window : t + 1])
 
-    step_s = _median_time(run_stream, repeats, device) / steps
-    recompute_s = _median_time(run_recompute, repeats, device) / steps
-    return {
-        "benchmark": "streaming", "model": "encoder_classifier", "attention": "full",
-        "window": window, "num_layers": num_layers, "steps": steps,
-        "step_ms": 1e3 * step_s, "recompute_ms": 1e3 * recompute_s,
-        "speedup": recompute_s / step_s, "repeats": repeats, "device": device.type,
-        **{k: v for k, v in sizes.items() if k != "num_layers"},
-    }
+    timed = {**{u: run_stream(s) for u, s in streams.items()}, "window": run_recompute}
+    times: dict[str, list[float]] = {name: [] for name in timed}
+    for round_ in range(repeats + 1):  # round 0 warms up and is not kept
+        for name, fn in timed.items():
+            seconds = _median_time(fn, 1, device) / steps
+            if round_:
+                times[name].append(seconds)
+        cursor["t"] += steps
+    rows = []
+    for update, stream in streams.items():
+        ratios = [r / s for r, s in zip(times["window"], times[update], strict=True)]
+        q25, q50, q75 = _quartiles(ratios)
+        path = stream.last_path
+        rows.append({
+            "benchmark": "streaming", "model": "encoder_classifier", "attention": "full",
+            "window": window, "num_layers": num_layers, "steps": steps,
+            "path": path.first_layer, "fallback": path.fallback or "",
+            "step_ms": 1e3 * statistics.median(times[update]),
+            "recompute_ms": 1e3 * statistics.median(times["window"]),
+            "speedup": q50, "speedup_q25": q25, "speedup_q75": q75,
+            "step_times_ms": json.dumps([round(1e3 * t, 4) for t in times[update]]),
+            "recompute_times_ms": json.dumps([round(1e3 * t, 4) for t in times["window"]]),
+            "repeats": repeats, "device": device.type,
+            **{k: v for k, v in sizes.items() if k != "num_layers"},
+        })
+    return rows
 
 
 def summary_markdown(decoding: pd.DataFrame, streaming: pd.DataFrame, env: dict[str, Any]) -> str:
@@ -190,11 +225,24 @@ def summary_markdown(decoding: pd.DataFrame, streaming: pd.DataFrame, env: dict[
             )
     if not streaming.empty:
         lines += ["", "## Streaming encoder step vs recomputing the window", ""]
-        lines += ["| window | layers | step ms | recompute ms | speedup |", "|---:|---:|---:|---:|---:|"]
+        rounds = int(streaming.repeats.iloc[0])
+        lines += [
+            f"Each row's stream and the recomputation were timed in {rounds} interleaved rounds "
+            f"(after a warm-up round) of {int(streaming.steps.iloc[0])} steps each; times are "
+            "medians per step, the speedup is the median of the per-round ratios with their "
+            "quartiles in brackets. The path is what the stream's first block ran "
+            "(`models/streaming.py`): `retroactive-update` the O(n d) update of the softmax "
+            "sums, `retroactive-recompute` all n outputs recomputed (the baseline, forced "
+            "here), `single-output` one layer.",
+            "",
+            "| window | layers | first-block path | step ms | recompute ms | speedup [q25, q75] |",
+            "|---:|---:|---|---:|---:|---:|",
+        ]
         for row in streaming.itertuples():
             lines.append(
-                f"| {row.window} | {row.num_layers} | {row.step_ms:.2f} | {row.recompute_ms:.2f} | "
-                f"{row.speedup:.1f}x |"
+                f"| {row.window} | {row.num_layers} | {row.path} | {row.step_ms:.2f} | "
+                f"{row.recompute_ms:.2f} | {row.speedup:.1f}x [{row.speedup_q25:.1f}, "
+                f"{row.speedup_q75:.1f}] |"
             )
     return "\n".join(lines) + "\n"
 
@@ -235,20 +283,18 @@ def run_decoding_benchmark(options: DecodingOptions, out: Path) -> None:
     decoding_rows: list[dict[str, Any]] = []
     streaming_rows: list[dict[str, Any]] = []
     with torch_threads(options.threads), torch.inference_mode():
-        for spec in options.attention:
+        for spec in options.attention if "decoding" in options.benchmark else ():
             name, params = _attention_spec(spec, options.window)
             for kv in options.kv_heads:
                 for ctx in options.context:
                     print(f"decoding {name} num_kv_heads={kv} context={ctx} ...", flush=True)
                     decoding_rows += bench_decoding(name, params, ctx, options.new_tokens, sizes,
                                                     options.repeats, device=options.device, num_kv_heads=kv)
-        for n in options.stream_window:
+        for n in options.stream_window if "streaming" in options.benchmark else ():
             for layers in options.stream_layers:
                 print(f"streaming window={n} layers={layers} ...", flush=True)
-                streaming_rows.append(
-                    bench_streaming(n, layers, options.stream_steps, sizes, options.repeats,
-                                    device=options.device)
-                )
+                streaming_rows += bench_streaming(n, layers, options.stream_steps, sizes, options.repeats,
+                                                  device=options.device)
     env = environment(options.device, options.threads)
     decoding, streaming = pd.DataFrame(decoding_rows), pd.DataFrame(streaming_rows)
     table = pd.concat([decoding, streaming], ignore_index=True).convert_dtypes()

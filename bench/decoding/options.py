@@ -12,14 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from attn.validation import require_choice, require_int
+from attn.validation import require_choice, require_choices, require_int
 
 #: smallest allowed value of the integer options that are not counts (those start at 1)
 _MINIMUM = {"window": 0, "vocab_size": 2}
 #: the devices ``--device`` takes (as :data:`bench.engine.config.DEVICES`)
 DEVICES = ("cpu", "cuda")
+#: the benchmarks ``--benchmark`` selects
+BENCHMARKS = ("decoding", "streaming")
 #: options that are not integers
-_NOT_INTEGERS = ("attention", "device")
+_NOT_INTEGERS = ("attention", "device", "benchmark")
 
 
 def _at_least(option: str, values: Any, minimum: int) -> None:
@@ -35,6 +37,7 @@ def _at_least(option: str, values: Any, minimum: int) -> None:
 class DecodingOptions:
     """What the decoding and streaming benchmarks measure, at which model size."""
 
+    benchmark: tuple[str, ...] = BENCHMARKS  # which benchmarks run
     context: tuple[int, ...] = (1024, 4096)  # prompt lengths
     new_tokens: int = 32  # tokens generated per call
     attention: tuple[str, ...] = ("full",)  # decoder attentions (causal ones)
@@ -49,12 +52,13 @@ class DecodingOptions:
     stream_window: tuple[int, ...] = (256, 1024)  # streaming windows
     stream_layers: tuple[int, ...] = (1, 2)  # streaming encoder depths
     stream_steps: int = 32  # streaming steps per timed repeat
-    repeats: int = 3  # timed repeats (median)
+    repeats: int = 5  # timed repeats (median; streaming: interleaved rounds)
     threads: int | None = None  # torch threads (None: torch's default)
     device: str = "cpu"  # where the models run and are timed
 
     def __post_init__(self) -> None:
         require_choice("--device", self.device, DEVICES)
+        require_choices("--benchmark", self.benchmark, BENCHMARKS)
         for field in fields(self):
             if field.name not in _NOT_INTEGERS:
                 _at_least(self.option(field.name), getattr(self, field.name), _MINIMUM.get(field.name, 1))

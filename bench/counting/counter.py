@@ -1,0 +1,93 @@
+"""Which instruction counter works on this machine, and how to run a script under it.
+
+Two counters were considered. ``perf stat -e instructions`` reads the CPU's hardware
+counter: it needs a performance-monitoring unit the kernel exposes (``/sys/bus/
+event_source/devices/cpu``; virtual machines often have none) and a
+``kernel.perf_event_paranoid`` that lets the user count its own process (<= 2). Valgrind's
+callgrind counts the instructions it executes (on its own synthetic CPU, so the count does
+not depend on the host's counters or load); it needs the ``valgrind`` program and torch's
+callgrind bindings (``torch._C._valgrind_toggle``), which turn counting on and off around
+the counted calls. This module uses callgrind, and says what is missing where it cannot.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+#: where Linux lists the CPU's hardware performance-monitoring unit, when it exposes one
+PMU_DIR = Path("/sys/bus/event_source/devices/cpu")
+PARANOID = Path("/proc/sys/kernel/perf_event_paranoid")
+#: the total a callgrind dump reports for its counted region
+_SUMMARY = re.compile(r"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
+
+
+def perf_problem() -> str | None:
+    """Why ``perf stat -e instructions`` cannot count here (one line), or None when it can."""
+    if not PMU_DIR.exists():
+        return (f"perf stat -e instructions: the kernel exposes no hardware counters ({PMU_DIR} "
+                "is missing: no PMU, as in many virtual machines)")
+    if shutil.which("perf") is None:
+        return "perf stat -e instructions: perf is not installed (apt-get install -y linux-perf)"
+    try:
+        level = int(PARANOID.read_text().strip())
+    except (OSError, ValueError):
+        return None
+    if level > 2:
+        return (f"perf stat -e instructions: kernel.perf_event_paranoid is {level} (needs <= 2 to "
+                "count one's own process; setting it needs root)")
+    return None
+
+
+def callgrind_problem() -> str | None:
+    """Why callgrind cannot count here (one line), or None when it can."""
+    if shutil.which("valgrind") is None:
+        return "callgrind: valgrind is not installed (apt-get install -y valgrind)"
+    import torch
+
+    if not torch._C._valgrind_supported_platform():
+        return "callgrind: this torch build has no callgrind bindings (torch._C._valgrind_toggle)"
+    return None
+
+
+def no_counter_message() -> str | None:
+    """The one-line refusal when no counter works here, naming what each one lacks; None
+    when callgrind works."""
+    problem = callgrind_problem()
+    if problem is None:
+        return None
+    perf = perf_problem() or "perf stat -e instructions: not used by this command"
+    return f"count: no instruction counter on this machine: {problem}; {perf}"
+
+
+def valgrind_version() -> str:
+    """``valgrind --version`` (e.g. ``valgrind-3.19.0``)."""
+    return subprocess.run(["valgrind", "--version"], capture_output=True, text=True,
+                          check=False).stdout.strip()
+
+
+def run_callgrind(args: list[str], workdir: Path, timeout_s: float, env: dict[str, str]) -> list[int]:
+    """Run ``args`` (a Python script that toggles counting with torch's bindings) under
+    callgrind, counting only the regions it toggles on; returns each region's instruction
+    count, in order. ``RuntimeError`` with the tail of its output when it fails."""
+    out = workdir / "callgrind.out"
+    command = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--instr-atstart=yes",
+               f"--callgrind-out-file={out}", *args]
+    done = subprocess.run(command, cwd=workdir, capture_output=True, text=True,
+                          timeout=timeout_s, env={**os.environ, **env}, check=False)
+    if done.returncode:  # the script's own last lines, not callgrind's (==PID== ...)
+        own = [line for line in (done.stdout + done.stderr).splitlines()
+               if line.strip() and not line.startswith("==")]
+        raise RuntimeError(f"the counted script failed (exit {done.returncode}): " + " | ".join(own[-3:]))
+    counts = []
+    index = 1
+    while (dump := workdir / f"callgrind.out.{index}").exists():  # one dump per counted region
+        match = _SUMMARY.search(dump.read_text())
+        if match is None:
+            raise RuntimeError(f"callgrind dump {dump.name} has no summary line")
+        counts.append(int(match.group(1)))
+        index += 1
+    return counts
