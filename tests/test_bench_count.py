@@ -21,7 +21,7 @@ def test_count_refuses_naming_what_is_missing(tmp_path, monkeypatch):
     message = " ".join(result.output.split())
     assert "count: no instruction counter on this machine: callgrind: valgrind is not installed" in message
     assert "perf stat -e instructions: the kernel exposes no hardware counters" in message
-    assert not (tmp_path / "out" / "results.csv").exists()
+    assert not (tmp_path / "out" / "counts.csv").exists()
 
 
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="the kernel is checked after the counter")
@@ -63,7 +63,7 @@ def test_count_under_callgrind_is_deterministic_and_grows_with_length(tmp_path):
             "--seq-len", "128", "--heads", "1", "--head-dim", "8", "--calls", "3", "--out", str(tmp_path)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    rows = pd.read_csv(tmp_path / "results.csv")
+    rows = pd.read_csv(tmp_path / "counts.csv")
     per_call = rows.instructions_per_call.tolist()
     assert per_call[0] > 0 and abs(per_call[1] / per_call[0] - 1) < 0.005
     assert per_call[2] > 1.5 * per_call[0]

@@ -1,7 +1,7 @@
 """``attn-bench count``: instructions per kernel call, counted by callgrind.
 
 Runs :mod:`bench.counting.probe` under callgrind once for all lengths, and writes into
-``out``: ``results.csv`` (one row per length: the counted totals, the harness's, and the
+``out``: ``counts.csv`` (one row per length: the counted totals, the harness's, and the
 instructions per call, with the kernel path that ran), ``summary.md`` and ``env.json``.
 """
 
@@ -106,7 +106,7 @@ def summary_markdown(rows: pd.DataFrame, env: dict[str, Any]) -> str:
 
 
 def run_count(options: CountOptions, out: Path) -> None:
-    """Count, then write ``results.csv``, ``summary.md`` and ``env.json`` into ``out``."""
+    """Count, then write ``counts.csv``, ``summary.md`` and ``env.json`` into ``out``."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out: {out} is a file; give a directory (it is created if missing)")
     rows = pd.DataFrame(count_rows(options))
@@ -114,7 +114,7 @@ def run_count(options: CountOptions, out: Path) -> None:
     rows = rows.assign(git_sha=env["git_sha"], torch_version=env["torch_version"],
                        timestamp=env["timestamp"])
     out.mkdir(parents=True, exist_ok=True)
-    rows.to_csv(out / "results.csv", index=False)
+    rows.to_csv(out / "counts.csv", index=False)
     write_env(out, [env])
     summary = summary_markdown(rows, env)
     atomic_write_text(out / "summary.md", summary)
