@@ -83,7 +83,7 @@ class FactorisedAttention(ExactAttention):
         return grid_mod(self.grid(), self.num_heads)
 
     def forward(self, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
-                key_mask: Tensor | None = None) -> Tensor:
+                key_mask: Tensor | None = None, document_ids: Tensor | None = None) -> Tensor:
         """As :meth:`attn.Attention.forward`; with ``frames`` set, keys must fill the grid."""
         if self.frames is not None and isinstance(k, Tensor) and k.dim() == 4:
             tokens = self.frames * self.positions_per_frame
@@ -92,7 +92,7 @@ class FactorisedAttention(ExactAttention):
                     f"{self.name}: argument 'k' has {k.shape[2]} keys but the grid is frames={self.frames} "
                     f"x positions_per_frame={self.positions_per_frame} = {tokens} tokens"
                 )
-        return super().forward(q, k, v, causal=causal, key_mask=key_mask)
+        return super().forward(q, k, v, causal=causal, key_mask=key_mask, document_ids=document_ids)
 
     def cost(self, query: CostQuery) -> Cost:
         """Useful FLOPs in closed form for self-attention (the pairs of :meth:`Grid.pairs`),
