@@ -9,11 +9,10 @@ import math
 import shutil
 import subprocess
 import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
+from baseline_packages import EXAMPLES, PACKAGES, baselines_registered, load
 from torch import Tensor
 
 import attn.registry as registry
@@ -24,33 +23,12 @@ from attn.kernels.reference import dense_attention
 from models import create_model
 from models.attention import StateCache
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-PACKAGES = {"linear_attention": "attn_bench_linear", "performer": "attn_bench_performer",
-            "linformer": "attn_bench_linformer", "bigbird": "attn_bench_bigbird"}
-
-
-def load(package: str) -> ModuleType:
-    """Import a package from its folder under examples/ (no pip install)."""
-    src = str(EXAMPLES / package / "src")
-    if src not in sys.path:
-        sys.path.insert(0, src)
-    return importlib.import_module(package)
-
 
 @pytest.fixture
 def registered():
     """Register the four packages' classes under their entry-point names for one test."""
-    classes = {
-        "linear_attention": load("attn_bench_linear").LinearAttention,
-        "performer": load("attn_bench_performer").PerformerAttention,
-        "linformer": load("attn_bench_linformer").LinformerAttention,
-        "bigbird": load("attn_bench_bigbird").BigBirdAttention,
-    }
-    for name, cls in classes.items():
-        register_attention(name, overwrite=True)(cls)
-    yield classes
-    for name in classes:
-        registry.unregister_attention(name)
+    with baselines_registered() as classes:
+        yield classes
 
 
 def qkv(b=2, h=3, nq=11, nk=11, d=8, dv=8, seed=0, scale=1.0) -> tuple[Tensor, Tensor, Tensor]:

@@ -20,6 +20,9 @@ def model_inputs(kind: str, model, batch: int = 2, length: int = 11) -> tuple:
     if kind == "vit":
         shape = (batch, cfg.in_channels, cfg.image_size, cfg.image_size)
         return (torch.randn(shape, generator=gen),)
+    if kind == "vivit":
+        shape = (batch, cfg.frames, cfg.in_channels, cfg.image_size, cfg.image_size)
+        return (torch.randn(shape, generator=gen),)
     ids = torch.randint(0, cfg.vocab_size, (batch, length), generator=gen)
     if kind == "encoder_decoder":
         return ids, torch.randint(0, cfg.vocab_size, (batch, length - 3), generator=gen)
@@ -34,6 +37,8 @@ def test_every_variant_runs_forward_and_backward(kind, name, params):
         with pytest.raises(ValueError, match="^attention:"):
             create_model(kind, attention=name, attention_params=params)
         return
+    if kind == "vivit" and "positions_per_frame" in params:  # a grid variant: the frame is the model's
+        params = {k: v for k, v in params.items() if k != "positions_per_frame"}
     torch.manual_seed(0)
     model = create_model(kind, attention=name, attention_params=params, dropout=0.1)
     inputs = model_inputs(kind, model)
