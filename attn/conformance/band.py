@@ -4,6 +4,7 @@ pairs its mask_mod admits, so the pattern is never written twice unchecked."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,24 +36,33 @@ def band_allows(band: Band, heads: int, n: int) -> Tensor:
 def check_band(module: Attention, params: dict[str, Any]) -> list[CheckResult]:
     """Pass when ``module.band()`` admits the pairs ``module.mask_mod()`` admits at
     ``N = BAND_LEN``, every head; fail naming the pairs where they differ."""
-    band, heads, n = module.band(), module.num_heads or HEADS, BAND_LEN
-    if band is None:
-        return [CheckResult(CHECK, "-", params, "skip", "no band declared")]
+    return check_declared(module, params, check=CHECK, what="band", declared=module.band(),
+                          allows=band_allows, n=BAND_LEN)
+
+
+def check_declared(module: Attention, params: dict[str, Any], *, check: str, what: str, declared: Any,
+                   allows: Callable[[Any, int, int], Tensor], n: int) -> list[CheckResult]:
+    """Compare a pattern's second definition, ``declared`` (a band, a grid: ``what``), whose
+    pairs ``allows(declared, heads, n)`` gives as ``(H, N, N)``, with ``module.mask_mod()`` at
+    ``N = n``, every head: pass, skip (nothing declared) or fail naming the differing pairs."""
+    heads = module.num_heads or HEADS
+    if declared is None:
+        return [CheckResult(check, "-", params, "skip", f"no {what} declared")]
     try:
-        declared = band_allows(band, heads, n)  # (H, N, N)
+        admitted = allows(declared, heads, n)  # (H, N, N)
         mask = dense_allowed(module.mask_mod(), batch=1, heads=heads, q_len=n, k_len=n, causal=False,
                              key_mask=None, device=torch.device("cpu"))  # (1, H|1, N, N) | None
     except Exception as err:
-        return [CheckResult(CHECK, "-", params, "fail", f"raised {type(err).__name__}: {err}")]
+        return [CheckResult(check, "-", params, "fail", f"raised {type(err).__name__}: {err}")]
     expected = torch.ones(heads, n, n, dtype=torch.bool) if mask is None else mask.expand(1, heads, n, n)[0]
-    wrong = (declared != expected).nonzero().tolist()
+    wrong = (admitted != expected).nonzero().tolist()
     if not wrong:
-        return [CheckResult(CHECK, "-", params, "pass")]
+        return [CheckResult(check, "-", params, "pass")]
     pairs = ", ".join(
         f"(i={i}, j={j}, head {h}: mask_mod {'allows' if expected[h, i, j] else 'forbids'}, "
-        f"band {'admits' if declared[h, i, j] else 'excludes'} it)"
+        f"{what} {'admits' if admitted[h, i, j] else 'excludes'} it)"
         for h, i, j in wrong[:5]
     )
-    message = (f"the declared band {band} and the mask_mod differ at {len(wrong)} (head, i, j) pairs, "
-               f"e.g. {pairs} [N={n}, causal=False]")
-    return [CheckResult(CHECK, "-", params, "fail", message)]
+    message = (f"the declared {what} {declared} and the mask_mod differ at {len(wrong)} (head, i, j) "
+               f"pairs, e.g. {pairs} [N={n}, causal=False]")
+    return [CheckResult(check, "-", params, "fail", message)]

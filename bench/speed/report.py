@@ -66,10 +66,7 @@ def interleaved_ratios(df: pd.DataFrame) -> pd.DataFrame:
         fastest = group.loc[group.time_ms.idxmin()]
         base = _times(fastest.times_ms)
         for row in group.itertuples():
-            times = _times(row.times_ms)
-            rounds = min(len(times), len(base))
-            ratios = times[:rounds] / base[:rounds]
-            q25, q50, q75 = np.percentile(ratios, [25, 50, 75]) if rounds else (math.nan,) * 3
+            q50, q25, q75, rounds = _round_ratio(_times(row.times_ms), base)
             mem = (row.peak_mem_bytes / fastest.peak_mem_bytes
                    if fastest.peak_mem_bytes and fastest.peak_mem_bytes > 0 else math.nan)
             rows.append({"label": row.label, "pass": pass_name, "seq_len": row.seq_len,
@@ -144,10 +141,7 @@ def gqa_ratios(df: pd.DataFrame) -> pd.DataFrame:
         base = full.iloc[0]
         base_times = _times(base.times_ms)
         for row in group[group.kv_heads < group.heads].itertuples():
-            times = _times(row.times_ms)
-            rounds = min(len(times), len(base_times))
-            ratios = times[:rounds] / base_times[:rounds]
-            q25, q50, q75 = np.percentile(ratios, [25, 50, 75]) if rounds else (math.nan,) * 3
+            q50, q25, q75, rounds = _round_ratio(_times(row.times_ms), base_times)
             mem = (row.peak_mem_bytes / base.peak_mem_bytes
                    if base.peak_mem_bytes and base.peak_mem_bytes > 0 else math.nan)
             rows.append({"label": row.label, "pass": pass_name, "seq_len": row.seq_len,
