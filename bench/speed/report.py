@@ -232,23 +232,20 @@ def _pass_sections(df: pd.DataFrame, table: pd.DataFrame, pass_name: str, points
                       markdown_table(ranged[["label", "kernel_requested", "kernel", "causal",
                                              "time_exponent", "memory_exponent", "fit_range",
                                              "fit_points", "noisy_dropped"]]), ""]
-    ratios = interleaved_ratios(rows)
-    if len(ratios):
-        parts += [f"### Interleaved ratios, `{pass_name}`: time over the fastest kernel timed in "
-                  "the same rounds (median of per-round ratios [q25, q75])", "",
-                  markdown_table(ratios.drop(columns="pass")), ""]
-    packed = packing_ratios(rows)
-    if len(packed):
-        parts += [f"### Packing and padding, `{pass_name}`: time over the unpacked row and over "
-                  "the same documents run one by one, timed in the same rounds (median of "
-                  "per-round ratios [q25, q75]; `density`: allowed pairs over N^2)", "",
-                  markdown_table(packed.drop(columns="pass")), ""]
-    gqa = gqa_ratios(rows)
-    if len(gqa):
-        parts += [f"### Grouped-query ratios, `{pass_name}`: time and memory with `kv_heads` key "
-                  "heads over the same kernel with as many key heads as query heads, timed in the "
-                  "same rounds (median of per-round ratios [q25, q75])", "",
-                  markdown_table(gqa.drop(columns="pass")), ""]
+    ratio_tables = (
+        (interleaved_ratios, "Interleaved ratios, `{}`: time over the fastest kernel timed in the same rounds "
+                             "(median of per-round ratios [q25, q75])"),
+        (packing_ratios, "Packing and padding, `{}`: time over the unpacked row and over the same documents "
+                         "run one by one, timed in the same rounds (median of per-round ratios [q25, q75]; "
+                         "`density`: allowed pairs over N^2)"),
+        (gqa_ratios, "Grouped-query ratios, `{}`: time and memory with `kv_heads` key heads over the same "
+                     "kernel with as many key heads as query heads, timed in the same rounds (median of "
+                     "per-round ratios [q25, q75])"),
+    )
+    for table_of, title in ratio_tables:
+        table = table_of(rows)
+        if len(table):
+            parts += [f"### {title.format(pass_name)}", "", markdown_table(table.drop(columns="pass")), ""]
     ok = rows[rows.status == "ok"]
     parts += [f"### Median time in ms (IQR, repeats), `{pass_name}`", "",
               markdown_table(_pivot(rows, _time_cells(ok))), ""]
