@@ -8,11 +8,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
+from processes import alive, wait_for
 
 from bench.engine.fsutil import RunLock, RunLockedError, atomic_write_text
 from bench.engine.results import RESULTS_FILE, read_rows
@@ -38,22 +38,8 @@ def sweep_config():
     unregister_test_variants()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:  # a zombie has exited
-        return f.read().split(")")[-1].split()[0] != "Z"
 
 
-def _wait_for(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
 
 
 def _start_hanging_sweep(tmp_path: Path, how: str = "spawn") -> tuple[subprocess.Popen, Path]:
@@ -65,7 +51,7 @@ def _start_hanging_sweep(tmp_path: Path, how: str = "spawn") -> tuple[subprocess
     proc = subprocess.Popen([sys.executable, "-m", "bench.cli", "sweep", str(config), "--out",
                              str(tmp_path / "out"), "--no-plots"], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert _wait_for(lambda: pidfile.exists() and len(pidfile.read_text().split()) >= 2
+    assert wait_for(lambda: pidfile.exists() and len(pidfile.read_text().split()) >= 2
                      if how == "spawn" else pidfile.exists(), 60), "the worker never started"
     return proc, pidfile
 
@@ -78,7 +64,7 @@ def test_sigterm_or_sighup_stops_the_sweep_cleanly_and_kills_the_workers(tmp_pat
     output, _ = proc.communicate(timeout=30)
     assert proc.returncode == 130, output
     assert f"stopped by {signal.Signals(signum).name}" in output and "resume" in output
-    assert _wait_for(lambda: not any(_alive(p) for p in pids), 10), "a worker or its child survived"
+    assert wait_for(lambda: not any(alive(p) for p in pids), 10), "a worker or its child survived"
 
 
 def test_a_killed_driver_leaves_nothing_running(tmp_path):
@@ -86,7 +72,7 @@ def test_a_killed_driver_leaves_nothing_running(tmp_path):
     pids = [int(p) for p in pidfile.read_text().split()]
     proc.kill()  # SIGKILL: no handler runs in the driver
     proc.wait()
-    assert _wait_for(lambda: not any(_alive(p) for p in pids), 15), "a worker or its child survived"
+    assert wait_for(lambda: not any(alive(p) for p in pids), 15), "a worker or its child survived"
 
 
 def test_a_timed_out_workers_children_are_killed_with_it(tmp_path, sweep_config):
@@ -96,7 +82,7 @@ def test_a_timed_out_workers_children_are_killed_with_it(tmp_path, sweep_config)
     rows = run_sweep(config, tmp_path / "out")
     assert [r["status"] for r in rows] == ["timeout"]
     pids = [int(p) for p in pidfile.read_text().split()]
-    assert len(pids) == 2 and not any(_alive(p) for p in pids)
+    assert len(pids) == 2 and not any(alive(p) for p in pids)
 
 
 def test_resume_refuses_rows_from_another_environment_unless_allowed(tmp_path, sweep_config):

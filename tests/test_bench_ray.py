@@ -19,6 +19,8 @@ import yaml
 
 ray = pytest.importorskip("ray", reason="the ray executor needs Ray: pip install 'attn-bench[ray]'")
 
+from processes import alive, wait_for  # noqa: E402
+
 from bench.engine.executors import LocalExecutor  # noqa: E402
 from bench.engine.executors.ray import (  # noqa: E402
     NODE_RESOURCE,
@@ -131,30 +133,13 @@ def _nice(pid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[16])
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _wait_for(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
-
-
 def _kill_ray_worker_of(pidfile: Path) -> tuple[int, int]:
     """SIGKILL the Ray worker running the hung case whose pid is in ``pidfile``.
 
     The case worker's parent is the forkserver the unit started, whose parent is the Ray
     worker running the unit's task.
     """
-    assert _wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 60), \
+    assert wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), 60), \
         "the hanging case never started"
     case_pid = int(pidfile.read_text().split()[0])
     forkserver = _parent(case_pid)
@@ -195,10 +180,10 @@ def test_a_killed_ray_worker_becomes_a_row_and_the_sweep_completes(tmp_path, ray
         case_workers.append(retry_case)
         assert retry_worker != first_worker
         thread.join(60)
-        assert not thread.is_alive(), "the sweep did not finish after its unit was lost"
+        assert not thread.isalive(), "the sweep did not finish after its unit was lost"
     finally:
         for pid in case_workers:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
     assert not failed, failed
     rows = {r["variant"]: r for r in read_rows(tmp_path / "out")}
@@ -206,7 +191,7 @@ def test_a_killed_ray_worker_becomes_a_row_and_the_sweep_completes(tmp_path, ray
     assert rows["bench_sleep"]["status"] == "ok"
     assert rows["bench_crash"]["status"] == "killed"
     assert "WorkerCrashedError" in rows["bench_crash"]["reason"]
-    assert _wait_for(lambda: not any(map(_alive, case_workers)), 10), \
+    assert wait_for(lambda: not any(map(alive, case_workers)), 10), \
         "a case worker outlived its Ray worker"
 
 
