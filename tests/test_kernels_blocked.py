@@ -219,3 +219,55 @@ def test_non_contiguous_head_split_inputs() -> None:
             out = blocked_attention(q[:, :, -nq:], k, v, band, causal=True)
             ref = dense_attention(q[:, :, -nq:], k, v, mask_mod=mask_of(band), causal=True)
             torch.testing.assert_close(out, ref, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_global_tokens_cost_the_memory_of_a_sliding_window(causal: bool) -> None:
+    """The global rows run inside the banded core, into its output, and add their key and
+    value gradients in place: forward+backward of global tokens allocates what the sliding
+    window does (tensor allocations counted by the profiler, a deterministic count), where
+    concatenating a separately computed dense part cost 1.7x."""
+    from bench.engine.measure import tensor_peak_bytes_cpu
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, 4096, 32, generator=gen).requires_grad_() for _ in range(3))
+
+    def peak(band: Band) -> int:
+        def call() -> None:
+            blocked_attention(q, k, v, band, causal=causal).sum().backward()
+            q.grad = k.grad = v.grad = None
+        return tensor_peak_bytes_cpu(call)
+
+    sliding, global_tokens = peak(Band(64)), peak(Band(64, num_global=16))
+    assert global_tokens <= 1.05 * sliding, (global_tokens, sliding)
+
+
+def test_global_rows_with_a_learned_bias_grouped_heads_and_padding() -> None:
+    """Global rows inside the core: a learned position bias (its table's gradient), grouped
+    key heads and padded keys at once, against the dense reference."""
+    heads, kv_heads, n = 4, 2, 70
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(2, heads, n, 8, generator=gen, dtype=torch.float64).requires_grad_()
+    k, v = (torch.randn(2, kv_heads, n, 8, generator=gen, dtype=torch.float64).requires_grad_()
+            for _ in range(2))
+    key_mask = torch.ones(2, n, dtype=torch.bool)
+    key_mask[1, -9:] = False
+    key_mask[0, 1] = False  # a padded global key
+    for causal in (False, True):
+        module = create_attention("global_tokens", kernel="blocked", num_global=3, window=5,
+                                  num_heads=heads, position_bias="learned", max_distance=8).double()
+        ref = create_attention("global_tokens", kernel="reference", num_global=3, window=5,
+                               num_heads=heads, position_bias="learned", max_distance=8).double()
+        with torch.no_grad():
+            for p in module.parameters():
+                p.normal_(generator=gen)
+        ref.load_state_dict(module.state_dict())
+        out = module(q, k, v, causal=causal, key_mask=key_mask)
+        expected = ref(q, k, v, causal=causal, key_mask=key_mask)
+        torch.testing.assert_close(out, expected, atol=1e-10, rtol=0)
+        assert "g=3" in module.last_path.path and module.last_path.fallback is None
+        params = list(module.parameters())
+        grads = torch.autograd.grad(out.square().sum(), [q, k, v, *params])
+        ref_grads = torch.autograd.grad(expected.square().sum(), [q, k, v, *ref.parameters()])
+        for got, want in zip(grads, ref_grads, strict=True):
+            torch.testing.assert_close(got, want, atol=1e-9, rtol=0)

@@ -34,7 +34,9 @@ Modules, by concern:
 * :mod:`~attn.kernels.blocked.chunk`: a chunk's operands (views or padded copies), its scores;
 * :mod:`~attn.kernels.blocked.forward` / :mod:`~attn.kernels.blocked.backward`: the passes;
 * :mod:`~attn.kernels.blocked.core`: the autograd function and :func:`banded_attention`;
-* :mod:`~attn.kernels.blocked.dense`: global rows and the one-block (decoding) path;
+* :mod:`~attn.kernels.blocked.global_rows`: the global rows (``i < g``, dense over every key)
+  inside the core, written into its output and added into its key gradients in place;
+* :mod:`~attn.kernels.blocked.dense`: the one-block (decoding) path, and global rows beside it;
 * :mod:`~attn.kernels.blocked.kernel`: :func:`blocked_attention` and :class:`BlockedKernel`.
 """
 

@@ -59,16 +59,20 @@ class _StreamRows:
 
 def band_backward(band: BandInputs, out: Tensor, lse: Tensor, key_masked: Tensor | None, d_out: Tensor,
                   geo: Geometry, streams: list[Stream], num_global: int, want_bias: bool,
-                  want_global_bias: bool) -> BandGrads:
-    """Gradients of :func:`attn.kernels.blocked.forward.band_forward` for ``d_out (B, H, Nq, Dv)``."""
+                  want_global_bias: bool, d_q: Tensor | None = None) -> BandGrads:
+    """Gradients of :func:`attn.kernels.blocked.forward.band_forward` for ``d_out (B, H, Nq, Dv)``
+    (a view whose rows are dense, such as a slice of rows, is read in place; others are
+    copied). ``d_q`` may be given (a view into the caller's larger gradient): the rows' query
+    gradients are written into it."""
     q, k, v = band.q, band.k, band.v
     scale = 1.0 / math.sqrt(q.shape[-1])
-    d_out = d_out.contiguous()
+    if d_out.stride(-1) != 1 or d_out.stride(-2) != d_out.shape[-1]:
+        d_out = d_out.contiguous()
     delta = (d_out * out).sum(dim=-1)  # (B, H, Nq)
     lse = torch.where(torch.isneginf(lse), torch.full_like(lse, float("inf")), lse)  # no key: P = 0
     n_blocks = sum(stream.n_blocks(geo.block) for stream in streams)
     grads = BandGrads(
-        q=torch.empty(q.shape, dtype=q.dtype, device=q.device),
+        q=torch.empty(q.shape, dtype=q.dtype, device=q.device) if d_q is None else d_q,
         k=torch.zeros(k.shape, dtype=k.dtype, device=k.device),
         v=torch.zeros(v.shape, dtype=v.dtype, device=v.device),
         score_bias=q.new_empty(n_blocks, geo.block, geo.window_keys) if want_bias else None,

@@ -50,16 +50,20 @@ class BandInputs:
                             blocks)
 
 
-def band_forward(band: BandInputs, geo: Geometry, streams: list[Stream], num_global: int
+def band_forward(band: BandInputs, geo: Geometry, streams: list[Stream], num_global: int,
+                 out: Tensor | None = None, lse: Tensor | None = None
                  ) -> tuple[Tensor, Tensor, Tensor | None]:
     """``out (B, H, Nq, Dv)``, the rows' log-sum-exp ``(B, H, Nq)`` (-inf for a row with no
     key) and the masked keys on the host (``(B|1, H|1, Nk)`` bool; None without a key bias
-    or on an accelerator, :func:`~attn.kernels.base.host_reads_are_free`)."""
+    or on an accelerator, :func:`~attn.kernels.base.host_reads_are_free`). ``out`` and
+    ``lse`` may be given (views into the caller's larger tensors): they are written in place."""
     q, v = band.q, band.v
     batch, heads, q_len, dim = q.shape
     scale = 1.0 / math.sqrt(dim)
-    out = q.new_empty(batch, heads, q_len, v.shape[-1])  # (B, H, Nq, Dv)
-    lse = q.new_empty(batch, heads, q_len)  # (B, H, Nq)
+    if out is None:
+        out = q.new_empty(batch, heads, q_len, v.shape[-1])  # (B, H, Nq, Dv)
+    if lse is None:
+        lse = q.new_empty(batch, heads, q_len)  # (B, H, Nq)
     scores_buf = q.new_empty(max_chunk_blocks(geo, streams), geo.block, geo.window_keys)  # (chunk, S, L)
     # masked keys, read on the host where that is free (CPU): each chunk then skips the key
     # bias when its windows hold no masked key. On an accelerator no read (a sync per call):

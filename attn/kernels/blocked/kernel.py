@@ -56,13 +56,13 @@ def blocked_attention(
     n_global_rows = global_rows(q_len, k_len, band.num_global)
     band_out = None  # (B, H, Nq - n_global_rows, Dv)
     if n_global_rows < q_len:
-        rows, row_offset = q[:, :, n_global_rows:], offset + n_global_rows
-        if uses_key_span(q_len - n_global_rows, band, block):
-            band_out = key_span_attention(rows, k, v, band, causal=causal, q_offset=row_offset,
-                                          key_mask=key_mask, score_mod=score_mod)
-        else:
-            band_out = banded_attention(rows, k, v, band, causal=causal, q_offset=row_offset,
-                                        key_mask=key_mask, score_mod=score_mod, block=block, chunk=chunk)
+        if not uses_key_span(q_len - n_global_rows, band, block):
+            # the global rows computed inside the core, into the same output: no concatenation
+            return banded_attention(q, k, v, band, causal=causal, q_offset=offset, key_mask=key_mask,
+                                    score_mod=score_mod, block=block, chunk=chunk,
+                                    global_rows=n_global_rows).to(dtype)
+        band_out = key_span_attention(q[:, :, n_global_rows:], k, v, band, causal=causal,
+                                      q_offset=offset + n_global_rows, key_mask=key_mask, score_mod=score_mod)
     if n_global_rows == 0:
         result = band_out
     else:
