@@ -114,6 +114,18 @@ def test_band_and_causal_chunks_cover_long_rows(monkeypatch) -> None:
             torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-9)
 
 
+@pytest.mark.parametrize("dim_v", [4, 12])
+def test_value_head_size_may_differ(dim_v) -> None:
+    fast, ref = _pair("learned", 2, torch.float64)
+    q, k, _, _ = _inputs(1, 2, 2, 30, 30, torch.float64)
+    v = torch.randn(1, 2, 30, dim_v, dtype=torch.float64)
+    grad = torch.randn(1, 2, 30, dim_v, dtype=torch.float64)
+    got, want = _run(fast, q, k, v, grad, False, None), _run(ref, q, k, v, grad, False, None)
+    assert got[0].shape == (1, 2, 30, dim_v)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-9)
+
+
 def test_half_precision_is_computed_in_float32() -> None:
     fast, ref = _pair("alibi", 2, torch.float32)
     q, k, v, _ = _inputs(1, 2, 2, 33, 33, torch.bfloat16)

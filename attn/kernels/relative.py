@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from attn.call import AttentionCall
@@ -299,13 +300,21 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, bias: RelativeBias, *, c
                        key_mask: Tensor | None = None) -> Tensor:
     """Exact attention with the relative bias ``bias``: ``q (B, H, Nq, D)``, ``k, v (B, H_kv,
     Nk, .)`` -> ``(B, H, Nq, Dv)``, bottom-right aligned, O(N) memory beyond the inputs (a
-    ``key_mask`` adds one query chunk's mask). Half precision is computed in float32."""
+    ``key_mask`` adds one query chunk's mask). Half precision is computed in float32; a
+    value head size other than the query's is padded with zeros to the larger one."""
     dtype = q.dtype
     compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
     scale = 1.0 / math.sqrt(q.shape[-1])
+    dim, dim_v = q.shape[-1], v.shape[-1]
+    # the flash kernel takes one head size: zero columns leave q.k and the output's first
+    # Dv columns as they are (the scale stays 1/sqrt(D))
+    if dim_v < dim:
+        v = F.pad(v, (0, dim - dim_v))  # (B, H_kv, Nk, D)
+    elif dim < dim_v:
+        q, k = F.pad(q, (0, dim_v - dim)), F.pad(k, (0, dim_v - dim))  # (B, ., N, Dv)
     out = _RelativeAttention.apply(q, k, v, bias.values, bias, key_mask, bool(causal), scale)
-    return out.to(dtype)
+    return out[..., :dim_v].to(dtype)  # (B, H, Nq, Dv)
 
 
 def _describe(bias: RelativeBias, plan: _Plan, key_mask: bool, grad: bool) -> str:
