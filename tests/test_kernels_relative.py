@@ -107,6 +107,7 @@ def test_band_and_causal_chunks_cover_long_rows(monkeypatch) -> None:
     """Small chunk sizes, so a short call crosses many chunk and band-block edges."""
     monkeypatch.setattr(relative_kernel, "CAUSAL_ROWS", 16)
     monkeypatch.setattr(relative_kernel, "BAND_ROWS", 8)
+    monkeypatch.setattr(relative_kernel, "BAND_ELEMENTS", 2000)  # a few blocks per batched group
     for causal in (False, True):
         fast, ref = _pair("learned", 2, torch.float64, 9)
         q, k, v, grad = _inputs(1, 2, 2, 70, 77, torch.float64)

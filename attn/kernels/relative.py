@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attn.call import AttentionCall
-from attn.gqa import expand_kv, gqa_note
+from attn.gqa import gqa_note
 from attn.kernels.base import Kernel, KernelPath
 from attn.kernels.chunked import chunk_rows
 from attn.pattern import Pattern, RelativeBias
@@ -50,10 +50,10 @@ _FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", 
 _FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 #: query rows per flash call of a causal call (each reads only the keys its rows reach)
 CAUSAL_ROWS = 256
-#: most query rows per dense band block of a learned table's gradient, and the elements
-#: (B * H * rows * keys) a block aims at: a few MB, so a long call is a few hundred blocks
-BAND_ROWS = 128
-BAND_ELEMENTS = 1 << 20
+#: most query rows per band block of a learned table's gradient, and the scores
+#: (B * H * blocks * rows * keys) one batched group of blocks holds: 16 MB in fp32
+BAND_ROWS = 64
+BAND_ELEMENTS = 1 << 22
 
 
 @dataclass(frozen=True)
@@ -154,115 +154,152 @@ def _flash_backward(gf: Tensor, qf: Tensor, k: Tensor, v: Tensor, of: Tensor, ls
     return dq, dk, dv
 
 
-def _augment(x: Tensor, column: Tensor | float) -> Tensor:
-    """``x (..., N, D)`` with one more column: ``(..., N, D + 1)``, so that one matmul of two
-    augmented operands also adds a per-row or per-column term."""
-    extra = torch.as_tensor(column, dtype=x.dtype, device=x.device)
-    extra = extra.expand(*x.shape[:-1]) if extra.dim() == 0 else extra
-    return torch.cat((x, extra[..., None]), dim=-1)
+def _band_rows(m: int) -> int:
+    """Query rows per band block (a block reads ``rows + 2m - 2`` keys): about ``m``, at
+    least 32, at most ``BAND_ROWS``."""
+    return min(BAND_ROWS, max(32, m))
 
 
-def _band_rows(batch: int, heads: int, m: int) -> int:
-    """Query rows per band block (a block reads ``rows + 2m - 1`` keys): about
-    ``BAND_ELEMENTS`` scores, at least 32 rows, at most ``BAND_ROWS``."""
-    rows = 32
-    while rows < BAND_ROWS and batch * heads * 2 * rows * (2 * rows + 2 * m) <= BAND_ELEMENTS:
-        rows *= 2
-    return min(rows, BAND_ROWS)
+def _band_grad(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta: Tensor,
+               key_mask: Tensor | None, bias: RelativeBias, causal: bool, scale: float) -> Tensor:
+    """Sums of ``dS`` on the diagonals ``|d| < M``: ``(H, 2M - 1)`` indexed by ``d + M - 1``
+    (rows in their own order here: ``grad, q (B, H, Nq, .)``, ``lse, delta (B, H, Nq)``).
 
+    The query rows are cut into blocks of ``R`` rows; block ``b`` reads the ``W = R + 2M - 2``
+    keys starting at ``b * R + Nk - Nq - M + 1``, so every block sees the same offsets
+    ``d = w - r - (M - 1)`` (row ``r``, window column ``w``) and the same ``(H, R, W)`` bias.
+    The windows are overlapping strided views of the keys, padded with keys that an extra
+    ``-inf`` column rules out (with the padding of ``key_mask``); ``q.k * scale - lse`` and
+    ``dO.v - delta`` each come from one batched matmul of augmented operands, over groups of
+    blocks, so a call is a few large ops. The products ``P * (dP - delta)`` summed over the
+    batch and the blocks give one ``(H, R, W)`` block, whose diagonal sums are the result."""
+    batch, heads, q_len, dim = q.shape
+    kv_heads, k_len, dim_v = k.shape[1], k.shape[2], v.shape[-1]
+    groups = heads // kv_heads
+    m = bias.max_distance
+    reach = min(m, q_len + k_len)  # offsets beyond Nq + Nk never occur
+    rows = _band_rows(reach)
+    width = rows + 2 * reach - 2
+    blocks = -(-q_len // rows)
+    offset = k_len - q_len
+    d = torch.arange(width, device=q.device)[None, :] - torch.arange(rows, device=q.device)[:, None] - (reach - 1)
+    with torch.no_grad():
+        values = bias.offsets(-(rows - 1) - (reach - 1), width - 1 - (reach - 1), q.dtype)  # (H, R+W-1)
+        block_bias = values[:, d - d.min()]  # (H, R, W)
+        if causal:
+            block_bias = block_bias.masked_fill(d > 0, float("-inf"))
+    # operands with one or two columns more, each filled by one copy: q.k*scale - lse (and the
+    # key's -inf column: padding and key_mask) and dO.v - delta come from one matmul each
+    first = offset - (reach - 1)  # the first key of block 0
+    left = max(0, -first)
+    right = max(0, (blocks - 1) * rows + first + width - k_len)
+    qa = q.new_zeros(batch, heads, blocks * rows, dim + 2)  # (B, H, blocks*R, D+2)
+    torch.mul(q, scale, out=qa[:, :, :q_len, :dim])
+    qa[:, :, :q_len, dim] = -lse
+    qa[..., dim + 1] = 1.0  # padding rows too (0 * -inf would be nan); their dO is zero
+    ga = q.new_zeros(batch, heads, blocks * rows, dim_v + 1)  # (B, H, blocks*R, Dv+1)
+    ga[:, :, :q_len, :dim_v] = grad
+    ga[:, :, :q_len, dim_v] = -delta
+    ka = q.new_zeros(batch, kv_heads, left + k_len + right, dim + 2)  # (B, H_kv, L+Nk+R, D+2)
+    ka[:, :, left : left + k_len, :dim] = k
+    ka[..., dim] = 1.0
+    ka[:, :, :left, dim + 1] = float("-inf")
+    ka[:, :, left + k_len :, dim + 1] = float("-inf")
+    if key_mask is not None:
+        ka[:, :, left : left + k_len, dim + 1] = torch.zeros(
+            key_mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~key_mask, float("-inf"))[:, None]
+    va = q.new_zeros(batch, kv_heads, left + k_len + right, dim_v + 1)  # (B, H_kv, L+Nk+R, Dv+1)
+    va[:, :, left : left + k_len, :dim_v] = v
+    va[..., dim_v] = 1.0
 
-def _band_grad(gf: Tensor, qf: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta: Tensor,
-               vec: Tensor, pad: Tensor | None, plan: _Plan, m: int, scale: float) -> Tensor:
-    """Sums of ``dS`` on the diagonals ``|d| < m``: ``(H, 2m - 1)`` indexed by ``d + m - 1``.
+    def windows(x: Tensor) -> Tensor:  # (B, H_kv, blocks, W, E): block b from key b*R + first
+        e = x.shape[-1]
+        return x.as_strided((batch, kv_heads, blocks, width, e),
+                            (x.stride(0), x.stride(1), rows * e, e, 1),
+                            x.storage_offset() + (first + left) * e)
 
-    Per block of rows, against the keys of their band: ``P = exp(q.k * scale + bias - lse)``
-    and ``dP - delta`` each from one matmul of augmented operands, their product written
-    into a buffer where row ``r`` is shifted right by ``r``, whose column sums are the
-    anti-diagonal sums of ``dS`` (one offset ``d`` each, rows being reversed)."""
-    heads, q_len, k_len = qf.shape[1], plan.q_len, plan.k_len
-    out = qf.new_zeros(heads, 2 * m - 1)  # (H, 2m-1)
-    qa = _augment(qf * scale, -lse)  # (B, H, Nq, D+1): q.k*scale - lse in one matmul
-    ga = _augment(gf, -delta)  # (B, H, Nq, Dv+1): dO.v - delta in one matmul
-    ka, va = _augment(k, 1.0), _augment(v, 1.0)  # (B, H_kv, Nk, .+1)
-    buffers: dict[tuple[int, int], Tensor] = {}
-    step = _band_rows(qf.shape[0], heads, m)
-    for r0 in range(0, q_len, step):
-        r1 = min(r0 + step, q_len)
-        # rows r' in [r0, r1) sit at a = Nk - 1 - r'; their band keys are a - m < j < a + m
-        lo = max(0, k_len - r1 - m + 1)
-        hi = min(k_len, k_len - 1 - r0 + m)
-        if plan.causal:
-            hi = min(hi, k_len - r0)
-        if lo >= hi:
-            continue
-        rows, cols = r1 - r0, hi - lo
-        s = torch.matmul(qa[:, :, r0:r1], expand_kv(ka[:, :, lo:hi], heads).transpose(-1, -2))  # (B, H, C, W)
-        s.add_(_hankel(vec, r0 + lo, rows, cols))
-        if pad is not None:
-            s.add_(pad[..., lo:hi])
-        p = s.exp_()  # (B, H, C, W)
-        dp = torch.matmul(ga[:, :, r0:r1], expand_kv(va[:, :, lo:hi], heads).transpose(-1, -2))  # (B, H, C, W)
-        if (rows, cols) not in buffers:  # zeros outside the shifted rows, reused
-            buffers[(rows, cols)] = qf.new_zeros(heads, rows, cols + rows)
-        shifted = buffers[(rows, cols)]
-        view = shifted.as_strided((heads, rows, cols), (rows * (cols + rows), cols + rows + 1, 1))
-        if p.shape[0] == 1:
-            torch.mul(p[0], dp[0], out=view)  # (H, C, W), row r shifted right by r
-        else:
-            view.copy_(p.mul_(dp).sum(0))
-        sums = shifted.sum(1)[:, : rows + cols - 1]  # (H, C + W - 1): t = r' - r0 + j - lo
-        first = r0 + lo - (k_len - 1)  # the offset d at t = 0
-        a, b = max(first, -m + 1), min(first + rows + cols - 2, m - 1)
-        if a <= b:
-            out[:, a + m - 1 : b + m] += sums[:, a - first : b - first + 1]
+    kw, vw = windows(ka), windows(va)
+    qb = qa.view(batch, kv_heads, groups, blocks, rows, dim + 2)
+    gb = ga.view(batch, kv_heads, groups, blocks, rows, dim_v + 1)
+    step = max(1, BAND_ELEMENTS // max(batch * heads * rows * width, 1))
+    total = q.new_zeros(heads, rows, width)  # (H, R, W)
+    for b0 in range(0, blocks, step):
+        b1 = min(b0 + step, blocks)
+        s = torch.matmul(qb[:, :, :, b0:b1], kw[:, :, None, b0:b1].transpose(-1, -2))  # (B, Hk, G, n, R, W)
+        p = s.view(batch, heads, b1 - b0, rows, width).add_(block_bias[None, :, None]).exp_()
+        dp = torch.matmul(gb[:, :, :, b0:b1], vw[:, :, None, b0:b1].transpose(-1, -2))
+        total += p.mul_(dp.view(batch, heads, b1 - b0, rows, width)).sum((0, 2))
+    # diagonal sums: row r shifted left by r (column w - r + R - 1), then column sums
+    shifted = q.new_zeros(heads, rows, width + rows - 1)
+    shifted.as_strided((heads, rows, width), (rows * (width + rows - 1), width + rows - 2, 1),
+                       rows - 1).copy_(total)
+    sums = shifted.sum(1)  # (H, W+R-1): column c is the offset d = c - (R-1) - (reach-1)
+    out = q.new_zeros(heads, 2 * m - 1)
+    out[:, m - reach : m + reach - 1] = sums[:, rows - 1 : rows - 1 + 2 * reach - 1]
     return out
 
 
-def _upper_tail(gf: Tensor, qf: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta: Tensor,
-                key_mask: Tensor | None, pad: Tensor | None, m: int, edge: Tensor, scale: float
-                ) -> Tensor:
-    """Per head, the sum of ``dS`` over the pairs ``d = j - a >= m``, where the bias is the
-    constant ``edge (H,)``: ``(H,)``. Attention over those keys alone is top-left causal
-    attention of the reversed rows ``r' >= m`` (row ``r = r' - m`` reads ``j' <= r``) over
-    the reversed keys ``j' = Nk - 1 - j``; its sum of ``dS`` per row is
-    ``exp(lse_up + edge - lse) * (dO . o_up - delta)``."""
-    heads, q_len = qf.shape[1], qf.shape[2]
-    if q_len <= m:
-        return qf.new_zeros(heads)
-    rows = q_len - m
-    mask = None if pad is None else pad.flip(-1).expand(-1, heads, rows, -1)  # (B, H, rows, Nk)
-    o_up, lse_up = _FLASH(qf[:, :, m:].contiguous(), k.flip(2), v.flip(2), 0.0, True,
-                          attn_mask=mask, scale=scale)  # (B, H, rows, Dv), (B, H, rows)
-    weight = (lse_up + edge.view(1, heads, 1) - lse[:, :, m:]).exp_()  # (B, H, rows)
-    per_row = weight * ((gf[:, :, m:] * o_up).sum(-1) - delta[:, :, m:])  # (B, H, rows)
-    if key_mask is not None:  # rows whose tail keys are all padding: no tail (flash gave zeros)
-        first = torch.where(key_mask.flip(-1).any(-1), key_mask.flip(-1).int().argmax(-1),
-                            key_mask.shape[-1])  # (B,) first real key in reversed order
-        reach = torch.arange(rows, device=qf.device)  # row r reads j' <= r
-        per_row = per_row.masked_fill((reach[None, :] < first[:, None])[:, None, :], 0.0)
+def _first_real_key(key_mask: Tensor) -> Tensor:
+    """``(B,)``: the index of each row's first real key (``Nk`` when it has none)."""
+    return torch.where(key_mask.any(-1), key_mask.int().argmax(-1), key_mask.shape[-1])
+
+
+def _tail(q: Tensor, k: Tensor, v: Tensor, grad: Tensor, lse: Tensor, delta: Tensor,
+          key_mask: Tensor | None, edge: Tensor, scale: float) -> Tensor:
+    """Per head, the sum of ``dS`` over a tail of pairs where the bias is the constant
+    ``edge (H,)``, given as top-left causal attention: row ``r`` of ``q (B, H, n, D)`` reads
+    the keys ``j <= r`` of ``k, v`` (``key_mask`` in that key order). Its sum per row is
+    ``exp(lse_t + edge - lse) * (dO . o_t - delta)`` (``lse, delta (B, H, n)`` of the call)."""
+    heads, rows = q.shape[1], q.shape[2]
+    mask = None
+    if key_mask is not None:
+        pad = _padding(key_mask, q.dtype)  # (B, 1, 1, Nk)
+        mask = pad.expand(-1, heads, rows, -1)  # (B, H, rows, Nk)
+    o_t, lse_t = _FLASH(q.contiguous(), k, v, 0.0, True, attn_mask=mask, scale=scale)  # (B, H, n, Dv), (B, H, n)
+    weight = (lse_t + edge.view(1, heads, 1) - lse).exp_()  # (B, H, n)
+    per_row = weight * ((grad * o_t).sum(-1) - delta)  # (B, H, n)
+    if key_mask is not None:  # rows whose tail keys are all padding (flash gave zeros): none
+        reach = torch.arange(rows, device=q.device)  # row r reads j <= r
+        empty = reach[None, :] < _first_real_key(key_mask)[:, None]  # (B, n)
+        per_row = per_row.masked_fill(empty[:, None, :], 0.0)
     return per_row.sum((0, 2))
 
 
-def _table_grad(gf: Tensor, qf: Tensor, k: Tensor, v: Tensor, of: Tensor, lse: Tensor,
-                vec: Tensor, key_mask: Tensor | None, pad: Tensor | None, plan: _Plan,
-                bias: RelativeBias, scale: float) -> Tensor:
-    """The learned table's gradient ``(H, 2M + 1)``: band diagonals, the upper tail, and the
-    lower tail from the rows of ``dS`` summing to zero."""
+def _table_grad(grad: Tensor, q: Tensor, out: Tensor, lse: Tensor, k: Tensor, v: Tensor,
+                key_mask: Tensor | None, causal: bool, bias: RelativeBias, scale: float) -> Tensor:
+    """The learned table's gradient ``(H, 2M + 1)`` (rows in their own order): the band
+    diagonals, one tail by flash attention over it alone, and the other from the rows of
+    ``dS`` summing to zero (a causal call has no upper tail)."""
     m = bias.max_distance
-    heads = qf.shape[1]
-    grad = qf.new_zeros(heads, 2 * m + 1)  # (H, 2M+1)
+    heads, q_len, k_len = q.shape[1], q.shape[2], k.shape[2]
+    table = q.new_zeros(heads, 2 * m + 1)  # (H, 2M+1)
     if m == 0:  # one entry for every pair: the sum of each row of dS, zero
-        return grad
-    delta = (gf * of).sum(-1)  # (B, H, Nq)
-    band = _band_grad(gf, qf, k, v, lse, delta, vec, pad, plan, m, scale)  # (H, 2M-1)
-    upper = qf.new_zeros(heads)
-    if not plan.causal:
-        edge = bias.offsets(m, m, qf.dtype).detach()[:, 0]  # (H,)
-        upper = _upper_tail(gf, qf, k, v, lse, delta, key_mask, pad, m, edge, scale)
-    grad[:, 1 : 2 * m] = band
-    grad[:, 2 * m] = upper
-    grad[:, 0] = -(band.sum(1) + upper)
-    return grad
+        return table
+    delta = (grad * out).sum(-1)  # (B, H, Nq)
+    band = _band_grad(grad, q, k, v, lse, delta, key_mask, bias, causal, scale)  # (H, 2M-1)
+    offset = k_len - q_len
+    lower = q.new_zeros(heads)
+    upper = q.new_zeros(heads)
+    if causal:
+        lower = -band.sum(1)
+    elif offset <= m:  # lower tail d <= -M: rows i >= M - offset read j <= i + offset - M
+        start = m - offset
+        if start < q_len:
+            edge = bias.offsets(-m, -m, q.dtype).detach()[:, 0]  # (H,)
+            lower = _tail(q[:, :, start:], k, v, grad[:, :, start:], lse[:, :, start:],
+                          delta[:, :, start:], key_mask, edge, scale)
+        upper = -(band.sum(1) + lower)
+    else:  # upper tail d >= M, queries and keys reversed: rows r' >= M read j' <= r' - M
+        edge = bias.offsets(m, m, q.dtype).detach()[:, 0]  # (H,)
+        if q_len > m:
+            upper = _tail(q.flip(2)[:, :, m:], k.flip(2), v.flip(2), grad.flip(2)[:, :, m:],
+                          lse.flip(2)[:, :, m:], delta.flip(2)[:, :, m:],
+                          None if key_mask is None else key_mask.flip(-1), edge, scale)
+        lower = -(band.sum(1) + upper)
+    table[:, 1 : 2 * m] = band
+    table[:, 0] = lower
+    table[:, 2 * m] = upper
+    return table
 
 
 class _RelativeAttention(torch.autograd.Function):
@@ -279,19 +316,21 @@ class _RelativeAttention(torch.autograd.Function):
         pad = _padding(key_mask, q.dtype)  # (B, 1, 1, Nk) | None
         qf = q.flip(2)  # (B, H, Nq, D) rows reversed
         of, lse = _forward(qf, k, v, vec, pad, plan, scale)  # (B, H, Nq, Dv), (B, H, Nq)
-        ctx.save_for_backward(qf, k, v, of, lse)
+        out = of.flip(2)  # (B, H, Nq, Dv)
+        ctx.save_for_backward(q, qf, k, v, of, lse, out)
         ctx.extra = (bias, key_mask, pad, vec, plan, scale)
-        return of.flip(2)
+        return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):
-        qf, k, v, of, lse = ctx.saved_tensors
+        q, qf, k, v, of, lse, out = ctx.saved_tensors
         bias, key_mask, pad, vec, plan, scale = ctx.extra
+        grad = grad.contiguous()
         gf = grad.flip(2)  # (B, H, Nq, Dv) rows reversed
         dqf, dk, dv = _flash_backward(gf, qf, k, v, of, lse, vec, pad, plan, scale)
         dtable = None
         if ctx.needs_input_grad[3]:
-            dtable = _table_grad(gf, qf, k, v, of, lse, vec, key_mask, pad, plan, bias, scale)
+            dtable = _table_grad(grad, q, out, lse.flip(2), k, v, key_mask, plan.causal, bias, scale)
         return dqf.flip(2), dk, dv, dtable, None, None, None, None
 
 
