@@ -15,18 +15,27 @@ Backward (:class:`_RelativeAttention`): the flash kernel's own backward gives ``
 dv`` with the same mask view. A learned table also needs ``d table[h, M + d] = sum over
 pairs on diagonal d of dS``, ``dS = P * (dP - delta)``; the table is clipped at ``M``, so
 
-* the diagonals ``|d| < M`` are summed from dense blocks of the band only (query chunks of
-  ``BAND_ROWS`` rows against the ``C + 2M`` keys around them, anti-diagonal sums of a
-  strided view): O(N * M) work;
-* the upper tail ``d >= M`` has one constant bias, so its sum per row is
-  ``exp(lse_up - lse) * (dO . o_up - delta)`` where ``o_up, lse_up`` is attention over
-  the keys ``j >= i + M`` alone: with queries and keys reversed that is top-left
-  ``is_causal`` attention of the rows ``>= M``, which the flash kernel runs at half cost;
-* the lower tail ``d <= -M`` follows because every row of ``dS`` sums to zero (softmax).
+* the diagonals ``|d| < M`` are summed from the band alone: blocks of ``R`` query rows
+  against the ``R + 2M - 2`` keys around them, where every block sees the same offsets,
+  so all blocks run as a few batched matmuls over overlapping strided windows of the keys
+  and their products sum into one ``(H, R, W)`` block whose diagonal sums are the result:
+  O(N * M) work in a few large ops;
+* a tail (``d <= -M`` or ``d >= M``) has one constant bias, so its sum per row is
+  ``exp(lse_t + b - lse) * (dO . o_t - delta)`` where ``o_t, lse_t`` is attention over the
+  tail's keys alone: top-left ``is_causal`` attention of shifted rows (the lower tail in
+  the rows' own order; the upper one with queries and keys reversed), which the flash
+  kernel runs at half the cost of a forward;
+* the other tail follows because every row of ``dS`` sums to zero (softmax); a causal call
+  has no upper tail and needs no tail call.
 
-Calls with nothing left for the tails (``M >= Nq + Nk``) are all band. ALiBi has no
-gradient to pass on. References: Press et al. 2022 (ALiBi); Shaw et al. 2018 and Raffel et
-al. 2020 (learned relative biases); Dao 2023 (the log-sum-exp recompute).
+ALiBi has no gradient to pass on. Memory beyond the inputs: O(N * D) (reversed and
+augmented copies of q, k, v) and one group of band blocks (``BAND_ELEMENTS`` scores).
+Refused (declared in :meth:`RelativeKernel.not_supported_reasons`): devices other than the
+CPU, packed calls, patterns with a mask_mod or any score term other than a declared
+:class:`~attn.pattern.RelativeBias`, and calls without keys.
+
+References: Press et al. 2022 (ALiBi); Shaw et al. 2018 and Raffel et al. 2020 (learned
+relative biases); Dao 2023 (the log-sum-exp recompute of the backward).
 """
 
 from __future__ import annotations
