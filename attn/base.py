@@ -15,7 +15,7 @@ from attn.documents import Documents, check_document_ids
 from attn.grid import Grid
 from attn.kernels import auto, get_kernel, kernel_names, kernels_for
 from attn.mods import MaskMod, ScoreMod
-from attn.pattern import Band, Native, Pattern, PatternOwner
+from attn.pattern import Band, Native, Pattern, PatternOwner, RelativeBias
 from attn.position_bias import POSITION_BIASES, RelativePositionBias
 from attn.validation import Param, require_choice
 
@@ -154,6 +154,11 @@ class Attention(nn.Module):
         (default: every parameter of the module)."""
         return tuple(self.parameters())
 
+    def relative_bias(self) -> RelativeBias | None:
+        """The declarative form of ``score_mod`` when it is exactly a relative position bias
+        (:class:`attn.pattern.RelativeBias`), or None (default)."""
+        return None
+
     def mask_depends_on_head(self) -> bool:
         """True when ``mask_mod`` reads the head index ``h`` (e.g. per-head dilations).
 
@@ -215,7 +220,8 @@ class Attention(nn.Module):
             name=self.name, exact=self.exact, mask_mod=self.mask_mod(), score_mod=self.score_mod(),
             band=self.band(), grid=self.grid(), per_head=self.mask_depends_on_head(), heads=self.num_heads,
             always_causal=self.forces_causal, score_params=self.score_params(),
-            native=self._native(), owner=self.__dict__.setdefault("_pattern_owner", PatternOwner()),
+            native=self._native(), relative_bias=self.relative_bias(),
+            owner=self.__dict__.setdefault("_pattern_owner", PatternOwner()),
         )
 
     def _native(self) -> Native | None:
@@ -384,6 +390,9 @@ class ExactAttention(Attention):
 
     def score_mod(self) -> ScoreMod | None:
         return None if self.position_bias is None else self.position_bias.score_mod()
+
+    def relative_bias(self) -> RelativeBias | None:
+        return None if self.position_bias is None else self.position_bias.describe()
 
     def extra_repr(self) -> str:
         bias = "" if self.position_bias is None else f", position_bias={self.position_bias.kind!r}"

@@ -98,6 +98,51 @@ class Band:
         return tuple(band.dilation for h0, h1, band in self.head_groups(heads) for _ in range(h0, h1))
 
 
+@dataclass(frozen=True, eq=False)
+class RelativeBias:
+    """A declarative description of a relative position score term ``b_h(j - i)``.
+
+    A pattern whose ``score_mod`` is exactly this bias (and nothing else) says so in
+    :attr:`Pattern.relative_bias`, so a kernel can build the bias of any block from a 1-D
+    per-head vector of offsets (the bias is Toeplitz: a function of ``j - i`` only) instead of
+    evaluating the score_mod on an index grid. ``i`` and ``j`` are absolute positions
+    (bottom-right aligned: query row ``r`` of ``Nq`` sits at ``i = r + Nk - Nq``).
+
+    ``learned``: ``values`` is the table ``(H, 2M+1)``, ``b_h(d) = table[h, clamp(d, -M, M) + M]``
+    with ``M = max_distance``; its gradient is the table's. ``alibi``: ``values`` is the head
+    slopes ``(H,)``, ``b_h(d) = -slope_h * |d|`` (a constant: no gradient).
+    """
+
+    kind: str
+    values: Tensor
+    max_distance: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("learned", "alibi"):
+            raise ValueError(f"RelativeBias: kind must be 'learned' or 'alibi'; got {self.kind!r}")
+
+    @property
+    def heads(self) -> int:
+        """The number of heads the bias has values for."""
+        return self.values.shape[0]
+
+    @property
+    def trainable(self) -> bool:
+        """True when the bias has a gradient to pass on (a learned table that requires grad)."""
+        return self.kind == "learned" and self.values.requires_grad
+
+    def offsets(self, lo: int, hi: int, dtype: torch.dtype | None = None) -> Tensor:
+        """The bias at the offsets ``d = j - i`` in ``[lo, hi]``: ``(H, hi - lo + 1)``,
+        differentiable in a learned table."""
+        d = torch.arange(lo, hi + 1, device=self.values.device)  # (L,)
+        if self.kind == "learned":
+            m = self.max_distance
+            out = self.values[:, d.clamp(-m, m) + m]  # (H, L)
+        else:
+            out = -self.values[:, None] * d.abs()  # (H, L)
+        return out if dtype is None else out.to(dtype)
+
+
 @dataclass(frozen=True)
 class Native:
     """A variant's own implementation, run by kernel ``native``: ``forward(q, k, v, causal,
@@ -131,7 +176,10 @@ class Pattern:
     ``causal=True`` to every call (the caller folds it into ``causal``; costs read it).
     ``score_params``: the tensors the score_mod reads (e.g. a learned bias table), which a
     kernel passes on where autograd must see them (checkpointed chunks). ``native``: the
-    variant's own implementation, or None when kernels run its mods.
+    variant's own implementation, or None when kernels run its mods. ``relative_bias``: when
+    the score_mod is exactly a relative position bias, its declarative form
+    (:class:`RelativeBias`), which kernels may read instead of evaluating the score_mod;
+    None otherwise (and on a packed call, whose score_mod counts positions per document).
 
     ``key`` (computed on first use, never declared) is the mods' fingerprint: their code and
     the plain values they close over, so patterns of equally configured modules have equal
@@ -152,6 +200,7 @@ class Pattern:
     always_causal: bool = False
     score_params: tuple[Tensor, ...] = ()
     native: Native | None = None
+    relative_bias: RelativeBias | None = None
     owner: PatternOwner = field(default_factory=PatternOwner)
     #: a packed call's documents (:mod:`attn.documents`), or None; then ``mask_mod`` /
     #: ``score_mod`` are the packed forms and ``within`` is the pattern each document runs alone
@@ -164,7 +213,7 @@ class Pattern:
         the rest are this pattern's, which ``within`` keeps whole."""
         mask_mod, score_mod = packed_mods(documents, self.mask_mod, self.score_mod)
         return dataclasses.replace(self, mask_mod=mask_mod, score_mod=score_mod,
-                                   documents=documents, within=self)
+                                   relative_bias=None, documents=documents, within=self)
 
     @functools.cached_property
     def _key_and_shared(self) -> tuple[Hashable, bool]:

@@ -8,6 +8,7 @@ import torch
 from torch import Tensor, nn
 
 from attn.mods import ScoreMod
+from attn.pattern import RelativeBias
 from attn.validation import require_choice
 
 POSITION_BIASES = ("learned", "alibi")
@@ -66,6 +67,13 @@ class RelativePositionBias(nn.Module):
             return score - slopes[h] * (i - j).abs()
 
         return alibi_bias
+
+    def describe(self) -> RelativeBias:
+        """The bias as a declarative value (what :meth:`score_mod` computes), for kernels that
+        build it from per-head offset vectors."""
+        if self.kind == "learned":
+            return RelativeBias("learned", self.table, self.max_distance)
+        return RelativeBias("alibi", self.slopes)
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, num_heads={self.num_heads}, max_distance={self.max_distance}"

@@ -15,7 +15,7 @@ CASES = [  # (variant, params, device, requires_grad, expected)
     ("global_tokens", {}, "cpu", False, "blocked"),
     ("full", {}, "cpu", True, "sdpa"),
     ("causal", {}, "cpu", False, "sdpa"),
-    ("relative", {"bias": "alibi", "num_heads": 2}, "cpu", True, "chunked"),
+    ("relative", {"bias": "alibi", "num_heads": 2}, "cpu", True, "relative"),
     ("nystrom", {}, "cpu", True, "native"),
     ("sliding_window", {"window": 8}, "cuda", True, "flex"),
     ("full", {}, "cuda", True, "sdpa"),
@@ -48,7 +48,7 @@ def test_chosen_kernel_recorded() -> None:
     ("dilated", {"window": 8, "dilation": 2}, 512, "sdpa"),
     ("global_tokens", {"num_global": 2, "window": 8}, 4096, "blocked"),
     ("relative", {"bias": "alibi", "num_heads": 2}, 1023, "sdpa"),
-    ("relative", {"bias": "alibi", "num_heads": 2}, 1024, "chunked"),
+    ("relative", {"bias": "alibi", "num_heads": 2}, 1024, "relative"),
     ("full", {}, 64, "sdpa"),
     ("nystrom", {}, 64, "native"),
 ])

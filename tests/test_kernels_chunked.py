@@ -35,8 +35,10 @@ def test_relative_bias_in_chunks(kind: str, nq: int, nk: int, causal: bool) -> N
         torch.testing.assert_close(g, r, atol=1e-9, rtol=0)
 
 
-def test_relative_auto_on_cpu_uses_chunked_for_long_calls() -> None:
+def test_relative_auto_on_cpu_uses_the_relative_kernel_for_long_calls() -> None:
+    """Long relative calls on CPU run kernel ``relative`` (no N x N tensor); ``chunked`` is
+    named, or the fallback for score terms that are not a declared relative bias."""
     module = create_attention("relative", bias="alibi", num_heads=2)
     q = torch.randn(1, 2, 1100, 8)
     module(q, q, q)
-    assert module.last_path.kernel == "chunked" and not module.last_path.mask_emulated
+    assert module.last_path.kernel == "relative" and not module.last_path.mask_emulated

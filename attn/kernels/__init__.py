@@ -24,6 +24,7 @@ BUILTIN_KERNELS: tuple[str, ...] = (
     "attn.kernels.native:NativeKernel",
     "attn.kernels.blocked:BlockedKernel",
     "attn.kernels.chunked:ChunkedKernel",
+    "attn.kernels.relative:RelativeKernel",
     "attn.kernels.factorised:FactorisedKernel",
     "attn.kernels.flex:FlexKernel",
     "attn.kernels.xformers:XformersKernel",

@@ -16,7 +16,7 @@ kind              cpu                                          cuda
 ================  ==========================================  ================================
 banded            blocked, flex, sdpa                          flex, xformers, sdpa, blocked
 plain             sdpa, chunked                                sdpa, xformers, flex, chunked
-biased / masked   chunked, sdpa                                flex, sdpa, chunked
+biased / masked   relative, chunked, sdpa                      flex, sdpa, chunked
 approximate       native                                       native
 ================  ==========================================  ================================
 
@@ -36,7 +36,18 @@ approximate       native                                       native
   memory) for full and causal. ``chunked`` computes a score_mod per query chunk in
   O(chunk*N) memory, where ``sdpa`` must materialise an N x N float bias (0.5 GB at 4K for
   H=8, 32 GB at 32K); measured at 4K (relative, alibi) chunked / sdpa = 3.1 / 2.3 s forward
-  and 2.2 / 2.0 s fwd+bwd, a small price for memory that stays O(chunk*N).
+  and 2.2 / 2.0 s fwd+bwd, a small price for memory that stays O(chunk*N). A pattern whose
+  score term is exactly a relative position bias (``Pattern.relative_bias``: ``relative``,
+  and full or causal with a ``position_bias``) runs on ``relative`` first: torch's CPU flash
+  kernel with the bias as a strided view of a per-head offset vector, O(N) memory, at about
+  the time of full attention: ``attn-bench sweep relative-cpu`` (fp32, B=1, H=8, D=64, M=128,
+  2 threads, interleaved with full attention, 5 rounds, a shared machine) gave relative /
+  full forward 1.10 / 1.00 / 0.96 (learned) and 1.13 / 1.04 / 0.97 (ALiBi) at N=2K / 4K / 8K;
+  forward+backward 1.60 / 1.33 / 1.24 (learned: the table's gradient adds its band and one
+  tail) and 1.02 / 1.02 / 1.03 (ALiBi). ``chunked`` stays the fallback for every other score
+  term and mask. Below 1024 keys ``sdpa`` over its cached mask stays first (a shared-machine
+  check at N=256-512: ALiBi sdpa / relative about 0.5-0.8, learned forward+backward about
+  even).
 * Short calls on CPU. Below ``SHORT_KEYS`` keys the per-stream loops of ``blocked`` and the
   checkpointed chunks of ``chunked`` cost more than one dense SDPA call over a mask cached
   per shape. Measured forward+backward, fp32, 2 threads, D=32 (B*H = 8 and 64): sliding
@@ -77,7 +88,7 @@ PACKED_FIRST: tuple[str, ...] = ("blocked",)
 AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     ("cpu", "banded"): ("blocked", "flex", "sdpa"),
     ("cpu", "plain"): ("sdpa", "chunked"),
-    ("cpu", "biased"): ("chunked", "sdpa"),
+    ("cpu", "biased"): ("relative", "chunked", "sdpa"),
     ("cpu", "approximate"): ("native",),
     ("cuda", "banded"): ("flex", "xformers", "sdpa", "blocked"),
     ("cuda", "plain"): ("sdpa", "xformers", "flex", "chunked"),
@@ -89,7 +100,7 @@ AUTO_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
 SHORT_KEYS: dict[tuple[str, str], int] = {("cpu", "banded"): 768, ("cpu", "biased"): 1024}
 SHORT_ORDER: dict[tuple[str, str], tuple[str, ...]] = {
     ("cpu", "banded"): ("sdpa", "blocked", "flex"),
-    ("cpu", "biased"): ("sdpa", "chunked"),
+    ("cpu", "biased"): ("sdpa", "relative", "chunked"),
 }
 
 
