@@ -4,12 +4,20 @@ limit (:mod:`attn.conformance.isolation`), or here when asked (``isolate=False``
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from attn.conformance.harness import QUICK_SHAPES, SHAPES, active_dtypes, active_shapes, dtypes_from
+from attn.conformance.harness import (
+    QUICK_SHAPES,
+    SHAPES,
+    active_dtypes,
+    active_shapes,
+    dtypes_from,
+    typed_copies,
+)
 from attn.conformance.isolation import CHECK_TIMEOUT_S, Job, run_isolated, sendable
 from attn.conformance.plan import Factory, builder, steps
 from attn.conformance.report import CheckResult, ConformanceReport
@@ -65,6 +73,7 @@ def check_attention(
                 f"process ({why}); define it at the top level of an importable module")
     token = active_shapes.set(QUICK_SHAPES if quick else SHAPES)
     dtype_token = active_dtypes.set(checked)
+    copies_token = typed_copies.set(weakref.WeakKeyDictionary())
     try:
         report = ConformanceReport(name, on_result=on_result)
         for step in steps(attention, params, kernels, device, seed, quick):
@@ -72,6 +81,7 @@ def check_attention(
     finally:
         active_shapes.reset(token)
         active_dtypes.reset(dtype_token)
+        typed_copies.reset(copies_token)
     if note is not None:
         report.notes.append(note)
     return report

@@ -23,13 +23,21 @@ import pickle
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from attn.conformance.harness import QUICK_SHAPES, SHAPES, active_dtypes, active_shapes, dtypes_from
+from attn.conformance.harness import (
+    QUICK_SHAPES,
+    SHAPES,
+    active_dtypes,
+    active_shapes,
+    dtypes_from,
+    typed_copies,
+)
 from attn.conformance.plan import Factory, steps
 from attn.conformance.report import CheckResult, ConformanceReport
 from attn.registration import REGISTRY, register_attention
@@ -99,6 +107,7 @@ def _child_main(job: Job, parent: tuple[int, int] | None, conn: Any) -> None:
     threading.Thread(target=_watch, args=(parent,), daemon=True, name="kit-watchdog").start()
     active_shapes.set(QUICK_SHAPES if job.quick else SHAPES)
     active_dtypes.set(dtypes_from(job.dtypes))
+    typed_copies.set(weakref.WeakKeyDictionary())
     try:
         if isinstance(job.attention, str) and job.registered is not None \
                 and REGISTRY.entries.get(job.attention) is not job.registered:
