@@ -61,9 +61,11 @@ PROBE_EPS = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 0.0, tor
 #: small softmax weight still moves its queries' outputs by more than rounding hides
 PROBE_STEP = {torch.float64: 1.0, torch.float32: 1.0, torch.bfloat16: 256.0, torch.float16: 256.0}
 PROBE_LEN = 13  # sequence length of the pattern probe
-#: lengths of the shape sweep, all run on one module: 12 > dynamo's recompile limit (8); 24 and
-#: 40 are 8 past a multiple of 16, the key lengths where a CPU micro-kernel overran its block
-SWEEP_LENGTHS: tuple[int, ...] = (17, 19, 20, 23, 24, 25, 28, 31, 33, 36, 39, 40)
+#: lengths of the shape sweep, all run on one module: 13 > dynamo's recompile limit (8); 24 and
+#: 40 are 8 past a multiple of 16, the key lengths where a CPU micro-kernel overran its block;
+#: 185 (padded to 192 on CPU) is past ``flex``'s eager block-mask size
+#: (:data:`attn.kernels.flex.EAGER_MASK_ELEMENTS`), so its compiled block mask is swept too
+SWEEP_LENGTHS: tuple[int, ...] = (17, 19, 20, 23, 24, 25, 28, 31, 33, 36, 39, 40, 185)
 SWEEP_BATCH, SWEEP_DIM = 2, 16
 GUARD_ROWS = 32  # NaN rows after every swept input: a kernel reading past its inputs gives NaN
 #: the shapes of the running check_attention call (SHAPES, or QUICK_SHAPES in the quick profile)
