@@ -206,3 +206,54 @@ def test_kit_catches_reads_past_the_inputs(fake_kernels: None) -> None:
 
 def test_exact_compiled_kernel_passes_the_sweep(fake_kernels: None) -> None:
     assert sweep_result("exact_per_shape").startswith("[PASS] shape_sweep")
+
+
+class OffByOneBand(CompilesPerShape):
+    """A compiled-style kernel whose band is one wider than the variant's: |i - j| <= w + 1
+    where the sliding window declares |i - j| <= w (a wrong kernel, not a wrong variant)."""
+
+    name = "off_by_one_band"
+
+    def run(self, pattern: Pattern, q, k, v, causal, key_mask) -> tuple[Tensor, KernelPath]:
+        assert pattern.band is not None
+        wider = sliding_window_mod(pattern.band.window + 1)
+        out = dense_attention(q, k, v, mask_mod=wider, causal=causal, key_mask=key_mask)
+        return out, KernelPath(self.name, "dense, band one too wide")
+
+
+def test_quick_profile_catches_a_kernel_with_an_off_by_one_band(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The profile ``attn-bench check`` runs by default (quick) still fails a wrong kernel,
+    naming the pairs, though a kernel that compiles per shape is probed at a kit shape."""
+    monkeypatch.setitem(_builtin_kernels(), OffByOneBand.name, OffByOneBand())
+    report = check_attention(WindowOnFakeKernels, kernels=[OffByOneBand.name], quick=True, isolate=False)
+    failed = {f.split("]", 1)[1].split()[0]: f for f in report.failures}
+    assert {"matches_reference", "pattern", "shape_sweep"} <= set(failed), report.failures
+    assert "definition forbids, kernel uses it" in failed["pattern"]
+    assert "(i=0, j=4" in failed["pattern"] or "(i=4, j=0" in failed["pattern"]
+
+
+class RecordsModules(CompilesPerShape):
+    """An exact kernel that records which module copy (pattern owner) and dtype called it."""
+
+    name = "records_modules"
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[int, object]] = set()
+
+    def run(self, pattern: Pattern, q, k, v, causal, key_mask) -> tuple[Tensor, KernelPath]:
+        self.seen.add((id(pattern.owner), q.dtype))
+        return super().run(pattern, q, k, v, causal, key_mask)
+
+
+def test_every_check_of_a_kernel_runs_one_module_copy_per_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel caching compiled code per module (flex, for a learned bias) compiles once per
+    kit run: all its checks call one copy of the module per dtype, not a copy per check."""
+    kernel = RecordsModules()
+    monkeypatch.setitem(_builtin_kernels(), kernel.name, kernel)
+    report = check_attention(WindowOnFakeKernels, kernels=[kernel.name], quick=True, isolate=False)
+    assert report.passed, report.failures
+    ran = {r.check for r in report.results if r.status == "pass"}
+    assert {"shape_dtype_finite", "gradients", "pattern", "key_mask", "shape_sweep"} <= ran
+    dtypes = [dtype for _, dtype in kernel.seen]
+    # one copy per dtype, and the shape sweep its own (its lengths are the first that copy runs)
+    assert sorted(map(str, dtypes)) == ["torch.float32", "torch.float64", "torch.float64"], kernel.seen

@@ -60,6 +60,10 @@ def _inputs(n: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return tuple(torch.randn(1, 2, n, 16, generator=gen) for _ in range(3))  # (B, H, N, D) each
 
 
+#: a length whose block mask is past the eager size (flex.EAGER_MASK_ELEMENTS): compiled
+COMPILED_MASK_N = 192
+
+
 def _oom() -> torch.OutOfMemoryError:
     return torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 32.00 GiB")
 
@@ -89,7 +93,7 @@ def test_oom_wrapped_by_the_compiler_still_propagates(fake_compile: FakeCompile)
 
 def test_oom_while_building_the_block_mask_propagates(fake_compile: FakeCompile) -> None:
     module = create_attention("sliding_window", window=4, kernel="flex")
-    q, k, v = _inputs()
+    q, k, v = _inputs(COMPILED_MASK_N)
     fake_compile.mask_error = _oom()
     with torch.no_grad(), pytest.raises(torch.OutOfMemoryError):
         module(q, k, v)
@@ -115,7 +119,7 @@ def test_a_compile_failure_falls_back_for_that_call_only(fake_compile: FakeCompi
 def test_a_block_mask_compile_failure_is_labelled_on_the_call_that_built_it(
         fake_compile: FakeCompile) -> None:
     module = create_attention("sliding_window", window=4, kernel="flex")
-    q, k, v = _inputs()
+    q, k, v = _inputs(COMPILED_MASK_N)
     fake_compile.mask_error = RuntimeError("vectorised codegen rejected")
     with torch.no_grad():
         module(q, k, v)
@@ -124,6 +128,22 @@ def test_a_block_mask_compile_failure_is_labelled_on_the_call_that_built_it(
         reused = module.last_path
     assert built.fallback is not None and built.fallback.startswith("block mask built eagerly")
     assert reused.fallback is None
+
+
+def test_a_small_block_mask_is_built_without_its_compiled_call(fake_compile: FakeCompile) -> None:
+    """Below EAGER_MASK_ELEMENTS (and without a key_mask) the compiled block-mask call is never
+    made, so it cannot fail; past it, or with a key_mask, it is."""
+    module = create_attention("sliding_window", window=4, kernel="flex")
+    ref = create_attention("sliding_window", window=4, kernel="reference")
+    fake_compile.mask_error = RuntimeError("the compiled block-mask call ran")
+    small = _inputs(32)
+    with torch.no_grad():
+        torch.testing.assert_close(module(*small), ref(*small), atol=1e-5, rtol=0)
+        assert module.last_path.fallback is None and module.last_path.setup_s is not None
+        module(*small, key_mask=torch.ones(1, 32, dtype=torch.bool))
+        assert "the compiled block-mask call ran" in (module.last_path.fallback or "")
+        module(*_inputs(COMPILED_MASK_N))
+        assert "the compiled block-mask call ran" in (module.last_path.fallback or "")
 
 
 def test_flex_timings_synchronise_the_device(fake_compile: FakeCompile,

@@ -5,6 +5,7 @@ goes; the sweep's progress bar shows its total (``2/2``, never ``1/?``)."""
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -66,13 +67,30 @@ def test_check_prints_a_line_per_check_as_it_goes() -> None:
     from attn.conformance import check_attention
 
     seen: list[str] = []
+    started: list[str] = []
     report = check_attention("full", kernels=["reference"], quick=True,
-                             on_result=lambda r: seen.append(str(r)))
+                             on_result=lambda r: seen.append(str(r)),
+                             on_start=lambda check, kernel, params: started.append(check))
     assert seen == [str(r) for r in report.results] and len(seen) > 3
+    assert started == ["construct"] + [r.check for r in report.results]  # each before its result
     result = CliRunner().invoke(app, ["check", "full", "--kernel", "reference"])
     assert result.exit_code == 0, result.output
     lines = result.output.strip().splitlines()
+    assert lines[0].startswith("quick profile: the first example parameter set"), lines[0]
     assert sum(line.startswith("[PASS]") for line in lines) > 3, result.output
+    # a line as each check starts, then its result with its time
+    at = lines.index("[ .. ] pattern kernel=reference params={}")
+    assert re.fullmatch(r"\[PASS\] pattern kernel=reference params=\{\} \(\d+\.\d s\)", lines[at + 1])
+    assert "alibi" not in result.output  # the quick profile: the first parameter set only
+
+
+def test_check_full_runs_every_parameter_set() -> None:
+    result = CliRunner().invoke(app, ["check", "full", "--kernel", "reference", "--full"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert lines[0].startswith("full kit: every example parameter set and shape"), lines[0]
+    assert "[PASS] matches_reference kernel=reference params={'position_bias': 'alibi'}" in result.output
+    assert lines[-1].startswith("conformance of 'full'")
     assert lines[-1].startswith("conformance of 'full'")
 
 

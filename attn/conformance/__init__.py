@@ -25,18 +25,22 @@ does not support a call is reported as skipped with its reason):
 - ``gradients``: finite, and for exact variants equal to the reference's (fp64) for
   q, k, v and the module's own parameters;
 - ``pattern``: the keys that actually influence each query (probed by perturbing one
-  value row at a time) are exactly those the mask_mod allows, so an off-by-one window is
-  named by the (i, j) pairs where it differs;
-- ``causal_no_leak``: perturbing keys/values after position t leaves rows <= t unchanged;
+  value row at a time, N = 13; a kernel that compiles per shape at the kit's first shape,
+  which its other checks compiled) are exactly those the mask_mod allows, so an off-by-one
+  window is named by the (i, j) pairs where it differs;
+- ``causal_no_leak``: perturbing keys/values after position t leaves rows <= t unchanged
+  (the kit's first two shapes);
 - ``key_mask``: perturbing padded keys changes nothing; an all-padding row gives zeros;
-- ``batch_independence``: each batch element alone gives the same output as in the batch;
+- ``batch_independence``: each batch element alone gives the same output as in the batch
+  (the kit's first shape, with ``key_mask``);
 - ``documents``: packed rows (``document_ids``: uneven documents, a one-token document, a
   row of one document) equal the dense reference of each document run alone, concatenated,
   outputs and gradients, with and without ``key_mask`` and ``causal``; a kernel that does not
   run packed calls is skipped with its reason (``refused: ...``);
-- ``shape_sweep`` (kernels that compile per call shape): one module runs many successive
-  lengths (more than dynamo's recompile limit, including key lengths 8 past a multiple of
-  16) with q, k, v lying inside NaN-filled buffers, and each output must equal the dense
+- ``shape_sweep`` (kernels that compile per call shape): a fresh copy of the module runs many
+  successive lengths (more than dynamo's recompile limit, including key lengths 8 past a
+  multiple of 16, and one past ``flex``'s eager block-mask size) with q, k, v lying inside
+  NaN-filled buffers, and each output must equal the dense
   reference, so a stale compiled entry or a kernel reading past its inputs is named by shape;
 - ``grouped_query``: k, v with fewer heads than q (GQA with 2 of 4, MQA with 1, in turn over
   the cases) equal the reference with k, v repeated per group, output and gradients; an
@@ -45,6 +49,12 @@ does not support a call is reported as skipped with its reason):
   attention falls as the parameter grows (over ``convergence_values``) and is exact once it
   reaches N, or, for an approximation never exact (random features), within its stated
   ``convergence_bound`` at the last value.
+
+The quick profile (``quick=True``, what ``attn-bench check`` runs unless ``--full``) runs
+every check on every kernel with the first parameter set and the first two shapes
+(:data:`QUICK_SHAPES`). Every check of one kernel runs on one copy of the module per dtype,
+so a kernel that compiles per module compiles once per run (docs/contract.md, "What the kit
+costs").
 
 Each check runs in a child process with a time limit (``timeout_s``, default
 :data:`CHECK_TIMEOUT_S`): a variant that exits, crashes or hangs fails that check with the

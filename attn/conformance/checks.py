@@ -29,6 +29,7 @@ from attn.conformance.harness import (
     SWEEP_DIM,
     SWEEP_LENGTHS,
     Failure,
+    active_shapes,
     call_module,
     causal_options,
     check,
@@ -171,6 +172,9 @@ def _check_pattern(module, kernel, device, seed) -> str | None:
     module, dtype = in_precision(module, kernel, device, grad=False)
     ran = False
     shape = (1, HEADS, PROBE_LEN, PROBE_LEN, 16, 16)
+    if get_kernel(kernel).compiles_per_shape:  # probe at a shape it has compiled already
+        shape = active_shapes.get()[0]
+    length = shape[2]
     for causal in causal_options(module):
         if refusals(module, kernel, device, dtype, causal, False, shape):
             continue
@@ -178,12 +182,12 @@ def _check_pattern(module, kernel, device, seed) -> str | None:
         q, k, v = make_inputs(shape, dtype, device, seed)
         effective = _effective_pattern(module, q, k, v, causal)  # (H, N, N)
         expected = dense_allowed(
-            module.mask_mod(), batch=1, heads=HEADS, q_len=PROBE_LEN, k_len=PROBE_LEN,
+            module.mask_mod(), batch=1, heads=HEADS, q_len=length, k_len=length,
             causal=causal or module.forces_causal, key_mask=None, device=device,
         )
         expected = (
-            torch.ones(HEADS, PROBE_LEN, PROBE_LEN, dtype=torch.bool, device=device)
-            if expected is None else expected.expand(1, HEADS, PROBE_LEN, PROBE_LEN)[0]
+            torch.ones(HEADS, length, length, dtype=torch.bool, device=device)
+            if expected is None else expected.expand(1, HEADS, length, length)[0]
         )
         wrong = (effective != expected).nonzero().tolist()
         if wrong:
@@ -194,13 +198,14 @@ def _check_pattern(module, kernel, device, seed) -> str | None:
             )
             raise Failure(
                 f"attention pattern differs from the mask_mod at {len(wrong)} (head, i, j) pairs, "
-                f"e.g. {pairs} [N={PROBE_LEN}, causal={causal}]"
+                f"e.g. {pairs} [N={length}, causal={causal}]"
             )
     return None if ran else NONE_RAN
 
 
 def _effective_pattern(module: Attention, q, k, v, causal) -> Tensor:
-    """Which keys influence which queries, probed by perturbing one value row at a time."""
+    """Which keys influence which queries (of batch element 0), probed by perturbing one
+    value row at a time."""
     length = k.shape[2]
     with torch.no_grad():
         base = call_module(module, q, k, v, causal, None)  # (1, H, N, Dv)
@@ -219,7 +224,7 @@ def _check_causal(module, kernel, device, seed) -> str | None:
         return "variant has no causal form"
     module, dtype = in_precision(module, kernel, device, grad=False)
     ran = False
-    for shape in ((2, HEADS, 37, 37, 16, 16), (2, HEADS, 13, 37, 16, 16)):
+    for shape in active_shapes.get()[:2]:  # a square and a decode-like shape the others run
         if refusals(module, kernel, device, dtype, True, False, shape):
             continue
         ran = True
@@ -282,15 +287,16 @@ def _check_key_mask(module, kernel, device, seed) -> str | None:
 @check("batch_independence")
 def _check_batch(module, kernel, device, seed) -> str | None:
     module, dtype = in_precision(module, kernel, device, grad=False)
-    shape = (3, HEADS, 21, 21, 16, 16)
+    shape = active_shapes.get()[0]  # B > 1, a shape the other checks run (compiled already)
+    batch, k_len = shape[0], shape[3]
     causal = causal_options(module)[-1]
-    key_mask = make_key_mask(3, 21, device, seed)
+    key_mask = make_key_mask(batch, k_len, device, seed)
     if reasons := refusals(module, kernel, device, dtype, causal, False, shape, key_mask):
         return "; ".join(reasons)
     q, k, v = make_inputs(shape, dtype, device, seed)
     with torch.no_grad():
         together = call_module(module, q, k, v, causal, key_mask)
-        for b in range(3):
+        for b in range(batch):
             alone = call_module(module, q[b:b + 1], k[b:b + 1], v[b:b + 1], causal, key_mask[b:b + 1])
             moved = float((alone - together[b:b + 1]).abs().max())
             if moved > ATOL[dtype]:
@@ -310,6 +316,7 @@ def _check_shape_sweep(module, kernel, device, seed) -> str | None:
     if not module.exact:
         return "approximate variant: no exact reference to sweep against"
     module, dtype = in_precision(module, kernel, device, grad=False)
+    module = copy.deepcopy(module)  # its own copy: the sweep's lengths are the first it runs
     causal = causal_options(module)[0]
     if reasons := refusals(module, kernel, device, dtype, causal, False):
         return "; ".join(reasons)

@@ -32,6 +32,7 @@ from attn.conformance.harness import (
     check,
     make_inputs,
     make_key_mask,
+    typed_copy,
 )
 from attn.kernels.reference import dense_attention
 
@@ -84,7 +85,7 @@ def check_documents(module: Attention, kernel: str, device, seed) -> str | None:
     refused: list[str] = []
     ran = False
     for dtype in active_dtypes.get():
-        typed = copy.deepcopy(module).to(dtype)
+        typed = typed_copy(module, dtype)
         for causal in causal_options(module):
             for masked in (False, True):
                 key_mask = make_key_mask(shape[0], PACKED_LEN, device, seed) if masked else None

@@ -4,12 +4,20 @@ limit (:mod:`attn.conformance.isolation`), or here when asked (``isolate=False``
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from attn.conformance.harness import QUICK_SHAPES, SHAPES, active_dtypes, active_shapes, dtypes_from
+from attn.conformance.harness import (
+    QUICK_SHAPES,
+    SHAPES,
+    active_dtypes,
+    active_shapes,
+    dtypes_from,
+    typed_copies,
+)
 from attn.conformance.isolation import CHECK_TIMEOUT_S, Job, run_isolated, sendable
 from attn.conformance.plan import Factory, builder, steps
 from attn.conformance.report import CheckResult, ConformanceReport
@@ -29,6 +37,7 @@ def check_attention(
     timeout_s: float | None = CHECK_TIMEOUT_S,
     isolate: bool = True,
     on_result: Callable[[CheckResult], None] | None = None,
+    on_start: Callable[[str, str, dict[str, Any]], None] | None = None,
 ) -> ConformanceReport:
     """Run the conformance checks on a registered name or a factory/class.
 
@@ -48,7 +57,9 @@ def check_attention(
     variant that cannot be sent to a child process (a class defined inside a function) is
     checked here, without a time limit, and the report says so. ``isolate=False`` checks
     here (what this process changed, e.g. a patched kernel table, is then seen).
-    ``on_result`` is called with each result as it arrives (a line per check as it goes).
+    ``on_result`` is called with each result as it arrives (a line per check as it goes),
+    ``on_start`` with ``(check, kernel, params)`` as each check starts (a check compiling a
+    kernel may run for many seconds before its result).
     """
     device = torch.device(device)
     name = builder(attention)[0]  # an unknown name raises here, as the registry says
@@ -60,18 +71,22 @@ def check_attention(
             job = Job(attention, target if isinstance(attention, str) else None, params,
                       None if kernels is None else tuple(kernels), str(device), seed, quick,
                       tuple(str(d).removeprefix("torch.") for d in checked))
-            return run_isolated(job, name, timeout_s, on_result)
+            return run_isolated(job, name, timeout_s, on_result, on_start)
         note = (f"checked in this process with no time limit: {name} cannot be sent to a child "
                 f"process ({why}); define it at the top level of an importable module")
     token = active_shapes.set(QUICK_SHAPES if quick else SHAPES)
     dtype_token = active_dtypes.set(checked)
+    copies_token = typed_copies.set(weakref.WeakKeyDictionary())
     try:
         report = ConformanceReport(name, on_result=on_result)
         for step in steps(attention, params, kernels, device, seed, quick):
+            if on_start is not None:
+                on_start(step.check, step.kernel, step.params)
             report.add(step.run())
     finally:
         active_shapes.reset(token)
         active_dtypes.reset(dtype_token)
+        typed_copies.reset(copies_token)
     if note is not None:
         report.notes.append(note)
     return report

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import weakref
 from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 
@@ -60,15 +61,19 @@ PROBE_EPS = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 0.0, tor
 #: small softmax weight still moves its queries' outputs by more than rounding hides
 PROBE_STEP = {torch.float64: 1.0, torch.float32: 1.0, torch.bfloat16: 256.0, torch.float16: 256.0}
 PROBE_LEN = 13  # sequence length of the pattern probe
-#: lengths of the shape sweep, all run on one module: 12 > dynamo's recompile limit (8); 24 and
-#: 40 are 8 past a multiple of 16, the key lengths where a CPU micro-kernel overran its block
-SWEEP_LENGTHS: tuple[int, ...] = (17, 19, 20, 23, 24, 25, 28, 31, 33, 36, 39, 40)
+#: lengths of the shape sweep, all run on one module: 13 > dynamo's recompile limit (8); 24 and
+#: 40 are 8 past a multiple of 16, the key lengths where a CPU micro-kernel overran its block;
+#: 185 (padded to 192 on CPU) is past ``flex``'s eager block-mask size
+#: (:data:`attn.kernels.flex.EAGER_MASK_ELEMENTS`), so its compiled block mask is swept too
+SWEEP_LENGTHS: tuple[int, ...] = (17, 19, 20, 23, 24, 25, 28, 31, 33, 36, 39, 40, 185)
 SWEEP_BATCH, SWEEP_DIM = 2, 16
 GUARD_ROWS = 32  # NaN rows after every swept input: a kernel reading past its inputs gives NaN
 #: the shapes of the running check_attention call (SHAPES, or QUICK_SHAPES in the quick profile)
 active_shapes: ContextVar[tuple[tuple[int, int, int, int, int, int], ...]] = ContextVar("shapes", default=SHAPES)
 #: the dtypes of the running check_attention call (EXACT_DTYPES unless it asked for others)
 active_dtypes: ContextVar[tuple[torch.dtype, ...]] = ContextVar("dtypes", default=EXACT_DTYPES)
+#: the running check_attention call's typed copies (:func:`typed_copy`); None: a fresh copy each time
+typed_copies: ContextVar[weakref.WeakKeyDictionary | None] = ContextVar("typed_copies", default=None)
 
 
 def dtypes_from(names: Sequence[str | torch.dtype] | None) -> tuple[torch.dtype, ...]:
@@ -142,14 +147,30 @@ def refusals(module: Attention, kernel: str, device, dtype, causal: bool, grad: 
     return module.not_supported_reasons(call, kernel=kernel)
 
 
+def typed_copy(module: Attention, dtype: torch.dtype) -> Attention:
+    """A copy of ``module`` in ``dtype``: within a check_attention call one copy per (module,
+    dtype), shared by every check of that module's kernel, so a kernel that caches compiled
+    code per module (``flex``, for mods that close over a learned table) compiles once per
+    kit run instead of once per check. Checks run it under ``no_grad`` or clear its
+    gradients first (``zero_grad``), so what one check leaves on it is never read by another."""
+    memo = typed_copies.get()
+    if memo is None:
+        return copy.deepcopy(module).to(dtype)
+    per_dtype = memo.setdefault(module, {})
+    if dtype not in per_dtype:
+        per_dtype[dtype] = copy.deepcopy(module).to(dtype)
+    return per_dtype[dtype]
+
+
 def in_precision(module: Attention, kernel: str, device, grad: bool) -> tuple[Attention, torch.dtype]:
-    """A copy of ``module`` in the first checked dtype the kernel supports (by default float64,
-    the tightest checks, else float32); the check is skipped when it supports none."""
+    """A copy of ``module`` (:func:`typed_copy`) in the first checked dtype the kernel supports
+    (by default float64, the tightest checks, else float32); the check is skipped when it
+    supports none."""
     causal = causal_options(module)[0]
     dtypes = active_dtypes.get()
     for dtype in dtypes:
         if not refusals(module, kernel, device, dtype, causal, grad):
-            return copy.deepcopy(module).to(dtype), dtype
+            return typed_copy(module, dtype), dtype
     names = " / ".join(str(d).removeprefix("torch.") for d in dtypes)
     raise Skip(f"kernel supports none of {names} here")
 
@@ -252,10 +273,10 @@ def for_cases(module: Attention, kernel: str, device, dtype, grad: bool, body) -
 
 def for_precisions(module: Attention, kernel: str, device, body) -> bool:
     """``for_cases`` in every checked dtype (by default float64 and float32) on a copy of
-    ``module`` in each; ``body(typed_module, dtype, shape, causal, key_mask)``."""
+    ``module`` in each (:func:`typed_copy`); ``body(typed_module, dtype, shape, causal, key_mask)``."""
     ran = False
     for dtype in active_dtypes.get():
-        typed = copy.deepcopy(module).to(dtype)
+        typed = typed_copy(module, dtype)
         ran |= for_cases(typed, kernel, device, dtype, False, functools.partial(body, typed, dtype))
     return ran
 

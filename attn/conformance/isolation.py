@@ -23,13 +23,21 @@ import pickle
 import signal
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from attn.conformance.harness import QUICK_SHAPES, SHAPES, active_dtypes, active_shapes, dtypes_from
+from attn.conformance.harness import (
+    QUICK_SHAPES,
+    SHAPES,
+    active_dtypes,
+    active_shapes,
+    dtypes_from,
+    typed_copies,
+)
 from attn.conformance.plan import Factory, steps
 from attn.conformance.report import CheckResult, ConformanceReport
 from attn.registration import REGISTRY, register_attention
@@ -99,6 +107,7 @@ def _child_main(job: Job, parent: tuple[int, int] | None, conn: Any) -> None:
     threading.Thread(target=_watch, args=(parent,), daemon=True, name="kit-watchdog").start()
     active_shapes.set(QUICK_SHAPES if job.quick else SHAPES)
     active_dtypes.set(dtypes_from(job.dtypes))
+    typed_copies.set(weakref.WeakKeyDictionary())
     try:
         if isinstance(job.attention, str) and job.registered is not None \
                 and REGISTRY.entries.get(job.attention) is not job.registered:
@@ -149,7 +158,8 @@ class _Cut:
     cause: str
 
 
-def _run_child(job: Job, timeout_s: float | None, report: ConformanceReport) -> _Cut | None:
+def _run_child(job: Job, timeout_s: float | None, report: ConformanceReport,
+               on_start: Callable[[str, str, dict[str, Any]], None] | None = None) -> _Cut | None:
     """Run ``job`` in one child; its results go into ``report``. ``None`` when every step
     finished, else the step that did not."""
     ctx = _context()
@@ -174,6 +184,8 @@ def _run_child(job: Job, timeout_s: float | None, report: ConformanceReport) -> 
                     break
                 if message[0] == "start":
                     current = _Cut(*message[1:], cause="")
+                    if on_start is not None:
+                        on_start(current.check, current.kernel, current.params)
                     deadline = time.monotonic() + limit
                 elif message[0] == "results":
                     report.add(message[2])
@@ -207,13 +219,16 @@ def _kill(process: Any) -> None:
 
 
 def run_isolated(job: Job, name: str, timeout_s: float | None,
-                 on_result: Callable[[CheckResult], None] | None = None) -> ConformanceReport:
+                 on_result: Callable[[CheckResult], None] | None = None,
+                 on_start: Callable[[str, str, dict[str, Any]], None] | None = None
+                 ) -> ConformanceReport:
     """Every step of ``job`` in child processes, each under ``timeout_s`` seconds (None: no
     limit); a step whose process died or ran out of time is a FAIL result saying so.
-    ``on_result`` is called with each result as it arrives."""
+    ``on_result`` is called with each result as it arrives, ``on_start`` with ``(check,
+    kernel, params)`` as each step starts."""
     report = ConformanceReport(name, on_result=on_result)
     while True:
-        cut = _run_child(job, timeout_s, report)
+        cut = _run_child(job, timeout_s, report, on_start)
         if cut is None:
             return report
         report.add([CheckResult(cut.check, cut.kernel, cut.params, "fail", cut.cause)])

@@ -30,7 +30,8 @@ configured modules never do); the others (mods closing over tensors, e.g. a lear
 table) keep theirs per module (``Pattern.owner``, dropped with the module), keyed by the
 identities of those tensors. A bucket holds the wrapped mods, the block mask of each exact shape (rebuilt
 only when a ``key_mask`` is given, since it depends on the data; one per head when the
-variant's mask depends on the head, else one shared by the heads) and a compiled function
+variant's mask depends on the head, else one shared by the heads; a small one without a
+``key_mask`` built eagerly, :data:`EAGER_MASK_ELEMENTS`, a larger one compiled) and a compiled function
 with its *own code object*: dynamo keys its cache and recompile limit on the code object,
 so each bucket compiles once and never evicts another. A call that needs no padding has a
 bucket of its own, with its lengths baked into the compiled code; in a padded bucket the
@@ -76,6 +77,13 @@ from attn.mods import MaskMod, ScoreMod, and_masks, causal_mask_mod
 from attn.pattern import Pattern, PatternOwner
 
 BLOCK = 128
+#: a block mask without a ``key_mask`` whose dense form has at most this many (head, query,
+#: key) elements (N up to ~181, or ~90 for a per-head mask of 4 heads) is built eagerly,
+#: ``create_block_mask`` without ``torch.compile``: ~10 ms and a few KB, where compiling it
+#: costs ~2.5 s per shape even from Inductor's cache (it is built once per shape, so
+#: benchmark timings never include it; with a ``key_mask`` it is rebuilt per call and stays
+#: compiled)
+EAGER_MASK_ELEMENTS = 1 << 15
 #: on CPU, key lengths (and query lengths of at least this many rows) are padded to a
 #: multiple of this: the width of the C++ template's ``q @ k.T`` micro-kernel
 ALIGN = 16
@@ -285,6 +293,12 @@ class FlexKernel(Kernel):
         heads = q.shape[1] if bucket.per_head else None  # None: one block mask shared by the heads
         q_pad, k_pad = q.shape[2], k.shape[2]
         fallback = None
+        if bucket.key_mask_buf is None and (heads or 1) * q_pad * k_pad <= EAGER_MASK_ELEMENTS:
+            block_mask = create_block_mask(
+                bucket.mask_mod, None, heads, q_pad, k_pad, device=q.device, BLOCK_SIZE=BLOCK
+            )  # small and built once per shape: eager beats a compile
+            bucket.block_masks[shape] = block_mask
+            return block_mask, True, None
         try:
             block_mask = bucket.make_mask(bucket.mask_mod, batch, heads, q_pad, k_pad, q.device)
         except Exception as err:

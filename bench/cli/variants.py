@@ -3,6 +3,7 @@ conformance kit."""
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Any
 
 import typer
@@ -185,6 +186,10 @@ def _check_params(name: str, info: Any, items: list[str] | None) -> dict[str, An
     return params
 
 
+#: what ``check`` says it runs, first (the profiles of attn.conformance.check_attention)
+KIT_QUICK = ("quick profile: the first example parameter set, two shapes, every check on every "
+             "kernel (--full: every parameter set and shape, as the test suite runs it)")
+KIT_FULL = "full kit: every example parameter set and shape, every check on every kernel"
 #: the dtypes ``check --dtype`` takes (attn.conformance.CHECK_DTYPES; no torch import here)
 KIT_DTYPES = ("float64", "float32", "bfloat16", "float16")
 
@@ -205,8 +210,13 @@ def check(
     timeout_s: Annotated[float, typer.Option(  # attn.conformance.CHECK_TIMEOUT_S (no torch here)
         help="Time limit of each check (s); each runs in a child process, so a variant that "
              "exits, crashes or hangs fails that check with the cause.")] = 300.0,
+    full: Annotated[bool, typer.Option(
+        "--full", help="The whole kit: every example parameter set and every shape, as the test "
+                       "suite runs it (default: the quick profile, the first parameter set and "
+                       "two shapes; every check on every kernel either way).")] = False,
 ) -> None:
-    """Run the conformance kit on a variant; non-zero exit with the reasons when it fails."""
+    """Run the conformance kit on a variant (the quick profile unless ``--full``); a line as
+    each check starts and one as it ends; non-zero exit with the reasons when it fails."""
     from bench.engine.config import DEVICES
 
     if not timeout_s > 0:
@@ -224,11 +234,19 @@ def check(
     params = _check_params(name, info, param)
     from attn.conformance import check_attention
 
+    typer.echo(KIT_FULL if full else KIT_QUICK)
+    started = [time.monotonic()]
+
+    def starting(check: str, kernel: str, params: dict[str, Any]) -> None:
+        started[0] = time.monotonic()  # a compiling check may run a while: say what runs
+        typer.echo(f"[ .. ] {check} kernel={kernel} params={params}")
+
     def say(one: Any) -> None:  # a line per check as it finishes: a long kit is not silent
-        typer.echo(str(one))
+        typer.echo(f"{one} ({time.monotonic() - started[0]:.1f} s)")
 
     result = check_attention(name, params=params, kernels=kernel, device=device, dtypes=dtype,
-                             timeout_s=timeout_s, on_result=say)
+                             timeout_s=timeout_s, quick=not full, on_result=say,
+                             on_start=starting)
     summary, *rest = str(result).splitlines()
     typer.echo("\n".join([summary, *(line for line in rest if line.startswith("note: "))]))
     if not result.passed:
