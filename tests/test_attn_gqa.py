@@ -88,7 +88,7 @@ CASES = [
     ("global_tokens", {"num_global": 2, "window": 3}, "blocked", "native"),
     ("relative", {"bias": "learned", "max_distance": 8}, "chunked", "grouped"),
     ("relative", {"bias": "alibi"}, "sdpa", "native enable_gqa"),
-    ("nystrom", {"num_landmarks": 4}, "native", "k/v"),
+    ("nystrom", {"num_landmarks": 4}, "native", "grouped (q folded per key head, keys read once)"),
 ]
 
 
@@ -118,9 +118,31 @@ def test_kernel_matches_the_reference_with_repeated_heads(name, params, kernel, 
         assert got.shape == expected.shape  # k, v gradients (B, H_kv, Nk, D): summed over the group
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-9)
     kind = "GQA 4/2" if kv_heads == 2 else "MQA 4/1"
-    if kernel == "native":  # expanded: a view for one key head, else a copy, and the path says which
-        how = "k/v expanded to H heads (a view, no copy)" if kv_heads == 1 else "k/v repeated to H heads (a copy)"
     assert f"{kind} heads: {how}" in path
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["gqa", "mqa"])
+@pytest.mark.parametrize("n", [37, 3], ids=["landmarks", "dense"])
+def test_nystrom_reads_grouped_key_heads_under_padding(kv_heads: int, n: int) -> None:
+    """Nystrom's masked path (padded keys, Nq == Nk) and its exact dense path (N <= m) with
+    grouped key heads equal the same module on the heads repeated, values and gradients."""
+    torch.manual_seed(0)
+    att = create_attention("nystrom", num_landmarks=4, num_heads=4).double()
+    q, k, v = (t.requires_grad_() for t in qkv(kv_heads=kv_heads, nq=n, nk=n))
+    key_mask = torch.ones(2, n, dtype=torch.bool)
+    key_mask[1, -2:] = False
+    out = att(q, k, v, key_mask=key_mask)
+    path = att.last_path.path
+    ref_q, ref_k, ref_v = (t.detach().requires_grad_() for t in (q, k, v))
+    ref = att(ref_q, repeated(ref_k, 4), repeated(ref_v, 4), key_mask=key_mask)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
+    weight = torch.randn(out.shape, dtype=out.dtype)
+    (out * weight).sum().backward()
+    (ref * weight).sum().backward()
+    for got, expected in ((q.grad, ref_q.grad), (k.grad, ref_k.grad), (v.grad, ref_v.grad)):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-9)
+    how = "grouped (q folded per key head" if n > 4 else "k/v"
+    assert how in path
 
 
 def test_blocked_reads_the_key_heads_in_place_across_chunks() -> None:

@@ -40,14 +40,14 @@ approximate       native                                       native
   score term is exactly a relative position bias (``Pattern.relative_bias``: ``relative``,
   and full or causal with a ``position_bias``) runs on ``relative`` first: torch's CPU flash
   kernel with the bias as a strided view of a per-head offset vector, O(N) memory, at about
-  the time of full attention: ``attn-bench sweep relative-cpu`` (fp32, B=1, H=8, D=64, M=128,
-  2 threads, interleaved with full attention, 5 rounds, a shared machine) gave relative /
-  full forward 1.10 / 1.00 / 0.96 (learned) and 1.13 / 1.04 / 0.97 (ALiBi) at N=2K / 4K / 8K;
-  forward+backward 1.60 / 1.33 / 1.24 (learned: the table's gradient adds its band and one
-  tail) and 1.02 / 1.02 / 1.03 (ALiBi). ``chunked`` stays the fallback for every other score
-  term and mask. Below 1024 keys ``sdpa`` over its cached mask stays first (a shared-machine
-  check at N=256-512: ALiBi sdpa / relative about 0.5-0.8, learned forward+backward about
-  even).
+  the time of full attention: ``results/relative-cpu`` (fp32, B=1, H=8, D=64, M=128, 2
+  threads, interleaved with full attention, 5 rounds, a quiet machine) gives relative / full
+  forward 1.05 / 1.03 / 1.05 / 1.09 (learned) and 1.00 / 1.02 / 1.05 / 1.00 (ALiBi) at
+  N=2K / 4K / 8K / 16K; forward+backward 1.33 / 1.24 / 1.23 / 1.22 (learned: the table's
+  gradient adds its band and one tail) and 1.03 / 1.10 / 1.07 / 1.09 (ALiBi). ``chunked``
+  stays the fallback for every other score term and mask. Below 1024 keys ``sdpa`` over its
+  cached mask stays first (a shared-machine check at N=256-512: ALiBi sdpa / relative about
+  0.5-0.8, learned forward+backward about even).
 * Short calls on CPU. Below ``SHORT_KEYS`` keys the per-stream loops of ``blocked`` and the
   checkpointed chunks of ``chunked`` cost more than one dense SDPA call over a mask cached
   per shape. Measured forward+backward, fp32, 2 threads, D=32 (B*H = 8 and 64): sliding

@@ -19,7 +19,16 @@ from torch import Tensor, nn
 from attn.base import Attention, KernelPath
 from attn.call import AttentionCall
 from attn.cost import Cost, CostQuery, matmul_flops, pairs_cost
-from attn.gqa import expand_how, expand_kv, gqa_note
+from attn.gqa import (
+    GROUPED,
+    expand_how,
+    expand_kv,
+    fold_queries,
+    gqa_note,
+    grouped_scores,
+    grouped_values,
+    unfold_heads,
+)
 from attn.kernels.reference import dense_attention
 from attn.mods import masked_softmax
 from attn.precision import without_autocast
@@ -82,7 +91,7 @@ class NystromAttention(Attention):
 
     exact = False
     supports_causal = False
-    supports_gqa = True  # k, v expanded to the query heads (a view for one key head)
+    supports_gqa = True  # grouped: products with the N keys read each key head once
     example_params = ({"num_landmarks": 8}, {"num_landmarks": 4, "conv_kernel": 3})
     convergence_param = "num_landmarks"
     #: its landmark path and pseudo-inverse run in float32 for half inputs (the matmul peak a
@@ -149,17 +158,18 @@ class NystromAttention(Attention):
             raise NotImplementedError(self._conv_reason(q_len, k_len))
         m = self.num_landmarks
         heads, kv_heads = q.shape[1], k.shape[1]
-        # grouped-query: the landmark products read per-head keys (B, H, Nk, D); expanded, a
-        # view for MQA (attn/gqa.py), reported in the path
-        self._gqa_last = gqa_note(heads, kv_heads, expand_how(heads, kv_heads))
-        k, v = expand_kv(k, heads), expand_kv(v, heads)  # (B, H, Nk, D|Dv)
         self._exact_last = max(q_len, k_len) <= m
-        if self._exact_last:
-            out = dense_attention(q, k, v, key_mask=key_mask)
+        if self._exact_last:  # N <= m: dense, on k, v expanded (a copy of at most m rows a head)
+            self._gqa_last = gqa_note(heads, kv_heads, expand_how(heads, kv_heads))
+            out = dense_attention(q, expand_kv(k, heads), expand_kv(v, heads), key_mask=key_mask)
         else:
+            # grouped-query: the key landmarks are means of the key heads, and every product
+            # with the N keys or values reads them per key head (attn/gqa.py, no copy)
+            self._gqa_last = gqa_note(heads, kv_heads, GROUPED)
             out = self._landmark_attention(q, k, v, key_mask, dim)
-        if self.conv is not None:
-            v_real = v if key_mask is None else v * key_mask[:, None, :, None].to(v.dtype)
+        if self.conv is not None:  # the depthwise skip convolves each query head's values
+            v_heads = expand_kv(v, heads)  # (B, H, Nk, Dv)
+            v_real = v_heads if key_mask is None else v_heads * key_mask[:, None, :, None].to(v.dtype)
             out = out + self.conv(v_real)  # (B, H, N, Dv)
         return out
 
@@ -182,21 +192,25 @@ class NystromAttention(Attention):
         k_cols = None if key_mask is None and k_len >= m else k_land_ok.unsqueeze(-2)  # (B|1, 1, 1, m)
         q_rows = None if q_valid is None and q_len >= m else q_land_ok.unsqueeze(-1)  # (B|1, 1, m, 1)
         key_cols = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Nk)
+        heads, kv_heads = q.shape[1], k.shape[1]
         z = iterative_pinv(
-            masked_softmax(q_land @ k_land.transpose(-2, -1), _both(q_rows, k_cols)), self.pinv_iters
+            masked_softmax(grouped_scores(q_land, k_land), _both(q_rows, k_cols)), self.pinv_iters
         )  # (B, H, m, m)
         allowed_3 = _both(q_rows, key_cols)
         self._fused_last = k_cols is None and allowed_3 is None
+        k_land_heads = expand_kv(k_land, heads)  # (B, H, m, D): m rows a head, whatever H_kv
         if self._fused_last:
             # unmasked: both N-sized softmax products are attention over m keys or m queries,
-            # streamed along N (no (N, m) matrix, forward or backward)
-            kernel_3_v = short_side_attention(q_land, k, v, scale)  # (B, H, m, Dv)
-            out = short_side_attention(q, k_land, z @ kernel_3_v, scale)  # (B, H, Nq, Dv)
+            # streamed along N (no (N, m) matrix, forward or backward); the m query landmarks
+            # of a group attend their key head's N keys together (folded: keys read once)
+            kernel_3_v = unfold_heads(short_side_attention(fold_queries(q_land, kv_heads), k, v, scale),
+                                      heads)  # (B, H, m, Dv)
+            out = short_side_attention(q, k_land_heads, z @ kernel_3_v, scale)  # (B, H, Nq, Dv)
         else:
-            kernel_1 = masked_softmax(q @ (k_land * scale).transpose(-2, -1), k_cols)  # (B, H, Nq, m)
-            kernel_3 = masked_softmax((q_land * scale) @ k.transpose(-2, -1), allowed_3)  # (B, H, m, Nk)
+            kernel_1 = masked_softmax(q @ (k_land_heads * scale).transpose(-2, -1), k_cols)  # (B, H, Nq, m)
+            kernel_3 = masked_softmax(grouped_scores(q_land * scale, k), allowed_3)  # (B, H, m, Nk)
             # associate to the right: the only N-sized products are kernel_3 @ V and the last one
-            out = kernel_1 @ (z @ (kernel_3 @ v))  # (B, H, Nq, Dv)
+            out = kernel_1 @ (z @ grouped_values(kernel_3, v))  # (B, H, Nq, Dv)
         return out.to(dtype)
 
     def cost(self, query: CostQuery) -> Cost:
