@@ -180,7 +180,7 @@ def test_a_killed_ray_worker_becomes_a_row_and_the_sweep_completes(tmp_path, ray
         case_workers.append(retry_case)
         assert retry_worker != first_worker
         thread.join(60)
-        assert not thread.isalive(), "the sweep did not finish after its unit was lost"
+        assert not thread.is_alive(), "the sweep did not finish after its unit was lost"
     finally:
         for pid in case_workers:
             if alive(pid):

@@ -87,7 +87,7 @@ def test_list_says_what_auto_picks_as_a_function_of_n() -> None:
     window = create_attention("sliding_window", num_heads=8, head_dim=64)
     assert auto_by_length(window, "cpu", cpu) == "auto -> sdpa for N < 768, blocked from N = 768"
     relative = create_attention("relative", num_heads=8, head_dim=64)
-    assert auto_by_length(relative, "cpu", cpu) == "auto -> sdpa for N < 1024, chunked from N = 1024"
+    assert auto_by_length(relative, "cpu", cpu) == "auto -> sdpa for N < 1024, relative from N = 1024"
     full = create_attention("full", num_heads=8, head_dim=64)
     assert auto_by_length(full, "cpu", cpu) == "auto -> sdpa"
     result = CliRunner().invoke(app, ["list"])
