@@ -215,8 +215,7 @@ def _band_grad(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta
     ka[:, :, :left, dim + 1] = float("-inf")
     ka[:, :, left + k_len :, dim + 1] = float("-inf")
     if key_mask is not None:
-        ka[:, :, left : left + k_len, dim + 1] = torch.zeros(
-            key_mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~key_mask, float("-inf"))[:, None]
+        ka[:, :, left : left + k_len, dim + 1] = _padding(key_mask, q.dtype)[:, :, 0]  # (B, 1, Nk)
     va = q.new_zeros(batch, kv_heads, left + k_len + right, dim_v + 1)  # (B, H_kv, L+Nk+R, Dv+1)
     va[:, :, left : left + k_len, :dim_v] = v
     va[..., dim_v] = 1.0
