@@ -55,7 +55,7 @@ DEFAULT_SWEEPS = (
     SizeSweep("linformer", "proj_len", (16, 64, 256)),
     SizeSweep("linear_attention"),
 )
-DEFAULT_LENGTHS = (1024, 2048, 4096, 8192, 16384)
+DEFAULT_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 
 @dataclass(frozen=True)

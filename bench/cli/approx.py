@@ -19,7 +19,7 @@ def approx_error_command(
         "--variant", help="NAME or NAME:PARAM=V1,V2,... (repeatable; default nystrom:num_landmarks=16,64,256, "
                           "performer:num_features=16,64,256, linformer:proj_len=16,64,256, linear_attention).")] = None,
     length: Annotated[list[int] | None, typer.Option(
-        "--length", min=1, help="Sequence lengths (repeatable; default 1024 to 16384, doubling).")] = None,
+        "--length", min=1, help="Sequence lengths (repeatable; default 1024 to 65536, doubling).")] = None,
     batch: Annotated[int, typer.Option(min=1, help="Batch size of the inputs.")] = 1,
     heads: Annotated[int, typer.Option(min=1, help="Heads of the inputs.")] = 2,
     head_dim: Annotated[int, typer.Option(min=1, help="Head dimension of the inputs.")] = 32,
