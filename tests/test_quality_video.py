@@ -40,6 +40,26 @@ def test_a_clip_played_in_reverse_moves_the_other_way() -> None:
         assert all(np.array_equal(np.roll(reverse[t], other, axis=dim), reverse[t + 1]) for t in range(4))
 
 
+def test_a_held_mover_steps_once_every_hold_frames_and_still_reverses() -> None:
+    # hold=2: frames 2t and 2t+1 are the same picture (a 2-frame tubelet sees no motion); the
+    # step between held pictures is the labelled one, and the reversed clip is the other label's
+    settings = {**SETTINGS, "frames": 6}
+    clips = moving_clips(_images(), 20, seed=4, still_objects=0, hold=2, **settings)
+    for video, label, speed, axis in zip(clips.videos, clips.labels, clips.speed, clips.axis):
+        step, dim = (speed if label == 1 else -speed), 1 if axis == 0 else 0
+        for t in range(0, 6, 2):
+            assert np.array_equal(video[t], video[t + 1])
+        for t in range(0, 4, 2):
+            assert np.array_equal(np.roll(video[t], step, axis=dim), video[t + 2])
+        reverse = video[::-1]
+        assert all(np.array_equal(reverse[t], reverse[t + 1]) for t in range(0, 6, 2))
+        assert all(np.array_equal(np.roll(reverse[t], -step, axis=dim), reverse[t + 2]) for t in range(0, 4, 2))
+    # hold=1 is the default: the same clips as before the setting existed
+    default = moving_clips(_images(), 20, seed=4, still_objects=0, **settings)
+    assert np.array_equal(default.videos, moving_clips(_images(), 20, seed=4, still_objects=0, hold=1,
+                                                       **settings).videos)
+
+
 def test_the_still_object_stays() -> None:
     clips = moving_clips(_images(), 10, seed=2, still_objects=1, **{**SETTINGS, "object_size": 4})
     still = moving_clips(_images(), 10, seed=2, still_objects=0, **{**SETTINGS, "object_size": 4})
@@ -70,6 +90,8 @@ def test_shrink_averages_cells() -> None:
     ({"object_size": 17}, "object_size: must be <= canvas=16"),
     ({"min_speed": 4}, "max_speed: must be an integer >= 4"),
     ({"frames": 1}, "frames: must be an integer >= 2"),
+    ({"hold": 2}, "hold: must divide frames=5 into at least 2 positions; got 2"),
+    ({"hold": 0}, "hold: must be an integer >= 1"),
 ])
 def test_bad_settings_name_the_setting(change: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):

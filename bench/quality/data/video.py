@@ -4,14 +4,17 @@ Fashion-MNIST of ``bench.quality.data.fashion_mnist``), seeded.
 A clip is ``frames`` grey frames of ``canvas x canvas`` pixels on a torus (what leaves one
 edge enters at the other). It holds a *mover*, an image shrunk to ``object_size`` pixels
 that travels along one axis (horizontal or vertical, at random) by ``speed`` pixels a frame
-(``min_speed`` .. ``max_speed``), and ``still_objects`` (0 or 1) other images that stay put. The label
-is the direction of the motion: 1 ("forward": right or down) or 0 ("backward": left or up).
+(``min_speed`` .. ``max_speed``), and ``still_objects`` (0 or 1) other images that stay put. The mover
+steps every ``hold`` frames (1: every frame; ``hold = 2`` shows each position for two frames, a
+stop-motion clip, so a tubelet of two frames holds a still picture and sees no motion). The
+label is the direction of the motion: 1 ("forward": right or down) or 0 ("backward": left or up).
 
 Why no single frame decides it, and why a classifier of single frames stays at chance
 whatever it is: every start position is uniform on the torus, so a backward clip is
 distributed exactly as a forward clip played in reverse (its start is the forward clip's
-last position, uniform too). The two classes therefore hold the same frames in the same
-distribution (as unordered sets), and only their order tells them apart: a per-frame
+last position, uniform too; ``frames`` is a multiple of ``hold``, so the reversed clip holds
+each position for ``hold`` frames too). The two classes therefore hold the same frames in the
+same distribution (as unordered sets), and only their order tells them apart: a per-frame
 classifier averaged over time cannot beat chance in expectation. ``max_speed`` stays below
 ``canvas / 2`` so that the direction of a step is unambiguous on the torus.
 """
@@ -50,9 +53,12 @@ def shrink(images: np.ndarray, size: int) -> np.ndarray:
 
 
 def check_settings(*, frames: int, canvas: int, object_size: int, min_speed: int, max_speed: int,
-                   still_objects: int) -> None:
+                   still_objects: int, hold: int = 1) -> None:
     """ValueError naming the setting that cannot make clips."""
     require_int("frames", frames, minimum=2)
+    require_int("hold", hold, minimum=1)
+    if frames % hold or frames // hold < 2:
+        raise invalid("hold", f"must divide frames={frames} into at least 2 positions; got {hold}")
     require_int("canvas", canvas, minimum=4)
     require_int("object_size", object_size, minimum=1)
     require_int("min_speed", min_speed, minimum=1)
@@ -68,11 +74,11 @@ def check_settings(*, frames: int, canvas: int, object_size: int, min_speed: int
 
 
 def moving_clips(images: np.ndarray, count: int, *, frames: int, canvas: int, object_size: int,
-                 min_speed: int, max_speed: int, still_objects: int, seed: int) -> Clips:
+                 min_speed: int, max_speed: int, still_objects: int, seed: int, hold: int = 1) -> Clips:
     """``count`` clips of objects drawn from ``images (n, h, w)`` (see the module docstring),
     a pure function of its arguments."""
     check_settings(frames=frames, canvas=canvas, object_size=object_size, min_speed=min_speed,
-                   max_speed=max_speed, still_objects=still_objects)
+                   max_speed=max_speed, still_objects=still_objects, hold=hold)
     require_int("count", count, minimum=0)
     rng = np.random.default_rng(seed)
     objects = shrink(images, object_size)  # (n, s, s)
@@ -88,7 +94,7 @@ def moving_clips(images: np.ndarray, count: int, *, frames: int, canvas: int, ob
         still = _placed(tile, objects[picks[n, 1]], start[n, 1]) if still_objects else tile
         for t in range(frames):
             where = start[n, 0].copy()
-            where[1 - axis[n]] += step[n] * t  # axis 0 moves x (index 1), axis 1 moves y (index 0)
+            where[1 - axis[n]] += step[n] * (t // hold)  # axis 0 moves x (index 1), axis 1 moves y (index 0)
             videos[n, t] = np.maximum(still, _placed(tile, objects[picks[n, 0]], where))
     return Clips(videos, labels.astype(np.int64), speed.astype(np.int64), axis.astype(np.int64))
 

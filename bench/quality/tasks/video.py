@@ -54,8 +54,9 @@ PRESETS = {
 class Video(ClassificationTask):
     """Data settings: ``train_examples``, ``val_examples``, ``test_examples``, ``data_seed``,
     the clip settings ``frames``, ``canvas``, ``object_size``, ``min_speed``, ``max_speed``,
-    ``still_objects`` and the model's ``patch_size`` (default 8) and ``tubelet_frames``
-    (default 1). The ``vivit`` model reads ``videos (B, T, 1, C, C)`` in [0, 1]."""
+    ``still_objects``, ``hold`` (frames the mover holds each position, default 1) and the
+    model's ``patch_size`` (default 8) and ``tubelet_frames`` (default 1). The ``vivit`` model
+    reads ``videos (B, T, 1, C, C)`` in [0, 1]."""
 
     model_kind = "vivit"
     num_classes = 2
@@ -70,7 +71,7 @@ class Video(ClassificationTask):
         count = int(self.data[f"{split}_examples"])
         seed = [int(self.data.get("data_seed", 0)), ("train", "val", "test").index(split)]
         return moving_clips(images, count, seed=int(np.random.SeedSequence(seed).generate_state(1)[0]),
-                            **{k: self.setting(k) for k in CLIP_DEFAULTS})
+                            hold=int(self.data.get("hold", 1)), **{k: self.setting(k) for k in CLIP_DEFAULTS})
 
     def prepare(self) -> None:
         for split in ("train", "val", "test"):
