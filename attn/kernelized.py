@@ -11,8 +11,10 @@ in O(N * F * Dv) time and O(N * (F + Dv)) memory, causal through prefix sums (ch
 C x C product inside each chunk, the running state ``S = sum phi_k v^T``, ``z = sum phi_k``
 across chunks), with bottom-right causal alignment and ``key_mask`` (a padded key's
 features are zero). :func:`dense_kernelized_attention` is the same definition computed
-directly in O(Nq * Nk) (what the conformance kit and tests compare against), and
-:class:`KernelizedState` the O(1)-per-token decoding state (``Attention.new_decoding_state``).
+directly in O(Nq * Nk) (what the conformance kit and tests compare against),
+:func:`streamed_kernelized_attention` the non-causal form with the features computed a slice
+of rows at a time (no N-sized feature tensor), and :class:`KernelizedState` the
+O(1)-per-token decoding state (``Attention.new_decoding_state``).
 A row with no allowed key (or whose normaliser is 0) returns zeros.
 """
 
@@ -27,6 +29,12 @@ from attn.cost import Cost, CostQuery, matmul_flops
 
 #: query rows per chunk of the causal prefix-sum form: C x C products inside a chunk
 CAUSAL_CHUNK = 128
+
+#: rows of q and of k turned into features at a time by :func:`streamed_kernelized_attention`:
+#: each slice's temporaries (a few MiB at B*H = 4, F = 256) come back from the allocator's
+#: cache, where whole-length ones (32 MiB a tensor at N = 32K, B*H = 4, F = 64) are fresh
+#: pages on every call, and on CPU fresh pages cost a page fault each
+STREAM_ROWS = 2048
 
 FeatureMap = Callable[[Tensor, bool], Tensor]  # (x (B, H, N, D), is_query) -> (B, H, N, F)
 
@@ -98,6 +106,41 @@ def kernelized_attention(
     norm = phi_k[:, :, :offset].sum(dim=-2)  # (B, H, F)
     num, den = _causal_chunks(phi_q, phi_k[:, :, offset:], v[:, :, offset:], state, norm, chunk)
     return _ratio(num, den)
+
+
+def streamed_kernelized_attention(
+    features: FeatureMap,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    key_mask: Tensor | None = None,
+    rows: int = STREAM_ROWS,
+) -> Tensor:
+    """Non-causal :func:`kernelized_attention` of ``features(q, True)`` and ``features(k,
+    False)`` with the features computed ``rows`` rows at a time: ``q (B, H, Nq, D)``, ``k (B,
+    H, Nk, D)``, ``v (B, H, Nk, Dv)`` -> ``(B, H, Nq, Dv)``. Only the output is N-sized; the
+    feature map must treat each row on its own (true of elu + 1 and of Performer's features,
+    whose query stabiliser reads its own row only)."""
+    batch, heads, q_len, _ = q.shape
+    k_len = k.shape[2]
+    state, norm = None, None  # sum phi_k v^T (B, H, F, Dv), sum phi_k (B, H, F)
+    for start in range(0, k_len, rows):
+        phi_k = features(k[:, :, start : start + rows], False)  # (B, H, r, F)
+        if key_mask is not None:
+            phi_k = _masked(phi_k, key_mask[:, start : start + rows])
+        part, part_norm = phi_k.transpose(-2, -1) @ v[:, :, start : start + rows], phi_k.sum(dim=-2)
+        state = part if state is None else state + part
+        norm = part_norm if norm is None else norm + part_norm
+    out = v.new_empty(batch, heads, q_len, v.shape[-1])  # (B, H, Nq, Dv)
+    for start in range(0, q_len, rows):
+        phi_q = features(q[:, :, start : start + rows], True)  # (B, H, r, F)
+        if state is None:  # no key: zeros, as in kernelized_attention
+            out[:, :, start : start + rows] = 0.0
+            continue
+        den = (phi_q @ norm.unsqueeze(-1)).squeeze(-1)  # (B, H, r)
+        out[:, :, start : start + rows] = _ratio(phi_q @ state, den)
+    return out
 
 
 def dense_kernelized_attention(

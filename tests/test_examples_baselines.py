@@ -18,7 +18,12 @@ from torch import Tensor
 import attn.registry as registry
 from attn import AttentionCall, create_attention, get_kernel, register_attention
 from attn.conformance import check_attention
-from attn.kernelized import KernelizedState, dense_kernelized_attention, kernelized_attention
+from attn.kernelized import (
+    KernelizedState,
+    dense_kernelized_attention,
+    kernelized_attention,
+    streamed_kernelized_attention,
+)
 from attn.kernels.reference import dense_attention
 from models import create_model
 from models.attention import StateCache
@@ -331,6 +336,27 @@ def test_kernelized_attention_chunks_match_the_dense_definition():
     state = KernelizedState(lambda x, is_query: x)
     with pytest.raises(ValueError, match="q: a decoding step takes one query per new key"):
         state.step(phi_q, phi_k, v)
+
+
+def test_streamed_kernelized_attention_equals_the_whole_length_form_in_values_and_gradients():
+    # slices of 4 rows over 9 queries and 14 keys: partial last slices on both sides, masked keys
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 2, 9, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, 14, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 2, 14, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    key_mask = torch.rand(2, 14, generator=gen) > 0.4
+    key_mask[1] = False  # every key of batch element 1 padded: zeros
+    features = lambda x, is_query: elu1(x) * (2.0 if is_query else 1.0)
+    out = streamed_kernelized_attention(features, q, k, v, key_mask=key_mask, rows=4)
+    ref = kernelized_attention(features(q, True), features(k, False), v, key_mask=key_mask)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=0)
+    assert out[1].abs().max() == 0
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    expected = torch.autograd.grad(ref.square().sum(), (q, k, v))
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
+    no_keys = streamed_kernelized_attention(features, q, k[:, :, :0], v[:, :, :0], rows=4)
+    assert no_keys.shape == (2, 2, 9, 3) and no_keys.abs().max() == 0
 
 
 @pytest.mark.slow

@@ -23,6 +23,7 @@ from attn.kernelized import (
     dense_kernelized_attention,
     kernelized_attention,
     kernelized_cost,
+    streamed_kernelized_attention,
 )
 from attn.validation import Param
 
@@ -49,14 +50,18 @@ class LinearAttention(Attention):
     def native_forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:
         self.causal_last = causal  # for native_path
         compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+        if not causal:  # features a slice of rows at a time: no N-sized feature tensor
+            out = streamed_kernelized_attention(lambda x, is_query: elu_features(x.to(compute)), q, k,
+                                                v.to(compute), key_mask=key_mask)  # (B, H, Nq, Dv)
+            return out.to(v.dtype)
         out = kernelized_attention(
             elu_features(q.to(compute)), elu_features(k.to(compute)), v.to(compute),
-            causal=causal, key_mask=key_mask, chunk=self.chunk,
+            causal=True, key_mask=key_mask, chunk=self.chunk,
         )  # (B, H, Nq, Dv)
         return out.to(v.dtype)
 
     def native_path(self) -> KernelPath:
-        form = "causal: chunked prefix sums" if self.causal_last else "non-causal: one pass"
+        form = "causal: chunked prefix sums" if self.causal_last else "non-causal: features streamed by rows"
         return KernelPath("native", f"linear attention (elu+1 features, {form})")
 
     def reference_forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:

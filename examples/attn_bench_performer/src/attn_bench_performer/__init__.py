@@ -24,7 +24,13 @@ from torch import Tensor
 
 from attn import Attention, KernelPath
 from attn.cost import Cost, CostQuery
-from attn.kernelized import KernelizedState, dense_kernelized_attention, kernelized_attention, kernelized_cost
+from attn.kernelized import (
+    KernelizedState,
+    dense_kernelized_attention,
+    kernelized_attention,
+    kernelized_cost,
+    streamed_kernelized_attention,
+)
 from attn.validation import Param
 
 
@@ -101,12 +107,14 @@ class PerformerAttention(Attention):
         self._prepare(q)
         compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         q, k = q.to(compute), k.to(compute)
+        if not causal:  # features a slice of rows at a time: no N-sized feature tensor
+            return streamed_kernelized_attention(self.features, q, k, v.to(compute), key_mask=key_mask).to(v.dtype)
         out = kernelized_attention(self.features(q, True), self.features(k, False), v.to(compute),
                                    causal=causal, key_mask=key_mask, chunk=self.chunk)  # (B, H, Nq, Dv)
         return out.to(v.dtype)
 
     def native_path(self) -> KernelPath:
-        form = "causal: chunked prefix sums" if self.causal_last else "non-causal: one pass"
+        form = "causal: chunked prefix sums" if self.causal_last else "non-causal: features streamed by rows"
         return KernelPath("native", f"performer FAVOR+ ({self.num_features} features, {form})")
 
     def reference_forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:
