@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from attn.kernels.blocked.chunk import Chunk, StreamInputs
+from attn.kernels.blocked.flash import flash_applies, flash_backward_chunk
 from attn.kernels.blocked.forward import BandInputs
 from attn.kernels.blocked.geometry import Geometry, Stream, max_chunk_blocks
 
@@ -47,12 +48,13 @@ class _Buffers:
 @dataclass(frozen=True)
 class _StreamRows:
     """One stream's views of the per-row tensors: ``d_out (nq, Dv)``, ``delta (nq,)``,
-    ``lse (nq,)``, ``d_q (nq, D)``, ``d_k (nk, D)``, ``d_v (nk, Dv)``."""
+    ``lse (nq,)``, ``d_q (nq, D)``, ``out (nq, Dv)``, ``d_k (nk, D)``, ``d_v (nk, Dv)``."""
 
     d_out: Tensor
     delta: Tensor
     lse: Tensor
     d_q: Tensor
+    out: Tensor
     d_k: Tensor
     d_v: Tensor
 
@@ -84,10 +86,13 @@ def band_backward(band: BandInputs, out: Tensor, lse: Tensor, key_masked: Tensor
                        q.new_empty(chunk_blocks, geo.window_keys, v.shape[-1]))
     for stream in streams:
         inputs = band.stream_inputs(stream, key_masked, num_global)
-        rows = _StreamRows(*(stream.view(x, stream.q_rows) for x in (d_out, delta, lse, grads.q)),
+        rows = _StreamRows(*(stream.view(x, stream.q_rows) for x in (d_out, delta, lse, grads.q, out)),
                            stream.kv_view(grads.k, stream.k_rows), stream.kv_view(grads.v, stream.k_rows))
         for first, end, interior in stream.chunks(geo):
             chunk = Chunk(stream, geo, first, end, interior, inputs)
+            if flash_applies(chunk, q, band.v, band.score_bias is not None, inputs.global_k is not None):
+                _flash_backward(chunk, band.edges, scale, rows, geo)
+                continue
             blocks = slice(stream.first_block + first, stream.first_block + end)
             _backward_chunk(band, chunk, inputs, blocks, buffers, scale, rows, grads, stream, geo)
     return grads
@@ -120,6 +125,16 @@ def _backward_chunk(band: BandInputs, chunk: Chunk, inputs: StreamInputs, blocks
                                  stream)
     if not chunk.interior:
         rows.d_q[chunk.row_start : chunk.row_end] = d_q[: chunk.row_end - chunk.row_start]
+    chunk.scatter_keys(rows.d_k, d_k_windows, geo)
+    chunk.scatter_keys(rows.d_v, d_v_windows, geo)
+
+
+def _flash_backward(chunk: Chunk, edges: Tensor, scale: float, rows: _StreamRows, geo: Geometry) -> None:
+    """An interior chunk's gradients through the flash kernel's backward
+    (:mod:`attn.kernels.blocked.flash`), the window gradients summed into the key rows."""
+    span = slice(chunk.row_start, chunk.row_end)
+    d_k_windows, d_v_windows = flash_backward_chunk(chunk, edges, scale, rows.d_out[span], rows.out[span],
+                                                    rows.lse[span], rows.d_q[span])
     chunk.scatter_keys(rows.d_k, d_k_windows, geo)
     chunk.scatter_keys(rows.d_v, d_v_windows, geo)
 

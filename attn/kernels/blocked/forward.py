@@ -16,6 +16,7 @@ from torch import Tensor
 
 from attn.kernels.base import host_reads_are_free
 from attn.kernels.blocked.chunk import Chunk, StreamInputs, chunk_scores
+from attn.kernels.blocked.flash import flash_applies, flash_forward_chunk
 from attn.kernels.blocked.geometry import Geometry, Stream, max_chunk_blocks
 
 
@@ -76,6 +77,9 @@ def band_forward(band: BandInputs, geo: Geometry, streams: list[Stream], num_glo
         out_rows, lse_rows = stream.view(out, stream.q_rows), stream.view(lse, stream.q_rows)  # (nq, Dv), (nq,)
         for first, end, interior in stream.chunks(geo):
             chunk = Chunk(stream, geo, first, end, interior, inputs)
+            if flash_applies(chunk, q, band.v, band.score_bias is not None, inputs.global_k is not None):
+                flash_forward_chunk(chunk, band.edges, scale, out_rows, lse_rows)
+                continue
             blocks = slice(stream.first_block + first, stream.first_block + end)
             _forward_chunk(band, chunk, inputs, blocks, scores_buf, scale, out_rows, lse_rows)
     return out, lse, key_masked

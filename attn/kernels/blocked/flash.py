@@ -1,0 +1,66 @@
+"""Interior chunks of the banded core through torch's CPU flash kernel.
+
+A chunk of ``c`` query blocks over their key windows is ``c`` independent attentions of ``S``
+queries over ``L`` keys that share one additive mask, the band's edges ``(S, L)``. Where
+nothing else enters the scores (an interior chunk: no padded row or key, no masked key, no
+position bias, no global column), torch's CPU flash kernel
+(``aten::_scaled_dot_product_flash_attention_for_cpu``, the one SDPA runs on CPU) computes
+them with the batch dimension over the blocks, reading the windows through their strided
+views: scores, softmax and the product with ``v`` stay in its tiles, instead of five passes
+over a ``(c, S, L)`` buffer, and it returns the rows' log-sum-exp, which the backward pass
+(its own flash backward, window gradients then summed into the key rows) reads as the
+generic path's does. Every other chunk takes the generic path
+(:mod:`attn.kernels.blocked.forward`, :mod:`attn.kernels.blocked.backward`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attn.kernels.blocked.chunk import Chunk
+
+#: torch's CPU flash kernel and its backward (None where this torch lacks them)
+_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+#: dtypes the band runs through the flash kernel (its float32 / float64 results match the
+#: generic path to rounding; half types keep the generic path's arithmetic)
+FLASH_DTYPES = (torch.float32, torch.float64)
+
+
+def flash_applies(chunk: Chunk, q: Tensor, v: Tensor, has_score_bias: bool, has_global: bool) -> bool:
+    """True when the chunk's scores are the band's edges and ``q . k`` alone, on a CPU torch
+    that has the flash kernel and its backward, for one head size (``D == Dv``, as the flash
+    kernel requires)."""
+    return (_FLASH is not None and _FLASH_BWD is not None and q.device.type == "cpu"
+            and q.dtype in FLASH_DTYPES and q.shape[-1] == v.shape[-1] and chunk.interior
+            and chunk.key_bias is None and not has_score_bias and not has_global)
+
+
+def _blocks(chunk: Chunk, rows: Tensor) -> Tensor:
+    """A chunk's ``(c*S, X)`` rows as the flash kernel's ``(c, 1, S, X)``."""
+    return rows.unflatten(0, (chunk.blocks, chunk.block)).unsqueeze(1)
+
+
+def flash_forward_chunk(chunk: Chunk, edges: Tensor, scale: float, out_rows: Tensor, lse_rows: Tensor) -> None:
+    """Softmax attention of an interior chunk, written into the stream's output rows ``(nq,
+    Dv)`` and log-sum-exp ``(nq,)``."""
+    mask = edges.view(1, 1, *edges.shape)  # (1, 1, S, L), broadcast over the blocks
+    out, lse = _FLASH(_blocks(chunk, chunk.q), chunk.k.unsqueeze(1), chunk.v.unsqueeze(1), 0.0, False,
+                      attn_mask=mask, scale=scale)  # (c, 1, S, Dv), (c, 1, S)
+    out_rows[chunk.row_start : chunk.row_end] = out.flatten(0, 2)
+    lse_rows[chunk.row_start : chunk.row_end] = lse.flatten()
+
+
+def flash_backward_chunk(chunk: Chunk, edges: Tensor, scale: float, d_out: Tensor, out: Tensor, lse: Tensor,
+                         d_q: Tensor) -> tuple[Tensor, Tensor]:
+    """Gradients of an interior chunk: writes ``d_q (c*S, D)`` (the stream's rows of the
+    chunk) and returns the window gradients ``d_k (c, L, D)``, ``d_v (c, L, Dv)``; ``d_out``,
+    ``out`` ``(c*S, Dv)`` and ``lse (c*S,)`` are the chunk's rows."""
+    mask = edges.view(1, 1, *edges.shape)  # (1, 1, S, L)
+    grad_q, grad_k, grad_v = _FLASH_BWD(
+        _blocks(chunk, d_out), _blocks(chunk, chunk.q), chunk.k.unsqueeze(1), chunk.v.unsqueeze(1),
+        _blocks(chunk, out), lse.view(chunk.blocks, 1, chunk.block), 0.0, False, attn_mask=mask, scale=scale,
+    )  # (c, 1, S, D), (c, 1, L, D), (c, 1, L, Dv)
+    d_q.copy_(grad_q.flatten(0, 2))
+    return grad_k.squeeze(1), grad_v.squeeze(1)
