@@ -160,6 +160,19 @@ def test_interior_chunks_through_the_flash_kernel_match_the_reference(band: Band
         assert calls["forward"] > 0 and calls["backward"] > 0, calls
 
 
+def test_the_path_says_when_interior_chunks_can_take_the_flash_kernel() -> None:
+    q = torch.randn(1, 2, 256, 8)
+    note = "interior chunks without a masked key through the CPU flash kernel"
+    window = create_attention("sliding_window", window=16, kernel="blocked")
+    window(q, q, q)
+    assert note in window.last_path.path
+    window(q, q, q[..., :4])  # two head sizes: the generic path only
+    assert note not in window.last_path.path
+    globals_ = create_attention("global_tokens", window=16, num_global=2, kernel="blocked")
+    globals_(q, q, q)
+    assert note not in globals_.last_path.path
+
+
 @pytest.mark.parametrize("band", [Band(3), Band(2, dilation=3), Band(3, num_global=2)], ids=str)
 @pytest.mark.parametrize("causal", [False, True])
 def test_few_rows_take_the_key_span_and_both_paths_agree(band: Band, causal: bool) -> None:

@@ -6,8 +6,10 @@ done per *stream* (one batch element, head and, for dilated patterns, residue cl
 plain 2-D views of the caller's tensors: the key windows of a run of blocks are one strided
 view (``as_strided``, no copy), so each chunk of blocks is one ``baddbmm`` for the scores
 (scale and band edges fused in), one softmax and one ``bmm`` for the output, written
-straight into the output. Only the blocks at the ends of a stream, whose window leaves
-``[0, Nk)``, go through small zero-padded copies. The backward pass recomputes the scores
+straight into the output; on CPU, an interior chunk whose scores are ``q . k`` and the band
+alone goes through torch's flash kernel instead (:mod:`attn.kernels.blocked.flash`). Only the
+blocks at the ends of a stream, whose window leaves ``[0, Nk)``, go through small zero-padded
+copies. The backward pass recomputes the scores
 from the saved log-sum-exp (as flash attention does). No ``N x N``, no ``N x L`` tensor and
 no padded copy of the inputs is made, forward or backward: on CPU every large allocation
 costs page faults, so the kernel allocates the output (and the three input gradients) and

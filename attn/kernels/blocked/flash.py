@@ -37,6 +37,16 @@ def flash_applies(chunk: Chunk, q: Tensor, v: Tensor, has_score_bias: bool, has_
             and chunk.key_bias is None and not has_score_bias and not has_global)
 
 
+def flash_note(q: Tensor, v: Tensor, num_global: int, has_score_mod: bool) -> str:
+    """What a call's path text adds when its interior chunks can take the flash kernel
+    (``""`` when none can: another device or dtype, two head sizes, a position bias or
+    global columns)."""
+    if (_FLASH is None or _FLASH_BWD is None or q.device.type != "cpu" or q.dtype not in FLASH_DTYPES
+            or q.shape[-1] != v.shape[-1] or num_global or has_score_mod):
+        return ""
+    return "; interior chunks without a masked key through the CPU flash kernel"
+
+
 def _blocks(chunk: Chunk, rows: Tensor) -> Tensor:
     """A chunk's ``(c*S, X)`` rows as the flash kernel's ``(c, 1, S, X)``."""
     return rows.unflatten(0, (chunk.blocks, chunk.block)).unsqueeze(1)

@@ -10,6 +10,7 @@ from attn.gqa import gqa_note
 from attn.kernels.base import Band, Kernel, KernelPath
 from attn.kernels.blocked.core import banded_attention
 from attn.kernels.blocked.dense import global_row_attention, global_rows, key_span_attention, uses_key_span
+from attn.kernels.blocked.flash import flash_note
 from attn.kernels.blocked.packed import packed_attention
 from attn.kernels.chunked import chunked_attention
 from attn.mods import ScoreMod
@@ -143,7 +144,10 @@ class BlockedKernel(Kernel):
             )  # (B, H, n_neg, Dv)
             out = torch.cat([head, out], dim=2)
             fallback = f"{n_neg} query rows at negative positions (Nq > Nk) computed by chunked"
-        path = _path(band, q_len - n_neg, k_len, q.shape[1]) + gqa_note(
+        path = _path(band, q_len - n_neg, k_len, q.shape[1])
+        if "banded blocks" in path:
+            path += flash_note(q, v, band.num_global, score_mod is not None)
+        path += gqa_note(
             q.shape[1], k.shape[1], "native (the streams of a group read its key head, no copy)")
         return out, KernelPath(self.name, path, fallback=fallback)
 
