@@ -28,21 +28,25 @@ _FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 FLASH_DTYPES = (torch.float32, torch.float64)
 
 
-def flash_applies(chunk: Chunk, q: Tensor, v: Tensor, has_score_bias: bool, has_global: bool) -> bool:
-    """True when the chunk's scores are the band's edges and ``q . k`` alone, on a CPU torch
-    that has the flash kernel and its backward, for one head size (``D == Dv``, as the flash
-    kernel requires)."""
+def band_takes_flash(q: Tensor, v: Tensor, has_score_bias: bool, has_global: bool) -> bool:
+    """True when a band call's scores are ``q . k`` and the band's edges alone (no position
+    bias, no global column), on a CPU torch that has the flash kernel and its backward, in a
+    dtype it runs, with one head size (``D == Dv``, as the flash kernel requires)."""
     return (_FLASH is not None and _FLASH_BWD is not None and q.device.type == "cpu"
-            and q.dtype in FLASH_DTYPES and q.shape[-1] == v.shape[-1] and chunk.interior
-            and chunk.key_bias is None and not has_score_bias and not has_global)
+            and q.dtype in FLASH_DTYPES and q.shape[-1] == v.shape[-1]
+            and not has_score_bias and not has_global)
+
+
+def flash_applies(chunk: Chunk, q: Tensor, v: Tensor, has_score_bias: bool, has_global: bool) -> bool:
+    """True when the call takes the flash kernel (:func:`band_takes_flash`) and the chunk is
+    interior with no masked key in its windows."""
+    return chunk.interior and chunk.key_bias is None and band_takes_flash(q, v, has_score_bias, has_global)
 
 
 def flash_note(q: Tensor, v: Tensor, num_global: int, has_score_mod: bool) -> str:
     """What a call's path text adds when its interior chunks can take the flash kernel
-    (``""`` when none can: another device or dtype, two head sizes, a position bias or
-    global columns)."""
-    if (_FLASH is None or _FLASH_BWD is None or q.device.type != "cpu" or q.dtype not in FLASH_DTYPES
-            or q.shape[-1] != v.shape[-1] or num_global or has_score_mod):
+    (``""`` when none can)."""
+    if not band_takes_flash(q, v, has_score_mod, num_global > 0):
         return ""
     return "; interior chunks without a masked key through the CPU flash kernel"
 
