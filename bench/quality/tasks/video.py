@@ -70,6 +70,9 @@ class Video(ClassificationTask):
         images = fashion_mnist.load("test" if split == "test" else "train")[0]
         count = int(self.data[f"{split}_examples"])
         seed = [int(self.data.get("data_seed", 0)), ("train", "val", "test").index(split)]
+        # hold is read apart from CLIP_DEFAULTS: the presets spread those into their data
+        # section, and a new key there would change the settings (and identity) of every
+        # committed video unit, though hold=1 leaves every clip as it was
         return moving_clips(images, count, seed=int(np.random.SeedSequence(seed).generate_state(1)[0]),
                             hold=int(self.data.get("hold", 1)), **{k: self.setting(k) for k in CLIP_DEFAULTS})
 
