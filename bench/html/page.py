@@ -12,7 +12,8 @@ import base64
 import gzip
 import html
 import math
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -44,11 +45,29 @@ def _script(name: str) -> str:
     return resources.files("bench.html").joinpath(name).read_text(encoding="utf-8")
 
 
-def packed_plotly() -> str:
-    """Plotly's own bundle (``plotly.min.js`` of the installed ``plotly``), gzip-compressed
-    and base64-encoded: a third of its size (about 1.9 of 4.8 MB), which keeps a page under
-    5 MB; ``plots.js`` unpacks it in the browser."""
-    return base64.b64encode(gzip.compress(get_plotlyjs().encode("utf-8"), mtime=0)).decode("ascii")
+#: the trace types of Plotly's partial "basic" bundle (npm ``plotly.js-basic-dist-min``)
+BASIC_TRACES = frozenset({"bar", "pie", "scatter"})
+#: that bundle, gzip-compressed, as shipped in this package (``vendor/README.md``)
+BASIC_BUNDLE = "vendor/plotly-basic.min.js.gz"
+
+
+def trace_types(fig: go.Figure | dict) -> set[str]:
+    """The trace types of a figure (Plotly's default type is ``scatter``)."""
+    traces = (fig.get("data") or []) if isinstance(fig, dict) else fig.data
+    return {(trace.get("type") if isinstance(trace, dict) else trace.type) or "scatter" for trace in traces}
+
+
+def packed_plotly(types: Iterable[str] = ("scatter",)) -> str:
+    """The Plotly bundle that draws traces of ``types``, gzip-compressed and base64-encoded
+    (``plots.js`` unpacks it in the browser): Plotly's partial "basic" bundle (1.2 MB,
+    0.39 MB packed) where it has every type, else ``plotly.min.js`` of the installed
+    ``plotly`` (4.8 MB, 1.9 MB packed). The browser compiles a quarter of the code, which
+    is most of the time a page takes to draw (``docs/history.md``)."""
+    if set(types) <= BASIC_TRACES:
+        packed = resources.files("bench.html").joinpath(BASIC_BUNDLE).read_bytes()
+    else:
+        packed = gzip.compress(get_plotlyjs().encode("utf-8"), mtime=0)
+    return base64.b64encode(packed).decode("ascii")
 
 
 def figure_div(fig: go.Figure | dict, div_id: str, *, links: bool = False) -> str:
@@ -57,6 +76,7 @@ def figure_div(fig: go.Figure | dict, div_id: str, *, links: bool = False) -> st
     the link that is the last field of its ``customdata``."""
     data = pio.to_json(fig, validate=False).replace("</", "<\\/")  # no "</script>" inside the JSON
     flag = ' data-links="1"' if links else ""
+    flag += f' data-traces="{" ".join(sorted(trace_types(fig)))}"'
     return (f'<div class="plot" id="{div_id}"{flag}></div>'
             f'<script type="application/json" id="{div_id}-data">{data}</script>')
 
@@ -128,13 +148,16 @@ def section(title: str, *blocks: str, note: str = "") -> str:
 
 def render_page(title: str, provenance: Mapping[str, str], sections: Sequence[str]) -> str:
     """The whole document: ``title``, the provenance at the top, then ``sections``; Plotly's
-    library (packed: :func:`packed_plotly`), the page's scripts and the styles inline."""
+    library (packed: :func:`packed_plotly`, the bundle that draws the figures' trace types),
+    the page's scripts and the styles inline."""
+    types = {kind for found in re.findall(r'<div class="plot"[^>]* data-traces="([^"]*)"', "".join(sections))
+             for kind in found.split()}
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
         f"<title>{html.escape(title)}</title>", f"<style>{STYLE}</style>",
         "</head><body>",
         f"<h1>{html.escape(title)}</h1>", provenance_html(provenance), *sections,
-        f'<script type="application/octet-stream" id="plotly-gz">{packed_plotly()}</script>',
+        f'<script type="application/octet-stream" id="plotly-gz">{packed_plotly(types)}</script>',
         f"<script>{_script('plots.js')}</script>", f"<script>{_script('table.js')}</script>",
         "</body></html>"])
 
