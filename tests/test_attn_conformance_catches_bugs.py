@@ -7,8 +7,17 @@ import weakref
 import pytest
 from torch import Tensor
 
-from attn import Attention, ExactAttention, KernelPath, attention_info, get_kernel
+from attn import Attention, ExactAttention, KernelPath, attention_info, create_attention, get_kernel
 from attn.conformance import SWEEP_LENGTHS, check_attention
+from attn.conformance.harness import (
+    HEADS,
+    QUICK_SHAPES,
+    SHAPES,
+    causal_options,
+    enter_profile,
+    iter_cases,
+    leave_profile,
+)
 from attn.kernels import _builtin_kernels
 from attn.kernels.base import Kernel
 from attn.kernels.reference import dense_attention
@@ -257,3 +266,25 @@ def test_every_check_of_a_kernel_runs_one_module_copy_per_dtype(monkeypatch: pyt
     dtypes = [dtype for _, dtype in kernel.seen]
     # one copy per dtype, and the shape sweep its own (its lengths are the first that copy runs)
     assert sorted(map(str, dtypes)) == ["torch.float32", "torch.float64", "torch.float64"], kernel.seen
+
+
+@pytest.mark.parametrize("variant", ["sliding_window", "nystrom"])  # causal or not; non-causal only
+def test_quick_profile_runs_every_case_combination_once_and_each_value_on_each_shape(variant: str) -> None:
+    """The quick profile runs each (causal, key_mask) combination on one of its two shapes
+    (half the compiles of a kernel that compiles per case); the full one on every shape."""
+    module = create_attention(variant, num_heads=HEADS, head_dim=16)
+    combos = {(causal, masked) for causal in causal_options(module) for masked in (False, True)}
+    profile = enter_profile(quick=True)
+    try:
+        cases = [(shape, causal, key_mask is not None) for shape, causal, key_mask in iter_cases(module, "cpu")]
+    finally:
+        leave_profile(profile)
+    assert sorted((c, m) for _, c, m in cases) == sorted(combos)  # each combination exactly once
+    for shape in QUICK_SHAPES:
+        on_shape = [(c, m) for s, c, m in cases if s == shape]
+        if len(combos) == 4:  # causal and not: each shape runs both values of each flag
+            assert {c for c, _ in on_shape} == {m for _, m in on_shape} == {False, True}
+        else:  # one causal option: one combination per shape
+            assert len(on_shape) == 1
+    full = [(shape, causal, key_mask is not None) for shape, causal, key_mask in iter_cases(module, "cpu")]
+    assert len(full) == len(SHAPES) * len(combos)

@@ -31,8 +31,8 @@ does not support a call is reported as skipped with its reason):
 - ``causal_no_leak``: perturbing keys/values after position t leaves rows <= t unchanged
   (the kit's first two shapes);
 - ``key_mask``: perturbing padded keys changes nothing; an all-padding row gives zeros;
-- ``batch_independence``: each batch element alone gives the same output as in the batch
-  (the kit's first shape, with ``key_mask``);
+- ``batch_independence``: each batch element's output stays the same when every other
+  element's inputs are replaced (the kit's first shape, with ``key_mask``);
 - ``documents``: packed rows (``document_ids``: uneven documents, a one-token document, a
   row of one document) equal the dense reference of each document run alone, concatenated,
   outputs and gradients, with and without ``key_mask`` and ``causal``; a kernel that does not
@@ -52,9 +52,9 @@ does not support a call is reported as skipped with its reason):
 
 The quick profile (``quick=True``, what ``attn-bench check`` runs unless ``--full``) runs
 every check on every kernel with the first parameter set and the first two shapes
-(:data:`QUICK_SHAPES`). Every check of one kernel runs on one copy of the module per dtype,
-so a kernel that compiles per module compiles once per run (docs/contract.md, "What the kit
-costs").
+(:data:`QUICK_SHAPES`), each (causal, key_mask) combination on one of them. Every check of
+one kernel runs on one copy of the module per dtype, so a kernel that compiles per module
+compiles once per run (docs/contract.md, "What the kit costs").
 
 Each check runs in a child process with a time limit (``timeout_s``, default
 :data:`CHECK_TIMEOUT_S`): a variant that exits, crashes or hangs fails that check with the

@@ -254,7 +254,9 @@ def _check_causal(module, kernel, device, seed) -> str | None:
 def _check_key_mask(module, kernel, device, seed) -> str | None:
     module, dtype = in_precision(module, kernel, device, grad=False)
 
-    def body(shape, causal, _unused) -> None:
+    def body(shape, causal, case_mask) -> None:
+        if case_mask is None:
+            return  # this check masks every call: the case's masked twin makes the same calls
         batch, _, _, k_len = shape[:4]
         key_mask = make_key_mask(batch, k_len, device, seed)
         q, k, v = make_inputs(shape, dtype, device, seed)
@@ -297,12 +299,14 @@ def _check_batch(module, kernel, device, seed) -> str | None:
     with torch.no_grad():
         together = call_module(module, q, k, v, causal, key_mask)
         for b in range(batch):
-            alone = call_module(module, q[b:b + 1], k[b:b + 1], v[b:b + 1], causal, key_mask[b:b + 1])
-            moved = float((alone - together[b:b + 1]).abs().max())
+            # every other element's inputs replaced, at the same shape (no new compile)
+            others = (torch.arange(batch, device=q.device) != b)[:, None, None, None]  # (B, 1, 1, 1)
+            q2, k2, v2 = (torch.where(others, torch.randn_like(t) * 3, t) for t in (q, k, v))
+            moved = float((call_module(module, q2, k2, v2, causal, key_mask)[b] - together[b]).abs().max())
             if moved > ATOL[dtype]:
                 raise Failure(
-                    f"batch element {b} differs by {moved:.3g} when run alone: outputs depend on "
-                    "other batch elements"
+                    f"batch element {b} changes by {moved:.3g} when the other elements' inputs "
+                    "change: outputs depend on other batch elements"
                 )
     return None
 

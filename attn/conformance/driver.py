@@ -11,11 +11,10 @@ from typing import Any
 import torch
 
 from attn.conformance.harness import (
-    QUICK_SHAPES,
-    SHAPES,
     active_dtypes,
-    active_shapes,
     dtypes_from,
+    enter_profile,
+    leave_profile,
     typed_copies,
 )
 from attn.conformance.isolation import CHECK_TIMEOUT_S, Job, run_isolated, sendable
@@ -74,7 +73,7 @@ def check_attention(
             return run_isolated(job, name, timeout_s, on_result, on_start)
         note = (f"checked in this process with no time limit: {name} cannot be sent to a child "
                 f"process ({why}); define it at the top level of an importable module")
-    token = active_shapes.set(QUICK_SHAPES if quick else SHAPES)
+    profile = enter_profile(quick)
     dtype_token = active_dtypes.set(checked)
     copies_token = typed_copies.set(weakref.WeakKeyDictionary())
     try:
@@ -84,7 +83,7 @@ def check_attention(
                 on_start(step.check, step.kernel, step.params)
             report.add(step.run())
     finally:
-        active_shapes.reset(token)
+        leave_profile(profile)
         active_dtypes.reset(dtype_token)
         typed_copies.reset(copies_token)
     if note is not None:

@@ -12,7 +12,7 @@ import copy
 import functools
 import weakref
 from collections.abc import Iterator, Sequence
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 
 import torch
 from torch import Tensor
@@ -70,6 +70,22 @@ SWEEP_BATCH, SWEEP_DIM = 2, 16
 GUARD_ROWS = 32  # NaN rows after every swept input: a kernel reading past its inputs gives NaN
 #: the shapes of the running check_attention call (SHAPES, or QUICK_SHAPES in the quick profile)
 active_shapes: ContextVar[tuple[tuple[int, int, int, int, int, int], ...]] = ContextVar("shapes", default=SHAPES)
+#: True in the quick profile: each (causal, key_mask) combination on one of the active shapes
+#: instead of on every shape (:func:`iter_cases`)
+covering_cases: ContextVar[bool] = ContextVar("covering_cases", default=False)
+
+
+def enter_profile(quick: bool) -> tuple[Token, Token]:
+    """Make the quick profile's (``quick``) or the full profile's shapes and cases the active
+    ones; the tokens that :func:`leave_profile` resets."""
+    return active_shapes.set(QUICK_SHAPES if quick else SHAPES), covering_cases.set(quick)
+
+
+def leave_profile(tokens: tuple[Token, Token]) -> None:
+    """Restore the profile that was active before :func:`enter_profile` returned ``tokens``."""
+    shapes, covering = tokens
+    active_shapes.reset(shapes)
+    covering_cases.reset(covering)
 #: the dtypes of the running check_attention call (EXACT_DTYPES unless it asked for others)
 active_dtypes: ContextVar[tuple[torch.dtype, ...]] = ContextVar("dtypes", default=EXACT_DTYPES)
 #: the running check_attention call's typed copies (:func:`typed_copy`); None: a fresh copy each time
@@ -206,11 +222,18 @@ def where_differs(diff: Tensor, q_len: int, k_len: int) -> str:
 
 
 def iter_cases(module: Attention, device: torch.device) -> Iterator[tuple]:
-    """``(shape, causal, key_mask)`` for every active shape, causal option, with and without padding."""
-    for shape in active_shapes.get():
+    """``(shape, causal, key_mask)`` for every active shape, causal option, with and without
+    padding. In the quick profile (:data:`covering_cases`) each (causal, key_mask) combination
+    runs on one of its two shapes, alternating: every combination still runs, and where
+    ``causal`` takes both values each shape runs both values of each flag. On a kernel that
+    compiles per case (``flex`` on CPU) that halves the compiles the quick profile pays for."""
+    covering = covering_cases.get()
+    for index, shape in enumerate(active_shapes.get()):
         batch, _, q_len, k_len = shape[:4]
         for causal in causal_options(module):
             for masked in (False, True):
+                if covering and (index + causal + masked) % 2:
+                    continue  # this combination runs on the other shape
                 key_mask = make_key_mask(batch, k_len, device, seed=q_len) if masked else None
                 yield shape, causal, key_mask
 

@@ -31,11 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from attn.conformance.harness import (
-    QUICK_SHAPES,
-    SHAPES,
     active_dtypes,
-    active_shapes,
     dtypes_from,
+    enter_profile,
     typed_copies,
 )
 from attn.conformance.plan import Factory, steps
@@ -44,6 +42,8 @@ from attn.registration import REGISTRY, register_attention
 
 #: default time limit of one check, in seconds (``attn-bench check --timeout-s``)
 CHECK_TIMEOUT_S = 300.0
+#: how long a child that finished its steps gets to exit by itself before it is killed
+EXIT_GRACE_S = 10.0
 POLL_S = 0.1
 
 
@@ -105,7 +105,7 @@ def _child_main(job: Job, parent: tuple[int, int] | None, conn: Any) -> None:
     """Entry point of a child: run the steps of ``job`` and send each one's results."""
     os.setpgrp()
     threading.Thread(target=_watch, args=(parent,), daemon=True, name="kit-watchdog").start()
-    active_shapes.set(QUICK_SHAPES if job.quick else SHAPES)
+    enter_profile(job.quick)
     active_dtypes.set(dtypes_from(job.dtypes))
     typed_copies.set(weakref.WeakKeyDictionary())
     try:
@@ -193,8 +193,9 @@ def _run_child(job: Job, timeout_s: float | None, report: ConformanceReport,
                 elif message[0] == "error":
                     return _Cut(None, "kit", "-", {}, f"the kit could not run in its process: "
                                                       f"{message[1]}")
-                else:  # done
-                    return None
+                else:  # done: it exits by itself, so that its exit handlers release what it
+                    process.join(EXIT_GRACE_S)  # holds (killed, its compile workers' semaphores
+                    return None  # leak: a resource_tracker warning when the caller exits)
             elif not process.is_alive() and not conn.poll(0):
                 break
         process.join(5)

@@ -187,8 +187,9 @@ def _check_params(name: str, info: Any, items: list[str] | None) -> dict[str, An
 
 
 #: what ``check`` says it runs, first (the profiles of attn.conformance.check_attention)
-KIT_QUICK = ("quick profile: the first example parameter set, two shapes, every check on every "
-             "kernel (--full: every parameter set and shape, as the test suite runs it)")
+KIT_QUICK = ("quick profile: the first example parameter set, two shapes, each causal x key_mask "
+             "combination on one of them, every check on every kernel (--full: every parameter "
+             "set, shape and combination, as the test suite runs it)")
 KIT_FULL = "full kit: every example parameter set and shape, every check on every kernel"
 #: the dtypes ``check --dtype`` takes (attn.conformance.CHECK_DTYPES; no torch import here)
 KIT_DTYPES = ("float64", "float32", "bfloat16", "float16")
@@ -213,7 +214,8 @@ def check(
     full: Annotated[bool, typer.Option(
         "--full", help="The whole kit: every example parameter set and every shape, as the test "
                        "suite runs it (default: the quick profile, the first parameter set and "
-                       "two shapes; every check on every kernel either way).")] = False,
+                       "two shapes, each causal x key_mask combination on one of them; every "
+                       "check on every kernel either way).")] = False,
 ) -> None:
     """Run the conformance kit on a variant (the quick profile unless ``--full``); a line as
     each check starts and one as it ends; non-zero exit with the reasons when it fails."""
