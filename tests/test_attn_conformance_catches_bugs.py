@@ -288,3 +288,32 @@ def test_quick_profile_runs_every_case_combination_once_and_each_value_on_each_s
             assert len(on_shape) == 1
     full = [(shape, causal, key_mask is not None) for shape, causal, key_mask in iter_cases(module, "cpu")]
     assert len(full) == len(SHAPES) * len(combos)
+
+
+class RecordsGroupedCalls(Kernel):
+    """An exact kernel (no compile) that records (key/value heads, causal, key_mask given)."""
+
+    name = "records_grouped_calls"
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[int, bool, bool]] = set()
+
+    def run(self, pattern: Pattern, q, k, v, causal, key_mask) -> tuple[Tensor, KernelPath]:
+        self.seen.add((k.shape[1], bool(causal), key_mask is not None))
+        out = dense_attention(q, k.repeat_interleave(q.shape[1] // k.shape[1], dim=1),
+                              v.repeat_interleave(q.shape[1] // v.shape[1], dim=1),
+                              mask_mod=pattern.mask_mod, score_mod=pattern.score_mod,
+                              causal=causal, key_mask=key_mask)
+        return out, KernelPath(self.name, "dense")
+
+
+def test_grouped_query_meets_every_case_pair_with_gqa_and_with_mqa(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The full kit's grouped_query check calls GQA (2 of 4 heads) and MQA (1) each with every
+    (causal, key_mask) pair somewhere across its shapes."""
+    kernel = RecordsGroupedCalls()
+    monkeypatch.setitem(_builtin_kernels(), kernel.name, kernel)
+    report = check_attention(WindowOnFakeKernels, kernels=[kernel.name], isolate=False)
+    assert report.passed, report.failures
+    pairs = {(causal, masked) for causal in (False, True) for masked in (False, True)}
+    for kv_heads in (HEADS // 2, 1):
+        assert {(c, m) for h, c, m in kernel.seen if h == kv_heads} == pairs, (kv_heads, kernel.seen)
