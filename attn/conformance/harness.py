@@ -86,6 +86,8 @@ def leave_profile(tokens: tuple[Token, Token]) -> None:
     shapes, covering = tokens
     active_shapes.reset(shapes)
     covering_cases.reset(covering)
+
+
 #: the dtypes of the running check_attention call (EXACT_DTYPES unless it asked for others)
 active_dtypes: ContextVar[tuple[torch.dtype, ...]] = ContextVar("dtypes", default=EXACT_DTYPES)
 #: the running check_attention call's typed copies (:func:`typed_copy`); None: a fresh copy each time
