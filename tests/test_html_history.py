@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 from typer.testing import CliRunner
@@ -14,6 +16,7 @@ from typer.testing import CliRunner
 from bench.cli import app
 from bench.engine.results import ResultsWriter, write_env
 from bench.html.history import build_history
+from bench.html.history_rows import figure_meta
 from bench.html.history_steps import worse_is_larger
 from bench.speed.compare import classify_runs
 
@@ -150,7 +153,8 @@ def test_a_case_that_stops_running_is_newly_failing(tmp_path):
     ("time_ms", 12.0, 12.0), ("accuracy", 91.5, 8.5), ("bleu", 3.0, 97.0),
     ("bits_per_byte", 4.1, 4.1), ("tokens_per_s", 250.0, 4.0)])
 def test_every_figure_is_put_so_that_larger_is_worse(figure, value, expected):
-    assert worse_is_larger(figure, value, 1.0)[0] == pytest.approx(expected)
+    lower_is_better = figure_meta(figure)[1]  # a quality metric's: as its tasks say
+    assert worse_is_larger(figure, value, 1.0, lower_is_better)[0] == pytest.approx(expected)
 
 
 def test_bad_input_is_one_line(tmp_path):
@@ -160,3 +164,17 @@ def test_bad_input_is_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     result = runner.invoke(app, ["history", str(tmp_path / "empty")])
     assert result.exit_code == 2 and "no run directory with rows found" in result.output
+
+
+def test_a_history_whose_runs_are_unchanged_imports_no_torch(tmp_path):
+    """Every figure's title and direction are kept with its rows, so rewriting the page of an
+    unchanged store needs neither the task registry nor torch (seconds saved on every call)."""
+    root = tmp_path / "results"
+    _run(root / "one", [_row(256, SHAS[0], 1, 10.0)])
+    build_history([root], tmp_path / "out")  # reads the run (and imports what reading needs)
+    script = ("import sys; from pathlib import Path; from bench.html.history import build_history; "
+              f"found = build_history([Path({str(root)!r})], Path({str(tmp_path / 'out')!r})); "
+              "print(found.counts['kept'], 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "False"]

@@ -28,8 +28,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from attn.validation import invalid
 from bench.engine.bounded_yaml import LIMITS, YamlLimitError, load_bounded
 from bench.engine.messages import cut, shown
@@ -65,6 +63,8 @@ def check_key(check: Callable[..., Any], key: str, value: Any, **rules: Any) -> 
 
 def check_device(device: str) -> None:
     """``ConfigError`` before anything runs when the config's device is not available here."""
+    import torch  # here, not at import: the history of the results files needs no torch
+
     if device == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError("config key 'device': cuda is not available on this machine "

@@ -22,8 +22,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import torch
-
 DISTRIBUTION = "attn-bench"
 #: tracked paths whose changes (committed or not) do not change the code version: what is
 #: measured depends on the package and its configs, not on results, docs or the tests
@@ -96,6 +94,8 @@ def cpu_name() -> str:
 def device_name(device: str) -> str:
     """The name of this machine's ``device``: the (first visible) GPU's for ``cuda`` where
     CUDA is available, else the CPU model."""
+    import torch  # here, not at import: the history of the results files needs no torch
+
     if device == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_name()
     return cpu_name()
@@ -116,6 +116,8 @@ def environment(device: str, threads: int | None, *, probe: bool = True) -> dict
     """Versions, device name, threads, host, time stamp and command line of this run. ``probe`` False: the
     device is not on this machine (a cluster's driver), so CUDA is not asked and the name is
     this machine's CPU model."""
+    import torch
+
     try:
         xformers = metadata.version("xformers")
     except metadata.PackageNotFoundError:

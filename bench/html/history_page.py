@@ -14,7 +14,6 @@ import plotly.io as pio
 from bench.html.history_rows import FIGURES
 from bench.html.history_steps import STEP_COLUMNS, regressions, series_points
 from bench.html.page import figure_div, render_page, section, table_html, write_page
-from bench.quality.tasks import headline_titles
 from bench.speed.compare import FAILING
 
 PAGE_FILE = "history.html"
@@ -24,14 +23,6 @@ HOVER = ("<b>%{customdata[0]}</b><br>commit %{customdata[1]} (%{x})<br>value %{y
          "<extra>%{fullData.name}</extra>")
 #: where a run's page is, first found first
 _PAGES = ("report.html", "report.md", "summary.md")
-
-
-def figure_title(figure: str) -> str:
-    """How a figure is named (``time (ms)``; a quality metric by its task's title)."""
-    if figure in FIGURES:
-        return FIGURES[figure][0]
-    title = headline_titles().get(figure, figure)
-    return f"{title} (%)" if figure == "accuracy" else title
 
 
 def page_link(run: str, out: Path) -> str:
@@ -80,7 +71,7 @@ def history_figure(rows: pd.DataFrame, steps: pd.DataFrame, figure: str, out: Pa
         marks.setdefault((step.case, step.machine), {})[step.commit_b] = step[STEP_COLUMNS.index("class")]
     per_case = [[_trace_data(series.get((figure, case, where), []), figure, marks.get((case, where), {}), out)
                  for where in machines] for case in cases]
-    title = figure_title(figure)
+    title = str(rows.title.iloc[0])  # the figure's, kept with its rows (figure_meta)
     buttons = [{"label": case, "method": "update",
                 "args": [{key: [data[key] for data in arrays] for key in arrays[0]},
                          {"title.text": f"{title}: {case}"}]}

@@ -13,16 +13,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.decoding.results import load_decoding
-from bench.engine.results import read_env
-from bench.html.report import run_kind
-from bench.quality.report import load_quality
-from bench.quality.tables import headline
 from bench.speed.compare import KEY
-from bench.speed.results import load_results
 
+#: a row's figure is named by ``title`` and better when smaller where ``lower_is_better`` is 1
+#: (both kept with the rows, so that a page of an unchanged store needs no task registry)
 COLUMNS = ["run", "kind", "commit_sha", "machine", "case", "figure", "value", "spread", "n",
-           "status", "timestamp"]
+           "status", "timestamp", "title", "lower_is_better"]
 #: what each figure's value is, and whether a smaller one is better
 FIGURES = {"time_ms": ("time (ms)", True), "memory_mib": ("peak tensor memory (MiB)", True),
            "tokens_per_s": ("decoding tokens/s", False), "step_ms": ("streaming step (ms)", True)}
@@ -42,6 +38,8 @@ def _speed_case(row: pd.Series) -> str:
 
 
 def _speed(run_dir: Path) -> pd.DataFrame:
+    from bench.speed.results import load_results
+
     df = load_results(run_dir).drop_duplicates([*KEY, "git_sha"], keep="last")
     if df.empty:
         return pd.DataFrame(columns=COLUMNS)
@@ -56,6 +54,9 @@ def _speed(run_dir: Path) -> pd.DataFrame:
 
 
 def _quality(run_dir: Path) -> pd.DataFrame:
+    from bench.quality.report import load_quality
+    from bench.quality.tables import headline
+
     df = load_quality(run_dir)
     top = headline(df) if len(df) else df
     if top.empty:
@@ -72,6 +73,9 @@ def _quality(run_dir: Path) -> pd.DataFrame:
 
 
 def _decoding(run_dir: Path) -> pd.DataFrame:
+    from bench.decoding.results import load_decoding
+    from bench.engine.results import read_env
+
     df = load_decoding(run_dir)
     env = (read_env(run_dir) or [{}])[0]
     where = [machine(env.get("device_name"), t, env.get("hostname")) for t in df.threads]
@@ -85,12 +89,28 @@ def _decoding(run_dir: Path) -> pd.DataFrame:
         "spread": float("nan"), "n": df.repeats, "status": "ok", "timestamp": df.timestamp.astype(str)})
 
 
+def figure_meta(figure: str) -> tuple[str, bool]:
+    """``(title, lower_is_better)`` of a figure: a time or memory's own, a quality metric's as
+    the tasks whose headline it is name it (accuracy in %)."""
+    if figure in FIGURES:
+        return FIGURES[figure]
+    from bench.quality.tasks import headline_titles, lower_is_better  # the task registry
+
+    title = headline_titles().get(figure, figure)
+    return (f"{title} (%)" if figure == "accuracy" else title), lower_is_better(figure)
+
+
 def history_rows(run_dir: str | Path, name: str) -> pd.DataFrame:
     """The history rows of ``run_dir``, its ``run`` column ``name`` (the path the page links)."""
+    from bench.html.report import run_kind  # here: reading a run needs the loaders (and torch)
+
     run_dir = Path(run_dir)
     read = {"speed": _speed, "quality": _quality, "decoding": _decoding}[run_kind(run_dir)]
     rows = read(run_dir).assign(run=name)
     rows["n"] = pd.to_numeric(rows.n, errors="coerce")
+    meta = {figure: figure_meta(figure) for figure in rows.figure.unique()}
+    rows["title"] = [meta[f][0] for f in rows.figure]
+    rows["lower_is_better"] = [int(meta[f][1]) for f in rows.figure]
     return rows[COLUMNS]
 
 

@@ -15,7 +15,6 @@ import math
 
 import pandas as pd
 
-from bench.quality.tasks import lower_is_better
 from bench.speed.compare import DEFAULT_ABS_MS, DEFAULT_REL_PCT, FAILING, classify_case, noise_ms
 
 #: the absolute threshold of a figure other than a time, in its own unit (memory: MiB)
@@ -33,11 +32,12 @@ def _number(value: object) -> float:
         return math.nan
 
 
-def worse_is_larger(figure: str, value: float, spread: float) -> tuple[float, float]:
-    """``(value, spread)`` put so that larger is worse (see the module docstring)."""
+def worse_is_larger(figure: str, value: float, spread: float, lower_is_better: bool) -> tuple[float, float]:
+    """``(value, spread)`` put so that larger is worse (see the module docstring);
+    ``lower_is_better``: the figure's own (:func:`bench.html.history_rows.figure_meta`)."""
     if figure == "tokens_per_s":
         return (1000.0 / value if value > 0 else math.nan), math.nan
-    if figure in ("time_ms", "memory_mib", "step_ms") or lower_is_better(figure):
+    if lower_is_better:
         return value, spread
     return 100.0 - value, spread  # accuracy in %, BLEU: what is missing to 100
 
@@ -66,8 +66,9 @@ def series_steps(rows: pd.DataFrame, rel_pct: float = DEFAULT_REL_PCT,
     for (figure, case, where), points in series_points(rows).items():
         absolute = abs_ms if figure in _TIMES else ABSOLUTE.get(figure, 0.0)
         for a, b in itertools.pairwise(points):
-            value_a, spread_a = worse_is_larger(figure, _number(a["value"]), _number(a["spread"]))
-            value_b, spread_b = worse_is_larger(figure, _number(b["value"]), _number(b["spread"]))
+            lower = bool(b["lower_is_better"])
+            value_a, spread_a = worse_is_larger(figure, _number(a["value"]), _number(a["spread"]), lower)
+            value_b, spread_b = worse_is_larger(figure, _number(b["value"]), _number(b["spread"]), lower)
             noise = noise_ms(spread_a, spread_b)
             verdict = classify_case(a["status"], b["status"], value_a, value_b, noise, rel_pct, absolute)
             before = _number(a["value"])

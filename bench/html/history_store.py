@@ -22,7 +22,7 @@ from bench.html.history_rows import COLUMNS, find_runs, history_rows
 
 STORE_FILE = "history.sqlite"
 #: bump when the rows or tables change: a store of another version is rebuilt
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 _RESULTS = ("results.csv", "quality.csv")
 #: the columns of the cases table, quoted (``case`` is an SQL keyword)
 _QUOTED = ", ".join(f'"{c}"' for c in COLUMNS)

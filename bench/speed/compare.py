@@ -26,7 +26,6 @@ from pathlib import Path
 import pandas as pd
 
 from attn.validation import require_number
-from bench.speed.results import load_results
 
 KEY = ["label", "kernel_requested", "seq_len", "batch", "heads", "kv_heads", "head_dim", "dtype",
        "device", "causal", "pass"]
@@ -43,6 +42,8 @@ _SIDE_COLUMNS = ["status", "time_ms", "time_iqr_ms", "kernel", "peak_mem_bytes",
 def compare_runs(run_a: str | Path, run_b: str | Path) -> pd.DataFrame:
     """Matching ok rows of two runs with ``time_a_ms``, ``time_b_ms`` and ``change_pct``
     (positive = B slower), plus peak memory of both."""
+    from bench.speed.results import load_results  # here: the rule alone (history) needs no torch
+
     a = load_results(run_a)
     b = load_results(run_b)
     cols = [*KEY, "kernel", "time_ms", "peak_mem_bytes"]
@@ -124,6 +125,8 @@ def classify_runs(run_a: str | Path, run_b: str | Path, rel_pct: float = DEFAULT
     """
     require_number("rel_pct", rel_pct, minimum=0)
     require_number("abs_ms", abs_ms, minimum=0)
+    from bench.speed.results import load_results
+
     a = _one_row_per_key(load_results(run_a, damaged=True))
     b = _one_row_per_key(load_results(run_b, damaged=True))
     table = a.merge(b, on=KEY, how="outer", suffixes=("_a", "_b"))
