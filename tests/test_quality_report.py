@@ -11,6 +11,7 @@ import pytest
 
 from bench.engine.results import ResultsWriter
 from bench.engine.row_schema import QUALITY_COLUMNS
+from bench.quality.data.errors import DataMissingError
 from bench.quality.grid import QUALITY_FILE
 from bench.quality.report import build_quality_report, load_quality
 from bench.quality.settings import task_settings
@@ -24,6 +25,7 @@ from bench.quality.significance import (
     t_quantile_975,
 )
 from bench.quality.tables import MAJORITY, UNIFORM, quality_table, significance_table, uniform_chance
+from bench.quality.tasks import ClassificationTask, get_task, list_tasks
 
 RECALL = task_settings("recall", "tiny")  # num_values in its data: 1 / classes is known
 
@@ -141,6 +143,20 @@ def test_uniform_chance_comes_from_the_task_settings_without_data():
     chance = uniform_chance(_frame(rows))
     assert chance == {"recall": pytest.approx(1 / RECALL.data["num_values"]),
                       "listops": pytest.approx(0.1)}
+
+
+@pytest.mark.parametrize("task", [t for t in list_tasks()
+                                  if isinstance(get_task(t, task_settings(t, "tiny").data, 0), ClassificationTask)])
+def test_every_classification_task_knows_its_classes_before_its_data(task):
+    """Uniform chance is read from a task built but not prepared (no data loaded): its
+    number of classes must be the one its data gives (mqar said 2 until prepared: 50%)."""
+    built = get_task(task, task_settings(task, "tiny").data, 0)
+    before = built.num_classes
+    try:
+        built.prepare()
+    except DataMissingError as err:
+        pytest.skip(f"{task}: its data is not installed here ({err})")
+    assert before == built.num_classes > 1
 
 
 def test_the_significance_table_says_points_and_verdicts(quality):

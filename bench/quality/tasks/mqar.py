@@ -80,6 +80,10 @@ class MQAR(ClassificationTask):
 
     pooling = "tokens"
 
+    def __init__(self, data: dict[str, object], seed: int) -> None:
+        super().__init__(data, seed)
+        self.num_classes = self._layout()["num_values"]  # known before prepare: uniform chance
+
     @property
     def reader(self) -> str:
         reader = self.data.get("reader", "encoder")
