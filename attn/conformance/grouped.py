@@ -25,6 +25,7 @@ from attn.conformance.harness import (
     NONE_RAN,
     Failure,
     Skip,
+    active_shapes,
     call_module,
     check,
     describe,
@@ -65,15 +66,13 @@ def check_grouped_query(module, kernel, device, seed) -> str | None:
     module, dtype = in_precision(module, kernel, device, grad=False)
     compiles = get_kernel(kernel).compiles_per_shape
     ran = False
-    shapes: list[tuple] = []
     for index, (shape, causal, key_mask) in enumerate(iter_cases(module, device)):
         if compiles and index > 0:  # a compile per case: the first case is enough
             break
-        shapes += [] if shape in shapes else [shape]
         # GQA and MQA take turns, case by case, starting with the other one on every other
         # shape, so that across the shapes each meets every (causal, key_mask) pair (a kernel
         # compiling per shape runs both on its one case)
-        turns = KV_HEADS if compiles else (KV_HEADS[(index + len(shapes) - 1) % len(KV_HEADS)],)
+        turns = KV_HEADS if compiles else (KV_HEADS[(index + active_shapes.get().index(shape)) % len(KV_HEADS)],)
         for kv_heads in turns:
             groups = shape[1] // kv_heads
             reasons = refusals(module, kernel, device, dtype, causal, False, shape, key_mask, groups)

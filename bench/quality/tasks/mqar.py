@@ -126,7 +126,6 @@ class MQAR(ClassificationTask):
 
     def prepare(self) -> None:
         d, layout = self.data, self._layout()
-        self.num_classes = layout["num_values"]
         self.vocab_size = mqar.vocab_size(**layout)
         base = int(d.get("data_seed", 0))
         for offset, split in enumerate(("train", "val", "test")):

@@ -71,7 +71,6 @@ class Recall(ClassificationTask):
 
     def prepare(self) -> None:
         d, layout = self.data, self._layout()
-        self.num_classes = layout["num_values"]
         self.vocab_size = recall.vocab_size(layout["num_keys"], layout["num_values"],
                                             layout["num_fillers"])
         base = int(d.get("data_seed", 0))
