@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -224,6 +225,14 @@ class Attention(nn.Module):
             owner=self.__dict__.setdefault("_pattern_owner", PatternOwner()),
         )
 
+    def state_device(self) -> torch.device:
+        """The device of this module's own parameters and buffers (the CPU when it holds
+        none): where the tensors its mods close over live, so where a mask_mod is evaluated
+        outside a call (counting its allowed pairs for :meth:`cost`)."""
+        for tensor in itertools.chain(self.parameters(), self.buffers()):
+            return tensor.device
+        return torch.device("cpu")
+
     def _native(self) -> Native | None:
         if type(self).native_forward is Attention.native_forward:
             return None
@@ -238,7 +247,7 @@ class Attention(nn.Module):
         attention and labelled ``full_equivalent``.
         """
         if self.exact:
-            return exact_cost(self.pattern(), query)
+            return exact_cost(self.pattern(), query, self.state_device())
         return pairs_cost(query.q_len * query.k_len, query, kind="full_equivalent")
 
     # dispatch

@@ -84,27 +84,32 @@ def band_pairs(band: Band, n: int, causal: bool) -> int:
     return inner_pairs + global_pairs
 
 
-def counted_head_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool, heads: int) -> tuple[int, ...]:
+def counted_head_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool, heads: int,
+                       device: torch.device | None = None) -> tuple[int, ...]:
     """Allowed pairs of each of ``heads`` heads, counted from the mask_mod in chunks of query
-    rows (exact, O(H*Nq*Nk) work)."""
+    rows (exact, O(H*Nq*Nk) work) on ``device``: where the tensors the mask_mod reads live
+    (a module's buffers, :meth:`attn.base.Attention.state_device`; default the CPU)."""
     mod = and_masks(pattern.mask_mod, causal_mask_mod if causal else None)
     if mod is None:
         return (q_len * k_len,) * heads
-    b, h, i, j = index_grids(1, heads, q_len, k_len, torch.device("cpu"))
+    device = torch.device("cpu") if device is None else device
+    b, h, i, j = index_grids(1, heads, q_len, k_len, device)
     rows = max(1, _COUNT_CHUNK // max(k_len * heads, 1))
-    totals = torch.zeros(heads, dtype=torch.int64)
+    totals = torch.zeros(heads, dtype=torch.int64, device=device)
     for start in range(0, q_len, rows):
         allowed = torch.as_tensor(mod(b, h, i[:, :, start:start + rows], j))  # (1|., H|1, r, Nk)
         totals += allowed.expand(1, heads, min(rows, q_len - start), k_len).sum(dim=(0, 2, 3))
     return tuple(int(t) for t in totals)
 
 
-def counted_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool) -> int:
+def counted_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool,
+                  device: torch.device | None = None) -> int:
     """Allowed pairs counted from the mask_mod (head 0), in chunks of query rows (exact, O(Nq*Nk) work)."""
-    return counted_head_pairs(pattern, q_len, k_len, causal, 1)[0]
+    return counted_head_pairs(pattern, q_len, k_len, causal, 1, device)[0]
 
 
-def allowed_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool) -> int | float:
+def allowed_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool,
+                  device: torch.device | None = None) -> int | float:
     """Allowed (i, j) pairs of one (batch, head) of a call (bottom-right aligned).
 
     With a head-dependent mask: the mean over the pattern's ``heads`` (the module's
@@ -117,7 +122,7 @@ def allowed_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool) -> int
                 f"{pattern.name}: its mask depends on the head, so counting its pairs needs "
                 "parameter 'num_heads'; got None"
             )
-        return _mean(sum(head_pairs(pattern, q_len, k_len, causal, heads)), heads)
+        return _mean(sum(head_pairs(pattern, q_len, k_len, causal, heads, device)), heads)
     causal = causal or pattern.always_causal
     band = pattern.band
     if band is not None and q_len == k_len:
@@ -127,14 +132,15 @@ def allowed_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool) -> int
             return q_len * k_len
         offset = k_len - q_len  # row r sees keys j <= offset + r
         return sum(max(0, min(k_len, offset + r + 1)) for r in range(q_len))
-    return counted_pairs(pattern, q_len, k_len, causal)
+    return counted_pairs(pattern, q_len, k_len, causal, device)
 
 
-def head_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool, heads: int) -> tuple[int, ...]:
+def head_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool, heads: int,
+               device: torch.device | None = None) -> tuple[int, ...]:
     """Allowed pairs of each of ``heads`` heads (one batch element): the same count in every
     head unless the mask depends on the head; a per-head band in closed form per head group."""
     if not pattern.per_head:
-        return (allowed_pairs(pattern, q_len, k_len, causal),) * heads
+        return (allowed_pairs(pattern, q_len, k_len, causal, device),) * heads
     if pattern.heads is not None and heads != pattern.heads:
         raise ValueError(
             f"{pattern.name}: a call with {heads} heads but the module was built with "
@@ -145,7 +151,7 @@ def head_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool, heads: in
     if band is not None and q_len == k_len:
         return tuple(band_pairs(group, q_len, causal)
                      for h0, h1, group in band.head_groups(heads) for _ in range(h0, h1))
-    return counted_head_pairs(pattern, q_len, k_len, causal, heads)
+    return counted_head_pairs(pattern, q_len, k_len, causal, heads, device)
 
 
 def _mean(total: int, heads: int) -> int | float:
@@ -166,11 +172,13 @@ def head_pairs_cost(per_head: tuple[int, ...], query: CostQuery, kind: str = "us
     return Cost(fwd, round(BWD_FACTOR * fwd), kind, _mean(total, len(per_head)))
 
 
-def exact_cost(pattern: Pattern, query: CostQuery) -> Cost:
-    """Useful FLOPs of an exact variant (allowed pairs, FlashAttention convention)."""
+def exact_cost(pattern: Pattern, query: CostQuery, device: torch.device | None = None) -> Cost:
+    """Useful FLOPs of an exact variant (allowed pairs, FlashAttention convention); a mask
+    counted from its mask_mod is counted on ``device`` (see :func:`counted_head_pairs`)."""
     if pattern.per_head:
-        return head_pairs_cost(head_pairs(pattern, query.q_len, query.k_len, query.causal, query.heads), query)
-    return pairs_cost(allowed_pairs(pattern, query.q_len, query.k_len, query.causal), query)
+        per_head = head_pairs(pattern, query.q_len, query.k_len, query.causal, query.heads, device)
+        return head_pairs_cost(per_head, query)
+    return pairs_cost(allowed_pairs(pattern, query.q_len, query.k_len, query.causal, device), query)
 
 
 def matmul_flops(m: int, k: int, n: int) -> int:
