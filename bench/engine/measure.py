@@ -231,16 +231,28 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int | None
     return 2 * size**3 / min(timer.time_once() for _ in range(repeats))
 
 
-#: side of the calibration probe's square float32 matmul (:func:`calibration_probe`)
-PROBE_SIZE = 256
+#: side of the calibration probe's square float32 matmul per device type
+#: (:func:`calibration_probe`): a few hundred microseconds on this suite's CPU and about 2 ms
+#: on an H100/H200 (137 GFLOP), so that the host clock's jitter and a GPU's launch and
+#: synchronisation (tens of microseconds) are a small part of each reading. A 256 matmul on
+#: an H200 took 25-40 us, and that jitter alone flagged quiet rows as noisy (36-40% changes).
+PROBE_SIZES = {"cpu": 256, "cuda": 4096}
 
 
-def calibration_probe(device: torch.device, calls: int = 7, size: int = PROBE_SIZE) -> float:
-    """Seconds of a fixed small float32 matmul on ``device``: the median of ``calls`` timed
-    calls after one warm-up (host clock, synchronised on CUDA: no cache flush, nothing kept).
-    The same work everywhere, so a probe that takes longer after a pass's timed rounds than
-    before them says the machine got busier meanwhile."""
-    a = torch.ones(size, size, device=device)  # (S, S)
+def probe_size(device: torch.device) -> int:
+    """Side of the calibration probe's matmul on ``device`` (:data:`PROBE_SIZES`)."""
+    return PROBE_SIZES.get(device.type, PROBE_SIZES["cpu"])
+
+
+def calibration_probe(device: torch.device, calls: int = 7, size: int | None = None) -> float:
+    """Seconds of a fixed float32 matmul on ``device`` (side :func:`probe_size` unless
+    ``size``): the median of ``calls`` timed calls after one warm-up (host clock,
+    synchronised on CUDA: no cache flush, nothing kept). The same work everywhere, so a probe
+    that takes longer after a pass's timed rounds than before them says the machine got busier
+    meanwhile. Random operands (seeded): a GPU's matmul runs faster on constant data."""
+    size = probe_size(device) if size is None else size
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(size, size, generator=gen).to(device)  # (S, S)
     cuda = device.type == "cuda"
 
     def once() -> float:
