@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -12,6 +11,7 @@ from torch import Tensor, nn
 from attn.call import AttentionCall, KernelPath
 from attn.contract import check_qkv
 from attn.cost import Cost, CostQuery, exact_cost, pairs_cost
+from attn.devices import module_device
 from attn.documents import Documents, check_document_ids
 from attn.grid import Grid
 from attn.kernels import auto, get_kernel, kernel_names, kernels_for
@@ -225,14 +225,6 @@ class Attention(nn.Module):
             owner=self.__dict__.setdefault("_pattern_owner", PatternOwner()),
         )
 
-    def state_device(self) -> torch.device:
-        """The device of this module's own parameters and buffers (the CPU when it holds
-        none): where the tensors its mods close over live, so where a mask_mod is evaluated
-        outside a call (counting its allowed pairs for :meth:`cost`)."""
-        for tensor in itertools.chain(self.parameters(), self.buffers()):
-            return tensor.device
-        return torch.device("cpu")
-
     def _native(self) -> Native | None:
         if type(self).native_forward is Attention.native_forward:
             return None
@@ -247,7 +239,7 @@ class Attention(nn.Module):
         attention and labelled ``full_equivalent``.
         """
         if self.exact:
-            return exact_cost(self.pattern(), query, self.state_device())
+            return exact_cost(self.pattern(), query, module_device(self))  # where its mods' tensors are
         return pairs_cost(query.q_len * query.k_len, query, kind="full_equivalent")
 
     # dispatch

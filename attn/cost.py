@@ -88,7 +88,7 @@ def counted_head_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool, h
                        device: torch.device | None = None) -> tuple[int, ...]:
     """Allowed pairs of each of ``heads`` heads, counted from the mask_mod in chunks of query
     rows (exact, O(H*Nq*Nk) work) on ``device``: where the tensors the mask_mod reads live
-    (a module's buffers, :meth:`attn.base.Attention.state_device`; default the CPU)."""
+    (a module's buffers, :func:`attn.devices.module_device`; default the CPU)."""
     mod = and_masks(pattern.mask_mod, causal_mask_mod if causal else None)
     if mod is None:
         return (q_len * k_len,) * heads

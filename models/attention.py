@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 import attn
+from attn.devices import module_device
 from attn.validation import invalid
 
 #: the RoPE base (Su et al. 2021): pair i of a head of D channels turns by pos * base^(-2i/D)
@@ -78,8 +79,7 @@ def pattern_shift_reason(attention: attn.Attention, probe: int = 48, shift: int 
     if band is not None and band.num_global > 0:
         return f"its first {band.num_global} position(s) are global, an absolute position"
     heads = attention.num_heads or 1
-    tensors = [*attention.parameters(), *attention.buffers()]  # a score_mod may read them
-    device = tensors[0].device if tensors else torch.device("cpu")
+    device = module_device(attention)  # a score_mod may read its tensors
     b = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
     h = torch.arange(heads, device=device).view(1, heads, 1, 1)
     i = torch.arange(probe, device=device).view(1, 1, probe, 1)

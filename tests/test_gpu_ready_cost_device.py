@@ -4,7 +4,7 @@ Seen on an H200: a plug-in whose ``mask_mod`` indexes a buffer (BigBird's table 
 blocks) got ``error`` rows on CUDA ("Expected all tensors to be on the same device"), because
 the row's FLOPs were counted from the mask_mod over index grids built on the CPU while the
 module, with its buffer, had moved to the GPU. The count now runs on
-:meth:`attn.base.Attention.state_device`. A CPU process has one real device, so the test moves
+:func:`attn.devices.module_device`. A CPU process has one real device, so the test moves
 the module to ``meta`` and records the device the counting grids are built on.
 """
 
@@ -17,6 +17,7 @@ from torch import Tensor
 import attn.cost
 from attn import ExactAttention
 from attn.cost import CostQuery
+from attn.devices import module_device
 from attn.mods import dense_allowed
 
 
@@ -44,11 +45,11 @@ class _Recorded(Exception):
     pass
 
 
-def test_state_device_is_where_the_buffers_are() -> None:
+def test_module_device_is_where_the_buffers_are() -> None:
     module = TableMasked()
-    assert module.state_device() == torch.device("cpu")
-    assert module.to("meta").state_device() == torch.device("meta")
-    assert ExactAttention().to("meta").state_device() == torch.device("cpu")  # holds no tensor
+    assert module_device(module) == torch.device("cpu")
+    assert module_device(module.to("meta")) == torch.device("meta")
+    assert module_device(ExactAttention().to("meta")) == torch.device("cpu")  # holds no tensor
 
 
 def test_cost_counts_the_mask_on_the_module_device(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,6 +20,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from attn.devices import module_device
 from bench.quality.settings import task_settings
 from bench.quality.tasks import base, get_task, list_tasks
 
@@ -91,7 +92,7 @@ def test_to_model_device_moves_a_batch_to_the_parameters_device():
     assert {v.device.type for v in moved.values()} == {"meta"}
     assert base.to_model_device(torch.zeros(3), model).device.type == "meta"
     assert base.to_model_device(batch, nn.Linear(2, 2))["ids"] is batch["ids"]  # same device: as is
-    assert base.model_device(nn.ReLU()) == torch.device("cpu")  # no parameters: the CPU
+    assert module_device(nn.ReLU()) == torch.device("cpu")  # no parameters: the CPU
 
 
 @pytest.mark.parametrize("name", list_tasks())

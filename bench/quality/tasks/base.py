@@ -21,15 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attn.devices import module_device
+
 Split = dict[str, Tensor]
 SPLITS = ("train", "val", "test")
-
-
-def model_device(model: nn.Module) -> torch.device:
-    """The device of ``model``'s first parameter (or buffer); the CPU for a model with neither."""
-    for tensor in (*model.parameters(), *model.buffers()):
-        return tensor.device
-    return torch.device("cpu")
 
 
 def to_model_device(data: Any, model: nn.Module) -> Any:
@@ -38,7 +33,7 @@ def to_model_device(data: Any, model: nn.Module) -> Any:
     Every tensor a task hands the model goes through here, so evaluation batches (which the
     tasks cut from CPU splits) reach a CUDA model on CUDA; a no-op where they already match.
     """
-    device = model_device(model)
+    device = module_device(model)
     if isinstance(data, Tensor):
         return data.to(device)
     return {k: v.to(device) for k, v in data.items()}
