@@ -72,13 +72,16 @@ class BigBirdAttention(ExactAttention):
         size, window, first = self.block_size, self.window_blocks, self.num_global_blocks
         table = self.random_table  # (max blocks, r)
         last = table.shape[0] - 1
+        # one 1-D column per random block: flex's compiled block-mask builder (vmap) indexes a
+        # 1-D tensor with a batched index, but not a 2-D one with a batched index and an int
+        columns = [table[:, t] for t in range(table.shape[1])]  # r x (max blocks,)
 
         def bigbird(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
             qb, kb = i // size, j // size
             allowed = ((qb - kb).abs() <= window) | (qb < first) | (kb < first)
             row = qb.clamp(max=last)
-            for t in range(table.shape[1]):
-                allowed = allowed | ((table[row, t] == kb) & (qb <= last))
+            for column in columns:
+                allowed = allowed | ((column[row] == kb) & (qb <= last))
             return allowed
 
         return bigbird
