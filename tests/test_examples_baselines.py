@@ -268,6 +268,21 @@ def test_bigbird_mask_is_window_global_and_seeded_random_blocks():
     torch.testing.assert_close(bigbird.double()(q, k, v), expected, atol=1e-12, rtol=0)
 
 
+
+@pytest.mark.slow
+def test_bigbird_runs_compiled_flex_without_falling_back():
+    """Its block mask and its attention compile (no eager fallback, which materialises N x N
+    scores) and give the dense reference; a mask_mod reading views of one table fell back."""
+    bigbird = load("attn_bench_bigbird").BigBirdAttention(block_size=16, num_random_blocks=2, max_len=512,
+                                                          kernel="flex")
+    q, k, v = (t.float() for t in qkv(b=1, h=2, nq=512, nk=512, d=16, dv=16))  # flex on CPU: no float64
+    with torch.no_grad():
+        out = bigbird(q, k, v)  # (B, H, N, Dv)
+    assert bigbird.last_path.kernel == "flex" and bigbird.last_path.fallback is None, bigbird.last_path
+    pairs = bigbird_pairs(512, 16, 1, 1, bigbird.random_table)
+    torch.testing.assert_close(out, dense_attention(q, k, v, mask_mod=lambda b, h, i, j: pairs[i, j]),
+                               atol=1e-5, rtol=1e-5)
+
 def test_bigbird_refuses_more_random_blocks_than_blocks():
     with pytest.raises(ValueError, match="'num_random_blocks' must be at most the 4 blocks of max_len=16; got 5"):
         create_attention_from(load("attn_bench_bigbird").BigBirdAttention, "bigbird", block_size=4,

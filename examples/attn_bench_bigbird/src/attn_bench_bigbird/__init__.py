@@ -56,6 +56,10 @@ class BigBirdAttention(ExactAttention):
         self.num_random_blocks, self.seed, self.max_len = num_random_blocks, seed, max_len
         table = random_blocks(-(-max_len // block_size), num_random_blocks, seed)  # (max blocks, r)
         self.register_buffer("random_table", table, persistent=False)
+        # the same table as r contiguous columns, each its own buffer, for the mask_mod: flex's
+        # compiled block-mask builder fails on table[row, t] at 64K and its CPU kernel on views
+        for t in range(num_random_blocks):
+            self.register_buffer(f"random_column_{t}", table[:, t].contiguous(), persistent=False)
 
     @classmethod
     def check_together(cls, params: dict[str, Any]) -> None:
@@ -70,11 +74,8 @@ class BigBirdAttention(ExactAttention):
 
     def mask_mod(self) -> MaskMod:
         size, window, first = self.block_size, self.window_blocks, self.num_global_blocks
-        table = self.random_table  # (max blocks, r)
-        last = table.shape[0] - 1
-        # one 1-D column per random block: flex's compiled block-mask builder (vmap) indexes a
-        # 1-D tensor with a batched index, but not a 2-D one with a batched index and an int
-        columns = [table[:, t] for t in range(table.shape[1])]  # r x (max blocks,)
+        last = self.random_table.shape[0] - 1
+        columns = [getattr(self, f"random_column_{t}") for t in range(self.num_random_blocks)]  # r x (max blocks,)
 
         def bigbird(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
             qb, kb = i // size, j // size
