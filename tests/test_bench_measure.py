@@ -173,3 +173,44 @@ def test_fwd_bwd_memory_counts_the_gradients_of_the_call():
     assert row["status"] == "ok", row["reason"]
     tensor = heads * n * dim * 4  # one (1, H, N, D) fp32 tensor
     assert row["peak_mem_bytes"] >= 4 * tensor  # out, dq, dk, dv
+
+
+def _allocate_and_keep(box: list) -> None:
+    box.append(torch.ones(4 * MiB // 4))  # 4 MiB of float32, alive after the call
+
+
+def test_a_peak_reading_that_runs_out_of_memory_is_read_again_or_left_empty(monkeypatch):
+    """The legacy recorder running out of memory is a failed reading, not a failed call: the
+    kineto profiler reads the same peak; when it fails too, the peak is None; any other
+    error is the call's and propagates."""
+    import bench.engine.measure as measure
+
+    def oom(call):
+        raise MemoryError("std::bad_alloc")
+
+    box: list = []
+    expected = measure.tensor_peak_bytes_cpu(lambda: _allocate_and_keep(box))
+    assert expected >= 4 * MiB
+    monkeypatch.setattr(measure, "_allocation_events", oom)
+    assert measure.tensor_peak_bytes_cpu(lambda: _allocate_and_keep(box)) == expected
+    monkeypatch.setattr(measure, "_kineto_allocation_events", oom)
+    assert measure.tensor_peak_bytes_cpu(lambda: _allocate_and_keep(box)) is None
+
+    def broken(call):
+        raise ValueError("not a memory problem")
+
+    monkeypatch.setattr(measure, "_allocation_events", broken)
+    with pytest.raises(ValueError, match="not a memory problem"):
+        measure.tensor_peak_bytes_cpu(lambda: _allocate_and_keep(box))
+
+
+def test_a_long_call_is_read_with_kineto_from_the_start(monkeypatch):
+    """A call known to take KINETO_FROM_S or more never meets the legacy recorder."""
+    import bench.engine.measure as measure
+
+    def legacy(call):
+        raise AssertionError("the legacy recorder read a long call")
+
+    box: list = []
+    monkeypatch.setattr(measure, "_allocation_events", legacy)
+    assert measure.tensor_peak_bytes_cpu(lambda: _allocate_and_keep(box), call_s=measure.KINETO_FROM_S) >= 4 * MiB

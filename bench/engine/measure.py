@@ -11,7 +11,8 @@ Memory, the peak above what was alive when the call started (its inputs):
   the call. CUDA: ``max_memory_allocated`` after ``reset_peak_memory_stats``. CPU: the same
   quantity from the PyTorch profiler's allocation events (every CPU tensor allocation and
   free goes through the c10 allocator, which reports them with their sizes): the largest
-  running sum of the sizes, in time order. Blocks that the C library keeps after a free are
+  running sum of the sizes, in time order. (Calls under a second: the legacy recorder; longer
+  ones, or when that reading runs out of memory: kineto; :func:`tensor_peak_bytes_cpu`.) Blocks that the C library keeps after a free are
   not counted: they are not the call's memory.
 - ``rss_peak_bytes`` (CPU only), the process's resident high-water mark ``VmHWM`` after
   ``malloc_trim(0)`` and a reset through ``/proc/self/clear_refs``, minus the resident size
@@ -112,10 +113,54 @@ def _allocation_events(call: Call) -> list[tuple[int, int, int]]:
                   if r.kind() == "memory_alloc")
 
 
-def tensor_peak_bytes_cpu(call: Call) -> int:
-    """Live peak of CPU tensor allocations made by ``call()`` above those alive before it."""
+def _kineto_allocation_events(call: Call) -> list[tuple[int, int, int]]:
+    """``(time_us, order, signed bytes)`` of the CPU allocations and frees during ``call()``,
+    read with the kineto profiler (slower to start than the legacy recorder, see
+    :func:`tensor_peak_bytes_cpu` for when it is used)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with _quiet_stderr(), torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+        call()
+    events = prof.profiler.kineto_results.events()  # the raw events: the allocator's are "[memory]"
+    return sorted((e.start_ns() // 1000, order, e.nbytes()) for order, e in enumerate(events)
+                  if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
+
+
+#: calls at least this long (s) are read with the kineto profiler from the start: its start
+#: (about a second) is small beside them, and the legacy recorder's growth is worst on them
+KINETO_FROM_S = 1.0
+
+
+def tensor_peak_bytes_cpu(call: Call, call_s: float | None = None) -> int | None:
+    """Live peak of CPU tensor allocations made by ``call()`` above those alive before it.
+
+    Read with the legacy recorder (:func:`_allocation_events`), which starts in milliseconds.
+    That recorder holds on to memory while it records some calls: a chunked kernel's mask
+    evaluated over hundreds of query chunks (sliding window on ``chunked``, N=16K, H=4: 64
+    chunks of int64 index temporaries) took 7 GiB of address space at 8K and more than 16
+    at 16K under it, a few hundred MiB without it, so the reading, not the call, ran out of
+    memory. The kineto profiler reports the same events (equal peaks where both run) with far
+    less growth (2.8 GiB at 16K), so a call known to take ``call_s >= KINETO_FROM_S`` is
+    read with it, and any call whose legacy reading runs out of memory is read again with it;
+    when that runs out of memory too, the peak is not measured (None) rather than the call,
+    which ran, being reported as out of memory.
+    """
+    from bench.engine.process import is_oom  # the worker's rule for what counts as OOM
+
+    long_call = call_s is not None and call_s >= KINETO_FROM_S
+    readers = (_kineto_allocation_events,) if long_call else (_allocation_events, _kineto_allocation_events)
+    for reader in readers:
+        try:
+            return _live_peak(reader(call))
+        except Exception as err:
+            if not is_oom(err):
+                raise
+    return None
+
+
+def _live_peak(events: list[tuple[int, int, int]]) -> int:
+    """The largest running sum of signed allocation sizes, in time order."""
     live = peak = 0
-    for _, _, size in _allocation_events(call):
+    for _, _, size in events:
         live += size
         peak = max(peak, live)
     return peak
@@ -132,8 +177,9 @@ def tensor_peak_bytes_cuda(call: Call, device: torch.device) -> int:
 
 
 def measure_memory(fn: Callable[..., Any], setup: Callable[[], Any] | None,
-                   device: torch.device) -> MemoryReading:
-    """Tensor-level and resident peaks of one call each (``setup`` untimed and unmeasured)."""
+                   device: torch.device, call_s: float | None = None) -> MemoryReading:
+    """Tensor-level and resident peaks of one call each (``setup`` untimed and unmeasured);
+    ``call_s``, the call's time when known, picks the CPU reader (:func:`tensor_peak_bytes_cpu`)."""
 
     def once(reader: Callable[[Call], int | None]) -> int | None:
         arg = setup() if setup is not None else None
@@ -141,7 +187,7 @@ def measure_memory(fn: Callable[..., Any], setup: Callable[[], Any] | None,
 
     if device.type == "cuda":
         return MemoryReading(once(lambda c: tensor_peak_bytes_cuda(c, device)), None)
-    return MemoryReading(once(tensor_peak_bytes_cpu), once(rss_peak_bytes))
+    return MemoryReading(once(lambda c: tensor_peak_bytes_cpu(c, call_s)), once(rss_peak_bytes))
 
 
 class CallTimer:

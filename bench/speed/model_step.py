@@ -92,7 +92,7 @@ class ModelStepRunner:
         for _ in range(self.case.warmup - 1):
             self.timer.time_once()
         estimate = self.timer.time_once()
-        memory = measure_memory(self.fn, None, self.device)
+        memory = measure_memory(self.fn, None, self.device, call_s=estimate)
         return {"first_call_ms": first * 1e3, "estimate_ms": estimate * 1e3,
                 "peak_mem_bytes": memory.peak_bytes, "rss_peak_bytes": memory.rss_peak_bytes}
 

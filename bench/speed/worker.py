@@ -172,7 +172,7 @@ class PassRunner:
             self._keep_output, self._output = False, None
         if problem is not None:
             raise NonFiniteOutput(f"{problem} ({self.pass_name} pass)")
-        memory = measure_memory(self.fn, self.setup, self.device)
+        memory = measure_memory(self.fn, self.setup, self.device, call_s=estimate)
         return {"first_call_ms": first * 1e3, "estimate_ms": estimate * 1e3,
                 "peak_mem_bytes": memory.peak_bytes, "rss_peak_bytes": memory.rss_peak_bytes}
 
