@@ -135,11 +135,11 @@ def tensor_peak_bytes_cpu(call: Call, call_s: float | None = None) -> int | None
 
     Read with the legacy recorder (:func:`_allocation_events`), which starts in milliseconds.
     That recorder holds on to memory while it records some calls: a chunked kernel's mask
-    evaluated over hundreds of query chunks (sliding window on ``chunked``, N=16K, H=4: 64
-    chunks of int64 index temporaries) took 7 GiB of address space at 8K and more than 16
-    at 16K under it, a few hundred MiB without it, so the reading, not the call, ran out of
+    evaluated chunk by chunk (sliding window on ``chunked``, N=8K, H=4, 64 chunks) took 7 GiB
+    of address space under it, and BigBird at 16K (256 chunks) ran past a 16 GiB cap, where
+    the call alone needs under 1 GiB; so the reading, not the call, ran out of
     memory. The kineto profiler reports the same events (equal peaks where both run) with far
-    less growth (2.8 GiB at 16K), so a call known to take ``call_s >= KINETO_FROM_S`` is
+    less growth (2.8 GiB for the sliding window at 16K), so a call known to take ``call_s >= KINETO_FROM_S`` is
     read with it, and any call whose legacy reading runs out of memory is read again with it;
     when that runs out of memory too, the peak is not measured (None) rather than the call,
     which ran, being reported as out of memory.
