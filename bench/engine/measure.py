@@ -11,9 +11,10 @@ Memory, the peak above what was alive when the call started (its inputs):
   the call. CUDA: ``max_memory_allocated`` after ``reset_peak_memory_stats``. CPU: the same
   quantity from the PyTorch profiler's allocation events (every CPU tensor allocation and
   free goes through the c10 allocator, which reports them with their sizes): the largest
-  running sum of the sizes, in time order. (Calls under a second: the legacy recorder; longer
-  ones, or when that reading runs out of memory: kineto; :func:`tensor_peak_bytes_cpu`.) Blocks that the C library keeps after a free are
-  not counted: they are not the call's memory.
+  running sum of the sizes, in time order (calls under a second: the legacy recorder; longer
+  ones, or when that reading runs out of memory: kineto; :func:`tensor_peak_bytes_cpu`).
+  Blocks that the C library keeps after a free are not counted: they are not the call's
+  memory.
 - ``rss_peak_bytes`` (CPU only), the process's resident high-water mark ``VmHWM`` after
   ``malloc_trim(0)`` and a reset through ``/proc/self/clear_refs``, minus the resident size
   then: what the operating system saw, freed-but-kept heap pages and library workspaces
@@ -139,10 +140,10 @@ def tensor_peak_bytes_cpu(call: Call, call_s: float | None = None) -> int | None
     of address space under it, and BigBird at 16K (256 chunks) ran past a 16 GiB cap, where
     the call alone needs under 1 GiB; so the reading, not the call, ran out of
     memory. The kineto profiler reports the same events (equal peaks where both run) with far
-    less growth (2.8 GiB for the sliding window at 16K), so a call known to take ``call_s >= KINETO_FROM_S`` is
-    read with it, and any call whose legacy reading runs out of memory is read again with it;
-    when that runs out of memory too, the peak is not measured (None) rather than the call,
-    which ran, being reported as out of memory.
+    less growth (2.8 GiB for the sliding window at 16K), so a call known to take
+    ``call_s >= KINETO_FROM_S`` is read with it, and any call whose legacy reading runs out
+    of memory is read again with it; when that runs out of memory too, the peak is not
+    measured (None) rather than the call, which ran, being reported as out of memory.
     """
     from bench.engine.process import is_oom  # the worker's rule for what counts as OOM
 
