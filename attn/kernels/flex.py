@@ -89,7 +89,7 @@ EAGER_MASK_ELEMENTS = 1 << 15
 ALIGN = 16
 
 
-#: what an out-of-memory error says (as ``bench.engine.process.is_oom`` reads it)
+#: what an out-of-memory error says (as ``bench.engine.oom.is_oom`` reads it)
 _OOM_MARKERS = ("out of memory", "can't allocate", "cannot allocate", "not enough memory")
 
 

@@ -37,6 +37,8 @@ from typing import Any
 import torch
 from torch.autograd import profiler_legacy
 
+from bench.engine.oom import is_oom
+
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
 
@@ -145,8 +147,6 @@ def tensor_peak_bytes_cpu(call: Call, call_s: float | None = None) -> int | None
     of memory is read again with it; when that runs out of memory too, the peak is not
     measured (None) rather than the call, which ran, being reported as out of memory.
     """
-    from bench.engine.process import is_oom  # the worker's rule for what counts as OOM
-
     long_call = call_s is not None and call_s >= KINETO_FROM_S
     readers = (_kineto_allocation_events,) if long_call else (_allocation_events, _kineto_allocation_events)
     for reader in readers:

@@ -30,8 +30,9 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, ClassVar
 
+from bench.engine.oom import is_oom
+
 POLL_S = 0.25
-_OOM_MARKERS = ("can't allocate", "out of memory", "not enough memory", "cannot allocate")
 
 
 @cache
@@ -53,20 +54,6 @@ def _preload(ctx: Any, target: Any) -> None:
     ctx.set_forkserver_preload(modules)
 
 
-def is_oom(err: BaseException) -> bool:
-    """True for an allocation failure (MemoryError, ``torch.OutOfMemoryError``, torch's "can't
-    allocate", CUDA OOM), also one a compiler wrapped in its own error (read through
-    ``__cause__`` / ``__context__``)."""
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, MemoryError) or type(current).__name__ == "OutOfMemoryError":
-            return True
-        if any(m in str(current).lower() for m in _OOM_MARKERS):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
 
 
 def limit_memory(max_memory_gb: float | None) -> None:
