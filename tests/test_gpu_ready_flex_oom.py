@@ -16,7 +16,8 @@ import torch
 
 from attn import create_attention, get_kernel
 from attn.kernels import flex
-from bench.engine.process import failure, is_oom
+from attn.oom import is_oom_error
+from bench.engine.process import failure
 
 REAL_COMPILE = torch.compile
 
@@ -88,7 +89,7 @@ def test_oom_wrapped_by_the_compiler_still_propagates(fake_compile: FakeCompile)
     fake_compile.flex_error = wrapped
     with torch.no_grad(), pytest.raises(RuntimeError) as raised:
         module(q, k, v)
-    assert is_oom(raised.value) and failure(raised.value, "cuda")[0] == "oom"
+    assert is_oom_error(raised.value) and failure(raised.value, "cuda")[0] == "oom"
 
 
 def test_oom_while_building_the_block_mask_propagates(fake_compile: FakeCompile) -> None:

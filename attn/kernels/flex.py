@@ -74,6 +74,7 @@ from attn.call import AttentionCall
 from attn.gqa import gqa_note
 from attn.kernels.base import Kernel, KernelPath
 from attn.mods import MaskMod, ScoreMod, and_masks, causal_mask_mod
+from attn.oom import is_oom_error
 from attn.pattern import Pattern, PatternOwner
 
 BLOCK = 128
@@ -87,25 +88,6 @@ EAGER_MASK_ELEMENTS = 1 << 15
 #: on CPU, key lengths (and query lengths of at least this many rows) are padded to a
 #: multiple of this: the width of the C++ template's ``q @ k.T`` micro-kernel
 ALIGN = 16
-
-
-#: what an out-of-memory error says (as ``bench.engine.oom.is_oom`` reads it)
-_OOM_MARKERS = ("out of memory", "can't allocate", "cannot allocate", "not enough memory")
-
-
-def is_oom_error(err: BaseException) -> bool:
-    """True when ``err``, or an error it was raised from (compilers wrap errors), is an
-    allocation failure: ``torch.OutOfMemoryError``, ``MemoryError`` or a message saying so."""
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, (torch.OutOfMemoryError, MemoryError)):
-            return True
-        if any(marker in str(current).lower() for marker in _OOM_MARKERS):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
 
 
 def synchronize(device: torch.device) -> None:

@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from torch.autograd import profiler_legacy
 
-from bench.engine.oom import is_oom
+from attn.oom import is_oom_error
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -153,7 +153,7 @@ def tensor_peak_bytes_cpu(call: Call, call_s: float | None = None) -> int | None
         try:
             return _live_peak(reader(call))
         except Exception as err:
-            if not is_oom(err):
+            if not is_oom_error(err):
                 raise
     return None
 

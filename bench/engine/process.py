@@ -30,7 +30,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, ClassVar
 
-from bench.engine.oom import is_oom
+from attn.oom import is_oom_error
 
 POLL_S = 0.25
 
@@ -75,7 +75,7 @@ def failure(err: BaseException, device: str, max_memory_gb: float | None = None)
     if isinstance(err, NotImplementedError):
         return "unsupported", str(err)
     last = traceback.format_exception_only(type(err), err)[-1].strip()[:500]
-    if not is_oom(err):
+    if not is_oom_error(err):
         return "error", last
     if device == "cpu" and max_memory_gb is not None:
         return "oom", (f"allocation refused by the per-case address-space cap "
