@@ -54,8 +54,6 @@ def _preload(ctx: Any, target: Any) -> None:
     ctx.set_forkserver_preload(modules)
 
 
-
-
 def limit_memory(max_memory_gb: float | None) -> None:
     """Cap this process's address space (RLIMIT_AS) so that a huge CPU case fails as oom."""
     if max_memory_gb is None:
