@@ -92,7 +92,7 @@ def test_a_speed_page_draws_every_ok_row_once_and_marks_the_others(speed_run):
 def test_the_provenance_is_at_the_top(speed_run):
     text = write_report_html(speed_run).read_text(encoding="utf-8")
     top = text[text.index("<body>"):text.index("<section>")]
-    for what in ("commit(s)", "machine(s)", "torch", "threads", "command line(s)"):
+    for what in ("commit(s)", "machine(s)", "torch", "threads", "allocator", "command line(s)"):
         assert f"<dt>{what}</dt>" in top
     assert "attn-bench sweep quick --out runs/x" in top
     assert "f" * 40 in top  # the rows' commit

@@ -22,6 +22,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from bench.engine.allocator import allocator_settings
+
 DISTRIBUTION = "attn-bench"
 #: tracked paths whose changes (committed or not) do not change the code version: what is
 #: measured depends on the package and its configs, not on results, docs or the tests
@@ -113,7 +115,8 @@ def command_line() -> str:
 
 
 def environment(device: str, threads: int | None, *, probe: bool = True) -> dict[str, Any]:
-    """Versions, device name, threads, host, time stamp and command line of this run. ``probe`` False: the
+    """Versions, device name, threads, allocator settings (:mod:`bench.engine.allocator`), host,
+    time stamp and command line of this run. ``probe`` False: the
     device is not on this machine (a cluster's driver), so CUDA is not asked and the name is
     this machine's CPU model."""
     import torch
@@ -127,7 +130,7 @@ def environment(device: str, threads: int | None, *, probe: bool = True) -> dict
         "torch_version": torch.__version__, "xformers_version": xformers,
         "device": device, "device_name": device_name(device) if probe else cpu_name(),
         "threads": threads or torch.get_num_threads(), "cpu_count": os.cpu_count(),
-        "hostname": socket.gethostname(),
+        "allocator": allocator_settings(), "hostname": socket.gethostname(),
         "python": platform.python_version(), "platform": platform.platform(),
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command_line(),

@@ -1,5 +1,5 @@
-"""The provenance a page shows at its top: the commits, machines, torch versions, threads
-and command lines of a run directory's segments (``env.json``) and rows."""
+"""The provenance a page shows at its top: the commits, machines, torch versions, threads,
+allocator settings and command lines of a run directory's segments (``env.json``) and rows."""
 
 from __future__ import annotations
 
@@ -32,7 +32,8 @@ def _config_note(run_dir: Path) -> str:
 
 def run_provenance(run_dir: str | Path, commits: Iterable[str] = ()) -> dict[str, str]:
     """``{what: value}`` of ``run_dir``: commits (those of the segments and ``commits``, e.g.
-    its rows'), machines, torch, threads, command lines, segments and their times."""
+    its rows'), machines, torch, threads, allocator settings (``-``: not recorded, segments
+    written before ``env.json`` kept them), command lines, segments and their times."""
     run_dir = Path(run_dir)
     segments = read_env(run_dir)
     machines = [f"{s.get('device_name', '?')} on {s.get('hostname', '?')} ({s.get('cpu_count', '?')} CPUs, "
@@ -50,6 +51,7 @@ def run_provenance(run_dir: str | Path, commits: Iterable[str] = ()) -> dict[str
         "machine(s)": _listed(machines),
         "torch": _listed(s.get("torch_version") for s in segments),
         "threads": _listed(s.get("threads") for s in segments),
+        "allocator": _listed(s.get("allocator") for s in segments),
         "command line(s)": recorded,
         "segments": f"{len(segments)}" + (f", {times[0]} to {times[-1]}" if times else ""),
     }
