@@ -94,6 +94,30 @@ def _ratio_cell(ratio: tuple[float, float, float, int] | None) -> str:
     return f"{cell(ratio[0])} [{cell(ratio[1])}, {cell(ratio[2])}]"
 
 
+def flop_rate_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """For rows timed in the same rounds as full attention (variant ``full``, the fastest of
+    its kernels there): each other row's FLOP rate (``flops`` per second: the allowed pairs
+    of a pattern, the performed matmuls of an approximation, ``flops_kind``) over full
+    attention's, the median of the per-round ratios and their quartiles. At the same N this
+    is the share of dense attention's efficiency a kernel reaches (``docs/kernels.md``)."""
+    rows = []
+    ok = df[(df.status == "ok") & (df.interleaved.fillna(1) > 1) & (df.flops.fillna(0) > 0)]
+    for (_unit, pass_name), group in ok.groupby(["interleave_id", "pass"], sort=False):
+        full = group[group.variant == "full"]
+        if full.empty:
+            continue
+        base = full.loc[full.time_ms.idxmin()]
+        base_times = _times(base.times_ms)
+        for row in group[group.variant != "full"].itertuples():
+            speed, q25, q75, rounds = _round_ratio(base_times, _times(row.times_ms))  # full's time over the row's
+            work = row.flops / base.flops
+            rows.append({"label": row.label, "pass": pass_name, "seq_len": row.seq_len,
+                         "kernel": row.kernel_requested, "kernel_ran": row.kernel, "flops_kind": row.flops_kind,
+                         "vs": f"full {base.kernel_requested}", "rate_ratio": work * speed,
+                         "ratio_q25": work * q25, "ratio_q75": work * q75, "rounds": rounds})
+    return pd.DataFrame(rows)
+
+
 def packing_ratios(df: pd.DataFrame) -> pd.DataFrame:
     """For packed / padded rows (``packing`` not empty, :mod:`bench.speed.packing`): the time
     over the unpacked row timed in the same rounds (same kernel requested, else the fastest
@@ -235,6 +259,8 @@ def _pass_sections(df: pd.DataFrame, table: pd.DataFrame, pass_name: str, points
     ratio_tables = (
         (interleaved_ratios, "Interleaved ratios, `{}`: time over the fastest kernel timed in the same rounds "
                              "(median of per-round ratios [q25, q75])"),
+        (flop_rate_ratios, "FLOP rate over full attention's, `{}`: each row's FLOPs per second over full "
+                           "attention's timed in the same rounds (median of per-round ratios [q25, q75])"),
         (packing_ratios, "Packing and padding, `{}`: time over the unpacked row and over the same documents "
                          "run one by one, timed in the same rounds (median of per-round ratios [q25, q75]; "
                          "`density`: allowed pairs over N^2)"),
