@@ -44,7 +44,7 @@ def test_glibc_takes_the_kept_memory_settings_and_freed_pages_are_reused():
         "    for _ in range(calls):\n"
         "        torch.ones(1 << 24).sum()\n"  # 64 MiB of float32, freed at once
         "    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before\n"
-        "faults(8)\n"
+        "faults(12)\n"
         "print(faults(5))\n"
     )
     def run(extra: dict[str, str]) -> int:
