@@ -36,4 +36,3 @@ def allocator_settings(environ: Mapping[str, str] | None = None) -> str:
     environ = os.environ if environ is None else environ
     settings = [f"{name}={environ[name]}" for name in ALLOCATOR_VARIABLES if environ.get(name)]
     return "; ".join(settings) or SYSTEM_DEFAULT
-

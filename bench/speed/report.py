@@ -57,11 +57,16 @@ def _times(text: str) -> np.ndarray:
     return np.asarray(json.loads(text) if text else [], dtype=float)
 
 
+def _timed_together(df: pd.DataFrame) -> pd.DataFrame:
+    """The ``ok`` rows timed in interleaved rounds with other rows (``interleaved`` > 1)."""
+    return df[(df.status == "ok") & (df.interleaved.fillna(1) > 1)]
+
+
 def interleaved_ratios(df: pd.DataFrame) -> pd.DataFrame:
     """For kernels timed together (one ``interleave_id``), each kernel's time over the
     fastest one's: the median of the per-round ratios and their quartiles; memory ratio too."""
     rows = []
-    ok = df[(df.status == "ok") & (df.interleaved.fillna(1) > 1)]
+    ok = _timed_together(df)
     for (_unit, pass_name), group in ok.groupby(["interleave_id", "pass"], sort=False):
         fastest = group.loc[group.time_ms.idxmin()]
         base = _times(fastest.times_ms)
@@ -101,7 +106,8 @@ def flop_rate_ratios(df: pd.DataFrame) -> pd.DataFrame:
     attention's, the median of the per-round ratios and their quartiles. At the same N this
     is the share of dense attention's efficiency a kernel reaches (``docs/kernels.md``)."""
     rows = []
-    ok = df[(df.status == "ok") & (df.interleaved.fillna(1) > 1) & (df.flops.fillna(0) > 0)]
+    timed = _timed_together(df)
+    ok = timed[timed.flops.fillna(0) > 0]
     for (_unit, pass_name), group in ok.groupby(["interleave_id", "pass"], sort=False):
         full = group[group.variant == "full"]
         if full.empty:
@@ -125,7 +131,7 @@ def packing_ratios(df: pd.DataFrame) -> pd.DataFrame:
     medians of per-round ratios [q25, q75]."""
     if "packing" not in df.columns:
         return pd.DataFrame()
-    ok = df[(df.status == "ok") & (df.interleaved.fillna(1) > 1)].assign(
+    ok = _timed_together(df).assign(
         packing=df.packing.astype("string").fillna(""))
     rows = []
     for (_unit, pass_name), group in ok.groupby(["interleave_id", "pass"], sort=False):
@@ -156,7 +162,7 @@ def gqa_ratios(df: pd.DataFrame) -> pd.DataFrame:
     the time and memory of each ``kv_heads < heads`` row over the same kernel's row with
     ``kv_heads == heads``: the median of the per-round ratios and their quartiles."""
     rows = []
-    ok = df[(df.status == "ok") & (df.interleaved.fillna(1) > 1)]
+    ok = _timed_together(df)
     for (_unit, pass_name, _kernel), group in ok.groupby(["interleave_id", "pass", "kernel_requested"],
                                                        sort=False):
         full = group[group.kv_heads == group.heads]
