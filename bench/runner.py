@@ -32,6 +32,10 @@ from bench.engine.config import (
 )
 from bench.engine.executors import Executor, ExecutorSpec
 from bench.engine.rundir import Plan, Rows, plan_units, run_units
+from bench.pretrained.config import OVERRIDES as PRETRAINED_OVERRIDES
+from bench.pretrained.config import TASKS as PRETRAINED_TASKS
+from bench.pretrained.config import PretrainedConfig, is_pretrained, parse_pretrained
+from bench.pretrained.plan import PretrainedPlan
 from bench.quality.grid import GridPlan
 from bench.quality.grid_config import OVERRIDES as GRID_OVERRIDES
 from bench.quality.grid_config import GridConfig, is_grid, only_tasks, parse_grid
@@ -40,8 +44,8 @@ from bench.speed.config import SweepConfig, apply_overrides, parse_config
 from bench.speed.noise import is_noisy
 from bench.speed.sweep import SweepPlan
 
-RunConfig = SweepConfig | GridConfig
-WorkPlan = SweepPlan | GridPlan
+RunConfig = SweepConfig | GridConfig | PretrainedConfig
+WorkPlan = SweepPlan | GridPlan | PretrainedPlan
 
 __all__ = ["RunConfig", "WorkPlan", "default_run_dir", "load_run", "noisy_rows", "plan", "run",
            "run_plan", "size_of"]
@@ -66,6 +70,8 @@ def load_run(source: str | Path | Mapping[str, Any],
         path, raw = read_config(source)
         where = str(path)
     changes = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if is_pretrained(raw):
+        return _load_pretrained(raw, changes, where)
     grid = is_grid(raw)
     _check_overrides(changes, grid)
     extra = tuple(plugin_ref(p) for p in changes.pop("plugins", None) or ())
@@ -79,6 +85,39 @@ def load_run(source: str | Path | Mapping[str, Any],
             raw = {**raw, key: changes[key]}
     config = parse_grid(raw, only=changes.get("variants"))  # the other entries' rows stay
     return only_tasks(config, changes["tasks"]) if changes.get("tasks") else config
+
+
+def _load_pretrained(raw: dict[str, Any], changes: dict[str, Any], where: str) -> PretrainedConfig:
+    """A pretrained-model config with a command line's overrides: ``variants`` keeps the
+    patterns of those variants, ``tasks`` the tasks named, the rest replace the file's."""
+    unknown = sorted(set(changes) - set(PRETRAINED_OVERRIDES))
+    if unknown:
+        raise ConfigError(f"overrides: unknown key {unknown[0]!r}; a pretrained-model run takes "
+                          f"{list(PRETRAINED_OVERRIDES)}", unknown[0])
+    raw = dict(raw)
+    for key in ("threads", "text", "model"):
+        if key in changes:
+            raw[key] = changes[key]
+    if changes.get("plugins"):
+        extra = tuple(plugin_ref(p) for p in changes["plugins"])
+        raw["plugins"] = list(dict.fromkeys((*plugin_modules(raw), *extra)))
+    import_plugins(plugin_modules(raw))
+    config = parse_pretrained(raw, source=where)
+    if changes.get("variants"):
+        wanted = set(changes["variants"])
+        kept = [e for e in config.raw["patterns"] if e.get("variant") in wanted]
+        if not kept:
+            raise ConfigError(f"variants: none of {sorted(wanted)} is a pattern of the config; it has "
+                              f"{sorted({e.variant for e in config.patterns})}", "variants")
+        config = parse_pretrained({**config.raw, "patterns": kept}, source=where)
+    if changes.get("tasks"):
+        bad = sorted(set(changes["tasks"]) - set(PRETRAINED_TASKS))
+        if bad:
+            raise ConfigError(f"tasks: unknown task {bad[0]!r}; a pretrained-model run has "
+                              f"{list(PRETRAINED_TASKS)}", "tasks")
+        config = parse_pretrained({k: v for k, v in config.raw.items()
+                                   if k not in PRETRAINED_TASKS or k in changes["tasks"]}, source=where)
+    return config
 
 
 def _check_overrides(changes: Mapping[str, Any], grid: bool) -> None:
@@ -101,11 +140,13 @@ def run_plan(config: RunConfig) -> WorkPlan:
     """The product's plan of ``config`` (its units, results file and rows)."""
     if isinstance(config, GridConfig):
         return GridPlan(config)
+    if isinstance(config, PretrainedConfig):
+        return PretrainedPlan(config)
     return SweepPlan.of(config)
 
 
 def _work(config: RunConfig | WorkPlan) -> WorkPlan:
-    return run_plan(config) if isinstance(config, (SweepConfig, GridConfig)) else config
+    return run_plan(config) if isinstance(config, (SweepConfig, GridConfig, PretrainedConfig)) else config
 
 
 def size_of(work: WorkPlan) -> str:

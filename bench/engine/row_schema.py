@@ -60,6 +60,16 @@ QUALITY_COLUMNS = [
     "role", "title", "overrides",  # added later: files without them read as a variant, no overrides
     *BUDGET_COLUMNS,
 ]
+#: the columns of a pretrained-model run's ``pretrained.csv`` (:mod:`bench.pretrained`), in
+#: file order: one row per (unit, document, length, depth, positions, metric)
+PRETRAINED_COLUMNS = [
+    "cell_id", "task", "label", "variant", "params", "layers", "kernel_path", "document",
+    "seq_len", "depth", "positions", "metric", "value", "ci_low", "ci_high", "count", "status",
+    "reason", "time_ms", "time_iqr_ms", "times_ms", "repeats", "peak_mem_bytes", "kv_cache_bytes",
+    "model", "threads", *ROW_FIELDS,
+]
+#: statuses of a pretrained-model run's rows
+PRETRAINED_STATUSES = ("ok", "unsupported", "timeout", "error", "killed", "oom")
 #: kinds of column: free text, an integer, a number (``nan`` and ``inf`` read as numbers),
 #: ``True`` / ``False``, a JSON document, or one of ``allowed``
 KINDS = ("text", "int", "number", "bool", "json", "choice")
@@ -238,8 +248,31 @@ QUALITY = RowSchema(
     row_rule=_metric_value,
 )
 
+PRETRAINED = RowSchema(
+    name="pretrained-model results",
+    columns=(
+        Column("cell_id", required=True),
+        Column("task", required=True),
+        Column("params", "json"),
+        Column("layers", "json"),
+        Column("seq_len", "int", minimum=1),
+        Column("depth", "number"),
+        Column("value", "number", minimum=None),
+        *_numbers(("ci_low", "ci_high", "time_ms", "time_iqr_ms", "peak_mem_bytes",
+                   "kv_cache_bytes")),
+        *_numbers(("count", "repeats"), "int", 0),
+        Column("times_ms", "json"),
+        Column("status", "choice", required=True, allowed=PRETRAINED_STATUSES),
+        Column("threads", "int", minimum=1),
+        Column("timestamp", required=True),
+    ),
+    header=("cell_id", "task", "metric", "status", "value", "timestamp"),
+    unit=("cell_id",),
+    row_rule=_metric_value,
+)
+
 #: the schema of a file, by the first column of its header
-SCHEMAS: dict[str, RowSchema] = {"case_id": SPEED, "unit_id": QUALITY}
+SCHEMAS: dict[str, RowSchema] = {"case_id": SPEED, "unit_id": QUALITY, "cell_id": PRETRAINED}
 
 
 def schema_for(columns: list[str] | tuple[str, ...]) -> RowSchema:

@@ -1,0 +1,128 @@
+"""The long texts the training-free tasks read, each pinned by the sha256 of its text.
+
+Three sources, all offline: a book of the King James Bible (Debian ``sword-text-kjv``,
+public domain), the longest article of the Wikipedia excerpt in gensim's test data
+(CC BY-SA), and this repository's own documentation at a pinned commit (MIT; written in
+2026, after the model's training data was collected, so it cannot have been memorised).
+A user's own file is one more document (:func:`user_document`). A text whose hash differs
+from the manifest's is refused in one line: a figure is only comparable on the same text.
+"""
+
+from __future__ import annotations
+
+import bz2
+import hashlib
+import html
+import re
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.quality.data import bible, enwiki
+from bench.quality.data.errors import DataMissingError
+
+#: the commit whose ``docs/*.md`` make the ``attn-bench-docs`` document
+DOCS_COMMIT = "4760ab7ca62e7ee971297b37c70d6b0886984314"
+_PAGE = re.compile(r"<page>.*?<title>(.*?)</title>.*?<text[^>]*>(.*?)</text>", re.S)
+
+
+@dataclass(frozen=True)
+class Document:
+    """One long text: its name, where it comes from, its licence and its pinned sha256
+    (``None``: a user's file, hashed as read)."""
+
+    name: str
+    source: str
+    licence: str
+    sha256: str | None
+    read: Callable[[], str]
+
+    def text(self) -> str:
+        """The text, checked against the pinned hash (``ValueError`` naming the document)."""
+        text = self.read()
+        digest = text_sha256(text)
+        if self.sha256 is not None and digest != self.sha256:
+            raise ValueError(f"document {self.name!r}: its text has sha256 {digest[:16]}..., the "
+                             f"manifest pins {self.sha256[:16]}... ({self.source}); a figure is "
+                             "only comparable on the same text")
+        return text
+
+
+def text_sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def kjv_book(abbreviation: str) -> str:
+    """One book of the KJV (``gen``, ``john``), its verses cleaned as the translation task
+    cleans them (``bench.quality.data.bible.clean``) and joined by spaces."""
+    prefix = f"{abbreviation} "
+    verses = [bible.clean(en, "en") for ref, en, _ in bible.load_parallel() if ref.startswith(prefix)]
+    if not verses:
+        raise ValueError(f"kjv: no book {abbreviation!r}")
+    return " ".join(verses)
+
+
+def longest_wikipedia_article() -> str:
+    """The longest article of gensim's Wikipedia excerpt: its title, then its wikitext (XML
+    entities unescaped)."""
+    raw = bz2.decompress(enwiki.data_path().read_bytes()).decode("utf-8")
+    title, body = max(((t, b) for t, b in _PAGE.findall(raw)), key=lambda page: len(page[1]))
+    return f"{html.unescape(title)}\n\n{html.unescape(body)}"
+
+
+def repository_docs(commit: str = DOCS_COMMIT) -> str:
+    """``docs/*.md`` of this repository at ``commit``, in name order, read with ``git show``
+    (``DataMissingError`` outside a clone that has the commit)."""
+    root = Path(__file__).resolve().parents[2]
+    what = f"attn-bench-docs: this repository's docs at commit {commit[:12]}"
+    try:
+        names = subprocess.run(["git", "ls-tree", "--name-only", commit, "docs/"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.split()
+        parts = [subprocess.run(["git", "show", f"{commit}:{name}"], cwd=root, capture_output=True,
+                                text=True, check=True).stdout
+                 for name in sorted(names) if name.endswith(".md")]
+    except (OSError, subprocess.CalledProcessError):
+        raise DataMissingError(what, "git clone the attn-bench repository",
+                               detail=f"no git history at {root}") from None
+    return "\n\n".join(parts)
+
+
+#: the pinned documents, by name
+DOCUMENTS: dict[str, Document] = {
+    doc.name: doc for doc in (
+        Document("kjv-genesis", "Debian sword-text-kjv (engKJV2006eb), the book of Genesis",
+                 "public domain",
+                 "784f71e0ce1cc41bdfd6ed8d1b2d4f32c4411508d8374730b241a10daee47b02",
+                 lambda: kjv_book("gen")),
+        Document("enwiki-longest", "gensim's test data: the longest article of its Wikipedia "
+                 "excerpt (enwiki-latest-pages-articles1, shortened)", "CC BY-SA 3.0",
+                 "0cdde45866814514b6cb40641d2b5f9131b7aee2c48263faf504aa4fe9b6b6e7",
+                 longest_wikipedia_article),
+        Document("attn-bench-docs", f"this repository's docs/*.md at commit {DOCS_COMMIT[:12]}",
+                 "MIT", "086b049308c83263bc64762ab3efb4e1c3b38b01565252406e718770fa80be0d",
+                 repository_docs),
+    )
+}
+
+
+def user_document(path: Path) -> Document:
+    """A user's own text file as a document (UTF-8; ``ValueError`` naming the file when it
+    cannot be read)."""
+    path = Path(path)
+
+    def read() -> str:
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"text: cannot read {path} as UTF-8 text ({err})") from None
+
+    return Document(f"file:{path.name}", f"the user's file {path}", "the user's", None, read)
+
+
+def document(name: str) -> Document:
+    """The pinned document ``name`` (``ValueError`` listing the names)."""
+    if name not in DOCUMENTS:
+        raise ValueError(f"documents: unknown document {name!r}; known: {sorted(DOCUMENTS)} "
+                         "(or a file with --text)")
+    return DOCUMENTS[name]

@@ -1,0 +1,39 @@
+"""The worker process of a pretrained-model unit: it loads the model once and runs the task.
+
+``transformers`` is imported here, at the top, so that the forkserver that starts a run's
+workers imports it once (:func:`bench.engine.process.Worker` preloads the target's module)
+rather than every unit paying for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import transformers  # noqa: F401  (preloaded by the forkserver: see above)
+
+from bench.engine.config import import_plugins
+from bench.engine.process import failure
+from bench.engine.threads import torch_threads
+from bench.pretrained.config import PretrainedConfig
+from bench.pretrained.units import TASKS, PretrainedUnit
+from bench.quality.data.cache import cache_dir
+from models.pretrained import load_causal_lm, resolve_source
+
+
+def unit_worker_main(unit: PretrainedUnit, conn: Any) -> None:
+    """Entry point of a unit's worker: load the model, run the task, send the rows."""
+    try:
+        import_plugins(unit.config.plugins)
+        with torch_threads(unit.config.threads), torch.no_grad():
+            rows = TASKS[unit.task](unit, *_model(unit.config))
+    except Exception as err:
+        conn.send(("failed", failure(err, "cpu")))
+        return
+    conn.send(("rows", rows))
+
+
+def _model(config: PretrainedConfig) -> tuple[Any, Any]:
+    """The model and a function that encodes text into token ids (no special tokens)."""
+    model, tokenizer = load_causal_lm(resolve_source(config.model), cache=cache_dir())
+    return model, lambda text: tokenizer(text, add_special_tokens=False).input_ids
