@@ -110,6 +110,14 @@ def _load_pretrained(raw: dict[str, Any], changes: dict[str, Any], where: str) -
             raise ConfigError(f"variants: none of {sorted(wanted)} is a pattern of the config; it has "
                               f"{sorted({e.variant for e in config.patterns})}", "variants")
         config = parse_pretrained({**config.raw, "patterns": kept}, source=where)
+    if changes.get("seq_len"):  # the passkey and prefill lengths to run now (one forward reads every perplexity length)
+        wanted = set(changes["seq_len"])
+        raw = dict(config.raw)
+        for task in ("passkey", "prefill"):
+            if raw.get(task) is not None:
+                lengths = getattr(config, task).lengths
+                raw[task] = {**raw[task], "lengths": [n for n in lengths if n in wanted] or sorted(wanted)}
+        config = parse_pretrained(raw, source=where)
     if changes.get("tasks"):
         bad = sorted(set(changes["tasks"]) - set(PRETRAINED_TASKS))
         if bad:

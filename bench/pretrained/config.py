@@ -230,4 +230,4 @@ def parse_pretrained(raw: Any, *, source: str = "<config>") -> PretrainedConfig:
 
 
 #: what a command line may change (``attn-bench sweep CONFIG --variant ... --task ...``)
-OVERRIDES = ("variants", "tasks", "threads", "plugins", "text", "model")
+OVERRIDES = ("variants", "tasks", "threads", "plugins", "text", "model", "seq_len")
