@@ -13,6 +13,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
 from bench.engine.config import ConfigError  # noqa: E402
+from bench.html.report import write_report_html  # noqa: E402
 from bench.pretrained import cost, passkey, scoring, streaming  # noqa: E402
 from bench.pretrained.config import parse_pretrained  # noqa: E402
 from bench.pretrained.report import build_pretrained_report, load_pretrained  # noqa: E402
@@ -214,6 +215,8 @@ def test_a_small_run_resumes_and_reports(model_folder: Path, tmp_path: Path) -> 
                                             "streaming:sinks [cache positions]"}
     assert run(config, tmp_path / "run") == []
     assert "Perplexity of tokens N/2..N-1" in build_pretrained_report(tmp_path / "run")
+    page = write_report_html(tmp_path / "run").read_text()
+    assert "Pretrained-model report" in page and "Perplexity along the stream" in page
 
 
 def test_a_text_shorter_than_n_is_one_line_naming_it(model_folder: Path, tmp_path: Path) -> None:

@@ -78,8 +78,9 @@ def import_plugin_options(modules: list[str] | None) -> None:
 
 def require_run_dir(path: Path, argument: str = "RUN_DIR", *, quality: bool = True) -> Path:
     """``path`` if it is a run directory (``results.csv`` of a sweep, or ``quality.csv`` of a
-    training grid when ``quality``), else a ``UsageError`` naming ``argument``."""
-    files = ("results.csv", "quality.csv") if quality else ("results.csv",)
+    training grid and ``pretrained.csv`` of a pretrained-model run when ``quality``), else a
+    ``UsageError`` naming ``argument``."""
+    files = ("results.csv", "quality.csv", "pretrained.csv") if quality else ("results.csv",)
     if not any((path / f).is_file() for f in files):
         why = f"no {' or '.join(files)} in it" if path.is_dir() else "no such directory"
         raise UsageError(f"{argument} {path} is not a run directory ({why}); give a run "

@@ -32,6 +32,7 @@ def plot(
     """Draw a run's figures (PNG and SVG in the run directory): scaling curves of a speed
     sweep; the quality/speed Pareto front, recall by distance and bits per byte by length of
     a training grid."""
+    from bench.pretrained.report import is_pretrained_run, plot_pretrained_run
     from bench.quality.plots import plot_patterns, plot_quality_run
     from bench.quality.report import is_quality_run
     from bench.speed.plots import plot_run
@@ -42,7 +43,10 @@ def plot(
     paths = []
     if run_dir is not None:
         require_run_dir(run_dir)
-        paths += plot_quality_run(run_dir) if is_quality_run(run_dir) else plot_run(run_dir)
+        if is_pretrained_run(run_dir):
+            paths += plot_pretrained_run(run_dir)
+        else:
+            paths += plot_quality_run(run_dir) if is_quality_run(run_dir) else plot_run(run_dir)
     if patterns:
         paths += plot_patterns(run_dir or out or Path("."))
     for path in paths:
@@ -75,6 +79,7 @@ def report(
     of a speed sweep; the quality table of a training grid; a decoding run's summary."""
     from bench.decoding.results import SUMMARY_FILE
     from bench.html.report import run_kind, write_report_html
+    from bench.pretrained.report import build_pretrained_report
     from bench.quality.report import build_quality_report
     from bench.speed.report import build_report
 
@@ -84,6 +89,8 @@ def report(
     kind = run_kind(run_dir)
     if kind == "quality":
         typer.echo(build_quality_report(run_dir))
+    elif kind == "pretrained":
+        typer.echo(build_pretrained_report(run_dir))
     elif kind == "decoding":
         summary = run_dir / SUMMARY_FILE
         typer.echo(summary.read_text(encoding="utf-8") if summary.is_file() else

@@ -281,7 +281,7 @@ def _report_and_plot(run_dir: Path, console: Any) -> list[Path]:
 
     if is_pretrained_run(run_dir):
         build_pretrained_report(run_dir)
-        return [run_dir / "report.md", *plot_pretrained_run(run_dir)]
+        return [run_dir / "report.md", write_report_html(run_dir), *plot_pretrained_run(run_dir)]
     quality = is_quality_run(run_dir)
     (build_quality_report if quality else build_report)(run_dir)
     reports = [run_dir / "report.md", write_report_html(run_dir)]
