@@ -54,6 +54,28 @@ def test_a_window_wider_than_the_text_is_full_attention(model: torch.nn.Module) 
     assert (_logits(model, ids) - full).abs().max() < 1e-4
 
 
+def test_an_attention_without_grouped_heads_gets_them_repeated(model: torch.nn.Module) -> None:
+    """A plain plug-in that takes k, v with q's heads only (supports_gqa False) still runs: each
+    key/value head is repeated for its group, which is what the model's own attention does."""
+    import attn
+    from attn.registration import unregister_attention
+
+    class DenseCausal(torch.nn.Module):
+        def forward(self, q, k, v, *, causal=False, key_mask=None):
+            assert k.shape[1] == q.shape[1]  # repeated before the call
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    attn.register_attention("dense_no_gqa_test")(DenseCausal)
+    try:
+        ids = torch.randint(0, 300, (1, 21), generator=torch.Generator().manual_seed(3))
+        pretrained.place_attention(model, "full")
+        full = _logits(model, ids)
+        pretrained.place_attention(model, "dense_no_gqa_test")
+        assert (_logits(model, ids) - full).abs().max() < 1e-4
+    finally:
+        unregister_attention("dense_no_gqa_test")
+
+
 def test_chosen_layers_only(model: torch.nn.Module) -> None:
     said = pretrained.place_attention(model, "sliding_window", {"window": 3}, layers=(1,))
     names = [type(a).__name__ for a in pretrained.placed_attention(model)]
