@@ -1,6 +1,21 @@
-"""Shared pytest configuration: GPU tests skip cleanly without CUDA."""
+"""Shared pytest configuration: GPU tests skip cleanly without CUDA; a test marked ``serial``
+runs with no other test beside it when pytest-xdist runs tests in parallel.
+
+``serial`` is for tests whose assertions read the machine: times, resident memory, page
+faults. A parallel neighbour would share the CPU and memory with them; under xdist each
+worker holds a shared lock for the whole of each test it runs (setup, call and teardown, so a
+module-scoped fixture that measures is covered) and a ``serial`` test holds it exclusively.
+A waiting ``serial`` test closes a turnstile first, so the other workers finish the test they
+are in and wait, rather than keep it waiting for ever. Without xdist nothing is locked.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,3 +28,52 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+class _SerialLock:
+    """A readers-writer lock shared by the xdist workers of one run: two ``flock`` files in the
+    run's base temporary directory (the parent of each worker's own)."""
+
+    def __init__(self, directory: Path) -> None:
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+        self._turnstile = os.open(directory / "serial-turnstile.lock", flags, 0o600)
+        self._room = os.open(directory / "serial-room.lock", flags, 0o600)
+
+    @contextlib.contextmanager
+    def hold(self, exclusive: bool) -> Iterator[None]:
+        if exclusive:
+            fcntl.flock(self._turnstile, fcntl.LOCK_EX)  # no new test starts beside us ...
+            try:
+                fcntl.flock(self._room, fcntl.LOCK_EX)  # ... and the running ones finish
+                try:
+                    yield
+                finally:
+                    fcntl.flock(self._room, fcntl.LOCK_UN)
+            finally:
+                fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+        else:
+            fcntl.flock(self._turnstile, fcntl.LOCK_SH)  # wait while a serial test waits or runs
+            fcntl.flock(self._turnstile, fcntl.LOCK_UN)
+            fcntl.flock(self._room, fcntl.LOCK_SH)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._room, fcntl.LOCK_UN)
+
+
+_serial_lock: _SerialLock | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _serial_lock
+    worker = getattr(config, "workerinput", None)  # set on pytest-xdist's workers only
+    if worker is not None and config.option.basetemp:
+        _serial_lock = _SerialLock(Path(config.option.basetemp).parent)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)  # outermost: the wait is no test's time or timeout
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if _serial_lock is None:
+        return (yield)
+    with _serial_lock.hold(exclusive=item.get_closest_marker("serial") is not None):
+        return (yield)

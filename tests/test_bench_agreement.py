@@ -4,7 +4,8 @@ Known-structure cases catch the plausible bugs of a timer: the warm-up or the un
 counted in the time, the forward counted in the backward, a unit error, memory of the
 inputs or of another pass counted. The independent reading (a thread polling the resident
 size of a plain script) checks the resident-memory column of a real kernel, and that the
-tensor-level peak is the score matrices it must allocate.
+tensor-level peak is the score matrices it must allocate. Every test here times or measures:
+``serial``, no other test runs beside it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def _within(value_ms: float, expected_s: float) -> bool:
     return expected_s * 1e3 <= value_ms <= expected_s * 1e3 * 1.15 + 5
 
 
+@pytest.mark.serial
 def test_each_pass_times_only_its_own_work(phases):
     assert all(row["status"] == "ok" for row in phases.values()), phases
     # the backward alone, not the forward run before it; both together in fwd_bwd
@@ -58,6 +60,7 @@ def test_each_pass_times_only_its_own_work(phases):
         assert _within(row["time_ms"], seconds)
 
 
+@pytest.mark.serial
 def test_the_first_call_is_reported_apart_and_never_timed(phases):
     fwd = phases["fwd"]
     # at least the slow first call (a fresh process may add its own first-use costs)
@@ -66,6 +69,7 @@ def test_the_first_call_is_reported_apart_and_never_timed(phases):
     assert _within(fwd["estimate_ms"], FWD_S)  # the call that planned the repeats
 
 
+@pytest.mark.serial
 def test_memory_is_the_passs_own(phases):
     assert phases["fwd"]["peak_mem_bytes"] < MiB  # the backward's temporary is not the forward's
     assert BWD_BYTES <= phases["bwd"]["peak_mem_bytes"] <= BWD_BYTES + 2 * MiB
@@ -96,6 +100,7 @@ print(json.dumps({{"peak": max(samples) - before}}))
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # the independent reading polls every 0.5 ms: a busy neighbour starves it
 def test_resident_memory_agrees_with_an_independent_reading():
     case = _case("full", (), ("fwd",), kernel="reference", seq_len=N, heads=HEADS, head_dim=DIM,
                  plugins=())

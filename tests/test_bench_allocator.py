@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from bench.engine import provenance
 from bench.engine.allocator import ALLOCATOR_VARIABLES, KEEP_FREED_MEMORY, SYSTEM_DEFAULT, allocator_settings
 
@@ -32,6 +34,7 @@ def test_a_run_records_the_settings_its_process_started_with(monkeypatch):
     assert provenance.environment("cpu", 1, probe=False)["allocator"] == "MALLOC_MMAP_THRESHOLD_=1073741824"
 
 
+@pytest.mark.serial  # counts page faults
 def test_glibc_takes_the_kept_memory_settings_and_freed_pages_are_reused():
     """Under KEEP_FREED_MEMORY a freed 64 MiB tensor's pages are reused by the next one (few
     page faults); under glibc's defaults (requests above its largest ``mmap`` threshold, 32

@@ -1,13 +1,17 @@
 """The harness's measurements are right: memory, time, peak fraction; failures become rows.
 
 One real sweep (worker processes and all) over test-only variants from ``bench.engine.testing``
-with known cost, plus reference full attention whose score matrix has a known size.
+with known cost, plus reference full attention whose score matrix has a known size; its tests
+are ``serial`` (no other test runs beside the sweep that times and measures). A second sweep
+with a short timeout holds the case that outlives it.
 """
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -22,9 +26,23 @@ SLEEP = 0.15
 N_REF, H_REF = 1024, 2
 
 
+def _sweep(raw: dict, out: Path) -> pd.DataFrame:
+    """Run the sweep ``raw`` into ``out``; its rows, with their parameters as columns."""
+    from bench.engine.testing import unregister_test_variants
+
+    try:
+        run_sweep(load_run(raw), out)
+    finally:  # keep test-only variants out of other tests' registry
+        unregister_test_variants()
+    df = load_results(out)
+    for key in ("nbytes", "seconds", "how", "mib"):
+        df[key] = df.params.map(lambda p, key=key: json.loads(p).get(key))
+    return df
+
+
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """One sweep: known-size / known-time cases, reference attention, OOM, crashes, timeout."""
+    """One sweep: known-size / known-time cases, reference attention, OOM, crashes."""
     raw = {
         "name": "measure", "passes": ["fwd", "fwd_bwd"], "seq_len": [64], "heads": H_REF,
         "head_dim": 16, "repeats": 3, "min_repeats": 3, "timeout_s": 10, "max_memory_gb": 3,
@@ -39,30 +57,37 @@ def run(tmp_path_factory):
             {"name": "bench_crash", "how": "abort"},
             {"name": "bench_crash", "how": "kill"},
             {"name": "bench_crash", "how": "rt"},
-            {"name": "bench_sleep", "seconds": 60},  # over timeout_s: timeout
             {"name": "bench_sleep", "seconds": 0.01},  # still runs after all that
         ],
     }
-    from bench.engine.testing import unregister_test_variants
-
-    try:
-        config = load_run(raw)
-        out = tmp_path_factory.mktemp("measure")
-        run_sweep(config, out)
-    finally:  # keep test-only variants out of other tests' registry
-        unregister_test_variants()
-    df = load_results(out)
-    for key in ("nbytes", "seconds", "how", "mib"):
-        df[key] = df.params.map(lambda p, key=key: json.loads(p).get(key))
-    return out, df
+    out = tmp_path_factory.mktemp("measure")
+    return out, _sweep(raw, out)
 
 
+#: the timeout of the sweep that times out: short, as all it waits on is a case sleeping past
+#: it (in each pass); long enough for a worker to build its case (a fork of the forkserver)
+TIMEOUT_S = 3
+
+
+@pytest.fixture
+def timed_out(tmp_path):
+    """A sweep of one case that sleeps far past the timeout, in both passes."""
+    raw = {
+        "name": "timeout", "passes": ["fwd", "fwd_bwd"], "seq_len": [64], "heads": 1, "head_dim": 16,
+        "repeats": 3, "min_repeats": 3, "timeout_s": TIMEOUT_S, "peak_matmul_size": 128,
+        "plugins": ["bench.engine.testing"], "variants": [{"name": "bench_sleep", "seconds": 60}],
+    }
+    return _sweep(raw, tmp_path)
+
+
+@pytest.mark.serial
 def test_one_row_per_case_and_pass(run):
     _, df = run
-    assert len(df) == 11 * 2
+    assert len(df) == 10 * 2
     assert not df.duplicated(["case_id", "pass"]).any()
 
 
+@pytest.mark.serial
 def test_peak_memory_of_a_known_size_tensor(run):
     _, df = run
     rows = df[(df.variant == "bench_alloc") & (df.nbytes == ALLOC)]
@@ -73,6 +98,7 @@ def test_peak_memory_of_a_known_size_tensor(run):
         assert row.rss_peak_bytes >= ALLOC - MiB  # the OS saw it too (1 MiB counter precision)
 
 
+@pytest.mark.serial
 def test_freed_blocks_kept_by_the_c_library_are_not_the_calls_memory(run):
     """A call that frees a heap temporary and then maps a larger block: its live peak is the
     other temporary and the block, while the resident peak also holds the freed block glibc
@@ -88,6 +114,7 @@ def test_freed_blocks_kept_by_the_c_library_are_not_the_calls_memory(run):
         assert row.rss_peak_bytes >= live + (FRAGMENT_MIB - 2) * MiB
 
 
+@pytest.mark.serial
 def test_reference_attention_reports_the_score_matrix(run):
     _, df = run
     row = df[(df.variant == "full") & (df["pass"] == "fwd")].iloc[0]
@@ -96,6 +123,7 @@ def test_reference_attention_reports_the_score_matrix(run):
     assert scores <= row.peak_mem_bytes <= 3 * scores  # scores, probabilities
 
 
+@pytest.mark.serial
 def test_flops_follow_the_formula_and_peak_fraction(run):
     out, df = run
     rows = df[df.variant == "full"].set_index("pass")
@@ -110,6 +138,7 @@ def test_flops_follow_the_formula_and_peak_fraction(run):
     assert rows.loc["fwd", "peak_fraction"] == pytest.approx(tflops * 1e12 / peak, rel=1e-6)
 
 
+@pytest.mark.serial
 def test_a_known_sleep_is_timed_within_tolerance(run):
     _, df = run
     rows = df[(df.variant == "bench_sleep") & (df.seconds == SLEEP)]
@@ -122,6 +151,7 @@ def test_a_known_sleep_is_timed_within_tolerance(run):
         assert row.estimate_ms >= SLEEP * 1e3 and row.first_call_ms >= SLEEP * 1e3
 
 
+@pytest.mark.serial
 def test_failures_become_rows_and_the_sweep_goes_on(run):
     _, df = run
     huge = df[(df.variant == "bench_alloc") & (df.nbytes > ALLOC)]
@@ -137,15 +167,19 @@ def test_failures_become_rows_and_the_sweep_goes_on(run):
     assert (killed.status == "killed").all() and killed.reason.str.contains("SIGKILL").all()
     realtime = df[df.how == "rt"]
     assert (realtime.status == "error").all() and realtime.reason.str.contains("SIGRTMIN+6", regex=False).all()
-    slow = df[(df.variant == "bench_sleep") & (df.seconds == 60)]
-    assert (slow.status == "timeout").all()
-    assert slow[slow["pass"] == "fwd"].reason.iloc[0] == "timed out after 10 s in pass fwd"
-    # the timeout is per pass: the second pass ran (and timed out) on its own
-    assert slow[slow["pass"] == "fwd_bwd"].reason.iloc[0] == "timed out after 10 s in pass fwd_bwd"
     last = df[(df.variant == "bench_sleep") & (df.seconds == 0.01)]
     assert (last.status == "ok").all()
 
 
+def test_a_case_past_the_timeout_becomes_a_timeout_row_in_each_pass(timed_out):
+    assert len(timed_out) == 2 and (timed_out.status == "timeout").all()
+    reasons = timed_out.set_index("pass").reason
+    assert reasons["fwd"] == f"timed out after {TIMEOUT_S} s in pass fwd"
+    # the timeout is per pass: the second pass ran (and timed out) on its own
+    assert reasons["fwd_bwd"] == f"timed out after {TIMEOUT_S} s in pass fwd_bwd"
+
+
+@pytest.mark.serial
 def test_rows_carry_the_environment(run):
     out, df = run
     (env,) = json.loads((out / "env.json").read_text())["segments"]
