@@ -7,6 +7,7 @@ import yaml
 from baseline_packages import baselines_registered
 
 from bench.engine.config import ConfigError, list_config_presets, resolve_config_path, safe_name
+from bench.pretrained.config import parse_pretrained
 from bench.quality.grid_config import parse_grid
 from bench.runner import load_run
 from bench.speed.cases import expand_cases
@@ -89,6 +90,8 @@ def _check_preset(preset: str) -> None:
     assert loaded.name == preset
     if raw.get("kind") == "quality":  # a training grid
         assert loaded == parse_grid(raw)
+    elif raw.get("kind") == "pretrained":  # a pretrained-model run
+        assert loaded == parse_pretrained(raw)
     else:
         assert loaded == parse_config(raw)
 
