@@ -1,5 +1,13 @@
-"""Shared pytest configuration: GPU tests skip cleanly without CUDA; a test marked ``serial``
-runs with no other test beside it when pytest-xdist runs tests in parallel.
+"""Shared pytest configuration: GPU tests skip cleanly without CUDA; when pytest-xdist runs
+tests in parallel, OpenMP threads wait passively and a test marked ``serial`` runs with no
+other test beside it.
+
+Passive waits: torch's OpenMP threads spin at each barrier by default (libgomp). With the
+workers, their case and kit processes and their threads sharing the cores, a spinning thread
+holds the core its sibling needs to reach the barrier: a conformance check took 5-30 times as
+long. ``OMP_WAIT_POLICY=PASSIVE`` (unless set already) is set before the workers start, so
+they and every process they start inherit it; the number of threads is left as it is (tests
+check that sweeps record and pass on torch's default).
 
 ``serial`` is for tests whose assertions read the machine: times, resident memory, page
 faults. A parallel neighbour would share the CPU and memory with them; under xdist each
@@ -67,6 +75,8 @@ _serial_lock: _SerialLock | None = None
 def pytest_configure(config: pytest.Config) -> None:
     global _serial_lock
     worker = getattr(config, "workerinput", None)  # set on pytest-xdist's workers only
+    if worker is None and getattr(config.option, "numprocesses", None):  # xdist's controller
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read by libgomp as torch loads
     if worker is not None and config.option.basetemp:
         _serial_lock = _SerialLock(Path(config.option.basetemp).parent)
 
