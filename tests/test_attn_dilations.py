@@ -100,7 +100,8 @@ def test_groups_are_contiguous_heads() -> None:
 
 
 #: flex compiles per call shape (~20-50 s each on CPU): two of the four (causal, key_mask) cases
-CASES = [(kernel, causal, masked) for kernel in CPU_KERNELS for causal in (False, True) for masked in (False, True)
+CASES = [pytest.param(kernel, causal, masked, marks=[pytest.mark.compile] if kernel == "flex" else [])
+         for kernel in CPU_KERNELS for causal in (False, True) for masked in (False, True)
          if kernel != "flex" or causal == masked]
 
 

@@ -62,6 +62,7 @@ def test_forward_and_backward_match_the_reference(name, params, kernel):
 
 
 @pytest.mark.slow
+@pytest.mark.compile
 @pytest.mark.parametrize(("name", "params"), [
     ("sliding_window", {"window": 128}), ("dilated", {"window": 128, "dilation": 2}),
     ("global_tokens", {"num_global": 16, "window": 128}),

@@ -1,6 +1,7 @@
 """The ``flex`` kernel: declared limits, exactness, compile time reported apart, no recompile-limit
 fallback and no wrong output over a sweep of shapes, no reads past the inputs, compiled code shared
-only between equally configured modules. CPU compiles take seconds, so the cases are few and small."""
+only between equally configured modules. CPU compiles take seconds, so the cases are few and small,
+and marked ``compile`` (the full run's, not the default run's)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ def test_declared_limits_on_cpu() -> None:
         module(q, q, q)
 
 
+@pytest.mark.compile
 def test_matches_reference_with_key_mask_and_decoding_shape() -> None:
     module = create_attention("dilated", window=2, dilation=3, kernel="flex")
     ref = create_attention("dilated", window=2, dilation=3, kernel="reference")
@@ -57,6 +59,7 @@ def _in_nan_buffer(t: torch.Tensor, rows: int = 32) -> torch.Tensor:
 
 
 @pytest.mark.slow
+@pytest.mark.compile
 def test_sweep_of_shapes_never_falls_back_to_eager() -> None:
     """More shapes than dynamo's recompile limit (8) on one module, inputs inside NaN-filled
     buffers: every output right (n = 24 is 8 past a multiple of 16), no eager fallback, compile
@@ -74,6 +77,7 @@ def test_sweep_of_shapes_never_falls_back_to_eager() -> None:
     assert len(get_kernel("flex")._buckets_of(module.pattern())) == 2  # n = 16 as it is; 17..25 padded to 32
 
 
+@pytest.mark.compile
 def test_reads_nothing_past_the_keys_at_a_length_8_past_a_multiple_of_16() -> None:
     """Nk = 24, D = 16: torch's CPU template reads 8 keys past the end there unless padded."""
     module = create_attention("sliding_window", window=20, kernel="flex")
@@ -105,6 +109,7 @@ class _Band(ExactAttention):
         return f"kernel={self.kernel!r}"
 
 
+@pytest.mark.compile
 def test_plugin_instances_with_other_arguments_get_their_own_compiled_mask() -> None:
     register_attention("flex_test_band", overwrite=True)(_Band)
     try:
