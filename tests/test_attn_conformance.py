@@ -20,19 +20,28 @@ def _in_suite(name: str, kernel: str) -> bool:
     return not get_kernel(kernel).compiles_per_shape or name in COMPILED_KERNEL_VARIANTS
 
 
-CASES = [
-    (name, kernel)
-    for name in list_attention()
-    for kernel in attention_info(name).kernels
-    if _in_suite(name, kernel)
-]
+def _cases() -> list:
+    """``(name, kernel, quick)``: every kernel of every variant in the quick profile (the first
+    example parameter set) in the default run, and in the full kit (every set, every shape;
+    ``slow``, 2-3x as long) in the full run. Kernels that compile per shape (flex on CPU: ~10 s
+    each) run the quick profile only, which still sweeps 12 lengths on one module (check
+    shape_sweep), and are marked ``compile``."""
+    cases = []
+    for name in list_attention():
+        for kernel in attention_info(name).kernels:
+            if not _in_suite(name, kernel):
+                continue
+            if get_kernel(kernel).compiles_per_shape:
+                cases.append(pytest.param(name, kernel, True, id=f"{name}-{kernel}", marks=pytest.mark.compile))
+                continue
+            cases.append(pytest.param(name, kernel, True, id=f"{name}-{kernel}-quick"))
+            cases.append(pytest.param(name, kernel, False, id=f"{name}-{kernel}", marks=pytest.mark.slow))
+    return cases
 
 
-@pytest.mark.parametrize(("name", "kernel"), CASES, ids=[f"{n}-{k}" for n, k in CASES])
-def test_variant_kernel_conforms(name: str, kernel: str) -> None:
-    # kernels that compile per shape (flex on CPU: ~10 s each) run the quick profile, which
-    # still sweeps 12 lengths on one module (check shape_sweep)
-    report = check_attention(name, kernels=[kernel], quick=get_kernel(kernel).compiles_per_shape)
+@pytest.mark.parametrize(("name", "kernel", "quick"), _cases())
+def test_variant_kernel_conforms(name: str, kernel: str, quick: bool) -> None:
+    report = check_attention(name, kernels=[kernel], quick=quick)
     report.raise_if_failed()
     if not any(r.status == "pass" for r in report.results):
         pytest.skip(f"{kernel} runs none of the checks here: {report.results[0].message}")
