@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from selection import first_of_each
 
 from attn import attention_info, create_attention, get_kernel, list_attention
 from attn.call import AttentionCall
@@ -28,7 +29,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("name", "kernel", "i"), CASES, ids=[f"{n}-{k}-{i}" for n, k, i in CASES])
+#: each (variant, kernel) with its first parameter set in the default run, the others slow
+@pytest.mark.parametrize(("name", "kernel", "i"), first_of_each(CASES, key=lambda case: case[:2]),
+                         ids=[f"{n}-{k}-{i}" for n, k, i in CASES])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("backward_inside", [False, True], ids=["bwd_after", "bwd_inside"])

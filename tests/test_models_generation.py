@@ -6,19 +6,21 @@ import math
 
 import pytest
 import torch
+from selection import first_of_each
 
 import attn
 from models import beam_search, create_model, greedy_search
 
 
-def causal_cases() -> list[tuple[str, dict]]:
-    """Every example parameter set of every attention with a causal form."""
-    return [
+def causal_cases() -> list:
+    """Every example parameter set of every attention with a causal form (the first of each
+    variant in the default run, the others ``slow``)."""
+    return first_of_each(
         (name, dict(params))
         for name in attn.list_attention()
         if attn.attention_info(name).supports_causal
         for params in attn.attention_info(name).example_params
-    ]
+    )
 
 
 def tiny(kind: str, name: str, params: dict, **overrides):

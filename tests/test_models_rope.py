@@ -7,21 +7,23 @@ import math
 
 import pytest
 import torch
+from selection import first_of_each
 
 import attn
 from models import MultiHeadAttention, RotaryEmbedding, create_model
 
 
-def causal_cases() -> list[tuple[str, dict]]:
+def causal_cases() -> list:
     """Every example parameter set of every attention with a causal form that RoPE composes
-    with (a relative position bias is refused with RoPE)."""
-    return [
+    with (a relative position bias is refused with RoPE); the first of each variant in the
+    default run, the others ``slow``."""
+    return first_of_each(
         (name, dict(params))
         for name in attn.list_attention()
         if attn.attention_info(name).supports_causal
         for params in attn.attention_info(name).example_params
         if not carries_bias(name, params)
-    ]
+    )
 
 
 def every_case() -> list[tuple[str, dict]]:
