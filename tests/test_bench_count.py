@@ -55,6 +55,7 @@ def test_count_bad_options_are_one_line(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # a few minutes under Valgrind, more beside other tests
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind (apt-get install -y valgrind)")
 def test_count_under_callgrind_is_deterministic_and_grows_with_length(tmp_path):
     """One counted process: the same length twice gives the same count per call (to 0.5%),

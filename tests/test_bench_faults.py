@@ -56,7 +56,7 @@ def _start_hanging_sweep(tmp_path: Path, how: str = "spawn") -> tuple[subprocess
     return proc, pidfile
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.slow)])
 def test_sigterm_or_sighup_stops_the_sweep_cleanly_and_kills_the_workers(tmp_path, signum):
     proc, pidfile = _start_hanging_sweep(tmp_path)
     pids = [int(p) for p in pidfile.read_text().split()]

@@ -83,6 +83,7 @@ def _statuses(run_dir: Path) -> set[tuple[str, str, str]]:
     return {(r["case_id"], r["pass"], r["status"]) for r in rows}
 
 
+@pytest.mark.slow  # 40 s; Ray's other tests (a killed worker, every unit type) stay in the default run
 @pytest.mark.timeout(150)
 def test_same_sweep_same_rows_locally_on_ray_and_through_the_cli(tmp_path, ray_address,
                                                                  test_variants):
@@ -152,6 +153,7 @@ def _kill_ray_worker_of(pidfile: Path) -> tuple[int, int]:
     return case_pid, ray_worker
 
 
+@pytest.mark.slow  # 15-25 s; a unit of every type on Ray stays in the default run
 @pytest.mark.timeout(120)
 def test_a_killed_ray_worker_becomes_a_row_and_the_sweep_completes(tmp_path, ray_address,
                                                                    test_variants):

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 
 from bench.engine.results import RESULTS_FILE, read_rows
@@ -42,6 +43,7 @@ def _keys(out: Path) -> list[tuple[str, str]]:
     return [(r["case_id"], r["pass"]) for r in read_rows(out)]
 
 
+@pytest.mark.slow  # 40 s: four sweeps; resuming damaged and failed runs stays in the default run (test_bench_faults)
 def test_killed_sweep_resumes_to_the_rows_of_a_clean_run(tmp_path):
     config = _config(tmp_path)
     clean, killed = tmp_path / "clean", tmp_path / "killed"

@@ -130,6 +130,7 @@ def test_decoder_state_keeps_left_padding_out(registered):
 # ---- Performer -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a minute (65536 features); Performer's other tests and its kit stay in the default run
 def test_performer_approaches_softmax_attention_as_features_grow():
     """An unbiased estimate: the error falls like m^-1/2 (16 -> 65536 features: about 64x,
     at least 16x required); a biased one (e.g. orthogonal blocks without Haar signs) stalls."""
@@ -270,6 +271,7 @@ def test_bigbird_mask_is_window_global_and_seeded_random_blocks():
 
 
 @pytest.mark.slow
+@pytest.mark.compile
 def test_bigbird_runs_compiled_flex_without_falling_back():
     """Its block mask and its attention compile (no eager fallback, which materialises N x N
     scores) and give the dense reference; a mask_mod reading views of one table fell back."""

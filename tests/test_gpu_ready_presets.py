@@ -91,6 +91,7 @@ def _dry_run(*args: str, tmp_path: Path) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # 10 s (two CLI processes); the presets' cases are checked without the CLI in the default run
 def test_the_cli_dry_runs_of_the_gpu_presets(tmp_path):
     speed = _dry_run("scaling-gpu", tmp_path=tmp_path)
     lines = [line for line in speed.splitlines() if " todo " in line]

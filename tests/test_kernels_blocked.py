@@ -97,14 +97,14 @@ def test_position_bias_on_the_band(kind: str, band: Band) -> None:
         compare(band, 9, 50, causal, None, bias.score_mod(), params)
 
 
-@pytest.mark.parametrize("block", [16, 32, 64])
+@pytest.mark.parametrize("block", [*(pytest.param(b, marks=pytest.mark.slow) for b in (16, 32)), 64])  # 64: benchmarked
 def test_block_sizes_and_float32(block: int) -> None:
     for nq in (100, 129, 257):
         compare(Band(20), nq, nq, False, None, dtype=torch.float32, atol=1e-5, block=block)
         compare(Band(33), nq, nq, True, None, dtype=torch.float32, atol=1e-5, block=block)
 
 
-@pytest.mark.parametrize("chunk", [1, 3])
+@pytest.mark.parametrize("chunk", [pytest.param(1, marks=pytest.mark.slow), 3])  # chunk=1: the most chunks, 3x as long
 @pytest.mark.parametrize("band", [Band(5), Band(3, dilation=3), Band(4, num_global=3)], ids=str)
 def test_many_chunks_interior_views_and_local_key_masks(band: Band, chunk: int) -> None:
     """Long enough for interior blocks (read through strided views) between the padded end

@@ -62,6 +62,7 @@ def test_list_and_check_take_a_plugin_file(plugin_file: Path, elsewhere: Path) -
     assert "could not run in its process" not in checked.stdout + checked.stderr
 
 
+@pytest.mark.slow  # 20 s; a plug-in file in the kit's processes stays in the default run
 def test_a_sweep_and_its_workers_take_a_plugin_file(plugin_file: Path, elsewhere: Path) -> None:
     out = elsewhere / "run"
     done = _cli("sweep", "quick", "--variant", "file_plugin_full", "--seq-len", "64", "--pass",
@@ -72,6 +73,7 @@ def test_a_sweep_and_its_workers_take_a_plugin_file(plugin_file: Path, elsewhere
     assert "file_plugin_full" in rows and ",ok," in rows, rows
 
 
+@pytest.mark.slow  # 15 s (matplotlib in a fresh process)
 def test_plot_patterns_takes_a_plugin_file(plugin_file: Path, elsewhere: Path) -> None:
     done = _cli("plot", "--patterns", "--out", str(elsewhere), "--plugin", str(plugin_file),
                 cwd=elsewhere)

@@ -132,6 +132,7 @@ def test_the_recall_reach_takes_a_variant_default_the_row_does_not_record():
     assert _reach(row) == 62
 
 
+@pytest.mark.slow  # 15 s; a killed unit's rows (failure_rows) and a killed speed worker's stay in the default run
 def test_a_grid_through_the_cli_with_a_killed_unit(tmp_path):
     """A training worker that dies becomes a row; the other units still run."""
     config = tmp_path / "grid.yaml"
