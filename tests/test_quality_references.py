@@ -177,6 +177,7 @@ GRID = {"name": "refs", "kind": "quality", "preset": "tiny", "tasks": ["recall",
         "references": ["naive_bayes_tokens", "ngram_2"], "seeds": [0], "timeout_s": 300}
 
 
+@pytest.mark.slow  # 25 s; a grid of references alone and every reference's own tests stay in the default run
 def test_a_grid_computes_its_references_and_trains_a_decoder_once(tmp_path):
     config = parse_grid(GRID)
     todo = units(config, tmp_path)
