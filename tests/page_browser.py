@@ -43,6 +43,7 @@ class Loaded:
     """What opening a page showed."""
 
     requests: list[str] = field(default_factory=list)  # every URL the page asked for
+    blocked: list[str] = field(default_factory=list)  # those its Content-Security-Policy refused
     errors: list[str] = field(default_factory=list)  # console errors and uncaught exceptions
     drawn_ms: float | None = None  # when every figure was drawn, ms after navigation start
     plots: dict[str, tuple[int, int]] = field(default_factory=dict)  # id: (series, points) drawn
@@ -64,6 +65,8 @@ def open_page(browser: Any, path: Path) -> tuple[Any, Loaded]:
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     loaded = Loaded()
     page.on("request", lambda request: loaded.requests.append(request.url))
+    page.on("requestfailed", lambda request: loaded.blocked.append(request.url)
+            if request.failure == "csp" else None)
     page.on("console", lambda message: loaded.errors.append(message.text) if message.type == "error" else None)
     page.on("pageerror", lambda error: loaded.errors.append(str(error)))
     page.goto(path.resolve().as_uri())
@@ -78,11 +81,19 @@ def open_page(browser: Any, path: Path) -> tuple[Any, Loaded]:
     return page, loaded
 
 
+def outside_requests(path: Path, loaded: Loaded) -> list[str]:
+    """The requests a page made beyond itself (a ``blob:`` URL is the page's own memory:
+    Plotly's unpacked bundle), blocked or not."""
+    return [url for url in loaded.requests if url != path.resolve().as_uri() and not url.startswith("blob:")]
+
+
 def page_problems(path: Path, loaded: Loaded) -> list[str]:
     """What is wrong with a loaded page: a console error, a request other than the page
-    itself, a figure not drawn or drawn with other series or points than its data says."""
+    itself (even one its policy blocked), a figure not drawn or drawn with other series or
+    points than its data says."""
     problems = [f"console error: {e}" for e in loaded.errors]
-    problems += [f"request: {url}" for url in loaded.requests if url != path.resolve().as_uri()]
+    problems += [f"request{' (blocked by the policy)' if url in loaded.blocked else ''}: {url}"
+                 for url in outside_requests(path, loaded)]
     if loaded.draw_error:
         problems.append(f"figures not drawn: {loaded.draw_error}")
     try:

@@ -104,10 +104,13 @@ def test_a_history_point_links_to_its_run(opened):
 
 @pytest.fixture
 def broken_copy(tmp_path):
-    """A copy of a committed page to break."""
+    """A copy of a committed page to break, without its Content-Security-Policy (which would
+    refuse an edited script, or a request, before the checks could see it)."""
     def copy(change) -> Path:
         path = tmp_path / "report.html"
-        path.write_text(change(PAGES["scaling"].read_text(encoding="utf-8")), encoding="utf-8")
+        text = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "",
+                      PAGES["scaling"].read_text(encoding="utf-8"), count=1)
+        path.write_text(change(text), encoding="utf-8")
         return path
     return copy
 

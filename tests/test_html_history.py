@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -94,6 +95,26 @@ def test_the_store_reads_only_changed_runs(three_commits, tmp_path):
     assert third.rows.case.str.contains("N=1024 ").any()
     with sqlite3.connect(tmp_path / "out" / "history.sqlite") as db:
         assert db.execute("SELECT COUNT(DISTINCT run) FROM cases").fetchone()[0] == 3
+
+
+@pytest.mark.parametrize("store", [
+    b"not a database at all",
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT); INSERT INTO meta VALUES ('schema', '3'); "
+    "CREATE TABLE cases (run TEXT, figure TEXT); INSERT INTO cases VALUES ('x', 'y')",
+])
+def test_a_damaged_or_foreign_store_is_rebuilt_with_a_warning(three_commits, tmp_path, store):
+    out = tmp_path / "out"
+    out.mkdir()
+    first = build_history([three_commits], tmp_path / "clean")
+    if isinstance(store, bytes):
+        (out / "history.sqlite").write_bytes(store * 100)
+    else:
+        with sqlite3.connect(out / "history.sqlite") as db:
+            db.executescript(store)
+    with pytest.warns(UserWarning, match=r"history.sqlite: not a history store of this version .*; rebuilt"):
+        found = build_history([three_commits], out)
+    assert found.counts == {"runs": 3, "read": 3, "kept": 0}
+    pd.testing.assert_frame_equal(found.rows, first.rows)
 
 
 def test_one_series_per_machine_and_no_step_across_machines(tmp_path):

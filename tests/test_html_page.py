@@ -6,13 +6,14 @@ from __future__ import annotations
 import base64
 import gzip
 import hashlib
+import html
 import re
 from importlib import resources
 
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from bench.html.page import BASIC_BUNDLE, figure_div, render_page, trace_types
+from bench.html.page import BASIC_BUNDLE, figure_div, render_page, script_hash, trace_types
 
 #: sha256 of the unpacked basic bundle, as bench/html/vendor/README.md records it
 BASIC_SHA256 = "99784e3abfb07b142a15e521a439e6d9addceadb3f79553fd24c72774f0649ba"
@@ -51,3 +52,14 @@ def test_a_page_with_a_trace_outside_the_basic_bundle_inlines_the_full_one():
     scatter = figure_div(go.Figure([go.Scatter(x=[1], y=[2])]), "a")
     heatmap = figure_div(go.Figure([go.Heatmap(z=[[1, 2], [3, 4]])]), "b")
     assert inlined_bundle(render_page("t", {}, [scatter, heatmap])) == get_plotlyjs()
+
+
+def test_a_page_allows_only_its_own_inline_scripts_and_no_network():
+    page = render_page("t", {"run": "x"}, [figure_div(go.Figure(go.Scatter(x=[1], y=[2])), "f")])
+    policy = html.unescape(re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]+)">', page).group(1))
+    directives = dict(part.strip().split(" ", 1) for part in policy.split(";"))
+    scripts = re.findall(r"<script>(.*?)</script>", page, re.S)  # the inline scripts that run
+    assert len(scripts) == 2
+    assert directives["script-src"].split() == [*(script_hash(code) for code in scripts), "'strict-dynamic'"]
+    assert directives["default-src"] == "'none'" and directives["img-src"] == "data:"
+    assert "unsafe" not in directives["script-src"] and "connect-src" not in directives  # default: none

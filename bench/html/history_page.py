@@ -13,7 +13,7 @@ import plotly.io as pio
 
 from bench.html.history_rows import FIGURES
 from bench.html.history_steps import STEP_COLUMNS, regressions, series_points
-from bench.html.page import figure_div, render_page, section, table_html, write_page
+from bench.html.page import figure_div, render_page, safe_link, section, table_html, write_page
 from bench.speed.compare import FAILING
 
 PAGE_FILE = "history.html"
@@ -26,7 +26,8 @@ _PAGES = ("report.html", "report.md", "summary.md")
 
 
 def page_link(run: str, out: Path) -> str:
-    """The link from the history page to a run's page (its directory where it has none)."""
+    """The path from the history page to a run's page (its directory where it has none);
+    links are made of it with :func:`bench.html.page.safe_link`."""
     for name in _PAGES:
         if (out / run / name).is_file():
             return f"{run}/{name}"
@@ -47,7 +48,7 @@ def _trace_data(points: list[dict], figure: str, marks: Mapping[str, str], out: 
     classes = [marks.get(p["commit_sha"], "") for p in points]
     custom = [(p["case"], p["commit_sha"][:12], "-" if _missing(p["spread"]) else f"{p['spread']:.3g}",
                "-" if _missing(p["n"]) else int(p["n"]), p["status"], cls or "(first)", p["run"],
-               page_link(p["run"], out)) for p, cls in zip(points, classes)]
+               safe_link(page_link(p["run"], out)) or "") for p, cls in zip(points, classes)]
     flagged = [cls in FAILING for cls in classes]
     spreads = [0.0 if _missing(p["spread"]) else float(p["spread"]) for p in points]
     return {"x": [p["commit_time"] for p in points],

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import subprocess
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -55,6 +56,33 @@ def connect(path: Path) -> sqlite3.Connection:
     return db
 
 
+def _is_ours(db: sqlite3.Connection) -> bool:
+    """Whether an opened store is intact and has this version's tables and columns."""
+    if db.execute("PRAGMA quick_check").fetchone() != ("ok",):
+        return False
+    columns = {table: [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
+               for table in ("runs", "cases", "commits")}
+    return (columns["runs"] == ["run", "signature"] and columns["cases"] == list(COLUMNS)
+            and columns["commits"] == ["sha", "time", "source"])
+
+
+def open_store(path: Path) -> sqlite3.Connection:
+    """The store at ``path``; a damaged or foreign file there is replaced by an empty store
+    (rebuilt from the run folders by :func:`update_store`) with a one-line warning."""
+    try:
+        db = connect(path)
+        if _is_ours(db):
+            return db
+        db.close()
+        problem = "tables or columns of another program"
+    except sqlite3.DatabaseError as err:
+        problem = str(err)
+    warnings.warn(f"{path}: not a history store of this version ({problem}); rebuilt from the run folders",
+                  stacklevel=2)
+    path.unlink()
+    return connect(path)
+
+
 def update_store(db: sqlite3.Connection, runs: Iterable[Path], base: Path) -> tuple[int, int]:
     """Read the runs whose results changed since the store last saw them, drop the runs no
     longer found; ``(read, kept)``: how many runs were read and how many were unchanged.
@@ -68,6 +96,7 @@ def update_store(db: sqlite3.Connection, runs: Iterable[Path], base: Path) -> tu
         for gone in set(known) - set(names):
             db.execute("DELETE FROM cases WHERE run = ?", (gone,))
             db.execute("DELETE FROM runs WHERE run = ?", (gone,))
+        db.execute("DELETE FROM cases WHERE run NOT IN (SELECT run FROM runs)")  # rows of no known run
         for name, run in names.items():
             signature = _signature(run)
             if known.get(name) == signature:
@@ -119,13 +148,13 @@ def gather(roots: list[Path], out: Path) -> tuple[pd.DataFrame, dict[str, int]]:
     table with each row's ``commit_time`` and ``commit_time_source``; and counts
     (``runs``, ``read``, ``kept``)."""
     runs = find_runs(roots)
-    db = connect(out / STORE_FILE)
+    db = open_store(out / STORE_FILE)
     try:
         read, kept = update_store(db, runs, out)
         commit_times(db, roots[0] if roots[0].is_dir() else Path.cwd())
         table = pd.read_sql_query(
             "SELECT cases.*, commits.time AS commit_time, commits.source AS commit_time_source "
-            "FROM cases JOIN commits ON commits.sha = cases.commit_sha "
+            "FROM cases JOIN runs ON runs.run = cases.run JOIN commits ON commits.sha = cases.commit_sha "
             "ORDER BY figure, \"case\", machine, commit_time, timestamp", db)
     finally:
         db.close()

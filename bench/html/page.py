@@ -1,6 +1,12 @@
 """One self-contained HTML page: Plotly's script, the table script, styles and data inline,
 so that the page opens offline and no request leaves it.
 
+Pages are shared with result folders, so nothing a row, a label or a folder name carries may
+run or fetch anything (``docs/reliability.md``, "Pages"): element ids are slugs, every string
+of a figure reaches Plotly with its markup escaped (:func:`plain_text`), links are relative
+paths with every segment percent-encoded (:func:`safe_link`), and a Content-Security-Policy allows
+only the page's own scripts, by hash, and no network (:func:`content_security_policy`).
+
 The building blocks every page uses: :func:`figure_div` (a Plotly figure), :func:`table_html`
 (a sortable table with filters and marked rows), :func:`provenance_html` and
 :func:`render_page` (the whole document).
@@ -10,13 +16,16 @@ from __future__ import annotations
 
 import base64
 import gzip
+import hashlib
 import html
+import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -70,11 +79,51 @@ def packed_plotly(types: Iterable[str] = ("scatter",)) -> str:
     return base64.b64encode(packed).decode("ascii")
 
 
+#: figure keys whose strings are the page's own Plotly templates (constants, never data)
+TEMPLATE_KEYS = frozenset({"hovertemplate", "texttemplate"})
+_UNSAFE_ID = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def safe_id(text: str) -> str:
+    """An element id made of ``[A-Za-z0-9_-]`` only; text with other characters gets them
+    replaced and a short hash of the original appended (ids stay distinct)."""
+    slug = _UNSAFE_ID.sub("-", text)
+    if slug == text and slug:
+        return slug
+    return f"{slug[:40]}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:8]}"
+
+
+def safe_link(link: str) -> str | None:
+    """``link`` as a relative path (from a page to a run folder; ``..`` where the page lies
+    beside the results), every segment percent-encoded so that no scheme such as
+    ``javascript:`` survives; None for an empty or absolute path."""
+    parts = str(link).replace("\\", "/").split("/")
+    if not link or not parts[0]:
+        return None
+    return "/".join(quote(part, safe="") for part in parts)
+
+
+def plain_text(value: Any, key: str = "") -> Any:
+    """A figure's JSON structure with the markup of every string escaped (Plotly renders
+    ``<span style>``, ``<a href>`` and others in names, titles, hover text and menu labels,
+    and shows ``&lt;`` as ``<``), except the page's own templates (:data:`TEMPLATE_KEYS`)."""
+    if isinstance(value, str):
+        return value if key in TEMPLATE_KEYS else html.escape(value, quote=False)
+    if isinstance(value, dict):
+        return {k: plain_text(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain_text(v, key) for v in value]
+    return value
+
+
 def figure_div(fig: go.Figure | dict, div_id: str, *, links: bool = False) -> str:
     """``fig`` (a figure, or its JSON structure as a dict) as a ``<div class="plot">`` and
-    its figure JSON, drawn by the page's ``plots.js``; ``links``: a click on a point opens
-    the link that is the last field of its ``customdata``."""
-    data = pio.to_json(fig, validate=False).replace("</", "<\\/")  # no "</script>" inside the JSON
+    its figure JSON with every string's markup escaped, drawn by the page's ``plots.js``;
+    ``links``: a click on a point opens the link that is the last field of its
+    ``customdata`` (made with :func:`safe_link`)."""
+    plain = plain_text(json.loads(pio.to_json(fig, validate=False)))
+    data = json.dumps(plain, separators=(",", ":")).replace("</", "<\\/")  # no "</script>" inside
+    div_id = safe_id(div_id)
     flag = ' data-links="1"' if links else ""
     flag += f' data-traces="{" ".join(sorted(trace_types(fig)))}"'
     return (f'<div class="plot" id="{div_id}"{flag}></div>'
@@ -100,6 +149,7 @@ def table_html(df: pd.DataFrame, table_id: str, *, filters: Mapping[str, str] | 
     chosen value). ``marks``: one word per row (``failed``, ``noisy``, ``regression`` or
     ``""``), its row's class and the text of a first column ``mark``; ``links``: ``{column:
     link column}``, the cell of ``column`` a link to that row's value of the other."""
+    table_id = safe_id(table_id)
     filters = dict(filters or {})
     links = dict(links or {})
     marks = list(marks) if marks is not None else None
@@ -125,8 +175,9 @@ def table_html(df: pd.DataFrame, table_id: str, *, filters: Mapping[str, str] | 
         for column in shown:
             value = values[column]
             text = html.escape(_text(value))
-            if column in links and values[links[column]]:
-                text = f'<a href="{html.escape(str(values[links[column]]))}">{text}</a>'
+            href = safe_link(str(values[links[column]])) if column in links and values[links[column]] else None
+            if href:
+                text = f'<a href="{html.escape(href)}">{text}</a>'
             key = _sort_key(value)
             cells.append(f'<td data-sort="{key}">{text}</td>' if key else f"<td>{text}</td>")
         parts.append(f"<tr{attrs}>{''.join(cells)}</tr>")
@@ -146,19 +197,37 @@ def section(title: str, *blocks: str, note: str = "") -> str:
     return f"<section><h2>{html.escape(title)}</h2>{intro}{''.join(blocks)}</section>"
 
 
+def script_hash(code: str) -> str:
+    """A CSP source that allows exactly the inline script ``code``."""
+    digest = base64.b64encode(hashlib.sha256(code.encode("utf-8")).digest()).decode("ascii")
+    return f"'sha256-{digest}'"
+
+
+def content_security_policy(scripts: Sequence[str]) -> str:
+    """The page's policy: no network at all, the inline ``scripts`` by hash (and what they
+    load themselves: Plotly's unpacked bundle, ``'strict-dynamic'``), styles inline only,
+    images and fonts from ``data:`` only, no forms, no ``<base>``."""
+    allowed = " ".join(script_hash(code) for code in scripts)
+    return (f"default-src 'none'; script-src {allowed} 'strict-dynamic'; style-src 'unsafe-inline'; "
+            "img-src data:; font-src data:; base-uri 'none'; form-action 'none'")
+
+
 def render_page(title: str, provenance: Mapping[str, str], sections: Sequence[str]) -> str:
     """The whole document: ``title``, the provenance at the top, then ``sections``; Plotly's
     library (packed: :func:`packed_plotly`, the bundle that draws the figures' trace types),
-    the page's scripts and the styles inline."""
+    the page's scripts and the styles inline, under :func:`content_security_policy`."""
     types = {kind for found in re.findall(r'<div class="plot"[^>]* data-traces="([^"]*)"', "".join(sections))
              for kind in found.split()}
+    scripts = [_script("plots.js"), _script("table.js")]
+    policy = html.escape(content_security_policy(scripts))
     return "\n".join([
         "<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{policy}">',
         f"<title>{html.escape(title)}</title>", f"<style>{STYLE}</style>",
         "</head><body>",
         f"<h1>{html.escape(title)}</h1>", provenance_html(provenance), *sections,
         f'<script type="application/octet-stream" id="plotly-gz">{packed_plotly(types)}</script>',
-        f"<script>{_script('plots.js')}</script>", f"<script>{_script('table.js')}</script>",
+        *(f"<script>{code}</script>" for code in scripts),
         "</body></html>"])
 
 
