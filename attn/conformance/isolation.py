@@ -5,8 +5,10 @@ or never return. :func:`run_isolated` runs the plan (:mod:`attn.conformance.plan
 child process, which announces each step before running it; the parent waits at most
 ``timeout_s`` for each step. A child that exits, dies by a signal or runs past the limit is
 killed (with its process group: whatever it started), its step becomes a FAIL result naming
-the check and the cause, and a new child goes on with the steps after it. The child watches
-its parent and kills its own group when the parent is gone.
+the check and the cause, and a new child goes on with the steps after it. After a time-out
+the kit stops calling that kernel (its other checks are reported as not run), and after a
+second one it stops calling the variant: a variant that hangs costs about two limits, not
+one per check. The child watches its parent and kills its own group when the parent is gone.
 
 The child rebuilds the variant from what can be sent to it: a registered name with the
 registered object (sent by reference, so its module must be importable; it is registered
@@ -42,6 +44,8 @@ from attn.registration import REGISTRY, register_attention
 
 #: default time limit of one check, in seconds (``attn-bench check --timeout-s``)
 CHECK_TIMEOUT_S = 300.0
+#: time-outs after which the kit calls the variant no more (the first gives up its kernel)
+MAX_TIMEOUTS = 2
 #: how long a child that finished its steps gets to exit by itself before it is killed
 EXIT_GRACE_S = 10.0
 POLL_S = 0.1
@@ -61,6 +65,16 @@ class Job:
     dtypes: tuple[str, ...] | None = None  # the dtypes checked, by name; None: the exact ones
     start: int = 0
     crashed: frozenset[int] = frozenset()  # steps whose child died: not run again
+    timed_out: tuple[tuple[str, str], ...] = ()  # (kernel, check) of each step out of time
+
+    def not_run(self, kernel: str) -> str | None:
+        """Why a step on ``kernel`` is not run after earlier time-outs, or None."""
+        if len(self.timed_out) >= MAX_TIMEOUTS:
+            return (f"not run: {len(self.timed_out)} checks timed out "
+                    f"({', '.join(f'{c} on {k}' for k, c in self.timed_out)}); the kit calls this variant no more")
+        check = dict(self.timed_out).get(kernel)
+        return None if check is None else (f"not run: check {check} timed out on kernel {kernel!r}; "
+                                           "the kit calls that kernel no more")
 
 
 def sendable(attention: str | Factory) -> tuple[Factory | None, str | None]:
@@ -122,6 +136,11 @@ def _child_main(job: Job, parent: tuple[int, int] | None, conn: Any) -> None:
                 if step.check == "construct":
                     step.run()  # the module the steps after it need
                 continue
+            reason = job.not_run(step.kernel)
+            if reason is not None:
+                conn.send(("results", step.index, [CheckResult(step.check, step.kernel, step.params,
+                                                               "skip", reason)]))
+                continue
             conn.send(("start", step.index, step.check, step.kernel, step.params))
             conn.send(("results", step.index, step.run()))
     except Exception as err:  # outside any check: the kit could not run here
@@ -156,6 +175,7 @@ class _Cut:
     kernel: str
     params: dict[str, Any]
     cause: str
+    timed_out: bool = False
 
 
 def _run_child(job: Job, timeout_s: float | None, report: ConformanceReport,
@@ -175,8 +195,8 @@ def _run_child(job: Job, timeout_s: float | None, report: ConformanceReport,
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                return replace(current, cause=f"did not finish within {timeout_s:g} s (the "
-                                              "per-check limit); its process was killed")
+                return replace(current, timed_out=True, cause=f"did not finish within {timeout_s:g} s "
+                                                              "(the per-check limit); its process was killed")
             if conn.poll(min(remaining, POLL_S)):
                 try:
                     message = conn.recv()
@@ -224,7 +244,8 @@ def run_isolated(job: Job, name: str, timeout_s: float | None,
                  on_start: Callable[[str, str, dict[str, Any]], None] | None = None
                  ) -> ConformanceReport:
     """Every step of ``job`` in child processes, each under ``timeout_s`` seconds (None: no
-    limit); a step whose process died or ran out of time is a FAIL result saying so.
+    limit); a step whose process died or ran out of time is a FAIL result saying so, and
+    time-outs stop the kit calling a kernel, then the variant (:meth:`Job.not_run`).
     ``on_result`` is called with each result as it arrives, ``on_start`` with ``(check,
     kernel, params)`` as each step starts."""
     report = ConformanceReport(name, on_result=on_result)
@@ -235,4 +256,5 @@ def run_isolated(job: Job, name: str, timeout_s: float | None,
         report.add([CheckResult(cut.check, cut.kernel, cut.params, "fail", cut.cause)])
         if cut.index is None:  # outside any check: nothing to go on with
             return report
-        job = replace(job, start=cut.index + 1, crashed=job.crashed | {cut.index})
+        timed_out = (*job.timed_out, (cut.kernel, cut.check)) if cut.timed_out else job.timed_out
+        job = replace(job, start=cut.index + 1, crashed=job.crashed | {cut.index}, timed_out=timed_out)

@@ -245,6 +245,7 @@ def check(
 
     def say(one: Any) -> None:  # a line per check as it finishes: a long kit is not silent
         typer.echo(f"{one} ({time.monotonic() - started[0]:.1f} s)")
+        started[0] = time.monotonic()  # a check reported without starting (not run) took none
 
     result = check_attention(name, params=params, kernels=kernel, device=device, dtypes=dtype,
                              timeout_s=timeout_s, quick=not full, on_result=say,
