@@ -25,7 +25,7 @@ from torch import Tensor
 from attn.call import AttentionCall, KernelPath
 from attn.documents import Documents, packed_mods
 from attn.grid import Grid
-from attn.mods import MaskMod, ScoreMod
+from attn.mods import MaskMod, ScoreMod, index_grids
 
 
 @dataclass(frozen=True)
@@ -159,9 +159,14 @@ class PatternOwner:
 
     Caches that must live no longer than the module (a cached mask, compiled code whose mods
     close over the module's tensors) key on it; it is weakly referenceable for that.
+    ``score_terms`` holds :attr:`Pattern.score_is_bias` by the pattern's key, so that a
+    module's undeclared score term is tried once, not on every call.
     """
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ("__weakref__", "score_terms")
+
+    def __init__(self) -> None:
+        self.score_terms: dict[Hashable, bool] = {}
 
 
 @dataclass(frozen=True, eq=False)
@@ -216,6 +221,22 @@ class Pattern:
                                    relative_bias=None, documents=documents, within=self)
 
     @functools.cached_property
+    def score_is_bias(self) -> bool:
+        """Whether the score term is an additive bias, independent of the score, which kernels
+        may evaluate once on zeros and add (SDPA's mask, the blocked core): declared by
+        ``relative_bias``, else proven by evaluating the score_mod on two different scores
+        (soft-capping, ``c * tanh(s / c)``, is not): once per module and mods' fingerprint."""
+        if self.score_mod is None or self.relative_bias is not None:
+            return True
+        if self.within is not None:
+            return self.within.score_is_bias
+        known = self.owner.score_terms
+        if self.key not in known:
+            known[self.key] = _score_is_bias(self.score_mod,
+                                             self.score_params[0].device if self.score_params else None)
+        return known[self.key]
+
+    @functools.cached_property
     def _key_and_shared(self) -> tuple[Hashable, bool]:
         """``(key, shared)``, computed once per pattern."""
         identities: list[Any] = []
@@ -232,6 +253,20 @@ class Pattern:
     def shared(self) -> bool:
         """Whether :attr:`key` holds plain values only (no tensor or object identities)."""
         return self._key_and_shared[1]
+
+
+def _score_is_bias(score_mod: ScoreMod, device: torch.device | None, size: int = 8) -> bool:
+    """``score_mod(s) - s`` equal for zero scores and for scores from -50 to 50 on a
+    ``size`` x ``size`` grid of positions (head 0); a mod that fails there is not proven."""
+    b, h, i, j = index_grids(1, 1, size, size, device or torch.device("cpu"))
+    zeros = torch.zeros(1, 1, size, size, device=b.device)
+    spread = torch.linspace(-50.0, 50.0, size * size, device=b.device).view(1, 1, size, size)
+    try:
+        with torch.no_grad():
+            terms = [(score_mod(s, b, h, i, j) - s).expand(1, 1, size, size) for s in (zeros, spread)]
+    except Exception:  # any failure leaves the term unproven
+        return False
+    return bool(torch.allclose(terms[0].float(), terms[1].float(), rtol=1e-5, atol=1e-4))
 
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, enum.Enum)

@@ -50,6 +50,9 @@ class Kernel:
     #: True for kernels that run packed calls (``document_ids``) exactly; the others refuse
     #: them (:meth:`not_supported_reasons`), so a packed call is never silently unpacked
     supports_document_ids: ClassVar[bool] = False
+    #: True for kernels that evaluate a score_mod once, on zero scores, and add it as a bias:
+    #: they refuse a score term that changes with the score (:attr:`Pattern.score_is_bias`)
+    adds_score_as_bias: ClassVar[bool] = False
 
     def not_supported_reasons(self, pattern: Pattern, call: AttentionCall | None = None) -> list[str]:
         """Reasons this kernel cannot run ``pattern`` for ``call``; [] = supported.
@@ -77,6 +80,9 @@ class Kernel:
             elif pattern.native is not None:
                 reasons.append(f"{pattern.name} brings its own implementation (native_forward), "
                                "which runs as kernel 'native'")
+        if self.adds_score_as_bias and pattern.score_mod is not None and not pattern.score_is_bias:
+            reasons.append(f"{pattern.name}: its score_mod is not an additive bias (it changes with the "
+                           f"score, as soft-capping does); {self.name} adds a bias evaluated on zero scores")
         return reasons
 
     def run(

@@ -179,6 +179,7 @@ class SdpaKernel(Kernel):
     """PyTorch SDPA; fused for full/causal, a cached materialised mask otherwise."""
 
     name = "sdpa"
+    adds_score_as_bias = True
     supports_document_ids = True  # a dense mask of the documents, built per call
     description = "torch scaled_dot_product_attention (is_causal, or a mask built once per shape)"
 

@@ -103,6 +103,7 @@ class BlockedKernel(Kernel):
     """Banded blocks in pure PyTorch: O(N*w) time, O(N) extra memory, autograd, any device."""
 
     name = "blocked"
+    adds_score_as_bias = True
     computes_half_in_float32 = True
     supports_document_ids = True  # each document its own call (attn.kernels.blocked.packed)
     description = ("banded query/key blocks (sliding window, dilated, global tokens), O(N*w); "
