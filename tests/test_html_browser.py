@@ -94,6 +94,18 @@ def test_a_failed_row_is_marked(opened):
     assert {row["_background"] for row in failed} == {FAILED_BACKGROUND}
 
 
+@pytest.mark.parametrize("name", ["scaling", "quality"])
+def test_every_series_of_a_figure_has_its_own_colour(opened, name):
+    page, _ = opened[name]
+    figures = page.evaluate("Array.from(document.querySelectorAll('div.plot')).map(d => d._fullData"
+                            ".filter(t => t.legendgroup !== 'guides').map(t => [t.name, t.marker.color]))")
+    assert figures
+    for traces in figures:
+        colour_of = dict(traces)  # a quality figure's variant has a trace per panel, one colour
+        assert len(colour_of) == len({tuple(t) for t in traces})
+        assert len(set(colour_of.values())) == len(colour_of)
+
+
 def test_a_history_point_links_to_its_run(opened):
     page, _ = opened["history"]
     links = page.evaluate("document.getElementById('history-time_ms').data.flatMap("

@@ -77,8 +77,16 @@ def test_a_speed_page_draws_every_ok_row_once_and_marks_the_others(speed_run):
     found = figures(page)
     assert sorted(found) == ["memory-fwd", "time-fwd"]
     time = found["time-fwd"]
-    assert [t["name"] for t in time["data"]] == ["full [sdpa]", "sliding_window(window=16) [blocked]"]
-    assert [t["x"] for t in time["data"]] == [[256, 512], [256, 512, 1024]]
+    series = [t for t in time["data"] if t.get("legendgroup") != "guides"]
+    # a fit needs three clean points: the window's exponent is in its legend entry, full's not
+    assert [t["name"] for t in series] == ["full [sdpa]", "sliding_window(window=16) [blocked] ~N^1.00"]
+    assert [t["x"] for t in series] == [[256, 512], [256, 512, 1024]]
+    assert len({t["line"]["color"] for t in series}) == len(series)
+    guides = {t["name"]: t for t in time["data"] if t.get("legendgroup") == "guides"}
+    assert sorted(guides) == ["guide: grows as N", "guide: grows as N^2"]
+    for name, power in (("guide: grows as N", 1), ("guide: grows as N^2", 2)):
+        (x0, x1), (y0, y1) = guides[name]["x"], guides[name]["y"]
+        assert (x0, x1) == (256, 1024) and abs(y1 / y0 - 4**power) < 1e-9
     assert time["layout"]["xaxis"]["type"] == "log" and time["layout"]["yaxis"]["type"] == "log"
     assert time["data"][0]["error_y"]["array"] == [0.25, 1.5]  # half the IQR
     assert time["data"][0]["marker"]["symbol"] == ["circle", "circle-open"]  # the noisy row hollow
@@ -121,9 +129,16 @@ def test_a_quality_page_has_a_series_per_variant_and_marks_failed_runs(tmp_path)
     top = headline(load_quality(run))
     found = figures(page)
     for metric, rows in top.groupby("metric"):
-        data = found[f"metric-{metric}"]["data"]
-        assert sorted(t["name"] for t in data) == sorted(rows.label.unique())
-        assert sum(len(t["x"]) for t in data) == rows.groupby(["label", "task"]).ngroups
+        figure = found[f"metric-{metric}"]
+        data, variants = figure["data"], rows[rows.role == "variant"]
+        assert sorted(t["name"] for t in data if t["showlegend"]) == sorted(variants.label.unique())
+        assert sum(len(t["x"]) for t in data) == variants.groupby(["label", "task"]).ngroups
+        colours = {t["name"]: t["marker"]["color"] for t in data}
+        assert len(set(colours.values())) == len(colours)  # a colour per variant, the same in every panel
+        assert len(figure["layout"]["annotations"]) >= rows.task.nunique()  # panel titles, then lines
+        controls = rows[rows.role == "control"]
+        lines = [a["text"] for a in figure["layout"]["annotations"] if a.get("xanchor") == "right"]
+        assert set(controls.label) <= set(lines)
     text = page.read_text(encoding="utf-8")
     assert text.count('class="failed"') == 1 and "worker died" in text
 

@@ -78,15 +78,17 @@ def test_ids_are_slugs_and_links_keep_no_scheme():
 
 
 def test_a_metric_name_with_markup_runs_nothing_on_a_quality_page(browser, tmp_path):
-    top = pd.DataFrame({"label": ["full", "full"], "task": ["listops", "text"], "value": [0.4, 0.6],
-                        "kernel": ["sdpa", "sdpa"]})
-    fig = quality_figure(top, ID_PAYLOAD, ["listops", "text"])
-    page_text = render_page("quality", {"run": "x"}, [section("Figures", figure_div(fig, f"metric-{ID_PAYLOAD}"))])
+    top = pd.DataFrame({"label": ["full", "full", ID_PAYLOAD], "task": ["listops", "text", "text"],
+                        "value": [0.4, 0.6, 0.5], "kernel": ["sdpa", "sdpa", "-"], "seed": [0, 0, 0],
+                        "role": ["variant", "variant", "reference"]})
+    figures = [figure_div(quality_figure(top, metric, ["listops", "text"], {"text": {FETCH_PAYLOAD: 0.5}}),
+                          f"metric-{metric}") for metric in (ID_PAYLOAD, "accuracy")]
     path = tmp_path / "report.html"
-    path.write_text(page_text, encoding="utf-8")
+    path.write_text(render_page("quality", {"run": "x"}, [section("Figures", *figures)]), encoding="utf-8")
     page = _opened_clean(browser, path)
-    assert page.evaluate("document.querySelector('div.plot').data[0].type") == "scatter"
-    assert ID_PAYLOAD in page.evaluate("document.querySelector('div.plot').textContent")  # shown as text
+    texts = page.evaluate("Array.from(document.querySelectorAll('div.plot')).map(d => d.textContent)")
+    assert all(ID_PAYLOAD in text for text in texts)  # the metric in a title, the reference's line label
+    assert FETCH_PAYLOAD in texts[1]  # a floor's label, shown as text
 
 
 def test_labels_with_styles_fetch_nothing_on_a_speed_page(browser, tmp_path):

@@ -1,17 +1,21 @@
 """The page of a speed sweep: per pass, time and memory against N (one series per variant
-and requested kernel, log axes, the repeats' IQR as an error bar, noisy points hollow), and
+and requested kernel, each its own colour, log axes, the repeats' IQR as an error bar, noisy
+points hollow, each series' fitted exponent in its legend entry, grey N and N^2 guides), and
 every row in one table, failed and noisy rows marked."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pandas as pd
 import plotly.graph_objects as go
 
 from bench.html.page import figure_div, section, table_html
+from bench.html.palette import GREY, series_styles
 from bench.speed.report import PASSES
 from bench.speed.results import load_results
+from bench.speed.scaling import fit_exponent
 
 MIB = 2**20
 HOVER = ("<b>%{customdata[0]}</b><br>kernel %{customdata[1]} (requested %{customdata[2]})<br>"
@@ -22,10 +26,28 @@ TABLE_COLUMNS = ["label", "kernel_requested", "kernel", "pass", "seq_len", "time
                  "repeats", "peak_mem_mib", "status", "reason"]
 
 
+def guides(x: list[int], y: list[float]) -> list[go.Scatter]:
+    """Grey dotted lines through the geometric mean of the smallest N's values, growing as N
+    and as N^2 over the figure's N: what an exponent of 1 or 2 looks like on log axes."""
+    low, high = min(x), max(x)
+    anchor = float(pd.Series(y).clip(lower=1e-12).pipe(lambda s: s.apply(math.log)).mean())
+    return [go.Scatter(x=[low, high], y=[math.exp(anchor), math.exp(anchor) * (high / low) ** power],
+                       mode="lines", name=f"guide: grows as {name}", hoverinfo="skip", legendgroup="guides",
+                       line=dict(color=GREY, dash="dot", width=1))
+            for power, name in ((1, "N"), (2, "N^2"))]
+
+
+def _legend_name(label: str, requested: str, n: pd.Series, y: pd.Series) -> str:
+    exponent = fit_exponent(n, y) if n.nunique() >= 3 else math.nan
+    return f"{label} [{requested}]" + ("" if math.isnan(exponent) else f" ~N^{exponent:.2f}")
+
+
 def _figure(ok: pd.DataFrame, column: str, title: str, y_title: str) -> go.Figure:
     """One series per (label, kernel_requested) of ``ok`` rows: ``column`` against N."""
     fig = go.Figure()
-    for (label, requested), rows in ok.groupby(["label", "kernel_requested"], sort=True):
+    groups = list(ok.groupby(["label", "kernel_requested"], sort=True))
+    first = []  # (N, value) of each series at its smallest N, for the guides
+    for ((label, requested), rows), (colour, symbol) in zip(groups, series_styles(len(groups))):
         rows = rows.sort_values("seq_len")  # (points,)
         status = ["ok, noisy" if noisy else "ok" for noisy in rows.noisy]
         custom = list(zip(rows.label, rows.kernel, rows.kernel_requested, rows.seq_len.astype(int),
@@ -33,10 +55,19 @@ def _figure(ok: pd.DataFrame, column: str, title: str, y_title: str) -> go.Figur
                           rows.peak_mem_bytes / MIB, status))
         error = dict(type="data", array=(rows.time_iqr_ms.fillna(0) / 2).tolist(), visible=True) \
             if column == "time_ms" else None
+        values = rows[column] / (MIB if column == "peak_mem_bytes" else 1)  # (points,)
+        clean = ~rows.noisy.astype(bool)
         fig.add_trace(go.Scatter(
-            x=rows.seq_len.astype(int).tolist(), y=(rows[column] / (MIB if column == "peak_mem_bytes" else 1)).tolist(),
-            mode="lines+markers", name=f"{label} [{requested}]", customdata=custom, hovertemplate=HOVER,
-            error_y=error, marker=dict(symbol=["circle-open" if n else "circle" for n in rows.noisy], size=8)))
+            x=rows.seq_len.astype(int).tolist(), y=values.tolist(), mode="lines+markers",
+            name=_legend_name(label, requested, rows.seq_len[clean], values[clean]), customdata=custom,
+            hovertemplate=HOVER, error_y=error, line=dict(color=colour),
+            marker=dict(symbol=[f"{symbol}-open" if n else symbol for n in rows.noisy], size=8, color=colour)))
+        first.append((int(rows.seq_len.iloc[0]), float(values.iloc[0])))
+    if first:
+        smallest = min(n for n, _ in first)
+        at_smallest = [v for n, v in first if n == smallest and v > 0]
+        if at_smallest and ok.seq_len.nunique() > 1:
+            fig.add_traces(guides([smallest, int(ok.seq_len.max())], at_smallest))
     fig.update_layout(title=title, xaxis_title="N (sequence length)", yaxis_title=y_title,
                       xaxis_type="log", yaxis_type="log", height=480, template="plotly_white",
                       legend=dict(font=dict(size=10)))
