@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 
@@ -16,7 +17,7 @@ from bench.engine.config import ConfigError  # noqa: E402
 from bench.html.report import write_report_html  # noqa: E402
 from bench.pretrained import cost, passkey, scoring, streaming  # noqa: E402
 from bench.pretrained.config import parse_pretrained  # noqa: E402
-from bench.pretrained.report import build_pretrained_report, load_pretrained  # noqa: E402
+from bench.pretrained.report import build_pretrained_report, load_pretrained, tradeoff_table  # noqa: E402
 from bench.runner import load_run, plan, run  # noqa: E402
 from models import pretrained  # noqa: E402
 
@@ -240,3 +241,22 @@ def test_overrides_choose_patterns_and_tasks(model_folder: Path, tmp_path: Path)
         load_run(raw, {"tasks": ["nope"]})
     with pytest.raises(ConfigError, match="variants: none of"):
         load_run(raw, {"variants": ["dilated"]})
+
+
+def test_the_tradeoff_table_puts_quality_and_cost_of_one_n_in_one_cell() -> None:
+    def row(task: str, label: str, metric: str, value: float, **more) -> dict:
+        return {"task": task, "label": label, "metric": metric, "value": value, "status": "ok",
+                "seq_len": 64, "document": "d", **more}
+
+    df = pd.DataFrame([
+        row("perplexity", "full", "perplexity", 10.0), row("perplexity", "window", "perplexity", 25.0),
+        row("perplexity", "unigram (floor)", "perplexity", 900.0),
+        row("passkey", "window", "passkey_accuracy", 0.5, depth=0.1, count=4),
+        row("passkey", "window", "passkey_accuracy", 1.0, depth=0.9, count=4),
+        row("prefill", "full", "prefill_ms", 100.0, times_ms="[100, 110, 90]", time_iqr_ms=5.0, peak_mem_bytes=2**20),
+        row("prefill", "window", "prefill_ms", 50.0, times_ms="[40, 66, 45]", time_iqr_ms=5.0, peak_mem_bytes=2**20),
+    ])
+    table = tradeoff_table(df).set_index("pattern")
+    assert list(table.index) == ["full", "window"]  # the floor has no trade-off
+    assert table.loc["window", "N=64"] == "ppl 2.50x, keys 6/8, time 0.50x"  # median of 0.4, 0.6, 0.5
+    assert table.loc["full", "N=64"] == "ppl 1.00x, keys -, time 1.00x"

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from bench.html.page import figure_div, section, table_html
-from bench.pretrained.report import load_pretrained, passkey_table, perplexity_table
+from bench.pretrained.report import load_pretrained, passkey_table, perplexity_table, tradeoff_table
 
 TRADE_HOVER = ("<b>%{customdata[0]}</b><br>N %{customdata[1]}<br>prefill %{x:.3g} s (median of "
                "%{customdata[2]} interleaved rounds)<br>%{customdata[3]} %{y:.4g}<br>peak "
@@ -76,9 +76,13 @@ def pretrained_sections(run_dir: str | Path) -> tuple[list[str], list[str]]:
     table = df[["task", "label", "document", "seq_len", "depth", "positions", "metric", "value",
                 "ci_low", "ci_high", "status", "reason", "kernel_path"]].rename(
         columns={"label": "variant", "kernel_path": "kernel"})
+    glance = tradeoff_table(df)
     return [section("Quality and cost on a pretrained model", *figures,
                     note="Every pattern replaces the model's attention untrained; "
                          "docs/pretrained.md says what each task measures."),
+            *([section("The trade-off at a glance", table_html(glance, "tradeoff-table"),
+                       note="Perplexity and prefill time as multiples of full attention's, passkey "
+                            "keys retrieved; report.md has each with its spread.")] if len(glance) else []),
             section("Every row", table_html(table, "rows", marks=[""] * len(table),
                                             filters={"variant": "variant", "task": "task"}),
                     note="Click a header to sort by it; the selects show one pattern or task.")], \

@@ -120,6 +120,34 @@ def round_ratios(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def tradeoff_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Pattern x N, the question in one cell: perplexity as a multiple of full attention's,
+    passkey keys retrieved, and prefill time as a multiple of full attention's (median of
+    the per-round ratios); ``-`` where a task did not run at that N."""
+    ppl = perplexity_table(df)
+    keys = passkey_table(df)
+    times = round_ratios(df)
+    if ppl.empty:
+        return pd.DataFrame()
+    lengths = sorted({int(c) for c in ppl.columns if c.isdigit()})
+    out = []
+    for label in ppl.pattern:
+        if label == FLOOR:
+            continue
+        row = {"pattern": label}
+        for n in lengths:
+            ratio = ppl.loc[ppl.pattern == label, f"{n} / full"] if f"{n} / full" in ppl else pd.Series()
+            key = keys[(keys.pattern == label) & (keys.N == n)] if not keys.empty else keys
+            time = times[(times.pattern == label) & (times.N == n)] if not times.empty else times
+            parts = [f"ppl {float(ratio.iloc[0]):.2f}x" if len(ratio) and ratio.notna().all() else "ppl -",
+                     f"keys {round(key.accuracy.iloc[0] * key['keys'].iloc[0])}/{int(key['keys'].iloc[0])}"
+                     if len(key) else "keys -",
+                     f"time {str(time['time / full (per round)'].iloc[0]).split(' ')[0]}x" if len(time) else "time -"]
+            row[f"N={n}"] = ", ".join(parts)
+        out.append(row)
+    return pd.DataFrame(out)
+
+
 def decode_table(df: pd.DataFrame) -> pd.DataFrame:
     rows = df[(df.task == "decode") & (df.metric == "decode_ms")]
     if rows.empty:
@@ -161,6 +189,11 @@ def build_pretrained_report(run_dir: str | Path) -> str:
              f"Units by status: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}. "
              "Every pattern replaces the model's attention untrained (docs/pretrained.md).", ""]
     sections = [
+        ("The trade-off at a glance", tradeoff_table(df),
+         "Per pattern and N: perplexity of tokens N/2..N-1 as a multiple of full attention's "
+         "(geometric mean over the documents), passkey keys retrieved (every depth), prefill "
+         "time as a multiple of full attention's (median of the per-round ratios). The tables "
+         "below give each with its spread."),
         ("Perplexity of tokens N/2..N-1 against N", perplexity_table(df),
          "Over every document (geometric mean), then the ratio to full attention. The floor: a "
          "unigram model of the first N/2 tokens (add-0.5), which knows the text's words and "
