@@ -184,13 +184,14 @@ def attention_layers(model: nn.Module) -> list[nn.Module]:
     return sorted(layers, key=lambda m: m.layer_idx)
 
 
-def refusal(variant: str, params: dict[str, Any]) -> str | None:
-    """Why ``variant(params)`` cannot replace a pretrained decoder's attention untrained, in
-    one line (``None``: it can): no causal form, or parameters the model never learned."""
+def refusal(variant: str, params: dict[str, Any], num_heads: int, head_dim: int) -> str | None:
+    """Why ``variant(params)`` cannot replace the attention of a pretrained decoder with
+    ``num_heads`` query heads of ``head_dim`` untrained, in one line (``None``: it can): no
+    causal form, or parameters the model never learned."""
     info = attn.attention_info(variant)
     if not info.supports_causal:
         return f"{variant} has no causal form, so it cannot be a decoder's attention"
-    probe = attn.create_attention(variant, num_heads=4, head_dim=8, **params)
+    probe = attn.create_attention(variant, num_heads=num_heads, head_dim=head_dim, **params)
     if any(p.numel() for p in probe.parameters()):
         return (f"{variant} has parameters of its own (a learned term the pretrained model never "
                 "saw); a training-free swap would measure an untrained term")
@@ -205,10 +206,10 @@ def place_attention(model: nn.Module, variant: str, params: dict[str, Any] | Non
     ``ValueError`` in one line for a variant that cannot serve (:func:`refusal`) or a layer
     the model does not have."""
     params = dict(params or {})
-    why = refusal(variant, params)
+    modules = attention_layers(model)
+    why = refusal(variant, params, modules[0].config.num_attention_heads, modules[0].head_dim)
     if why is not None:
         raise ValueError(f"attention: {why}")
-    modules = attention_layers(model)
     chosen = set(range(len(modules))) if layers is None else set(layers)
     bad = sorted(i for i in chosen if not 0 <= i < len(modules))
     if bad:

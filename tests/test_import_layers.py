@@ -64,3 +64,47 @@ def test_the_contracts_catch_a_forbidden_import(tmp_path, module, imported, brok
     assert result.returncode == 1
     for line in broken:
         assert line in result.stdout, result.stdout
+
+
+def module_cycles(packages: tuple[str, ...] = ("attn", "models", "bench")) -> list[list[str]]:
+    """Every import cycle between the packages' modules (a function-local import counts),
+    one per strongly connected group: the group's modules, sorted."""
+    import grimp
+
+    graph = grimp.build_graph(*packages, include_external_packages=False)
+    modules = sorted(graph.modules)
+    index, low, on_stack, stack, found, counter = {}, {}, set(), [], [], [0]
+
+    def visit(module: str) -> None:  # Tarjan's strongly connected components
+        index[module] = low[module] = counter[0]
+        counter[0] += 1
+        stack.append(module)
+        on_stack.add(module)
+        for other in sorted(graph.find_modules_directly_imported_by(module)):
+            if other not in index:
+                visit(other)
+                low[module] = min(low[module], low[other])
+            elif other in on_stack:
+                low[module] = min(low[module], index[other])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for module in modules:
+        if module not in index:
+            visit(module)
+    return found
+
+
+def test_no_module_imports_itself_through_others():
+    """No circles: no two modules import each other, directly or through others, even
+    inside a function (the kernel and its packed path, the trainer and its run did)."""
+    assert module_cycles() == []

@@ -32,6 +32,7 @@ def test_full_gives_the_models_own_logits(model: torch.nn.Module) -> None:
 
 @pytest.mark.parametrize(("variant", "params"), [
     ("sliding_window", {"window": 7}), ("dilated", {"window": 4, "dilation": 2}),
+    ("dilated", {"window": 4, "dilation": [1, 2]}),  # per head group: checked against the model's heads
     ("global_tokens", {"num_global": 2, "window": 5}), ("relative", {"bias": "alibi"}),
 ])
 def test_every_causal_builtin_runs_and_changes_the_output(model: torch.nn.Module, variant: str,

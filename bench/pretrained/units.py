@@ -69,7 +69,7 @@ class PretrainedUnit:
         """Run in a fresh worker; a death or a timeout becomes a row."""
         from bench.pretrained.worker import unit_worker_main  # transformers loads in workers only
 
-        worker = Worker(unit_worker_main, (self,))
+        worker = Worker(unit_worker_main, (self, TASKS[self.task]))
         try:
             kind, payload = worker.receive(self.config.timeout_s)
         except TimeoutError:

@@ -7,6 +7,7 @@ rather than every unit paying for it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -16,17 +17,17 @@ from bench.engine.config import import_plugins
 from bench.engine.process import failure
 from bench.engine.threads import torch_threads
 from bench.pretrained.config import PretrainedConfig
-from bench.pretrained.units import TASKS, PretrainedUnit
 from bench.quality.data.cache import cache_dir
 from models.pretrained import load_causal_lm, resolve_source
 
 
-def unit_worker_main(unit: PretrainedUnit, conn: Any) -> None:
-    """Entry point of a unit's worker: load the model, run the task, send the rows."""
+def unit_worker_main(unit: Any, rows_of: Callable[..., list[dict[str, Any]]], conn: Any) -> None:
+    """Entry point of a unit's worker: load the model, run the task (``rows_of(unit, model,
+    encode)``, sent by reference: this module imports no unit), send the rows."""
     try:
         import_plugins(unit.config.plugins)
         with torch_threads(unit.config.threads), torch.no_grad():
-            rows = TASKS[unit.task](unit, *_model(unit.config))
+            rows = rows_of(unit, *_model(unit.config))
     except Exception as err:
         conn.send(("failed", failure(err, "cpu")))
         return

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from bench.quality.budget import REFERENCE, StepFlops, matched_budget, task_step
 from bench.quality.checkpoint import load_checkpoint, load_model_state
 from bench.quality.model_parts import label, model_parts
 from bench.quality.pretrain import check_pretraining
+from bench.quality.run_spec import RunSpec
 from bench.quality.settings import (
     MODEL_SIZE,
     TaskSettings,
@@ -42,26 +43,6 @@ from bench.quality.trainer import BEST, Progress, Trainer
 from models import create_model
 
 METRICS, SETTINGS = "metrics.json", "settings.json"
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """What to train: task, variant and its explicit parameters, preset, seed, where."""
-
-    task: str
-    variant: str
-    preset: str
-    seed: int
-    out: str
-    params: dict[str, Any] = field(default_factory=dict)
-    device: str = "cpu"
-    threads: int | None = None
-    kernel: str = "auto"
-    overrides: dict[str, Any] = field(default_factory=dict)  # settings overrides (tests, sweeps)
-    plugins: tuple[str, ...] = ()  # modules imported first (they register attentions)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _fingerprint(settings: TaskSettings, spec: RunSpec, params: dict[str, Any]) -> str:

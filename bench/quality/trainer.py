@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -38,11 +38,9 @@ from bench.quality.checkpoint import (
     save_checkpoint,
 )
 from bench.quality.pretrain import denoising_loss, phase_settings
+from bench.quality.run_spec import RunSpec
 from bench.quality.settings import TaskSettings, TrainSettings
 from bench.quality.tasks import Task
-
-if TYPE_CHECKING:  # the run's description; bench.quality.train builds on this module
-    from bench.quality.train import RunSpec
 
 LAST, BEST = "last.safetensors", "best.safetensors"
 #: the checkpoint before ``last.safetensors``: a resume falls back to it when the last fails

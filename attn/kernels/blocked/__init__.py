@@ -39,13 +39,15 @@ Modules, by concern:
 * :mod:`~attn.kernels.blocked.global_rows`: the global rows (``i < g``, dense over every key)
   inside the core, written into its output and added into its key gradients in place;
 * :mod:`~attn.kernels.blocked.dense`: the one-block (decoding) path, and global rows beside it;
-* :mod:`~attn.kernels.blocked.kernel`: :func:`blocked_attention` and :class:`BlockedKernel`.
+* :mod:`~attn.kernels.blocked.attention`: :func:`blocked_attention` (the kernel and the packed path);
+* :mod:`~attn.kernels.blocked.kernel`: :class:`BlockedKernel`.
 """
 
+from attn.kernels.blocked.attention import blocked_attention
 from attn.kernels.blocked.core import banded_attention
 from attn.kernels.blocked.dense import global_rows, key_span_attention, uses_key_span
 from attn.kernels.blocked.geometry import CHUNK_ELEMENTS, band_edges, block_size, chunk_elements
-from attn.kernels.blocked.kernel import BlockedKernel, blocked_attention
+from attn.kernels.blocked.kernel import BlockedKernel
 
 __all__ = [
     "CHUNK_ELEMENTS",

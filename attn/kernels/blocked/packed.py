@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attn.documents import Documents
+from attn.kernels.blocked.attention import blocked_attention
 from attn.kernels.chunked import chunked_attention
 from attn.mods import ScoreMod
 from attn.pattern import Pattern
@@ -56,8 +57,6 @@ def packed_attention(within: Pattern, documents: Documents, q: Tensor, k: Tensor
     """``q (B, H, N, D)``, ``k (B, H_kv, N, D)``, ``v (B, H_kv, N, Dv)`` of a packed call ->
     ``(B, H, N, Dv)``, each document run alone with ``within`` (the unpacked pattern), and the
     path in words."""
-    from attn.kernels.blocked.kernel import blocked_attention  # the kernel module imports this one
-
     rows, how = [], set()
     segments = documents.segments()
     for row, spans in enumerate(segments):
