@@ -7,7 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from bench.cli import app
-from bench.engine.results import ResultsWriter
+from bench.engine.provenance import CPU_FLAGS, cpu_summary, environment
+from bench.engine.results import ResultsWriter, write_env
 from bench.speed.compare import class_counts, classify_case, classify_runs, gate_failures
 
 runner = CliRunner()
@@ -179,3 +180,25 @@ def test_runs_recorded_before_labels_named_defaults_still_match(tmp_path):
     table = classify_runs(old, new)
     assert set(table.label) == {"nystrom(num_landmarks=64, pinv_iters=6)"}
     assert set(table["class"]) == {"unchanged"}
+
+
+def test_compare_says_when_the_runs_come_from_different_cpus(tmp_path):
+    epyc = {"cpu_model": "AMD EPYC", "cpu_capability": "AVX2", "device_name": "AMD EPYC"}
+    xeon = {"cpu_model": "Intel Xeon", "cpu_capability": "AVX512", "device_name": "Intel Xeon"}
+    runs = {}
+    for name, cpu in (("a", epyc), ("b", xeon), ("c", epyc)):
+        runs[name] = _run(tmp_path / name, [_row(n) for n in LENGTHS])
+        write_env(runs[name], [cpu])
+    _, output = _compare(runs["a"], runs["b"])
+    assert ("note: the runs come from different machines (A: AMD EPYC AVX2; B: Intel Xeon AVX512): "
+            "a change may be the machine, not the code") in output
+    _, same = _compare(runs["a"], runs["c"])
+    assert "different machines" not in same
+
+
+def test_a_run_records_the_cpu_its_figures_hold_for():
+    env = environment("cpu", 2)
+    assert env["cpu_model"] and env["cpu_vendor"] and env["blas"]
+    assert env["cpu_capability"] in {"DEFAULT", "NO AVX", "AVX2", "AVX512", "ZVECTOR", "VSX", "SVE256"}
+    assert set(env["cpu_flags"].split()) <= set(CPU_FLAGS)
+    assert cpu_summary(env).startswith(env["cpu_model"]) and cpu_summary({}) == ""

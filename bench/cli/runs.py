@@ -139,6 +139,7 @@ def compare(
         classify_runs,
         compared_count,
         gate_failures,
+        machine_note,
         summary_line,
     )
 
@@ -150,6 +151,9 @@ def compare(
                           abs_threshold_ms)
     typer.echo(f"{summary_line(table)} (a time change counts beyond {rel_pct:g}%, "
                f"{abs_threshold_ms:g} ms and the noise)")
+    note = machine_note(run_a, run_b)
+    if note:
+        typer.echo(note)
     changed = changed_cases(table)
     if len(changed):
         typer.echo(markdown_table(changed))

@@ -93,6 +93,42 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+#: instruction-set flags of /proc/cpuinfo that decide which CPU kernels torch and its BLAS run
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
+
+
+def cpu_identity() -> dict[str, str]:
+    """The CPU a run's figures hold for: model, vendor, the instruction sets its kernels use
+    (torch's dispatch level, ``torch.backends.cpu.get_cpu_capability()``, and the flags of
+    :data:`CPU_FLAGS` the CPU has) and torch's BLAS. A ratio measured on one CPU kind can
+    move 3x on another (docs/measurement.md)."""
+    import torch
+
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    flags = set(fields.get("flags", "").split())
+    config = torch.__config__.show()
+    blas = next((part.split("=", 1)[1] for part in config.replace(",", " ").split()
+                 if part.startswith("BLAS_INFO=")), "unknown")
+    return {"cpu_model": cpu_name(), "cpu_vendor": fields.get("vendor_id", platform.machine()),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "cpu_flags": " ".join(f for f in CPU_FLAGS if f in flags), "blas": blas}
+
+
+def cpu_summary(segment: dict[str, Any]) -> str:
+    """One line naming a segment's CPU ("" when it was not recorded)."""
+    if not segment.get("cpu_model"):
+        return ""
+    flags = segment.get("cpu_flags") or "none of " + "/".join(CPU_FLAGS)
+    return (f"{segment['cpu_model']} ({segment.get('cpu_vendor', '?')}; torch kernels "
+            f"{segment.get('cpu_capability', '?')}; flags {flags}; BLAS {segment.get('blas', '?')})")
+
+
 def device_name(device: str) -> str:
     """The name of this machine's ``device``: the (first visible) GPU's for ``cuda`` where
     CUDA is available, else the CPU model."""
@@ -116,7 +152,7 @@ def command_line() -> str:
 
 def environment(device: str, threads: int | None, *, probe: bool = True) -> dict[str, Any]:
     """Versions, device name, threads, allocator settings (:mod:`bench.engine.allocator`), host,
-    time stamp and command line of this run. ``probe`` False: the
+    the CPU (:func:`cpu_identity`), time stamp and command line of this run. ``probe`` False: the
     device is not on this machine (a cluster's driver), so CUDA is not asked and the name is
     this machine's CPU model."""
     import torch
@@ -130,7 +166,7 @@ def environment(device: str, threads: int | None, *, probe: bool = True) -> dict
         "torch_version": torch.__version__, "xformers_version": xformers,
         "device": device, "device_name": device_name(device) if probe else cpu_name(),
         "threads": threads or torch.get_num_threads(), "cpu_count": os.cpu_count(),
-        "allocator": allocator_settings(), "hostname": socket.gethostname(),
+        "allocator": allocator_settings(), "hostname": socket.gethostname(), **cpu_identity(),
         "python": platform.python_version(), "platform": platform.platform(),
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command_line(),

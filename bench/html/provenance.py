@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from bench.engine.fsutil import read_json
+from bench.engine.provenance import cpu_summary
 from bench.engine.results import read_env
 
 #: the saved config of each kind of run, and the key of its name
@@ -49,6 +50,7 @@ def run_provenance(run_dir: str | Path, commits: Iterable[str] = ()) -> dict[str
         "run directory": str(run_dir),
         "commit(s)": _listed([*(s.get("git_sha") for s in segments), *commits]),
         "machine(s)": _listed(machines),
+        "CPU(s)": _listed(cpu_summary(s) for s in segments),
         "torch": _listed(s.get("torch_version") for s in segments),
         "threads": _listed(s.get("threads") for s in segments),
         "allocator": _listed(s.get("allocator") for s in segments),

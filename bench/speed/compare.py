@@ -39,6 +39,25 @@ DEFAULT_REL_PCT = 5.0
 _SIDE_COLUMNS = ["status", "time_ms", "time_iqr_ms", "kernel", "peak_mem_bytes", "problem"]
 
 
+def machine_note(run_a: str | Path, run_b: str | Path) -> str | None:
+    """A line when the two runs were measured on different CPUs (model or the instruction
+    set torch's kernels use) or devices, so that a difference is not read as a regression of
+    the code alone; None when they match (or either did not record it)."""
+    from bench.engine.results import read_env
+
+    def machines(run: str | Path) -> set[tuple[str, str]]:
+        return {(str(s.get("cpu_model") or s.get("device_name") or ""), str(s.get("cpu_capability") or ""))
+                for s in read_env(run)}
+
+    a, b = machines(run_a), machines(run_b)
+    if not a or not b or a == b or ("", "") in a | b:
+        return None
+    said = "; ".join(" ".join(filter(None, m)) for m in sorted(a))
+    other = "; ".join(" ".join(filter(None, m)) for m in sorted(b))
+    return (f"note: the runs come from different machines (A: {said}; B: {other}): a change may be "
+            "the machine, not the code (re-measure both on one machine to compare the code)")
+
+
 def compare_runs(run_a: str | Path, run_b: str | Path) -> pd.DataFrame:
     """Matching ok rows of two runs with ``time_a_ms``, ``time_b_ms`` and ``change_pct``
     (positive = B slower), plus peak memory of both."""
