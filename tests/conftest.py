@@ -87,3 +87,25 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
     with _serial_lock.hold(exclusive=item.get_closest_marker("serial") is not None):
         return (yield)
+
+
+@pytest.fixture(autouse=True)
+def attention_registry_restored() -> Iterator[None]:
+    """Every test leaves the attention registry as it found it: a test that registers,
+    overwrites or unregisters a name (the baseline packages' tests unregister theirs) cannot
+    take an installed plug-in away from the tests after it, whose parameters were collected
+    while it was registered. The plug-ins of installed entry points are loaded first."""
+    from attn.registration import REGISTRY
+    from attn.registry import list_attention
+
+    list_attention()  # loads the entry points once
+    entries, sources = dict(REGISTRY.entries), dict(REGISTRY.sources)
+    names = {name: getattr(obj, "name", None) for name, obj in entries.items()}
+    yield
+    REGISTRY.entries.clear()
+    REGISTRY.entries.update(entries)
+    REGISTRY.sources.clear()
+    REGISTRY.sources.update(sources)
+    for name, obj in entries.items():  # register_attention sets a class's name
+        if names[name] is not None and getattr(obj, "name", None) != names[name]:
+            obj.name = names[name]

@@ -86,7 +86,7 @@ class PerformerAttention(Attention):
         """Positive random features ``(B, H, N, D)`` -> ``(B, H, N, m)``, stabilised (see above)."""
         if self.projection is None or self.projection.shape[1] != x.shape[-1]:
             self.redraw(x.shape[-1])  # drawn for the D of the first call
-        w = self.projection.to(x.device, x.dtype)  # (m, D)
+        w = self._directions(x)  # (m, D)
         x = x * x.shape[-1] ** -0.25
         half_w = 0.5 * (w * w).sum(dim=-1)  # (m,)
         logits = x @ w.T - 0.5 * (x * x).sum(dim=-1, keepdim=True)  # (B, H, N, m)
@@ -94,6 +94,14 @@ class PerformerAttention(Attention):
             logits = logits + half_w
             return torch.exp(logits - logits.amax(dim=-1, keepdim=True).detach())
         return torch.exp(logits - half_w)
+
+    def _directions(self, x: Tensor) -> Tensor:
+        """The directions in ``x``'s device and dtype, converted once per draw and place, not
+        on every call (a per-call copy of the float64 draw costs time on every forward)."""
+        key = (self.draws, self.projection.data_ptr(), self.projection.device, x.device, x.dtype)
+        if self.__dict__.get("_cast_key") != key:
+            self.__dict__["_cast"], self.__dict__["_cast_key"] = self.projection.to(x.device, x.dtype), key
+        return self.__dict__["_cast"]
 
     def _prepare(self, q: Tensor) -> None:
         """Redraw the directions on the training schedule."""
