@@ -94,14 +94,21 @@ def attention_registry_restored() -> Iterator[None]:
     """Every test leaves the attention registry as it found it: a test that registers,
     overwrites or unregisters a name (the baseline packages' tests unregister theirs) cannot
     take an installed plug-in away from the tests after it, whose parameters were collected
-    while it was registered. The plug-ins of installed entry points are loaded first."""
+    while it was registered. A module first imported during the test whose registrations are
+    rolled back is forgotten too, so that the next import registers them again. The plug-ins
+    of installed entry points are loaded first."""
+    import sys
+
     from attn.registration import REGISTRY
     from attn.registry import list_attention
 
     list_attention()  # loads the entry points once
     entries, sources = dict(REGISTRY.entries), dict(REGISTRY.sources)
     names = {name: getattr(obj, "name", None) for name, obj in entries.items()}
+    modules = set(sys.modules)
     yield
+    rolled_back = {getattr(obj, "__module__", None) for name, obj in REGISTRY.entries.items()
+                   if entries.get(name) is not obj}
     REGISTRY.entries.clear()
     REGISTRY.entries.update(entries)
     REGISTRY.sources.clear()
@@ -109,3 +116,5 @@ def attention_registry_restored() -> Iterator[None]:
     for name, obj in entries.items():  # register_attention sets a class's name
         if names[name] is not None and getattr(obj, "name", None) != names[name]:
             obj.name = names[name]
+    for module in rolled_back - modules - {None}:
+        sys.modules.pop(module, None)
