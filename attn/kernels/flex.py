@@ -28,19 +28,21 @@ and the plain values they close over. Patterns whose mods close over plain value
 (``Pattern.shared``) share buckets across modules (copies share compiled code, differently
 configured modules never do); the others (mods closing over tensors, e.g. a learned bias
 table) keep theirs per module (``Pattern.owner``, dropped with the module), keyed by the
-identities of those tensors. A bucket holds the wrapped mods, the block mask of each exact shape (rebuilt
-only when a ``key_mask`` is given, since it depends on the data; one per head when the
-variant's mask depends on the head, else one shared by the heads; a small one without a
-``key_mask`` built eagerly, :data:`EAGER_MASK_ELEMENTS`, a larger one compiled) and a compiled function
+identities of those tensors. A bucket holds the wrapped mods, the block mask of each exact shape (one per head
+when the variant's mask depends on the head, else one shared by the heads; a banded,
+factorised or unmasked pattern's read from its structure, eagerly, by
+:mod:`attn.kernels.block_masks`; a plug-in mask_mod's built by ``create_block_mask``: eagerly
+when small (:data:`EAGER_MASK_ELEMENTS`), else compiled, and rebuilt per call when a
+``key_mask`` is given, since it then depends on the data) and a compiled function
 with its *own code object*: dynamo keys its cache and recompile limit on the code object,
 so each bucket compiles once and never evicts another. A call that needs no padding has a
 bucket of its own, with its lengths baked into the compiled code; in a padded bucket the
 mods read the true lengths from a small tensor refilled per call, so all lengths that pad
 to the same size share one compiled function. Compiles use ``dynamic=False,
 fullgraph=True``: a graph break or a recompile-limit hit raises instead of silently running
-the ~50x slower eager path; that call then runs eager flex on purpose and records
-``KernelPath.fallback`` (for that call only: the next call tries the compiled code again, so
-one failure never turns a whole sweep eager unlabelled). An out-of-memory error
+the ~50x slower eager path; the bucket then runs eager flex on purpose and records
+``KernelPath.fallback`` on every call (the failing compile is not paid again on each
+warm-up and timed call; other buckets still compile). An out-of-memory error
 (:func:`is_oom_error`: ``torch.OutOfMemoryError``, ``MemoryError``, or an error whose message
 or cause says so, e.g. Inductor wrapping one) is never a compile failure: it propagates, so
 the benchmark records the case as ``oom`` instead of running eager flex, which materialises
@@ -73,6 +75,7 @@ from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 from attn.call import AttentionCall
 from attn.gqa import gqa_note
 from attn.kernels.base import Kernel, KernelPath
+from attn.kernels.block_masks import Structure, structured_block_mask
 from attn.mods import MaskMod, ScoreMod, and_masks, causal_mask_mod
 from attn.oom import is_oom_error
 from attn.pattern import Pattern, PatternOwner
@@ -195,6 +198,9 @@ class _Bucket:
     all_allowed: bool
     flex: Callable[..., Tensor]
     make_mask: Callable[..., Any]
+    causal: bool = False
+    structure: Structure | None = None  # read the block mask from it (else from the mask_mod)
+    compile_failed: str | None = None  # why compiling flex failed here: every later call eager
     per_head: bool = False  # the mask depends on the head: one block mask per head (H, not None)
     block_masks: dict[tuple[int, int], Any] = field(default_factory=dict)  # per exact (Nq, Nk)
     seen: set[tuple[int, int]] = field(default_factory=set)
@@ -257,7 +263,8 @@ class FlexKernel(Kernel):
         mask_options = {"cpp.simdlen": 1} if per_head and q.device.type == "cpu" else None
         buckets[key] = _Bucket(
             lengths=lengths, key_mask_buf=buf, mask_mod=mask_mod, score_mod=score_mod,
-            all_allowed=all_allowed, per_head=per_head,
+            all_allowed=all_allowed, per_head=per_head, causal=causal,
+            structure=Structure.of(pattern),
             flex=torch.compile(_fresh(_flex_call, f"flex_call_{tag}"), dynamic=False, fullgraph=True),
             make_mask=torch.compile(_fresh(_mask_call, f"block_mask_call_{tag}"), dynamic=False,
                                     options=mask_options),
@@ -266,14 +273,21 @@ class FlexKernel(Kernel):
 
     def _block_mask(self, bucket: _Bucket, shape: tuple[int, int], q: Tensor, k: Tensor
                     ) -> tuple[Any, bool, str | None]:
-        """The block mask of this exact shape (cached, rebuilt when a key_mask is given),
-        whether this call built it, and the fallback it took to build it (None: compiled).
-        An out-of-memory error propagates (:func:`is_oom_error`)."""
-        if shape in bucket.block_masks and bucket.key_mask_buf is None:
+        """The block mask of this exact shape (cached unless a plug-in's mask_mod meets a
+        key_mask), whether this call built it, and the fallback it took to build it (None:
+        as planned). An out-of-memory error propagates (:func:`is_oom_error`)."""
+        if shape in bucket.block_masks:
             return bucket.block_masks[shape], False, None
+        q_pad, k_pad = q.shape[2], k.shape[2]
+        if bucket.structure is not None:  # banded, factorised or unmasked: eager, from the band
+            block_mask = structured_block_mask(
+                bucket.structure, bucket.mask_mod, causal=bucket.causal, q_len=shape[0],
+                k_len=shape[1], q_pad=q_pad, k_pad=k_pad, heads=q.shape[1], block=BLOCK,
+                device=q.device, key_mask=bucket.key_mask_buf is not None)
+            bucket.block_masks[shape] = block_mask
+            return block_mask, True, None
         batch = q.shape[0] if bucket.key_mask_buf is not None else None
         heads = q.shape[1] if bucket.per_head else None  # None: one block mask shared by the heads
-        q_pad, k_pad = q.shape[2], k.shape[2]
         fallback = None
         if bucket.key_mask_buf is None and (heads or 1) * q_pad * k_pad <= EAGER_MASK_ELEMENTS:
             block_mask = create_block_mask(
@@ -290,7 +304,8 @@ class FlexKernel(Kernel):
             block_mask = create_block_mask(
                 bucket.mask_mod, batch, heads, q_pad, k_pad, device=q.device, BLOCK_SIZE=BLOCK
             )
-        bucket.block_masks[shape] = block_mask
+        if bucket.key_mask_buf is None:  # else it depends on this call's data
+            bucket.block_masks[shape] = block_mask
         return block_mask, True, fallback
 
     def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
@@ -314,7 +329,7 @@ class FlexKernel(Kernel):
         if not dense:
             mask_start = time.perf_counter()
             block_mask, built, mask_fallback = self._block_mask(bucket, shape, q_in, k_in)
-            if built and bucket.key_mask_buf is None:  # cached for later calls of this shape
+            if built and shape in bucket.block_masks:  # cached for later calls of this shape
                 synchronize(q.device)
                 setup = {"setup_s": time.perf_counter() - mask_start,
                          "setup_bytes": block_mask_bytes(block_mask)}
@@ -335,14 +350,17 @@ class FlexKernel(Kernel):
     @staticmethod
     def _attend(bucket: _Bucket, q: Tensor, k: Tensor, v: Tensor, block_mask: Any
                 ) -> tuple[Tensor, str | None]:
-        """Compiled flex, and None; or, when compiling fails for this call, eager flex and the
-        fallback to record (the next call tries compiled again). An out-of-memory error
-        propagates (:func:`is_oom_error`): eager flex would materialise N x N scores."""
-        try:
-            return bucket.flex(q, k, v, bucket.score_mod, block_mask, None), None
-        except Exception as err:  # graph break / recompile limit: eager for this call, flagged
-            if is_oom_error(err):
-                raise
-            fallback = f"eager flex_attention (compile failed: {type(err).__name__}: {err})"[:300]
+        """Compiled flex, and None; or, once compiling has failed for this bucket, eager flex
+        and the fallback to record on every call (the failing compile is not paid again). An
+        out-of-memory error propagates (:func:`is_oom_error`): eager flex would materialise
+        N x N scores."""
+        if bucket.compile_failed is None:
+            try:
+                return bucket.flex(q, k, v, bucket.score_mod, block_mask, None), None
+            except Exception as err:  # graph break / recompile limit: eager from now on, flagged
+                if is_oom_error(err):
+                    raise
+                bucket.compile_failed = f"{type(err).__name__}: {err}"
+        fallback = f"eager flex_attention (compile failed: {bucket.compile_failed})"[:300]
         return flex_attention(q, k, v, score_mod=bucket.score_mod, block_mask=block_mask,
                               enable_gqa=q.shape[1] != k.shape[1]), fallback
