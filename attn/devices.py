@@ -1,4 +1,4 @@
-"""Where a module's tensors live."""
+"""Where a module's tensors live, and waiting for a device's queued work."""
 
 from __future__ import annotations
 
@@ -13,3 +13,9 @@ def module_device(module: nn.Module) -> torch.device:
     for tensor in (*module.parameters(), *module.buffers()):
         return tensor.device
     return torch.device("cpu")
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for ``device``'s queued work where it runs asynchronously (CUDA); a no-op on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -73,6 +73,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 from attn.call import AttentionCall
+from attn.devices import synchronize
 from attn.gqa import gqa_note
 from attn.kernels.base import Kernel, KernelPath
 from attn.kernels.block_masks import Structure, structured_block_mask
@@ -91,12 +92,6 @@ EAGER_MASK_ELEMENTS = 1 << 15
 #: on CPU, key lengths (and query lengths of at least this many rows) are padded to a
 #: multiple of this: the width of the C++ template's ``q @ k.T`` micro-kernel
 ALIGN = 16
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for ``device``'s queued work where it runs asynchronously (CUDA); a no-op on CPU."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _fresh(fn: Callable[..., Any], name: str) -> Callable[..., Any]:

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 import attn
+from attn.devices import synchronize
 from bench.decoding.options import DecodingOptions
 from bench.engine.fsutil import atomic_write_text
 from bench.engine.provenance import environment
@@ -40,12 +41,6 @@ from models import create_model
 from models.registry import model_config
 
 SPEEDUP_GOAL = 5.0  # the cache must be at least this much faster at the longest context
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the work queued on ``device`` (CUDA runs asynchronously); a no-op on CPU."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _median_time(fn: Callable[[], Any], repeats: int, device: torch.device | None = None) -> float:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.engine.allocator import allocator_settings
+from bench.engine.cache import INDUCTOR_VAR, compile_cache_dir
 
 DISTRIBUTION = "attn-bench"
 #: tracked paths whose changes (committed or not) do not change the code version: what is
@@ -167,6 +168,7 @@ def environment(device: str, threads: int | None, *, probe: bool = True) -> dict
         "device": device, "device_name": device_name(device) if probe else cpu_name(),
         "threads": threads or torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "allocator": allocator_settings(), "hostname": socket.gethostname(), **cpu_identity(),
+        "compile_cache": os.environ.get(INDUCTOR_VAR) or str(compile_cache_dir(device if probe else "cpu")),
         "python": platform.python_version(), "platform": platform.platform(),
         "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": command_line(),

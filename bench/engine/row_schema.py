@@ -47,6 +47,8 @@ COLUMNS = [
     "packing",
     # added later (grouped-query attention): files without it read as kv_heads = heads
     "kv_heads",
+    # added later: the first backward's compile time; files without it read as not measured
+    "compile_bwd_ms",
 ]
 #: the matched-compute columns of a training row (:mod:`bench.quality.budget`; ``budget_x``
 #: empty: an equal-steps run)
@@ -209,7 +211,7 @@ SPEED = RowSchema(
         Column("pass", "choice", required=True, allowed=SPEED_PASSES),
         Column("status", "choice", required=True, allowed=SPEED_STATUSES),
         *_numbers(("time_ms", "time_iqr_ms", "estimate_ms", "first_call_ms", "compile_ms",
-                   "setup_ms", "setup_mem_bytes", "peak_mem_bytes", "rss_peak_bytes", "flops",
+                   "compile_bwd_ms", "setup_ms", "setup_mem_bytes", "peak_mem_bytes", "rss_peak_bytes", "flops",
                    "density", "tflops", "peak_fraction", "time_spread", "noise_threshold")),
         Column("repeats", "int", minimum=1),
         Column("times_ms", "json"),

@@ -9,9 +9,10 @@ Import this module (config key ``plugins: [bench.engine.testing]``) to register:
   resident: live tensor peak ``(3 * mib + 32) MiB`` while the resident peak is about
   ``(4 * mib + 32) MiB`` (``mib`` below 32; the worker's glibc thresholds are pinned, so this
   holds whatever the process allocated before);
-- ``bench_phases(first_s, fwd_s, bwd_s, bwd_nbytes)``: a first call that is slower by
-  ``first_s`` (lazy start-up), then ``fwd_s`` per forward and ``bwd_s`` per backward, and a
-  ``bwd_nbytes`` temporary in the backward (known time and memory per pass);
+- ``bench_phases(first_s, fwd_s, bwd_s, bwd_nbytes, first_bwd_s)``: a first call that is
+  slower by ``first_s`` (lazy start-up), then ``fwd_s`` per forward and ``bwd_s`` per backward
+  (the first backward ``first_bwd_s`` more: a lazily compiled backward), and a ``bwd_nbytes``
+  temporary in the backward (known time and memory per pass);
 - ``bench_jitter(seconds, slow, every)``: sleeps ``seconds``, and ``seconds * slow`` on
   every ``every``-th call (a known, wide spread of repeats: a noisy row);
 - ``bench_crash(how)``: dies in the forward: ``abort`` (SIGABRT), ``kill`` (SIGKILL, as a
@@ -159,16 +160,19 @@ class PhasesAttention(_Trivial):
     """Test variant: known first-call, forward and backward times, and backward memory."""
 
     def __init__(self, first_s: float = 0.3, fwd_s: float = 0.05, bwd_s: float = 0.08,
-                 bwd_nbytes: int = 32 * 2**20, **common) -> None:
+                 bwd_nbytes: int = 32 * 2**20, first_bwd_s: float = 0.0, **common) -> None:
         super().__init__(**common)
         self.first_s, self.fwd_s, self.bwd_s = float(first_s), float(fwd_s), float(bwd_s)
-        self.bwd_nbytes = int(bwd_nbytes)
-        self.calls = 0
+        self.bwd_nbytes, self.first_bwd_s = int(bwd_nbytes), float(first_bwd_s)
+        self.calls = self.grad_calls = 0
 
     def native_forward(self, q, k, v, causal, key_mask):
         self.calls += 1
         time.sleep(self.fwd_s + (self.first_s if self.calls == 1 else 0.0))
-        return _SleepyBackward.apply(self._output(q, v), self.bwd_s, self.bwd_nbytes)
+        if torch.is_grad_enabled() and q.requires_grad:  # the first backward slower (a lazy compile)
+            self.grad_calls += 1
+        first_bwd = self.first_bwd_s if self.grad_calls == 1 else 0.0
+        return _SleepyBackward.apply(self._output(q, v), self.bwd_s + first_bwd, self.bwd_nbytes)
 
 
 @register_attention("bench_jitter", overwrite=True)

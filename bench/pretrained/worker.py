@@ -13,17 +13,18 @@ from typing import Any
 import torch
 import transformers  # noqa: F401  (preloaded by the forkserver: see above)
 
+from bench.engine.cache import cache_dir, use_compile_cache
 from bench.engine.config import import_plugins
 from bench.engine.process import failure
 from bench.engine.threads import torch_threads
 from bench.pretrained.config import PretrainedConfig
-from bench.quality.data.cache import cache_dir
 from models.pretrained import load_causal_lm, resolve_source
 
 
 def unit_worker_main(unit: Any, rows_of: Callable[..., list[dict[str, Any]]], conn: Any) -> None:
     """Entry point of a unit's worker: load the model, run the task (``rows_of(unit, model,
     encode)``, sent by reference: this module imports no unit), send the rows."""
+    use_compile_cache("cpu")
     try:
         import_plugins(unit.config.plugins)
         with torch_threads(unit.config.threads), torch.no_grad():

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.engine.cache import use_compile_cache
 from bench.engine.config import safe_name
 from bench.engine.process import Worker, WorkerGone, failure
 from bench.quality.budget import budget_of, budget_overrides
@@ -110,7 +111,7 @@ def train_worker_main(spec: dict[str, Any], cuda_visible: str | None, conn: Any)
     """Entry point of a training worker: train, then send the rows (or the failure)."""
     if cuda_visible is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible
-
+    use_compile_cache(spec["device"])
     try:
         rows = train_run(RunSpec(**spec), log=lambda _: None)
     except Exception as err:  # no address-space cap on a training worker

@@ -292,7 +292,18 @@ def _pass_sections(df: pd.DataFrame, table: pd.DataFrame, pass_name: str, points
                             axis=1)
         parts += [f"### Cached mask built once per shape (time, memory kept), `{pass_name}`", "",
                   markdown_table(_pivot(setup, cells)), ""]
+    compiled = ok[ok.compile_ms.fillna(0) > 0]
+    if len(compiled):
+        parts += [f"### Compile time in s, never inside a timed call (forward; backward), `{pass_name}`", "",
+                  markdown_table(_pivot(compiled, compiled.apply(_compile_cell, axis=1))), ""]
     return parts
+
+
+def _compile_cell(row: pd.Series) -> str:
+    """``forward s`` and, for a grad pass whose backward was measured, ``; backward s``."""
+    backward = row.get("compile_bwd_ms")
+    text = cell(row.compile_ms / 1e3)
+    return text if pd.isna(backward) else f"{text}; {cell(backward / 1e3)}"
 
 
 def build_report(run_dir: str | Path, points: int = 4,

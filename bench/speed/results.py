@@ -15,7 +15,7 @@ from bench.engine.results import RESULTS_FILE, read_table, warn_rejected
 from bench.engine.row_schema import COLUMNS
 from bench.speed.noise import noisy_flags
 
-NUMERIC = ("time_ms", "time_iqr_ms", "repeats", "estimate_ms", "first_call_ms", "compile_ms",
+NUMERIC = ("time_ms", "time_iqr_ms", "repeats", "estimate_ms", "first_call_ms", "compile_ms", "compile_bwd_ms",
            "setup_ms", "setup_mem_bytes", "peak_mem_bytes", "rss_peak_bytes", "flops", "density",
            "tflops", "peak_fraction", "interleaved", "time_spread", "noise_threshold")
 

@@ -30,12 +30,16 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
 
 from attn import AttentionCall, create_attention
+from attn.devices import synchronize
+from attn.kernels import get_kernel, kernel_names
+from bench.engine.cache import use_compile_cache
 from bench.engine.config import import_plugins
 from bench.engine.measure import CallTimer, calibration_probe, measure_memory
 from bench.engine.process import failure, limit_memory
@@ -77,12 +81,12 @@ class PassRunner:
         b, h, n, d = case.batch, case.heads, case.seq_len, case.head_dim
         grad = pass_name != "fwd"
         self.grad = grad
-        gen = torch.Generator(device="cpu").manual_seed(0)
+        gen = torch.Generator(device=self.device).manual_seed(0)  # drawn where they are used
         self.q, self.k, self.v = (
-            torch.randn(b, heads, n, d, generator=gen, dtype=torch.float32)  # q (B, H, N, D), k/v (B, H_kv, N, D)
-            .to(device=self.device, dtype=self.dtype).requires_grad_(grad)
+            torch.randn(b, heads, n, d, generator=gen, dtype=torch.float32, device=self.device)
+            .to(self.dtype).requires_grad_(grad)  # q (B, H, N, D), k/v (B, H_kv, N, D)
             for heads in (h, case.key_heads, case.key_heads))
-        self.d_out = torch.randn(b, h, n, d, generator=gen).to(device=self.device, dtype=self.dtype)
+        self.d_out = torch.randn(b, h, n, d, generator=gen, device=self.device).to(self.dtype)
         self.key_mask = padding_mask(n, b, case.pad_fraction, self.device) if case.pad_fraction else None
         self.spans: list[tuple[int, int]] = []  # the documents, [start, end)
         self.document_ids = None  # (B, N) for a packed call
@@ -149,6 +153,31 @@ class PassRunner:
         # baseline: dropped inside the call they would hide its own gradients' pages
         return (lambda _: self._forward().backward(self.d_out)), self._clear_grads
 
+    def _parts(self) -> tuple[float, float]:
+        """One forward and one backward of a grad pass, each timed (seconds, device synchronised)."""
+        self._clear_grads()
+        start = time.perf_counter()
+        out = self._forward()
+        synchronize(self.device)
+        middle = time.perf_counter()
+        out.backward(self.d_out)
+        synchronize(self.device)
+        return middle - start, time.perf_counter() - middle
+
+    def _call(self) -> tuple[float, float | None]:
+        """Seconds of one call as the pass times it, and of its backward alone (None: a
+        forward pass)."""
+        if not self.grad:
+            return self.timer.time_once(), None
+        forward_s, backward_s = self._parts()
+        return (backward_s if self.pass_name == "bwd" else forward_s + backward_s), backward_s
+
+    def _compiles(self) -> bool:
+        """Whether a kernel that compiles code per call shape ran in this pass."""
+        names = set(kernel_names())
+        return any(get_kernel(p.kernel).compiles_per_shape for p in self.paths
+                   if p is not None and p.kernel in names)
+
     def prepare(self) -> dict[str, Any]:
         """Warm-up, one planning call and the memory readings; raises when unsupported."""
         if self.case.one_by_one:  # the calls of the documents, each alone
@@ -161,12 +190,12 @@ class PassRunner:
         reasons = list(dict.fromkeys(r for call in calls for r in self.module.not_supported_reasons(call)))
         if reasons:
             raise NotImplementedError("; ".join(reasons))
-        first = self.timer.time_once()
+        first, first_backward = self._call()
         for _ in range(self.case.warmup - 1):
             self.timer.time_once()
         self._keep_output = True  # a reference kept during the call, checked after it
         try:
-            estimate = self.timer.time_once()
+            estimate, warm_backward = self._call()
             problem = self.nonfinite()
         finally:
             self._keep_output, self._output = False, None
@@ -174,7 +203,15 @@ class PassRunner:
             raise NonFiniteOutput(f"{problem} ({self.pass_name} pass)")
         memory = measure_memory(self.fn, self.setup, self.device, call_s=estimate)
         return {"first_call_ms": first * 1e3, "estimate_ms": estimate * 1e3,
+                "compile_bwd_ms": self._backward_compile_ms(first_backward, warm_backward),
                 "peak_mem_bytes": memory.peak_bytes, "rss_peak_bytes": memory.rss_peak_bytes}
+
+    def _backward_compile_ms(self, first_s: float | None, warm_s: float | None) -> float | None:
+        """The first backward's compile time: the first backward less a warm one where a
+        compiling kernel ran (0 where none did; None for a forward pass)."""
+        if first_s is None or warm_s is None:
+            return None
+        return max(first_s - warm_s, 0.0) * 1e3 if self._compiles() else 0.0
 
     def finish(self) -> dict[str, Any]:
         """What ran over the pass's calls: kernel path, fallbacks, compile and cache cost."""
@@ -268,15 +305,25 @@ def _serve(case: Case, module: Any, conn: Connection) -> None:
         conn.send(reply)
 
 
+def start_autograd() -> None:
+    """Run one tiny backward from a given gradient, as the passes do, so that autograd's
+    first-use start-up (``backward(grad)`` imports sympy: 2-3 s here) is never read as a
+    pass's first call or backward compile."""
+    x = torch.ones(2, requires_grad=True)
+    (x * 2).backward(torch.ones(2))
+
+
 def worker_main(case_dict: dict[str, Any], cuda_visible: str | None, conn: Connection) -> None:
     """Entry point of a case's process (see the module docstring for the protocol)."""
     if cuda_visible is not None:  # one GPU per local worker slot
         os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible
     case = Case.from_dict(case_dict)
+    use_compile_cache(case.device)
     if case.device == "cpu":  # CUDA reserves huge address space: never cap it there
         limit_memory(case.max_memory_gb)
     if case.threads:
         torch.set_num_threads(case.threads)
+    start_autograd()
     try:
         import_plugins(case.plugins)
         module, info = _build(case)

@@ -19,39 +19,11 @@ from typing import Any
 import numpy as np
 
 from attn.validation import invalid
+from bench.engine.cache import ENV_VAR, cache_dir
 
-ENV_VAR = "ATTN_BENCH_CACHE"
+__all__ = ["ENV_VAR", "cache_dir", "load_or_generate_npz", "params_hash"]
+
 _META_KEY = "__cache_meta__"
-
-
-def _repository_root() -> Path | None:
-    """The git work tree holding this package, or None when installed elsewhere."""
-    root = Path(__file__).resolve().parents[3]  # bench/quality/data/cache.py
-    return root if (root / ".git").exists() else None
-
-
-def cache_dir() -> Path:
-    """Directory for generated data, created on demand.
-
-    ``$ATTN_BENCH_CACHE`` if set, else ``$XDG_CACHE_HOME/attn-bench``, else
-    ``~/.cache/attn-bench``. Raises ValueError if the chosen directory lies inside this
-    package's git repository (generated data must not end up in the work tree).
-    """
-    if os.environ.get(ENV_VAR):
-        path, source = Path(os.environ[ENV_VAR]), ENV_VAR
-    elif os.environ.get("XDG_CACHE_HOME"):
-        path, source = Path(os.environ["XDG_CACHE_HOME"]) / "attn-bench", "XDG_CACHE_HOME"
-    else:
-        path, source = Path.home() / ".cache" / "attn-bench", "HOME"
-    path = path.expanduser().resolve()
-    repo = _repository_root()
-    if repo is not None and path.is_relative_to(repo):
-        raise ValueError(
-            f"cache directory {path} (from ${source}) is inside the git repository {repo}; "
-            f"set {ENV_VAR} to a directory outside it"
-        )
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def params_hash(name: str, params: Mapping[str, Any], version: int | str) -> str:
