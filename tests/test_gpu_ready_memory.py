@@ -19,7 +19,7 @@ from bench.speed.cases import Case
 from bench.speed.rounds import CaseRun, run_rounds
 
 KERNELS = ("reference", "sdpa", "flex")
-DEVICE_COMMANDS = ("prepare", "time", "probe", "finish")
+DEVICE_COMMANDS = ("warm", "prepare", "time", "probe", "finish")
 
 
 def _case(kernel: str, device: str, passes: tuple[str, ...] = ("fwd", "bwd")) -> Case:
@@ -51,8 +51,10 @@ def _fake_worker(log: list[tuple[str, str]]) -> type:
         def request(self, message: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
             command = message[0]
             log.append((self.kernel, command))
+            if command == "warm":
+                return ("warmed", {"first_call_ms": 1.0})
             if command == "prepare":
-                return ("prepared", {"first_call_ms": 1.0, "estimate_ms": 1.0,
+                return ("prepared", {"estimate_ms": 1.0,
                                      "peak_mem_bytes": 10, "rss_peak_bytes": None})
             if command == "time":
                 return ("timed", 0.001)
@@ -122,6 +124,9 @@ class _Runner:
     def __init__(self, case: Case, module: Any, pass_name: str) -> None:
         self.module = module
 
+    def warm(self) -> dict[str, Any]:
+        return {"first_call_ms": 1.0}
+
     def prepare(self) -> dict[str, Any]:
         return {"estimate_ms": 1.0}
 
@@ -141,9 +146,10 @@ def test_the_worker_releases_its_module_and_cached_pool_and_rebuilds(monkeypatch
 
     monkeypatch.setattr(worker, "_build", build)
     monkeypatch.setattr(worker, "_runner", _Runner)
-    conn = _Conn([("prepare", "fwd"), ("release",), ("prepare", "bwd"), ("exit",)])
+    conn = _Conn([("warm", "fwd"), ("prepare", "fwd"), ("release",), ("warm", "bwd"), ("prepare", "bwd"),
+                  ("exit",)])
     worker._serve(_case("reference", "cuda"), first.pop(), conn)  # the worker's only reference
-    assert [m[0] for m in conn.sent] == ["prepared", "released", "prepared"]
-    assert conn.sent[1] == ("released", 0)
+    assert [m[0] for m in conn.sent] == ["warmed", "prepared", "released", "warmed", "prepared"]
+    assert conn.sent[2] == ("released", 0)
     assert "empty_cache" in calls
     assert alive_at_rebuild == [False]  # released (cached masks with it), then built again

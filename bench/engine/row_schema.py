@@ -80,7 +80,8 @@ KINDS = ("text", "int", "number", "bool", "json", "choice")
 #: attention case, ``MODEL_PASSES`` of a model-step case)
 SPEED_PASSES = ("fwd", "bwd", "fwd_bwd", "train_step")
 #: statuses of a speed sweep's rows (``nonfinite``: the output or a gradient had NaN or inf)
-SPEED_STATUSES = ("ok", "oom", "killed", "unsupported", "timeout", "error", "skipped", "nonfinite")
+SPEED_STATUSES = ("ok", "oom", "killed", "unsupported", "timeout", "error", "skipped", "nonfinite",
+                  "compile_timeout")
 #: statuses of a training grid's rows (``diverged``: the training loss became NaN or inf)
 QUALITY_STATUSES = ("ok", "unsupported", "timeout", "error", "killed", "oom", "diverged")
 

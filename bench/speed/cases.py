@@ -51,13 +51,15 @@ class Case:
     workload: str = "attention"  # or "model_step" (see bench.speed.model_step)
     model: tuple[tuple[str, Any], ...] = ()  # model settings of a model_step case
     #: the noise policy (bench.speed.noise): how a row is flagged, not what is measured, so
-    #: not in the id (a run-directory setting a resume compares, rundir.SETTING_FIELDS)
+    #: not in the id (a run-directory setting a resume compares, resume_check.SETTING_FIELDS)
     noise_threshold: float = DEFAULT_THRESHOLD
     #: packed documents per row (0: unpacked), run packed or one by one, and the fraction of
     #: keys that are padding (bench.speed.packing)
     documents: int = 0
     one_by_one: bool = False
     pad_fraction: float = 0.0
+    #: added to ``timeout_s`` for the first call where the kernel may compile (not in the id)
+    compile_timeout_s: float = 600.0
 
     @property
     def packing(self) -> str:
@@ -163,6 +165,7 @@ def expand_cases(config: SweepConfig) -> list[Case]:
                     seq_len=n, batch=batch, heads=heads, head_dim=head_dim, dtype=config.dtype,
                     device=config.device, causal=causal, passes=config.passes,
                     repeats=config.repeats, warmup=config.warmup, timeout_s=config.timeout_s,
+                    compile_timeout_s=config.compile_timeout_s,
                     max_memory_gb=config.max_memory_gb, threads=config.threads,
                     time_budget_s=config.time_budget_s, plugins=config.plugins,
                     min_repeats=config.min_repeats, workload=config.workload, model=config.model,

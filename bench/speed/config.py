@@ -91,6 +91,9 @@ class SweepConfig:
     warmup: int = 1
     causal: bool = False
     timeout_s: float = 300.0  # per case and pass
+    #: more for the first call of a kernel that compiles per shape (flex; auto on CUDA):
+    #: outliving it is a ``compile_timeout`` row, and the next length is still tried
+    compile_timeout_s: float = 600.0
     max_memory_gb: float | None = 20.0  # CPU cases only (RLIMIT_AS); ignored on CUDA
     #: the device's memory (GiB): cases whose estimate (bench.speed.memory) does not fit are
     #: left out, a length cap per kernel; None: every case is tried
@@ -288,6 +291,8 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
         warmup=check_key(require_number, "warmup", get("warmup"), minimum=1, integer=True),
         causal=check_key(require_bool, "causal", get("causal")),
         timeout_s=float(check_key(require_number, "timeout_s", get("timeout_s"), minimum=0.1)),
+        compile_timeout_s=float(check_key(require_number, "compile_timeout_s", get("compile_timeout_s"),
+                                          minimum=0.0)),
         max_memory_gb=_optional(require_number, "max_memory_gb", get("max_memory_gb"), minimum=0.1),
         device_memory_gb=_optional(require_number, "device_memory_gb", get("device_memory_gb"),
                                    minimum=0.1),
@@ -339,7 +344,7 @@ def _check_has_cases(config: SweepConfig) -> None:
 
 
 #: config keys a command line may override (:func:`apply_overrides`)
-OVERRIDES = ("variants", "kernels", "seq_len", "passes", "repeats", "timeout_s", "device",
+OVERRIDES = ("variants", "kernels", "seq_len", "passes", "repeats", "timeout_s", "compile_timeout_s", "device",
              "dtype", "threads", "plugins")
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from attn.kernels import get_kernel, kernel_names
 from bench.engine.measure import matmul_peak_flops, planned_repeats
 from bench.engine.process import Worker, WorkerGone
 from bench.speed.cases import Case
@@ -84,6 +85,28 @@ class _Member:
             raise self.broken
         self.info = message[1]
 
+    def warm(self, pass_name: str) -> dict[str, Any]:
+        """The pass's first call and warm-up, before its clock starts, within ``timeout_s``
+        plus, where the kernel may compile (:func:`may_compile`), ``compile_timeout_s``:
+        outliving that is a ``compile_timeout`` row (the next length is still tried)."""
+        assert self.worker is not None
+        compiles = may_compile(self.case)
+        limit = self.case.timeout_s + (self.case.compile_timeout_s if compiles else 0.0)
+        try:
+            reply = self.worker.request(("warm", pass_name), limit)
+        except TimeoutError:
+            self.stop()
+            if not compiles:
+                raise _CaseFailed("timeout", f"timed out after {limit:g} s in pass {pass_name}") from None
+            raise _CaseFailed("compile_timeout", f"timed out after {limit:g} s in the first call "
+                                                 f"(compiles, caches) of pass {pass_name}") from None
+        except WorkerGone as gone:
+            self.stop()
+            raise _CaseFailed(gone.status, gone.reason) from None
+        if reply[0] == "failed":
+            raise _CaseFailed(reply[1], reply[2])
+        return reply[1]
+
     def ask(self, message: tuple[Any, ...], pass_name: str) -> tuple[Any, ...]:
         """Send a command and wait, counting the time against the pass's timeout."""
         assert self.worker is not None
@@ -120,6 +143,14 @@ class _Member:
             self.worker = None
 
 
+def may_compile(case: Case) -> bool:
+    """Whether the case's kernel compiles per call shape: a named one that does (``flex``),
+    or ``auto`` on CUDA, where it prefers flex."""
+    if case.kernel == "auto":
+        return case.device == "cuda"
+    return case.kernel in kernel_names() and get_kernel(case.kernel).compiles_per_shape
+
+
 class _CaseFailed(Exception):
     def __init__(self, status: str, reason: str) -> None:
         super().__init__(reason)
@@ -133,7 +164,8 @@ def _prepare(members: list[_Member], pass_name: str) -> list[tuple[_Member, dict
         member.spent = 0.0
         try:
             member.ensure_worker()
-            ready.append((member, member.ask(("prepare", pass_name), pass_name)[1]))
+            warmed = member.warm(pass_name)
+            ready.append((member, {**warmed, **member.ask(("prepare", pass_name), pass_name)[1]}))
         except _CaseFailed as failed:
             member.rows[pass_name] = failure_rows(member.case, [pass_name], failed.status,
                                                   failed.reason)[0]

@@ -2,9 +2,11 @@
 
 The parent (:mod:`bench.speed.rounds`) drives it pass by pass over a pipe:
 
-- ``("prepare", pass)``: build the inputs, check support, make the warm-up call(s) (compile
-  and cache building happen there), one more call whose time plans the repeats, then the
-  memory readings (one call each, untimed). Reply ``("prepared", info)``.
+- ``("warm", pass)``: build the inputs, check support, make the warm-up call(s) (compile
+  and cache building happen there, under the case's ``compile_timeout_s``, before its
+  clock starts). Reply ``("warmed", info)``.
+- ``("prepare", pass)``: one more call whose time plans the repeats, then the memory
+  readings (one call each, untimed). Reply ``("prepared", info)``.
 - ``("time", pass)``: one timed call (its setup untimed). Reply ``("timed", seconds)``.
 - ``("probe",)``: the calibration probe, a fixed small matmul on the case's device
   (:func:`bench.engine.measure.calibration_probe`), timed right before and right after a
@@ -99,6 +101,7 @@ class PassRunner:
         self.paths: list[Any] = []  # KernelPath of every call of this pass
         self._keep_output = False  # the planning call keeps its output for the finiteness check
         self._output: Any = None
+        self._first_backward: float | None = None  # seconds of the first call's backward
         fn, setup = self._callables()
         self.fn, self.setup = fn, setup
         self.timer = CallTimer(fn, setup, self.device)
@@ -178,8 +181,9 @@ class PassRunner:
         return any(get_kernel(p.kernel).compiles_per_shape for p in self.paths
                    if p is not None and p.kernel in names)
 
-    def prepare(self) -> dict[str, Any]:
-        """Warm-up, one planning call and the memory readings; raises when unsupported."""
+    def warm(self) -> dict[str, Any]:
+        """The first call and the warm-up (compiles and caches are built here, before the
+        pass's clock and timeout start); raises when unsupported."""
         if self.case.one_by_one:  # the calls of the documents, each alone
             calls = [AttentionCall.from_tensors(self.q[:, :, s:e], self.k[:, :, s:e], self.v[:, :, s:e],
                                                 self.case.causal, self.key_mask, self.grad)
@@ -190,9 +194,13 @@ class PassRunner:
         reasons = list(dict.fromkeys(r for call in calls for r in self.module.not_supported_reasons(call)))
         if reasons:
             raise NotImplementedError("; ".join(reasons))
-        first, first_backward = self._call()
+        first, self._first_backward = self._call()
         for _ in range(self.case.warmup - 1):
             self.timer.time_once()
+        return {"first_call_ms": first * 1e3}
+
+    def prepare(self) -> dict[str, Any]:
+        """One planning call and the memory readings, after :meth:`warm`."""
         self._keep_output = True  # a reference kept during the call, checked after it
         try:
             estimate, warm_backward = self._call()
@@ -202,8 +210,8 @@ class PassRunner:
         if problem is not None:
             raise NonFiniteOutput(f"{problem} ({self.pass_name} pass)")
         memory = measure_memory(self.fn, self.setup, self.device, call_s=estimate)
-        return {"first_call_ms": first * 1e3, "estimate_ms": estimate * 1e3,
-                "compile_bwd_ms": self._backward_compile_ms(first_backward, warm_backward),
+        return {"estimate_ms": estimate * 1e3,
+                "compile_bwd_ms": self._backward_compile_ms(self._first_backward, warm_backward),
                 "peak_mem_bytes": memory.peak_bytes, "rss_peak_bytes": memory.rss_peak_bytes}
 
     def _backward_compile_ms(self, first_s: float | None, warm_s: float | None) -> float | None:
@@ -252,8 +260,8 @@ def _model_step_nonfinite(runner: Any) -> str | None:
 
 
 def _prepare(runner: Any) -> dict[str, Any]:
-    """The runner's warm-up, planning call and memory readings; :class:`NonFiniteOutput` when
-    the planning call's values are not finite."""
+    """The runner's planning call and memory readings; :class:`NonFiniteOutput` when the
+    planning call's values are not finite."""
     info = runner.prepare()
     if isinstance(runner, ModelStepRunner):
         problem = _model_step_nonfinite(runner)
@@ -282,12 +290,14 @@ def _serve(case: Case, module: Any, conn: Connection) -> None:
             conn.send(("released", _reserved_bytes(case)))
             continue
         try:
-            if command == "prepare":
+            if command == "warm":
                 runner = None
                 if module is None:  # released after an earlier pass
                     module, _ = _build(case)
                 runner = _runner(case, module, message[1])
-                reply: tuple[Any, ...] = ("prepared", _prepare(runner))
+                reply: tuple[Any, ...] = ("warmed", runner.warm())
+            elif command == "prepare" and runner is not None:
+                reply = ("prepared", _prepare(runner))
             elif command == "time" and runner is not None:
                 reply = ("timed", runner.timer.time_once())
             elif command == "probe":

@@ -1,0 +1,71 @@
+"""A case's first call (compiles, caches) runs before its clock: within ``timeout_s`` plus,
+where its kernel compiles per shape, ``compile_timeout_s``; outliving that is a
+``compile_timeout`` row that never skips the larger lengths of its curve."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from bench.speed import rounds
+from bench.speed.cases import Case
+from bench.speed.rounds import CaseRun, may_compile, run_rounds
+from bench.speed.unit import speed_chain
+
+
+def _case(kernel: str, device: str = "cpu", seq_len: int = 4096) -> Case:
+    return Case(variant="sliding_window", label="window", params=(("window", 64),), kernel=kernel,
+                seq_len=seq_len, batch=1, heads=2, head_dim=16, dtype="float32", device=device,
+                causal=False, passes=("fwd",), repeats=3, warmup=1, timeout_s=5, max_memory_gb=None,
+                threads=None, time_budget_s=1.0, plugins=(), min_repeats=3, compile_timeout_s=40)
+
+
+def _worker_whose_first_call_hangs(limits: list[float]) -> type:
+    class HangingWorker:
+        def __init__(self, target: Any, args: tuple[Any, ...]) -> None:
+            self.process = self
+
+        def is_alive(self) -> bool:
+            return True
+
+        def receive(self, timeout_s: float) -> tuple[Any, ...]:
+            return ("ready", {"flops": {"fwd": 1e9}, "flops_kind": "useful", "density": 1.0, "threads": 1})
+
+        def request(self, message: tuple[Any, ...], timeout_s: float) -> tuple[Any, ...]:
+            assert message[0] == "warm", message  # nothing is timed before the first call ends
+            limits.append(timeout_s)
+            raise TimeoutError
+
+        def kill(self) -> None:
+            pass
+
+        close = kill
+
+    return HangingWorker
+
+
+@pytest.mark.parametrize(("kernel", "device", "status", "limit"), [
+    ("flex", "cpu", "compile_timeout", 45), ("auto", "cuda", "compile_timeout", 45),
+    ("sdpa", "cpu", "timeout", 5), ("auto", "cpu", "timeout", 5),
+])
+def test_a_first_call_past_its_limit_is_a_row_saying_which(monkeypatch, kernel, device, status, limit):
+    limits: list[float] = []
+    monkeypatch.setattr(rounds, "Worker", _worker_whose_first_call_hangs(limits))
+    (row,) = run_rounds((CaseRun(_case(kernel, device), ("fwd",)),), "unit0")
+    assert row["status"] == status and f"timed out after {limit} s" in row["reason"]
+    assert ("first call" in row["reason"]) == (status == "compile_timeout")
+    assert limits == [limit] and may_compile(_case(kernel, device)) == (status == "compile_timeout")
+
+
+def test_a_compile_timeout_leaves_the_larger_lengths_to_run():
+    small, large = _case("flex", seq_len=4096), _case("flex", seq_len=16384)
+    for status, runs_large in (("compile_timeout", True), ("timeout", False)):
+        chain = speed_chain([[small], [large]], set(), {}, skip_larger=True)
+        first = next(chain)
+        rows = [{"case_id": small.case_id, "pass": "fwd", "status": status}]
+        second = chain.send(rows)
+        assert bool(second.runs) == runs_large and bool(second.skipped) != runs_large, status
+    assert dataclasses.replace(small, compile_timeout_s=1).case_id == small.case_id  # not in the id
+    assert first.runs[0].case == small
