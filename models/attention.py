@@ -18,21 +18,10 @@ ROPE_BASE = 10000.0
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding (RoPE; Su et al. 2021, "RoFormer"), no parameters.
-
-    Rotates per-head queries or keys ``x (B, H, N, D)`` by their absolute positions: channel
-    pair ``i`` (``0 <= i < D/2``) turns by the angle ``pos * base^(-2i/D)``, so the score of a
-    query at ``m`` and a key at ``n`` depends on their content and on ``m - n`` only.
-
-    Convention: **half-split** (GPT-NeoX, Hugging Face's ``rotate_half``): channel ``i`` is
-    paired with channel ``i + D/2``, ``(x_i, x_{i+D/2}) -> (x_i cos - x_{i+D/2} sin,
-    x_i sin + x_{i+D/2} cos)``; not the paper's interleaved pairs ``(2i, 2i+1)`` (GPT-J). The
-    two are the same rotation up to a fixed permutation of the channels, which the learned
-    projections absorb, but weights do not transfer between them. ``D`` must be even.
-
-    The angles are computed in float64 and cast to ``x``'s dtype, so a rotation at position
-    10^6 (a long stream, a long cache) is as accurate as one at position 10.
-    """
+    """Rotary position embedding (RoPE; Su et al. 2021, "RoFormer"), no parameters: per-head
+    ``x (B, H, N, D)`` (``D`` even) turns channel pair ``(i, i + D/2)`` by ``pos * base^(-2i/D)``.
+    The half-split pairing of GPT-NeoX (``rotate_half``), not GPT-J's interleaved one: weights
+    do not transfer between them. Angles in float64 (docs/models.md, "RoPE")."""
 
     def __init__(self, head_dim: int, base: float = ROPE_BASE) -> None:
         super().__init__()
@@ -272,20 +261,14 @@ def cache_policy(attention: attn.Attention) -> tuple[int, int | None]:
 
 
 class MultiHeadAttention(nn.Module):
-    """Q/K/V/output projections around any registered attention (self or cross).
-
+    """Q/K/V/output projections around any registered attention (self or cross):
     ``x (B, Nq, D)`` attends over ``context (B, Nk, D)`` (``x`` itself when None).
 
-    ``num_kv_heads`` (default ``num_heads``, which it must divide): the key and value
-    projections produce that many heads of ``head_dim``, shared by groups of
-    ``num_heads / num_kv_heads`` query heads (grouped-query attention, Ainslie et al. 2023;
-    1 is multi-query, Shazeer 2019); the attention reads them as they are and a KV cache
-    stores only them.
-
-    With ``rope=True`` (a self-attention of a model with ``position: rope``) the per-head
-    queries and keys are rotated by their absolute positions (:class:`RotaryEmbedding`)
-    after the projections and before the attention variant, whatever its pattern; keys are
-    cached rotated, so a cached step rotates only the new token, at the cache's offset.
+    ``num_kv_heads`` (default ``num_heads``, which it must divide): the key and value heads,
+    shared by groups of query heads (grouped-query attention); the attention reads them as
+    they are and a KV cache stores only them. ``rope=True``: queries and keys rotated by their
+    absolute positions before the attention (:class:`RotaryEmbedding`), keys cached rotated
+    (docs/models.md).
     """
 
     def __init__(
@@ -355,17 +338,18 @@ class MultiHeadAttention(nn.Module):
         return x if self.rope is None else self.rope(x, positions)
 
     def project(
-        self, x: Tensor, context: Tensor | None = None, *, positions: Tensor | None = None
+        self, x: Tensor, context: Tensor | None = None, *, positions: Tensor | None = None, offset: int = 0
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Per-head ``q (B, H, Nq, Dh)``, ``k, v (B, H_kv, Nk, Dh)`` (each token independently).
 
         With RoPE, ``positions (B|1, Nk)`` are the keys' absolute positions (default
-        ``0 .. Nk-1``) and the queries sit at the last ``Nq`` of them (bottom-right alignment)."""
+        ``offset .. offset + Nk-1``) and the queries sit at the last ``Nq`` of them (bottom-right
+        alignment)."""
         context = x if context is None else context
         q, (k, v) = self.queries(x), self.keys_values(context)
         if self.rope is not None:
             if positions is None:
-                positions = default_positions(k.shape[2], 0, k.device)  # (1, Nk)
+                positions = default_positions(k.shape[2], offset, k.device)  # (1, Nk)
             q, k = self.rotate(q, positions[:, -q.shape[2] :]), self.rotate(k, positions)
         return q, k, v
 
@@ -399,16 +383,10 @@ class MultiHeadAttention(nn.Module):
         With a growing cache, ``key_mask (B, Nnew)`` masks the new keys (it is kept with
         them); ``positions (B|1, Nnew)`` are the new tokens' absolute positions for RoPE
         (default: the cache's offset ``cache.seen`` onwards, or ``0 ..`` without a cache)."""
-        q = self.queries(x)  # (B, H, Nq, Dh)
         if cache is not None and cache.static and cache.k is not None:
-            k, v = cache.k, cache.v  # cross attention: memory projected once
-        else:
-            k, v = self.keys_values(x if context is None else context)  # (B, H_kv, Nk, Dh)
-            if self.rope is not None:
-                if positions is None:
-                    offset = 0 if cache is None else cache.seen
-                    positions = default_positions(k.shape[2], offset, k.device)  # (1, Nk)
-                q, k = self.rotate(q, positions[:, -q.shape[2] :]), self.rotate(k, positions)
+            q, k, v = self.queries(x), cache.k, cache.v  # cross attention: memory projected once
+        else:  # q (B, H, Nq, Dh), k, v (B, H_kv, Nk, Dh)
+            q, k, v = self.project(x, context, positions=positions, offset=0 if cache is None else cache.seen)
             if isinstance(cache, StateCache):
                 if not causal:
                     raise invalid("causal", "must be True with a decoding state (it attends causally)")

@@ -12,27 +12,16 @@ reach only (about half the work); a ``key_mask`` is added per query chunk (that 
 mask is then materialised, ``(B, H, C, Nk)``).
 
 Backward (:class:`_RelativeAttention`): the flash kernel's own backward gives ``dq, dk,
-dv`` with the same mask view. A learned table also needs ``d table[h, M + d] = sum over
-pairs on diagonal d of dS``, ``dS = P * (dP - delta)``; the table is clipped at ``M``, so
-
-* the diagonals ``|d| < M`` are summed from the band alone: blocks of ``R`` query rows
-  against the ``R + 2M - 2`` keys around them, where every block sees the same offsets,
-  so all blocks run as a few batched matmuls over overlapping strided windows of the keys
-  and their products sum into one ``(H, R, W)`` block whose diagonal sums are the result:
-  O(N * M) work in a few large ops;
-* a tail (``d <= -M`` or ``d >= M``) has one constant bias, so its sum per row is
-  ``exp(lse_t + b - lse) * (dO . o_t - delta)`` where ``o_t, lse_t`` is attention over the
-  tail's keys alone: top-left ``is_causal`` attention of shifted rows (the lower tail in
-  the rows' own order; the upper one with queries and keys reversed), which the flash
-  kernel runs at half the cost of a forward;
-* the other tail follows because every row of ``dS`` sums to zero (softmax); a causal call
-  has no upper tail and needs no tail call.
-
-ALiBi has no gradient to pass on. Memory beyond the inputs: O(N * D) (reversed and
-augmented copies of q, k, v) and one group of band blocks (``BAND_ELEMENTS`` scores).
-Refused (declared in :meth:`RelativeKernel.not_supported_reasons`): devices other than the
-CPU, packed calls, patterns with a mask_mod or any score term other than a declared
-:class:`~attn.pattern.RelativeBias`, and calls without keys.
+dv`` with the same mask view. A learned table (clipped at ``M``) also needs the sum of
+``dS = P * (dP - delta)`` on each diagonal ``d``: for ``|d| < M`` from band blocks that all
+see the same offsets, in a few batched matmuls (:func:`_band_grad`, O(N * M) work); for one
+tail of constant bias from top-left causal flash attention over it alone, at half the cost
+of a forward (:func:`_tail`); for the other because every row of ``dS`` sums to zero
+(:func:`_table_grad`; a causal call has no upper tail). ALiBi has no gradient to pass on.
+Memory beyond the inputs: O(N * D) (reversed and augmented copies of q, k, v) and one group
+of band blocks (``BAND_ELEMENTS`` scores). Refused (:meth:`RelativeKernel.not_supported_reasons`):
+other devices, packed calls, a mask_mod or any score term but a declared
+:class:`~attn.pattern.RelativeBias`, calls without keys.
 
 References: Press et al. 2022 (ALiBi); Shaw et al. 2018 and Raffel et al. 2020 (learned
 relative biases); Dao 2023 (the log-sum-exp recompute of the backward).
@@ -83,9 +72,7 @@ class _Plan:
            device: torch.device) -> _Plan:
         """Query chunks: one call for a full unmasked call; ``CAUSAL_ROWS`` rows over the keys
         they reach for causal; rows of a few MB of mask each with a ``key_mask``."""
-        rows = q_len
-        if causal:
-            rows = CAUSAL_ROWS
+        rows = CAUSAL_ROWS if causal else q_len
         if key_mask:
             rows = min(rows, chunk_rows(batch, heads, k_len, device))
         chunks = []
@@ -164,8 +151,7 @@ def _flash_backward(gf: Tensor, qf: Tensor, k: Tensor, v: Tensor, of: Tensor, ls
 
 
 def _band_rows(m: int) -> int:
-    """Query rows per band block (a block reads ``rows + 2m - 2`` keys): about ``m``, at
-    least 32, at most ``BAND_ROWS``."""
+    """Query rows per band block (it reads ``rows + 2m - 2`` keys): ``m`` within [32, ``BAND_ROWS``]."""
     return min(BAND_ROWS, max(32, m))
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from attn import create_attention
+
 
 def _empty(q: Any, k: Any, v: Any, causal: bool) -> None:
     """The harness's call: the same arguments, no work."""
@@ -36,8 +38,6 @@ def _count_region(fn: Any, args: tuple, calls: int) -> None:
 
 def main(spec_path: str, result_path: str) -> None:
     """Count every length of the spec; write the paths that ran."""
-    from attn import create_attention
-
     spec = json.loads(Path(spec_path).read_text())
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -1,30 +1,11 @@
 """The driver's side of a run directory, for speed sweeps and training grids alike.
 
-:func:`run_units` is the one way units run into a run directory: it imports the plan's
-plug-ins, checks the device, locks the directory, keeps what an earlier run recorded
-(:class:`RunRecorder`), asks the product's :class:`RunPlan` for the chains of units still to
-run, starts the run segment, drives the chains through an executor (:func:`drive`) and
-appends every unit's rows as it finishes. :func:`plan_units` is its dry run: every item of
-the plan, done or to do, from the rows a resume would keep (:class:`Plan`). A speed sweep
-(:mod:`bench.speed.sweep`) and a training grid (:mod:`bench.quality.grid`) differ only in
-their plan: the results file, the units, and what the driver adds to a row.
-
-A *chain* is a generator of units: it yields a unit, receives the unit's rows (``send``) and
-decides what to yield next, so dependencies between units (a curve that failed at one length
-skips its larger lengths, for that pass only) live in the chain. :func:`drive` keeps the
-executor's slots busy with the next units of the chains and hands every unit's rows to
-``on_done`` as soon as they arrive; the driver process alone writes results.
-
-:class:`RunRecorder` keeps the whole rows of an earlier run (one per key, first record wins;
-with ``retry_failed`` failed, timed-out and skipped ones are dropped to be measured again),
-refuses to mix environments on resume unless allowed, records each run segment's
-environment in ``env.json`` and appends new rows as units finish. Everything is written
-atomically or appended and fsynced; :func:`run_units` holds the directory's lock.
-
-A damaged row (:func:`bench.engine.results.read_table`) is not kept: its unit runs again (for a
-training grid, every row of that unit goes, so the unit trains again), and the damaged
-line is appended to ``<file>.rejected`` before the file is rewritten, so nothing read is
-lost. A damaged header stops the run before anything is written.
+:func:`run_units` runs a product's :class:`RunPlan` into a run directory (locked and
+resumable: :class:`RunRecorder` keeps an earlier run's rows, refuses to mix environments and
+records each segment's), and :func:`plan_units` is its dry run. A *chain* is a generator of
+units: it yields a unit and is sent that unit's rows, so dependencies between units live in
+the chain; :func:`drive` keeps the executor's slots busy with the chains' next units. A
+damaged row is not kept: its unit runs again and the line goes to ``<file>.rejected``.
 """
 
 from __future__ import annotations
@@ -41,7 +22,7 @@ from typing import Any, Protocol
 from bench.engine.config import check_device, import_plugins
 from bench.engine.executors import Executor, ExecutorSpec, LocalExecutor
 from bench.engine.fsutil import RunLock, atomic_write_json, require_writable
-from bench.engine.provenance import RESUME_FIELDS, environment
+from bench.engine.provenance import environment
 from bench.engine.results import (
     REJECTED_SUFFIX,
     RETRY_STATUSES,
@@ -52,55 +33,13 @@ from bench.engine.results import (
     warn_rejected,
     write_env,
 )
+from bench.engine.resume_check import SETTING_FIELDS, MixedEnvironmentError, check_resume  # noqa: F401  (the error: re-exported)
 from bench.engine.row_schema import schema_for, unit_of
 
 Row = dict[str, Any]
 Rows = list[Row]
 #: a generator of units: it yields a unit and is sent that unit's rows
 Chain = Generator[Any, Rows, None]
-
-
-#: environment fields that a config sets and that change what is measured, though no case or
-#: unit id holds them: a run directory holds rows of one value unless ``--allow-mixed``
-SETTING_FIELDS = ("threads", "noise_threshold")
-#: of those, the ones a plan sets (:attr:`RunPlan.row_settings`) rather than the machine:
-#: compared on a cluster too, where the driver's machine says nothing of the nodes'
-PLAN_SETTINGS = ("noise_threshold",)
-
-
-class MixedEnvironmentError(ValueError):
-    """Resuming would mix rows measured in different environments."""
-
-
-def check_resume_environment(rows: list[dict[str, str]], env: dict[str, Any], dtype: str,
-                             fields: tuple[str, ...] = RESUME_FIELDS) -> None:
-    """``MixedEnvironmentError`` naming what differs between existing rows and this run."""
-    current = {**{k: str(env[k]) for k in fields if k in env}, "dtype": dtype}
-    differences: dict[str, set[str]] = {}
-    for row in rows:
-        for key, value in current.items():
-            if row.get(key) and row[key] != value:
-                differences.setdefault(key, set()).add(row[key])
-    if differences:
-        said = "; ".join(f"{k} {', '.join(sorted(v))} -> {current[k]}" for k, v in differences.items())
-        raise MixedEnvironmentError(
-            f"the run directory holds rows from another environment ({said}); rerun with "
-            "--allow-mixed to add rows anyway (the report then says which rows came from where), "
-            "or use another --out")
-
-
-def check_resume(kept: list[Row], env: dict[str, Any], dtype: str, *, has_work: bool,
-                 local: bool = True) -> None:
-    """The resume check of a run (and of its dry run, :func:`plan_units`): ``kept`` rows
-    measured in another environment are a ``MixedEnvironmentError``. With work to do, every
-    field of :data:`bench.engine.provenance.RESUME_FIELDS` counts; with nothing to run, the
-    settings a case id lacks (:data:`SETTING_FIELDS`) and the dtype still count; the plan's
-    settings (:data:`PLAN_SETTINGS`: a speed sweep's noise threshold) count always. On a
-    cluster (``local`` False) the driver's device and threads say nothing of the nodes', so
-    only the code version, the plan's settings and the dtype are compared."""
-    fields = (*RESUME_FIELDS, *PLAN_SETTINGS) if has_work else SETTING_FIELDS
-    compared = fields if local else tuple(f for f in fields if f in ("git_sha", *PLAN_SETTINGS))
-    check_resume_environment(kept, env, dtype, compared)
 
 
 class RunRecorder:
@@ -150,13 +89,8 @@ class RunRecorder:
 
     def start(self, env: dict[str, Any], *, dtype: str, allow_mixed: bool, has_work: bool,
               config: dict[str, Any], config_file: str, local: bool = True) -> None:
-        """Check the environment, rewrite the kept rows and record this segment. On a cluster
-        (``local`` False) the driver's device and threads say nothing of the nodes', so only
-        the code version and the dtype are compared. With nothing to run (every unit kept)
-        the config's settings that change a measurement but not a unit's id
-        (:data:`SETTING_FIELDS`: the thread count, a speed sweep's noise policy) and the dtype
-        are still compared, so a rerun with another thread count or noise threshold is
-        refused rather than answered with the old rows."""
+        """Check the environment (:func:`check_resume`), rewrite the kept rows and record
+        this segment."""
         if not allow_mixed:
             check_resume(self.kept, env, dtype, has_work=has_work, local=local)
         for read, unit_rows in self._rejected:
@@ -170,10 +104,8 @@ class RunRecorder:
             atomic_write_json(self.run_dir / config_file, config)
 
     def record(self, rows: list[Row]) -> None:
-        """Append ``rows``, which carry the environment of the machine that ran them (the
-        executor stamped it, :mod:`bench.engine.executors.base`). A row that does not say its
-        thread count ran with this run segment's, and every row records the plan's settings
-        (:data:`SETTING_FIELDS`): the resume check compares them."""
+        """Append ``rows`` (stamped by the executor), each with this segment's
+        :data:`SETTING_FIELDS` where it lacks them: the resume check compares them."""
         assert self.writer is not None, "start() first"
         for row in rows:
             for name in SETTING_FIELDS:
@@ -183,18 +115,15 @@ class RunRecorder:
 
 
 def resumable_rows(run_dir: Path, file: str, columns: list[str]) -> list[Row]:
-    """The rows a resume keeps (before ``--retry-failed``): the valid rows of units without
-    a damaged row; each damaged line is named in a warning (a dry run's view of
-    :class:`RunRecorder`)."""
+    """The rows a resume keeps (before ``--retry-failed``), each damaged line named in a
+    warning (a dry run's view of :class:`RunRecorder`)."""
     read = read_table(run_dir, file, columns)
     warn_rejected(read, "run again")
     return _without_damaged_units(read, columns)[0]
 
 
 def _without_damaged_units(read: RowsRead, columns: list[str]) -> tuple[list[Row], list[Row]]:
-    """The valid rows of ``read`` whose unit has no damaged row, and the others: a unit runs
-    whole, so a training run with one damaged row trains again rather than keep half its
-    rows."""
+    """The valid rows of units without a damaged row, and the others (a unit runs whole)."""
     schema = schema_for(columns)
     damaged = {unit_of(bad.row, schema) for bad in read.rejected if bad.row}
     damaged.discard(None)
@@ -207,21 +136,17 @@ def _without_damaged_units(read: RowsRead, columns: list[str]) -> tuple[list[Row
 
 def _keep_rejected(read: RowsRead, unit_rows: list[Row]) -> None:
     """Append the damaged lines of ``read`` and the other rows of their units to
-    ``<file>.rejected`` (the file's header first when it is new), fsynced, before the file is
-    rewritten without them."""
+    ``<file>.rejected`` (its header first when new), fsynced."""
     if not read.rejected:
         return
     path = read.path.with_name(read.path.name + REJECTED_SUFFIX)
-    text = "".join(bad.text if bad.text.endswith("\n") else bad.text + "\n" for bad in read.rejected)
     buffer = io.StringIO()
-    writer = csv.writer(buffer)
     if not path.exists():
-        writer.writerow(read.header)
-    header_text = buffer.getvalue()
-    buffer = io.StringIO()
+        csv.writer(buffer).writerow(read.header)
+    buffer.writelines(bad.text if bad.text.endswith("\n") else bad.text + "\n" for bad in read.rejected)
     csv.DictWriter(buffer, fieldnames=read.header, extrasaction="ignore").writerows(unit_rows)
     with path.open("a", newline="") as f:
-        f.write(header_text + text + buffer.getvalue())
+        f.write(buffer.getvalue())
         f.flush()
         os.fsync(f.fileno())
 
@@ -320,7 +245,7 @@ class RunPlan(Protocol):
     @property
     def row_settings(self) -> dict[str, Any]:
         """Settings of the whole run that every row records and a resume compares
-        (:data:`PLAN_SETTINGS`; ``{}``: none)."""
+        (:data:`bench.engine.resume_check.PLAN_SETTINGS`; ``{}``: none)."""
 
     @property
     def config_file(self) -> str:
@@ -423,8 +348,7 @@ def _run_locked(run_dir: Path, plan: RunPlan, executor: Executor, *, allow_mixed
                 retry_failed: bool, overwrite: bool, redo: Callable[[Row], bool] | None,
                 on_start: Callable[[Any], None] | None,
                 on_done: Callable[[Any, Rows], None] | None) -> Rows:
-    """:func:`run_units` once the executor is made: the directory locked, kept rows, the
-    segment started, the chains driven."""
+    """:func:`run_units` once the executor is made: lock, keep, start the segment, drive."""
     with RunLock(run_dir):
         recorder = RunRecorder(run_dir, file=plan.file, columns=plan.columns, key=plan.key,
                                overwrite=overwrite, retry_failed=retry_failed, redo=redo)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.decoding.results import load_decoding
+from bench.engine.results import read_env
 from bench.speed.compare import KEY
 
 #: a row's figure is named by ``title`` and better when smaller where ``lower_is_better`` is 1
@@ -38,7 +40,7 @@ def _speed_case(row: pd.Series) -> str:
 
 
 def _speed(run_dir: Path) -> pd.DataFrame:
-    from bench.speed.results import load_results
+    from bench.speed.results import load_results  # lazy: imports torch; an unchanged store's page needs none
 
     df = load_results(run_dir).drop_duplicates([*KEY, "git_sha"], keep="last")
     if df.empty:
@@ -54,8 +56,8 @@ def _speed(run_dir: Path) -> pd.DataFrame:
 
 
 def _quality(run_dir: Path) -> pd.DataFrame:
-    from bench.quality.report import load_quality
-    from bench.quality.tables import headline
+    from bench.quality.report import load_quality  # lazy: imports torch; an unchanged store's page needs none
+    from bench.quality.tables import headline  # lazy: imports torch; an unchanged store's page needs none
 
     df = load_quality(run_dir)
     top = headline(df) if len(df) else df
@@ -73,9 +75,6 @@ def _quality(run_dir: Path) -> pd.DataFrame:
 
 
 def _decoding(run_dir: Path) -> pd.DataFrame:
-    from bench.decoding.results import load_decoding
-    from bench.engine.results import read_env
-
     df = load_decoding(run_dir)
     env = (read_env(run_dir) or [{}])[0]
     where = [machine(env.get("device_name"), t, env.get("hostname")) for t in df.threads]
@@ -94,7 +93,7 @@ def figure_meta(figure: str) -> tuple[str, bool]:
     the tasks whose headline it is name it (accuracy in %)."""
     if figure in FIGURES:
         return FIGURES[figure]
-    from bench.quality.tasks import headline_titles, lower_is_better  # the task registry
+    from bench.quality.tasks import headline_titles, lower_is_better  # lazy: the task registry imports torch
 
     title = headline_titles().get(figure, figure)
     return (f"{title} (%)" if figure == "accuracy" else title), lower_is_better(figure)
@@ -102,7 +101,7 @@ def figure_meta(figure: str) -> tuple[str, bool]:
 
 def history_rows(run_dir: str | Path, name: str) -> pd.DataFrame:
     """The history rows of ``run_dir``, its ``run`` column ``name`` (the path the page links)."""
-    from bench.html.report import run_kind  # here: reading a run needs the loaders (and torch)
+    from bench.html.report import run_kind  # lazy: it imports the run loaders and torch
 
     run_dir = Path(run_dir)
     read = {"speed": _speed, "quality": _quality, "decoding": _decoding}[run_kind(run_dir)]

@@ -67,7 +67,7 @@ class PretrainedUnit:
 
     def run(self, cuda_visible: str | None = None) -> list[Row]:
         """Run in a fresh worker; a death or a timeout becomes a row."""
-        from bench.pretrained.worker import unit_worker_main  # transformers loads in workers only
+        from bench.pretrained.worker import unit_worker_main  # lazy: transformers loads in workers only
 
         worker = Worker(unit_worker_main, (self, TASKS[self.task]))
         try:

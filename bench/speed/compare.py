@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from attn.validation import require_number
+from bench.engine.results import read_env
 
 KEY = ["label", "kernel_requested", "seq_len", "batch", "heads", "kv_heads", "head_dim", "dtype",
        "device", "causal", "pass"]
@@ -43,8 +44,6 @@ def machine_note(run_a: str | Path, run_b: str | Path) -> str | None:
     """A line when the two runs were measured on different CPUs (model or the instruction
     set torch's kernels use) or devices, so that a difference is not read as a regression of
     the code alone; None when they match (or either did not record it)."""
-    from bench.engine.results import read_env
-
     def machines(run: str | Path) -> set[tuple[str, str]]:
         return {(str(s.get("cpu_model") or s.get("device_name") or ""), str(s.get("cpu_capability") or ""))
                 for s in read_env(run)}
@@ -61,7 +60,7 @@ def machine_note(run_a: str | Path, run_b: str | Path) -> str | None:
 def compare_runs(run_a: str | Path, run_b: str | Path) -> pd.DataFrame:
     """Matching ok rows of two runs with ``time_a_ms``, ``time_b_ms`` and ``change_pct``
     (positive = B slower), plus peak memory of both."""
-    from bench.speed.results import load_results  # here: the rule alone (history) needs no torch
+    from bench.speed.results import load_results  # lazy: imports torch; the rule alone (history) needs none
 
     a = load_results(run_a)
     b = load_results(run_b)
@@ -144,7 +143,7 @@ def classify_runs(run_a: str | Path, run_b: str | Path, rel_pct: float = DEFAULT
     """
     require_number("rel_pct", rel_pct, minimum=0)
     require_number("abs_ms", abs_ms, minimum=0)
-    from bench.speed.results import load_results
+    from bench.speed.results import load_results  # lazy: as in compare_runs
 
     a = _one_row_per_key(load_results(run_a, damaged=True))
     b = _one_row_per_key(load_results(run_b, damaged=True))

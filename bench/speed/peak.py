@@ -23,7 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
+
+from attn.registry import kernel_compute_dtype
 from bench.engine.provenance import device_name
+from bench.speed import rounds
 
 #: private row keys carrying the node's peak back to the driver (never written to a file)
 PEAK_KEY, PEAK_FLOPS = "_peak_key", "_peak_flops"
@@ -64,8 +68,7 @@ def node_peak(spec: PeakSpec, cuda_visible: str | None = None,
     if key in known and math.isfinite(known[key]):
         return key, known[key]
     if key not in _MEASURED:
-        if measure is None:
-            from bench.speed.rounds import measure_peak as measure
+        measure = measure or rounds.measure_peak  # looked up per call: a test may replace it
         value = float(measure(spec.device, spec.dtype, spec.threads, spec.size, cuda_visible))
         if not math.isfinite(value):
             return key, value
@@ -82,10 +85,6 @@ def row_compute_dtype(row: dict[str, Any], dtype: str) -> str:
     that upcasts half inputs (:func:`attn.registry.kernel_compute_dtype`), else ``dtype``."""
     if dtype not in HALF_DTYPE_NAMES or not row.get("variant") or not row.get("kernel"):
         return dtype
-    import torch
-
-    from attn.registry import kernel_compute_dtype
-
     computed = kernel_compute_dtype(str(row["variant"]), str(row["kernel"]), getattr(torch, dtype))
     return str(computed).removeprefix("torch.")
 
