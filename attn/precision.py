@@ -1,7 +1,7 @@
 """Float32 sections stay float32 under autocast.
 
 Kernels that compute half-precision inputs in float32 (``reference``, ``chunked``,
-``blocked``, Nystrom's landmark path and pseudo-inverse) upcast their operands; under
+``blocked``, Nystrom's masked landmark path and pseudo-inverse) upcast their operands; under
 ``torch.autocast`` (mixed-precision training) the matmuls would be recast to the autocast
 dtype, undoing the upcast (and mixing dtypes in in-place ops such as ``addmm_``). Such
 functions are decorated with :func:`without_autocast`: autocast is off inside them, on the

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from attn import Attention, create_attention, register_attention
 from attn.cost import CostQuery, allowed_pairs, band_pairs, counted_pairs
@@ -44,17 +44,38 @@ def test_useful_flops_of_exact_variants():
     assert cost.fwd == 2 * 2 * 5 * 7 * (8 + 4)  # Dv != D: 2 * P * (D + Dv)
 
 
+def _sdpa_cpu_forward(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _sdpa_cpu_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
+                       **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+#: PyTorch's counter has formulas for the CUDA SDPA ops only; the CPU flash kernel's get the
+#: same ones (scores and values forward; the recomputed scores and four products backward)
+SDPA_CPU = {
+    op: formula for op, formula in (
+        (getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None), _sdpa_cpu_forward),
+        (getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None),
+         _sdpa_cpu_backward),
+    ) if op is not None
+}
+
+
 def _counted(module, q, k, v, key_mask=None) -> tuple[int, int]:
-    with FlopCounterMode(display=False) as forward:
+    with FlopCounterMode(display=False, custom_mapping=SDPA_CPU) as forward:
         out = module(q, k, v, key_mask=key_mask)
-    with FlopCounterMode(display=False) as backward:
+    with FlopCounterMode(display=False, custom_mapping=SDPA_CPU) as backward:
         out.backward(torch.randn_like(out))
     return forward.get_total_flops(), backward.get_total_flops()
 
 
 @pytest.mark.parametrize(("q_len", "k_len", "dim", "v_dim", "masked"), [
-    (200, 200, 16, 16, False),  # the benchmarked path: softmax products streamed along N
-    (96, 130, 8, 12, False),  # cross-attention shape, Dv != D
+    (200, 200, 16, 16, False),  # the benchmarked path: softmax products through SDPA
+    (96, 130, 8, 12, False),  # cross-attention shape, Dv != D: SDPA's math path on CPU
+    (96, 130, 16, 16, False),  # cross-attention shape, SDPA's fused CPU kernel
     (120, 120, 16, 8, True),  # key_mask: the materialised (N, m) path
 ])
 def test_nystrom_flops_equal_a_flop_counter_on_forward_and_backward(q_len, k_len, dim, v_dim,

@@ -52,12 +52,12 @@ def textbook_nystrom(q, k, v, m: int, iters: int = 6):
 
 @pytest.mark.parametrize("n", [48, 61])  # equal segments (reshape means) and uneven ones (scatter)
 def test_fused_and_masked_paths_agree_with_the_formula(n: int) -> None:
-    """Unmasked calls take the fused path (SDPA over m keys / m queries); an all-True key_mask
-    takes the materialised one. Both give the paper's formula, values and gradients."""
+    """Unmasked calls run the N-sized products through SDPA (m keys / m queries); an all-True
+    key_mask takes the materialised path. Both give the paper's formula, values and gradients."""
     q, k, v = (x.requires_grad_() for x in inputs(n))
     att = create_attention("nystrom", num_landmarks=8).double()
     fused = att(q, k, v)
-    assert "fused" in att.last_path.path
+    assert "via SDPA" in att.last_path.path
     masked = att(q, k, v, key_mask=torch.ones(2, n, dtype=torch.bool))
     assert "materialised" in att.last_path.path
     torch.testing.assert_close(fused, masked, atol=1e-12, rtol=0)
@@ -68,6 +68,85 @@ def test_fused_and_masked_paths_agree_with_the_formula(n: int) -> None:
     ref_grads = torch.autograd.grad((masked * weight).sum(), (q, k, v))
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, atol=1e-10, rtol=0)
+
+
+def grouped_inputs(kv_heads: int, q_len: int, k_len: int, dtype: torch.dtype, seed: int = 0):
+    """Smooth q (2, 4, Nq, 16) and k (2, H_kv, Nk, 16) as in :func:`inputs`, v (2, H_kv, Nk, 16)."""
+    gen = torch.Generator().manual_seed(seed)
+    base = torch.randn(2, 1, 8, 16, generator=gen, dtype=torch.float64)
+
+    def smooth(n: int, heads: int):
+        mix = torch.randn(n, 8, generator=gen, dtype=torch.float64).softmax(-1)
+        noise = torch.randn(2, heads, n, 16, generator=gen, dtype=torch.float64)
+        return 2 * torch.einsum("nm,bhmd->bhnd", mix, base.expand(2, heads, 8, 16)) + 0.3 * noise
+
+    v = torch.randn(2, kv_heads, k_len, 16, generator=gen, dtype=torch.float64)
+    return [x.to(dtype).requires_grad_() for x in (smooth(q_len, 4), smooth(k_len, kv_heads), v)]
+
+
+def previous_formulation(q, k, v, m: int, iters: int = 6):
+    """The formulation the SDPA path replaces, in float64 with dense softmax matmuls:
+    softmax(Q K~^T) pinv(softmax(Q~ K~^T)) softmax(Q~ K^T) V, Q and K scaled by D^-1/4, the
+    landmarks the means of the m segments (position n in segment n*m // N), k and v repeated
+    per group."""
+    q, k, v = q.double(), k.double(), v.double()
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)  # (B, H, Nk, .)
+
+    def landmarks(x):
+        n = x.shape[2]
+        member = (torch.arange(n) * m // n == torch.arange(m)[:, None]).double()  # (m, N)
+        return member @ x / member.sum(-1, keepdim=True)  # (B, H, m, D)
+
+    scale = q.shape[-1] ** -0.25
+    q, k = q * scale, k * scale
+    q_land, k_land = landmarks(q), landmarks(k)
+    kernel_1 = torch.softmax(q @ k_land.transpose(-1, -2), -1)  # (B, H, Nq, m)
+    kernel_2 = torch.softmax(q_land @ k_land.transpose(-1, -2), -1)  # (B, H, m, m)
+    kernel_3 = torch.softmax(q_land @ k.transpose(-1, -2), -1)  # (B, H, m, Nk)
+    return kernel_1 @ iterative_pinv(kernel_2, iters) @ kernel_3 @ v
+
+
+#: largest error allowed, as a fraction of the reference's largest magnitude: float32 rounding
+#: (measured ~1.5e-6), bf16 rounding (measured up to ~7e-3 forward, ~2e-2 gradients: the
+#: SDPA outputs are rounded to bf16 and the pseudo-inverse amplifies it, about 2-3x full
+#: attention's bf16 error)
+SDPA_PATH_TOLERANCE = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (2e-2, 5e-2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("kv_heads", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize(("q_len", "k_len"), [(75, 75), (52, 75)])  # N not a multiple of m = 8
+def test_sdpa_path_matches_the_previous_formulation(dtype, kv_heads, q_len, k_len, monkeypatch) -> None:
+    """The unmasked path runs its two N-sized products through SDPA in the input dtype, the
+    keys as given (no copy for grouped heads); values and gradients equal the float64 dense
+    formulation within the input dtype's rounding."""
+    sdpa_calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, key, value, *args, **kwargs):
+        sdpa_calls.append((query.dtype, key.dtype, value.dtype, key.data_ptr(), key.shape))
+        return sdpa(query, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    q, k, v = grouped_inputs(kv_heads, q_len, k_len, dtype)
+    att = create_attention("nystrom", num_landmarks=8)
+    out = att(q, k, v)  # (B, H, Nq, Dv)
+    assert "softmax products via SDPA, input dtype" in att.last_path.path
+    assert out.dtype == dtype
+    # the m query landmarks over the N keys (k itself), the N queries over the m key landmarks
+    assert [call[:3] for call in sdpa_calls] == [(dtype,) * 3] * 2
+    assert sdpa_calls[0][3:] == (k.data_ptr(), k.shape)
+    ref = previous_formulation(q.detach(), k.detach(), v.detach(), m=8)
+    out_tol, grad_tol = SDPA_PATH_TOLERANCE[dtype]
+    torch.testing.assert_close(out.double(), ref, atol=out_tol * float(ref.abs().max()), rtol=0)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    grads = torch.autograd.grad((out.double() * weight).sum(), (q, k, v))
+    leaves = [x.detach().double().requires_grad_() for x in (q, k, v)]
+    ref_grads = torch.autograd.grad((previous_formulation(*leaves, m=8) * weight).sum(), leaves)
+    for g, r in zip(grads, ref_grads):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g.double(), r, atol=grad_tol * float(r.abs().max()), rtol=0)
 
 
 def test_exact_when_n_smaller_than_landmarks() -> None:

@@ -1,6 +1,5 @@
 """On CUDA ``auto`` never picks a CPU-tuned kernel where flex or SDPA serve;
-the chunk sizes of ``blocked``, ``chunked`` and Nystrom's short-side streaming are chosen per
-device type; no kernel reads a tensor's value on the host (a device sync) in its hot path.
+the chunk sizes of ``blocked`` and ``chunked`` are chosen per device type; no kernel reads a tensor's value on the host (a device sync) in its hot path.
 
 A CPU process has no CUDA stream to stall, so the no-sync test stands in for an accelerator by
 replacing :func:`attn.kernels.base.host_reads_are_free` (True only on the CPU) with one that
@@ -22,7 +21,6 @@ from attn.kernels import auto, kernels_for
 from attn.kernels.blocked import forward as blocked_forward
 from attn.kernels.blocked.geometry import chunk_elements, geometry
 from attn.kernels.chunked import chunk_rows
-from attn.short_side import chunk_len
 
 #: aten ops that read a tensor's value on the host
 HOST_READS = ("_local_scalar_dense", "nonzero", "is_nonzero", "equal")
@@ -127,6 +125,4 @@ def test_chunk_sizes_are_chosen_per_device_type() -> None:
     # blocked at N = 512K, w = 128, causal: far fewer chunks per stream on CUDA
     assert geometry(128, True, device=cuda).chunk >= 16 * geometry(128, True, device=cpu).chunk
     assert chunk_rows(1, 8, 1 << 16, cuda) > chunk_rows(1, 8, 1 << 16, cpu)
-    assert chunk_len(8, 64, None, cuda) > chunk_len(8, 64, None, cpu)
-    assert chunk_len(8, 64, 5, cuda) == 5  # an explicit chunk is kept
     assert geometry(128, True, device="meta").chunk == geometry(128, True, device=cpu).chunk

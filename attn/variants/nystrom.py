@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attn.base import Attention, KernelPath
@@ -33,7 +34,6 @@ from attn.kernels.reference import dense_attention
 from attn.mods import masked_softmax
 from attn.precision import without_autocast
 from attn.registration import register_attention
-from attn.short_side import short_side_attention
 from attn.validation import Param
 
 
@@ -43,13 +43,16 @@ def segment_means(x: Tensor, num_segments: int, valid: Tensor | None) -> tuple[T
     N is padded up to a multiple of m with the padding spread evenly, one slot at most per
     segment, so segments hold ceil(N/m) or floor(N/m) real positions (position n falls in
     segment n*m // N) and every landmark is used; padding never enters a mean. ``valid
-    (B, N)`` (True = real) also excludes positions. Returns the means ``(B, H, m, D)`` and
-    which segments hold at least one real position ``(B|1, 1, m)``.
+    (B, N)`` (True = real) also excludes positions. Half inputs are summed in float32.
+    Returns the means ``(B, H, m, D)``, float32 at least, and which segments hold at least
+    one real position ``(B|1, 1, m)``.
     """
     batch, heads, length, dim = x.shape
+    acc = torch.promote_types(x.dtype, torch.float32)
     if valid is None and length % num_segments == 0:  # equal segments: a reshape, no scatter
-        means = x.unflatten(2, (num_segments, length // num_segments)).mean(dim=3)  # (B, H, m, D)
+        means = x.unflatten(2, (num_segments, length // num_segments)).mean(dim=3, dtype=acc)  # (B, H, m, D)
         return means, torch.ones(1, 1, num_segments, dtype=torch.bool, device=x.device)
+    x = x.to(acc)  # index_add sums in the dtype of its operands (a copy only for half inputs)
     segment = torch.arange(length, device=x.device) * num_segments // length  # (N,)
     if valid is None:
         weight = x.new_ones(1, 1, length)  # (1, 1, N)
@@ -94,9 +97,10 @@ class NystromAttention(Attention):
     supports_gqa = True  # grouped: products with the N keys read each key head once
     example_params = ({"num_landmarks": 8}, {"num_landmarks": 4, "conv_kernel": 3})
     convergence_param = "num_landmarks"
-    #: its landmark path and pseudo-inverse run in float32 for half inputs (the matmul peak a
-    #: benchmark row's peak fraction divides by, :func:`attn.kernels.base.compute_dtype`)
-    native_computes_half_in_float32 = True
+    #: False: the unmasked path's N-sized products, nearly all its FLOPs, run in the input dtype
+    #: (SDPA); only the m x m landmark softmax and pseudo-inverse run in float32. The masked
+    #: path (a key_mask) still computes half inputs in float32 throughout
+    native_computes_half_in_float32 = False
     param_rules: ClassVar[dict[str, Param]] = {
         "num_landmarks": Param(minimum=1),
         "pinv_iters": Param(minimum=1),
@@ -144,7 +148,7 @@ class NystromAttention(Attention):
         if self._exact_last:
             path = "exact softmax (N <= num_landmarks)"
         elif self._fused_last:
-            path = "nystrom landmarks (softmax products fused, streamed along N)"
+            path = "nystrom landmarks (softmax products via SDPA, input dtype)"
         else:
             path = "nystrom landmarks (masked, materialised (N, m) softmax)"
         return KernelPath("native", path + self._gqa_last)
@@ -159,6 +163,8 @@ class NystromAttention(Attention):
         m = self.num_landmarks
         heads, kv_heads = q.shape[1], k.shape[1]
         self._exact_last = max(q_len, k_len) <= m
+        # unmasked, and every segment holds a query and a key: no mask anywhere
+        self._fused_last = not self._exact_last and key_mask is None and min(q_len, k_len) >= m
         if self._exact_last:  # N <= m: dense, on k, v expanded (a copy of at most m rows a head)
             self._gqa_last = gqa_note(heads, kv_heads, expand_how(heads, kv_heads))
             out = dense_attention(q, expand_kv(k, heads), expand_kv(v, heads), key_mask=key_mask)
@@ -166,7 +172,10 @@ class NystromAttention(Attention):
             # grouped-query: the key landmarks are means of the key heads, and every product
             # with the N keys or values reads them per key head (attn/gqa.py, no copy)
             self._gqa_last = gqa_note(heads, kv_heads, GROUPED)
-            out = self._landmark_attention(q, k, v, key_mask, dim)
+            if self._fused_last:
+                out = self._sdpa_landmark_attention(q, k, v)
+            else:
+                out = self._landmark_attention(q, k, v, key_mask, dim)
         if self.conv is not None:  # the depthwise skip convolves each query head's values
             v_heads = expand_kv(v, heads)  # (B, H, Nk, Dv)
             v_real = v_heads if key_mask is None else v_heads * key_mask[:, None, :, None].to(v.dtype)
@@ -174,9 +183,33 @@ class NystromAttention(Attention):
         return out
 
     @without_autocast
+    def _sdpa_landmark_attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Unmasked, N >= m: the two N-sized softmax products are attention over m keys or m
+        queries, run by SDPA in the input dtype (no (N, m) matrix, forward or backward); the
+        landmark softmax and its pseudo-inverse in float32 (ill-conditioned in half)."""
+        dtype = q.dtype  # the caller's: SDPA's
+        heads, kv_heads = q.shape[1], k.shape[1]
+        scale = q.shape[-1] ** -0.5  # Q and K scaled by D^-1/4 each
+        q_land, _ = segment_means(q, self.num_landmarks, None)  # (B, H, m, D), float32 at least
+        k_land, _ = segment_means(k, self.num_landmarks, None)  # (B, H_kv, m, D)
+        z = iterative_pinv(torch.softmax(grouped_scores(q_land, k_land) * scale, dim=-1),
+                           self.pinv_iters)  # (B, H, m, m)
+        # the m query landmarks of a group attend their key head's N keys together (folded:
+        # each key head read once, no copy of k or v)
+        kernel_3_v = unfold_heads(F.scaled_dot_product_attention(
+            fold_queries(q_land.to(dtype), kv_heads), k, v, scale=scale), heads)  # (B, H, m, Dv)
+        landmark_v = z @ kernel_3_v.to(z.dtype)  # (B, H, m, Dv)
+        # N queries over the m key landmarks, whose values are per query head: the key
+        # landmarks are expanded to H heads (m rows a head)
+        k_land_heads = expand_kv(k_land, heads).to(dtype)  # (B, H, m, D)
+        return F.scaled_dot_product_attention(q, k_land_heads, landmark_v.to(dtype), scale=scale)  # (B, H, Nq, Dv)
+
+    @without_autocast
     def _landmark_attention(
         self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, dim: int
     ) -> Tensor:
+        """Under a key_mask, or with fewer than m queries or keys: the (N, m) softmax
+        matrices materialised with their masks, in float32 for half inputs."""
         m = self.num_landmarks
         compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         dtype = v.dtype  # the caller's
@@ -192,25 +225,16 @@ class NystromAttention(Attention):
         k_cols = None if key_mask is None and k_len >= m else k_land_ok.unsqueeze(-2)  # (B|1, 1, 1, m)
         q_rows = None if q_valid is None and q_len >= m else q_land_ok.unsqueeze(-1)  # (B|1, 1, m, 1)
         key_cols = None if key_mask is None else key_mask[:, None, None, :]  # (B, 1, 1, Nk)
-        heads, kv_heads = q.shape[1], k.shape[1]
+        heads = q.shape[1]
         z = iterative_pinv(
             masked_softmax(grouped_scores(q_land, k_land), _both(q_rows, k_cols)), self.pinv_iters
         )  # (B, H, m, m)
         allowed_3 = _both(q_rows, key_cols)
-        self._fused_last = k_cols is None and allowed_3 is None
         k_land_heads = expand_kv(k_land, heads)  # (B, H, m, D): m rows a head, whatever H_kv
-        if self._fused_last:
-            # unmasked: both N-sized softmax products are attention over m keys or m queries,
-            # streamed along N (no (N, m) matrix, forward or backward); the m query landmarks
-            # of a group attend their key head's N keys together (folded: keys read once)
-            kernel_3_v = unfold_heads(short_side_attention(fold_queries(q_land, kv_heads), k, v, scale),
-                                      heads)  # (B, H, m, Dv)
-            out = short_side_attention(q, k_land_heads, z @ kernel_3_v, scale)  # (B, H, Nq, Dv)
-        else:
-            kernel_1 = masked_softmax(q @ (k_land_heads * scale).transpose(-2, -1), k_cols)  # (B, H, Nq, m)
-            kernel_3 = masked_softmax(grouped_scores(q_land * scale, k), allowed_3)  # (B, H, m, Nk)
-            # associate to the right: the only N-sized products are kernel_3 @ V and the last one
-            out = kernel_1 @ (z @ grouped_values(kernel_3, v))  # (B, H, Nq, Dv)
+        kernel_1 = masked_softmax(q @ (k_land_heads * scale).transpose(-2, -1), k_cols)  # (B, H, Nq, m)
+        kernel_3 = masked_softmax(grouped_scores(q_land * scale, k), allowed_3)  # (B, H, m, Nk)
+        # associate to the right: the only N-sized products are kernel_3 @ V and the last one
+        out = kernel_1 @ (z @ grouped_values(kernel_3, v))  # (B, H, Nq, Dv)
         return out.to(dtype)
 
     def cost(self, query: CostQuery) -> Cost:
@@ -220,9 +244,11 @@ class NystromAttention(Attention):
         scores ``m x D x m``; the iteration's four ``m x m x m`` products per step; the two
         N-sized softmax products (``m`` queries over ``Nk`` keys and ``Nq`` queries over ``m``
         keys, scores and values each); ``Z @ (kernel_3 V)``. The products associate to the
-        right, so no ``Nq x m x m`` product exists. Backward: the streamed softmax products
-        recompute their scores (``3 D + 2 Dv`` per pair instead of ``2 (D + Dv)``), every
-        other matmul costs twice its forward (autograd). The depthwise convolution skip adds
+        right, so no ``Nq x m x m`` product exists. Backward: without a key_mask the softmax
+        products run in SDPA's fused kernels, which recompute their scores (``3 D + 2 Dv`` per
+        pair instead of ``2 (D + Dv)``) when ``Dv == D`` (PyTorch's CPU flash kernel's
+        condition; otherwise SDPA's math path, autograd's twice the forward); every other
+        matmul costs twice its forward (autograd). The depthwise convolution skip adds
         ``2 * N * Dv * kernel`` forward and twice that backward. Counted with every input
         requiring grad, as the harness measures. Below ``m`` tokens the call is exact
         attention, counted as useful FLOPs.
@@ -234,8 +260,8 @@ class NystromAttention(Attention):
         small = matmul_flops(m, d, m) + 4 * iters * matmul_flops(m, m, m) + matmul_flops(m, m, dv)
         long_fwd = (matmul_flops(m, d, k_len) + matmul_flops(m, k_len, dv)
                     + matmul_flops(q_len, d, m) + matmul_flops(q_len, m, dv))
-        streamed = not query.has_key_mask and q_len >= m and k_len >= m
-        long_bwd = 2 * m * (q_len + k_len) * (3 * d + 2 * dv) if streamed else 2 * long_fwd
+        fused = not query.has_key_mask and q_len >= m and k_len >= m and d == dv
+        long_bwd = 2 * m * (q_len + k_len) * (3 * d + 2 * dv) if fused else 2 * long_fwd
         conv = 0 if self.conv_kernel is None else 2 * k_len * dv * self.conv_kernel
         per_head_fwd = small + long_fwd + conv
         per_head_bwd = 2 * small + long_bwd + 2 * conv
