@@ -19,7 +19,7 @@ def run_python(code: str) -> subprocess.CompletedProcess[str]:
                           timeout=120, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)})
 
 
-@pytest.mark.parametrize("module", ["attn.validation", "bench.cli.common", "bench.decoding.options"])
+@pytest.mark.parametrize("module", ["attn.validation", "attn.supervise", "bench.cli.common", "bench.decoding.options"])
 def test_the_bottom_layer_and_the_cli_helpers_import_without_torch(module: str) -> None:
     result = run_python(f"import {module}, sys; assert 'torch' not in sys.modules, sorted(sys.modules)")
     assert result.returncode == 0, result.stderr[-2000:]

@@ -1,5 +1,6 @@
-"""On CUDA ``auto`` never picks a CPU-tuned kernel where flex or SDPA serve;
-the chunk sizes of ``blocked`` and ``chunked`` are chosen per device type; no kernel reads a tensor's value on the host (a device sync) in its hot path.
+"""On CUDA ``auto`` never picks a CPU-tuned kernel where flex or SDPA serve; the chunk sizes
+of ``blocked`` and ``chunked`` are chosen per device type; no kernel reads a tensor's value on
+the host (a device sync) in its hot path.
 
 A CPU process has no CUDA stream to stall, so the no-sync test stands in for an accelerator by
 replacing :func:`attn.kernels.base.host_reads_are_free` (True only on the CPU) with one that

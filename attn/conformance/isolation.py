@@ -8,7 +8,7 @@ killed (with its process group: whatever it started), its step becomes a FAIL re
 the check and the cause, and a new child goes on with the steps after it. After a time-out
 the kit stops calling that kernel (its other checks are reported as not run), and after a
 second one it stops calling the variant: a variant that hangs costs about two limits, not
-one per check. The child watches its parent and kills its own group when the parent is gone.
+one per check. The child (:mod:`attn.supervise`) kills its own group when its parent is gone.
 
 The child rebuilds the variant from what can be sent to it: a registered name with the
 registered object (sent by reference, so its module must be importable; it is registered
@@ -18,18 +18,11 @@ function) is reported by :func:`sendable`, and the caller then runs the checks h
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing as mp
-import os
 import pickle
-import signal
-import threading
 import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 from attn.conformance.harness import (
@@ -41,6 +34,7 @@ from attn.conformance.harness import (
 from attn.conformance.plan import Factory, steps
 from attn.conformance.report import CheckResult, ConformanceReport
 from attn.registration import REGISTRY, register_attention
+from attn.supervise import Child, ChildGone, signal_name
 
 #: default time limit of one check, in seconds (``attn-bench check --timeout-s``)
 CHECK_TIMEOUT_S = 300.0
@@ -48,7 +42,6 @@ CHECK_TIMEOUT_S = 300.0
 MAX_TIMEOUTS = 2
 #: how long a child that finished its steps gets to exit by itself before it is killed
 EXIT_GRACE_S = 10.0
-POLL_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -90,35 +83,8 @@ def sendable(attention: str | Factory) -> tuple[Factory | None, str | None]:
     return target, None
 
 
-@cache
-def _context() -> Any:
-    if "forkserver" in mp.get_all_start_methods():
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "attn", "attn.conformance"])
-        return ctx
-    return mp.get_context("spawn")
-
-
-def _identity(pid: int) -> tuple[int, int] | None:
-    """``(pid, start time)``: names a process even after its pid is reused."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return pid, int(stat.rsplit(")", 1)[1].split()[19])
-
-
-def _watch(parent: tuple[int, int] | None) -> None:
-    while True:
-        time.sleep(0.25)
-        if parent is not None and _identity(parent[0]) != parent:
-            os.killpg(os.getpgrp(), signal.SIGKILL)  # the kit's caller is gone
-
-
-def _child_main(job: Job, parent: tuple[int, int] | None, conn: Any) -> None:
+def _child_main(job: Job, conn: Any) -> None:
     """Entry point of a child: run the steps of ``job`` and send each one's results."""
-    os.setpgrp()
-    threading.Thread(target=_watch, args=(parent,), daemon=True, name="kit-watchdog").start()
     enter_profile(job.quick)
     active_dtypes.set(dtypes_from(job.dtypes))
     typed_copies.set(weakref.WeakKeyDictionary())
@@ -149,17 +115,10 @@ def _child_main(job: Job, parent: tuple[int, int] | None, conn: Any) -> None:
     conn.send(("done",))
 
 
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
 def death_cause(exitcode: int | None) -> str:
     """How a child that did not finish its check ended, in words."""
     if exitcode is not None and exitcode < 0:
-        return f"the check's process was killed by {_signal_name(-exitcode)}"
+        return f"the check's process was killed by {signal_name(-exitcode)}"
     if exitcode:
         return (f"the check's process exited with code {exitcode} before the check finished "
                 "(the variant ended the process)")
@@ -182,61 +141,40 @@ def _run_child(job: Job, timeout_s: float | None, report: ConformanceReport,
                on_start: Callable[[str, str, dict[str, Any]], None] | None = None) -> _Cut | None:
     """Run ``job`` in one child; its results go into ``report``. ``None`` when every step
     finished, else the step that did not."""
-    ctx = _context()
-    conn, child_conn = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_child_main, args=(job, _identity(os.getpid()), child_conn),
-                          daemon=True)
-    process.start()
-    child_conn.close()
+    child = Child(_child_main, (job,))
     current = _Cut(None, "kit", "-", {}, "")
     limit = float("inf") if timeout_s is None else timeout_s
     deadline = time.monotonic() + limit
     try:
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            try:
+                message = child.receive(deadline - time.monotonic())
+            except TimeoutError:
                 return replace(current, timed_out=True, cause=f"did not finish within {timeout_s:g} s "
                                                               "(the per-check limit); its process was killed")
-            if conn.poll(min(remaining, POLL_S)):
-                try:
-                    message = conn.recv()
-                except (EOFError, OSError):
-                    break
-                if message[0] == "start":
-                    current = _Cut(*message[1:], cause="")
-                    if on_start is not None:
-                        on_start(current.check, current.kernel, current.params)
-                    deadline = time.monotonic() + limit
-                elif message[0] == "results":
-                    report.add(message[2])
-                    current = _Cut(None, "kit", "-", {}, "")
-                elif message[0] == "error":
-                    return _Cut(None, "kit", "-", {}, f"the kit could not run in its process: "
-                                                      f"{message[1]}")
-                else:  # done: it exits by itself, so that its exit handlers release what it
-                    process.join(EXIT_GRACE_S)  # holds (killed, its compile workers' semaphores
-                    return None  # leak: a resource_tracker warning when the caller exits)
-            elif not process.is_alive() and not conn.poll(0):
+            except ChildGone:
                 break
-        process.join(5)
+            if message[0] == "start":
+                current = _Cut(*message[1:], cause="")
+                if on_start is not None:
+                    on_start(current.check, current.kernel, current.params)
+                deadline = time.monotonic() + limit
+            elif message[0] == "results":
+                report.add(message[2])
+                current = _Cut(None, "kit", "-", {}, "")
+            elif message[0] == "error":
+                return _Cut(None, "kit", "-", {}, f"the kit could not run in its process: {message[1]}")
+            else:  # done: it exits by itself, so that its exit handlers release what it
+                child.process.join(EXIT_GRACE_S)  # holds (killed, its compile workers'
+                return None  # semaphores leak: a resource_tracker warning when the caller exits)
+        cause = death_cause(child.process.exitcode)
         if current.index is None:
-            return replace(current, cause=f"{death_cause(process.exitcode)}, outside any check "
-                                          "(the kit's process could not start or go on; "
-                                          "isolate=False checks in the calling process)")
-        return replace(current, cause=death_cause(process.exitcode))
+            return replace(current, cause=f"{cause}, outside any check (the kit's process could not "
+                                          "start or go on; isolate=False checks in the calling process)")
+        return replace(current, cause=cause)
     finally:
-        _kill(process)
-        conn.close()
-
-
-def _kill(process: Any) -> None:
-    """Kill a child and its process group (whatever it started)."""
-    if process.pid is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(process.pid, signal.SIGKILL)
-        if process.is_alive():
-            process.kill()
-    process.join(10)
+        child.kill()
+        child.conn.close()
 
 
 def run_isolated(job: Job, name: str, timeout_s: float | None,
