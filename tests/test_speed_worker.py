@@ -8,9 +8,10 @@ import torch
 
 from attn import create_attention
 from attn.kernels import get_kernel
+from bench.engine.measure import start_autograd
 from bench.engine.testing import unregister_test_variants
 from bench.speed.cases import Case
-from bench.speed.worker import PassRunner, start_autograd
+from bench.speed.worker import PassRunner
 
 FIRST_BWD_S, BWD_S = 0.3, 0.02
 

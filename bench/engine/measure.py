@@ -314,3 +314,11 @@ def calibration_probe(device: torch.device, calls: int = 7, size: int | None = N
     once()
     times = sorted(once() for _ in range(calls))
     return times[len(times) // 2]
+
+
+def start_autograd() -> None:
+    """Run one tiny backward from a given gradient, as the passes do, so that autograd's
+    first-use start-up (``backward(grad)`` imports sympy: 2-3 s here) is never read as a
+    pass's first call or backward compile."""
+    x = torch.ones(2, requires_grad=True)
+    (x * 2).backward(torch.ones(2))

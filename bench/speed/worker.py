@@ -43,7 +43,7 @@ from attn.devices import synchronize
 from attn.kernels import get_kernel, kernel_names
 from bench.engine.cache import use_compile_cache
 from bench.engine.config import import_plugins
-from bench.engine.measure import CallTimer, calibration_probe, measure_memory
+from bench.engine.measure import CallTimer, calibration_probe, measure_memory, start_autograd
 from bench.engine.process import failure, limit_memory
 from bench.speed.cases import Case
 from bench.speed.flops import case_flops
@@ -313,14 +313,6 @@ def _serve(case: Case, module: Any, conn: Connection) -> None:
         if case.device == "cuda" and runner is None:
             torch.cuda.empty_cache()
         conn.send(reply)
-
-
-def start_autograd() -> None:
-    """Run one tiny backward from a given gradient, as the passes do, so that autograd's
-    first-use start-up (``backward(grad)`` imports sympy: 2-3 s here) is never read as a
-    pass's first call or backward compile."""
-    x = torch.ones(2, requires_grad=True)
-    (x * 2).backward(torch.ones(2))
 
 
 def worker_main(case_dict: dict[str, Any], cuda_visible: str | None, conn: Connection) -> None:
