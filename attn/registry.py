@@ -38,7 +38,8 @@ from attn.plain_module import (
     plain_traits,
 )
 from attn.registration import REGISTRY as _registry
-from attn.registration import identifier_like, register_attention, unregister_attention
+from attn.registration import register_attention, unregister_attention
+from attn.table import identifier_like
 from attn.validation import require_choice
 
 __all__ = [

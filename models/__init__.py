@@ -30,7 +30,7 @@ from models.encoder import EncoderClassifier, TransformerEncoder
 from models.encoder_decoder import EncoderDecoder
 from models.generation import beam_search, greedy_search, left_pad, length_penalty, sample
 from models.registration import Placement
-from models.registry import create_model, list_models, model_config, model_info, register_model
+from models.registry import create_model, list_models, model_config, model_info, register_model, unregister_model
 from models.streaming import StreamingEncoder
 from models.vit import ViT
 
@@ -69,4 +69,5 @@ __all__ = [
     "model_info",
     "register_model",
     "sample",
+    "unregister_model",
 ]

@@ -1,10 +1,7 @@
-"""The table of model kinds and the decorator that fills it (:func:`register_model`).
-
-A kind registers its builder, its config class and how a variant's attention is placed into
-it (:class:`Placement`: which parts of the model take the variant, which stay another
-attention, and whether the kind can take the variant at all). The two placements most kinds
-share are here (:func:`place_self_attention`, :func:`place_causal_self_attention`); a kind
-with other parts writes its own beside its class (``models/encoder_decoder.py``).
+"""The table of model kinds (an :class:`attn.table.Table`) and the decorator that fills it
+(:func:`register_model`): a kind's builder, config class and :class:`Placement` of a variant.
+The two placements most kinds share are here; a kind with other parts writes its own beside
+its class (``models/encoder_decoder.py``).
 
 The bottom of the model layers above the configs: model modules import this to register
 themselves, and :mod:`models.registry` imports the model modules, so imports run one way.
@@ -19,6 +16,7 @@ from typing import Any, Protocol, TypeVar
 from torch import nn
 
 import attn
+from attn.table import Table, source_of
 from models.config import ModelConfig
 
 T = TypeVar("T")
@@ -70,27 +68,29 @@ def place_causal_self_attention(variant: str, params: dict[str, Any], label: str
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """A registered kind: its builder (``builder(config)``), its config class and how a
-    variant's attention is placed into it."""
+    """A registered kind: its builder (``builder(config)``), config class and placement."""
 
     builder: Callable[[ModelConfig], nn.Module]
     config_cls: type[ModelConfig]
     place: Place = place_self_attention
 
 
-MODELS: dict[str, ModelEntry] = {}
+MODELS: Table[ModelEntry] = Table("register_model", arg="kind")
 
 
-def register_model(kind: str, config_cls: type[ModelConfig], *,
-                   place: Place = place_self_attention) -> Callable[[T], T]:
-    """Decorator registering a model class built as ``cls(config)`` under ``kind``, with the
-    way a variant's attention is placed into it (default: the variant is every block's
-    self-attention)."""
+def register_model(kind: str, config_cls: type[ModelConfig], *, place: Place = place_self_attention,
+                   overwrite: bool = False) -> Callable[[T], T]:
+    """Decorator registering a model class built as ``cls(config)`` under ``kind``, with how a
+    variant's attention is placed into it (default: it is every block's self-attention)."""
 
     def decorator(cls: T) -> T:
-        if kind in MODELS and MODELS[kind].builder is not cls:
-            raise ValueError(f"register_model: kind {kind!r} is already registered")
-        MODELS[kind] = ModelEntry(cls, config_cls, place)  # type: ignore[arg-type]
+        MODELS.add(kind, ModelEntry(cls, config_cls, place), source=source_of(cls),  # type: ignore[arg-type]
+                   overwrite=overwrite)
         return cls
 
     return decorator
+
+
+def unregister_model(kind: str) -> None:
+    """Remove model kind ``kind``; no error if it is absent."""
+    MODELS.remove(kind)

@@ -16,9 +16,10 @@ from torch import nn
 
 from models import decoder, encoder, encoder_decoder, vit, vivit  # noqa: F401  (register the built-in kinds)
 from models.config import ModelConfig, build_config
-from models.registration import MODELS, ModelEntry, register_model
+from models.registration import MODELS, ModelEntry, register_model, unregister_model
 
-__all__ = ["create_model", "list_models", "model_config", "model_info", "register_model"]
+__all__ = ["create_model", "list_models", "model_config", "model_info", "register_model",
+           "unregister_model"]
 
 
 def list_models(pattern: str = "*") -> list[str]:

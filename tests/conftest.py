@@ -90,31 +90,36 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 @pytest.fixture(autouse=True)
-def attention_registry_restored() -> Iterator[None]:
-    """Every test leaves the attention registry as it found it: a test that registers,
-    overwrites or unregisters a name (the baseline packages' tests unregister theirs) cannot
-    take an installed plug-in away from the tests after it, whose parameters were collected
-    while it was registered. A module first imported during the test whose registrations are
-    rolled back is forgotten too, so that the next import registers them again. The plug-ins
-    of installed entry points are loaded first."""
+def registries_restored() -> Iterator[None]:
+    """Every test leaves the four registries (attentions, kernels, model kinds, tasks) as it
+    found them: a test that registers, overwrites or unregisters a name (the baseline packages'
+    tests unregister theirs) cannot take an installed plug-in away from the tests after it,
+    whose parameters were collected while it was registered. A module first imported during
+    the test whose registrations are rolled back is forgotten too, so that the next import
+    registers them again. The built-ins and the plug-ins of installed entry points are loaded
+    first."""
     import sys
 
+    from attn.kernels import KERNELS, kernel_names
     from attn.registration import REGISTRY
     from attn.registry import list_attention
+    from bench.quality.tasks import TASKS
+    from models.registry import MODELS
 
     list_attention()  # loads the entry points once
-    entries, sources = dict(REGISTRY.entries), dict(REGISTRY.sources)
-    names = {name: getattr(obj, "name", None) for name, obj in entries.items()}
+    kernel_names()  # registers the built-in kernels once
+    tables = (REGISTRY, KERNELS, MODELS, TASKS)
+    saved = [table.snapshot() for table in tables]
+    names = {name: getattr(obj, "name", None) for name, obj in REGISTRY.items()}
     modules = set(sys.modules)
     yield
-    rolled_back = {getattr(obj, "__module__", None) for name, obj in REGISTRY.entries.items()
+    rolled_back = {table.sources.get(name, "").rpartition(" ")[2].partition(":")[0]
+                   for table, (entries, _) in zip(tables, saved) for name, obj in table.items()
                    if entries.get(name) is not obj}
-    REGISTRY.entries.clear()
-    REGISTRY.entries.update(entries)
-    REGISTRY.sources.clear()
-    REGISTRY.sources.update(sources)
-    for name, obj in entries.items():  # register_attention sets a class's name
+    for table, snapshot in zip(tables, saved):
+        table.restore(snapshot)
+    for name, obj in REGISTRY.items():  # register_attention sets a class's name
         if names[name] is not None and getattr(obj, "name", None) != names[name]:
             obj.name = names[name]
-    for module in rolled_back - modules - {None}:
+    for module in rolled_back - modules:
         sys.modules.pop(module, None)

@@ -18,7 +18,7 @@ from attn.conformance.harness import (
     iter_cases,
     leave_profile,
 )
-from attn.kernels import _builtin_kernels
+from attn.kernels import register_kernel
 from attn.kernels.base import Kernel
 from attn.kernels.reference import dense_attention
 from attn.mods import MaskMod
@@ -186,9 +186,9 @@ class WindowOnFakeKernels(SlidingWindowAttention):
 
 
 @pytest.fixture
-def fake_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    for kernel in (CompilesPerShape(), StaleAfterEightShapes(), ReadsPastTheKeys()):
-        monkeypatch.setitem(_builtin_kernels(), kernel.name, kernel)
+def fake_kernels() -> None:  # the autouse registries_restored fixture removes them
+    for kernel in (CompilesPerShape, StaleAfterEightShapes, ReadsPastTheKeys):
+        register_kernel(kernel)
 
 
 def sweep_result(kernel: str) -> str:
@@ -230,10 +230,10 @@ class OffByOneBand(CompilesPerShape):
         return out, KernelPath(self.name, "dense, band one too wide")
 
 
-def test_quick_profile_catches_a_kernel_with_an_off_by_one_band(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_quick_profile_catches_a_kernel_with_an_off_by_one_band() -> None:
     """The profile ``attn-bench check`` runs by default (quick) still fails a wrong kernel,
     naming the pairs, though a kernel that compiles per shape is probed at a kit shape."""
-    monkeypatch.setitem(_builtin_kernels(), OffByOneBand.name, OffByOneBand())
+    register_kernel(OffByOneBand)
     report = check_attention(WindowOnFakeKernels, kernels=[OffByOneBand.name], quick=True, isolate=False)
     failed = {f.split("]", 1)[1].split()[0]: f for f in report.failures}
     assert {"matches_reference", "pattern", "shape_sweep"} <= set(failed), report.failures
@@ -254,11 +254,10 @@ class RecordsModules(CompilesPerShape):
         return super().run(pattern, q, k, v, causal, key_mask)
 
 
-def test_every_check_of_a_kernel_runs_one_module_copy_per_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_check_of_a_kernel_runs_one_module_copy_per_dtype() -> None:
     """A kernel caching compiled code per module (flex, for a learned bias) compiles once per
     kit run: all its checks call one copy of the module per dtype, not a copy per check."""
-    kernel = RecordsModules()
-    monkeypatch.setitem(_builtin_kernels(), kernel.name, kernel)
+    kernel = get_kernel(register_kernel(RecordsModules).name)
     report = check_attention(WindowOnFakeKernels, kernels=[kernel.name], quick=True, isolate=False)
     assert report.passed, report.failures
     ran = {r.check for r in report.results if r.status == "pass"}
@@ -307,11 +306,10 @@ class RecordsGroupedCalls(Kernel):
         return out, KernelPath(self.name, "dense")
 
 
-def test_grouped_query_meets_every_case_pair_with_gqa_and_with_mqa(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_grouped_query_meets_every_case_pair_with_gqa_and_with_mqa() -> None:
     """The full kit's grouped_query check calls GQA (2 of 4 heads) and MQA (1) each with every
     (causal, key_mask) pair somewhere across its shapes."""
-    kernel = RecordsGroupedCalls()
-    monkeypatch.setitem(_builtin_kernels(), kernel.name, kernel)
+    kernel = get_kernel(register_kernel(RecordsGroupedCalls).name)
     report = check_attention(WindowOnFakeKernels, kernels=[kernel.name], isolate=False)
     assert report.passed, report.failures
     pairs = {(causal, masked) for causal in (False, True) for masked in (False, True)}

@@ -91,11 +91,11 @@ def plugin(tmp_path, monkeypatch):
     yield MODULE
     from attn.kernels import unregister_kernel
     from bench.quality.tasks import unregister_task
-    from models.registration import MODELS
+    from models import unregister_model
 
     unregister_kernel("toy_dense")
     unregister_task("toy_first")
-    MODELS.pop("toy_encoder", None)
+    unregister_model("toy_encoder")
     sys.modules.pop(MODULE, None)
 
 

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import importlib
 from functools import cache
+from typing import Any
 
 from attn.kernels.base import Kernel
 from attn.pattern import Pattern
+from attn.table import RegistrationError, Table, source_of
 
 #: the built-in kernels, one ``module:class`` line each, in the order variants list them
 BUILTIN_KERNELS: tuple[str, ...] = (
@@ -31,50 +33,41 @@ BUILTIN_KERNELS: tuple[str, ...] = (
 )
 
 
+#: every kernel by name: the built-ins (registered on first use), then the plug-ins
+KERNELS: Table[Kernel] = Table("register_kernel")
+
+
 @cache
-def _builtin_kernels() -> dict[str, Kernel]:
-    """The kernel table, name -> instance, in :data:`BUILTIN_KERNELS` order.
+def _kernel_table() -> Table[Kernel]:
+    """:data:`KERNELS`, the built-ins first registered in :data:`BUILTIN_KERNELS` order.
 
     Imports each kernel's module here, by name: the table above names every kernel once, so
     adding a kernel is its file plus one line there.
     """
-    kernels: list[Kernel] = []
     for entry in BUILTIN_KERNELS:
         module, _, cls = entry.partition(":")
-        kernels.append(getattr(importlib.import_module(module), cls)())
-    return {k.name: k for k in kernels}
+        kernel = getattr(importlib.import_module(module), cls)()
+        KERNELS.add(kernel.name, kernel, source=entry)
+    return KERNELS
 
 
-#: kernels registered from outside this package (name -> instance), after the built-ins
-_PLUGIN_KERNELS: dict[str, Kernel] = {}
+def register_kernel(cls: type[Kernel] | None = None, *, overwrite: bool = False) -> Any:
+    """Class decorator (``@register_kernel`` or ``@register_kernel(overwrite=True)``): add a
+    :class:`Kernel` subclass, built with no arguments, to the kernel table under its ``name``."""
 
+    def decorator(cls: type[Kernel]) -> type[Kernel]:
+        if not (isinstance(cls, type) and issubclass(cls, Kernel)):
+            raise RegistrationError(f"register_kernel: 'cls' must be a Kernel subclass; got {cls!r}")
+        kernels = _kernel_table()
+        kernels.add(kernels.check_name(cls.name), cls(), source=source_of(cls), overwrite=overwrite)
+        return cls
 
-def register_kernel(cls: type[Kernel]) -> type[Kernel]:
-    """Class decorator: add a :class:`Kernel` subclass to the kernel table under its ``name``.
-
-    ``ValueError`` when the name is taken by a built-in or another plug-in kernel (a module
-    imported twice registers the same class again, which is allowed)."""
-    if not (isinstance(cls, type) and issubclass(cls, Kernel)):
-        raise TypeError(f"register_kernel: expected a Kernel subclass; got {cls!r}")
-    name = getattr(cls, "name", "")
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"register_kernel: {cls.__qualname__} must set a non-empty class attribute 'name'")
-    taken = _builtin_kernels().get(name) or _PLUGIN_KERNELS.get(name)
-    if taken is not None and type(taken).__qualname__ != cls.__qualname__:
-        raise ValueError(f"register_kernel: kernel name {name!r} is taken by "
-                         f"{type(taken).__qualname__}; known kernels are {list_kernels()}")
-    _PLUGIN_KERNELS[name] = cls()
-    return cls
+    return decorator if cls is None else decorator(cls)
 
 
 def unregister_kernel(name: str) -> None:
-    """Remove a kernel added by :func:`register_kernel` (built-ins stay)."""
-    _PLUGIN_KERNELS.pop(name, None)
-
-
-def _kernel_table() -> dict[str, Kernel]:
-    """Every kernel, name -> instance: the built-ins in table order, then the plug-ins."""
-    return {**_builtin_kernels(), **_PLUGIN_KERNELS}
+    """Remove kernel ``name`` from the table."""
+    _kernel_table().remove(name)
 
 
 def get_kernel(name: str) -> Kernel:
@@ -102,5 +95,5 @@ def kernels_for(pattern: Pattern) -> tuple[str, ...]:
                  if not kernel.not_supported_reasons(pattern))
 
 
-__all__ = ["BUILTIN_KERNELS", "Kernel", "get_kernel", "kernel_names", "kernels_for", "list_kernels",
+__all__ = ["BUILTIN_KERNELS", "KERNELS", "Kernel", "get_kernel", "kernel_names", "kernels_for", "list_kernels",
            "register_kernel", "unregister_kernel"]

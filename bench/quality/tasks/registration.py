@@ -1,5 +1,5 @@
-"""The table of quality tasks and the decorator that fills it (:func:`register_task`), in the
-style of ``attn.register_attention`` and ``models.register_model``.
+"""The table of quality tasks (an :class:`attn.table.Table`, like the attentions, kernels and
+model kinds) and the decorator that fills it (:func:`register_task`).
 
 A task registers, beside its class:
 
@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from attn.table import RegistrationError, Table, source_of
 from bench.quality.tasks.base import Task
 
 T = TypeVar("T", bound=type[Task])
@@ -75,7 +76,6 @@ class TaskInfo:
     order: float
     metric_title: str
     conditions: tuple[ConditionView, ...] = ()
-    source: str = ""
 
     @property
     def metric(self) -> str:
@@ -97,7 +97,7 @@ class TaskInfo:
         return None if section is None else copy.deepcopy(dict(section))
 
 
-TASKS: dict[str, TaskInfo] = {}
+TASKS: Table[TaskInfo] = Table("register_task")
 
 
 def display_unit(metric: str) -> tuple[int, int]:
@@ -116,22 +116,17 @@ def register_task(name: str, *, presets: Mapping[str, Mapping[str, Any]],
     ``metric_title``: its headline metric as the report names it (default: the metric's
     name); ``conditions``: its metrics by condition (:class:`ConditionView`).
     """
-    if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"register_task: 'name' must be an identifier string; got {name!r}")
+    TASKS.check_name(name)
     checked = _presets(name, presets)
 
     def decorator(cls: T) -> T:
         if not (isinstance(cls, type) and issubclass(cls, Task)):
-            raise ValueError(f"register_task({name!r}): must decorate a Task subclass; got {cls!r}")
-        source = f"{cls.__module__}:{cls.__qualname__}"
+            raise RegistrationError(f"register_task({name!r}): must decorate a Task subclass; got {cls!r}")
         existing = TASKS.get(name)
-        if existing is not None and existing.source != source and not overwrite:
-            raise ValueError(f"register_task: task {name!r} is already registered by "
-                             f"{existing.source}; pass overwrite=True to replace it")
-        cls.name = name
         place = order if order is not None else (existing.order if existing else next(_LATER))
-        TASKS[name] = TaskInfo(name, cls, checked, float(place), metric_title or cls.metric,
-                               tuple(conditions), source)
+        info = TaskInfo(name, cls, checked, float(place), metric_title or cls.metric, tuple(conditions))
+        TASKS.add(name, info, source=source_of(cls), overwrite=overwrite)
+        cls.name = name
         return cls
 
     return decorator
@@ -139,23 +134,22 @@ def register_task(name: str, *, presets: Mapping[str, Mapping[str, Any]],
 
 def unregister_task(name: str) -> None:
     """Remove task ``name`` (tests, plug-ins that replace a task); no error if absent."""
-    TASKS.pop(name, None)
+    TASKS.remove(name)
 
 
 def _presets(name: str, presets: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """``presets`` checked (a mapping of preset name to sections) and copied."""
     where = f"register_task({name!r}): presets"
     if not isinstance(presets, Mapping):
-        raise ValueError(f"{where}: must be a mapping of task preset name to settings; got "
-                         f"{presets!r}")
+        raise RegistrationError(f"{where}: must be a mapping of task preset name to settings; got {presets!r}")
     out: dict[str, dict[str, Any]] = {}
     for preset, section in presets.items():
         if not isinstance(section, Mapping):
-            raise ValueError(f"{where}[{preset!r}]: must be a mapping with sections from "
-                             f"{list(SECTIONS)}; got {section!r}")
+            raise RegistrationError(f"{where}[{preset!r}]: must be a mapping with sections from "
+                                    f"{list(SECTIONS)}; got {section!r}")
         unknown = sorted(set(section) - set(SECTIONS))
         if unknown:
-            raise ValueError(f"{where}[{preset!r}]: unknown section {unknown[0]!r}; sections are "
-                             f"{list(SECTIONS)}")
+            raise RegistrationError(f"{where}[{preset!r}]: unknown section {unknown[0]!r}; sections are "
+                                    f"{list(SECTIONS)}")
         out[str(preset)] = copy.deepcopy(dict(section))
     return out
