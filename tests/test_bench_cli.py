@@ -10,7 +10,7 @@ from bench.cli import app
 
 runner = CliRunner()
 COMMANDS = ["list", "sweep", "plot", "report", "compare", "history", "check", "decoding", "decoding-step",
-            "approx-error", "count"]
+            "approx-error", "count", "reproduce"]
 
 
 @pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)])

@@ -1,0 +1,118 @@
+"""Whether a committed run's ratios hold on this machine (``attn-bench reproduce``).
+
+A speed run's figures are ratios of kernels timed in the same interleaved rounds
+(:func:`bench.speed.report.interleaved_ratios`). Reproducing one re-measures the same units
+here, interleaved as the original, and reads each ratio beside the committed one: it *holds*
+when the two interquartile ranges of the per-round ratios overlap, or the medians differ by
+at most ``tolerance`` (10%: what a machine's drift between two quiet runs leaves). A
+*headline* figure is a ratio at the largest length each (pattern, kernel, pass) reached in the
+committed run: the number a reader quotes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bench.speed.report import _round_ratio, _times, interleaved_ratios
+
+KEY = ["label", "pass", "seq_len", "kernel", "vs"]
+DEFAULT_TOLERANCE = 0.10
+
+
+def saved_config(run_dir: Path) -> dict[str, Any]:
+    """The run's resolved config (``sweep.json``) as a config mapping a sweep reads again."""
+    saved = json.loads((run_dir / "sweep.json").read_text())
+    variants = []
+    for spec in saved.pop("variants"):
+        entry = {"name": spec["name"], **dict(spec.get("params") or [])}
+        entry.update({k: spec[k] for k in ("causal", "seq_len", "kernels") if spec.get(k) is not None})
+        variants.append(entry)
+    raw = {k: v for k, v in saved.items() if v is not None and v != [] and k != "description"}
+    return {**raw, "variants": variants}
+
+
+def sampled_lengths(committed: pd.DataFrame, sample: int | None) -> tuple[int, ...]:
+    """The lengths of the committed run's interleaved figures, or ``sample`` of them spread
+    evenly from the shortest to the longest (the longest always kept)."""
+    lengths = sorted(interleaved_ratios(committed).seq_len.unique()) if len(committed) else []
+    if sample is None or sample >= len(lengths):
+        return tuple(int(n) for n in lengths)
+    picks = np.linspace(len(lengths) - 1, 0, sample).round().astype(int)  # the longest first
+    return tuple(sorted(int(lengths[i]) for i in picks))
+
+
+def _figures(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """Each row timed together with others, against the fastest of its unit and pass: the
+    figure's key, its base and the per-round times of both."""
+    ok = df[(df.status == "ok") & (df.interleaved.fillna(1) > 1)]
+    out = []
+    for (_unit, pass_name), group in ok.groupby(["interleave_id", "pass"], sort=False):
+        base = group.loc[group.time_ms.idxmin()]
+        for row in group.itertuples():
+            if (row.label, row.kernel_requested) != (base.label, base.kernel_requested):
+                out.append({"label": row.label, "kernel": row.kernel_requested, "pass": pass_name,
+                            "seq_len": int(row.seq_len), "vs": f"{base.label} [{base.kernel_requested}]",
+                            "times": _times(row.times_ms), "base": _times(base.times_ms)})
+    return out
+
+
+def _times_of(df: pd.DataFrame) -> dict[tuple, np.ndarray]:
+    """Per-round times of every ok row timed together, by (label, kernel, pass, N)."""
+    ok = df[(df.status == "ok") & (df.interleaved.fillna(1) > 1)]
+    return {(r.label, r.kernel_requested, r.pass_name, int(r.seq_len)): _times(r.times_ms)
+            for r in ok.rename(columns={"pass": "pass_name"}).itertuples()}
+
+
+def compare_ratios(committed: pd.DataFrame, here: pd.DataFrame,
+                   tolerance: float = DEFAULT_TOLERANCE) -> pd.DataFrame:
+    """Each committed ratio (a row over the fastest row of its unit) at the lengths measured
+    here, beside the same two rows' ratio measured here in their rounds, and whether it holds
+    (``holds`` empty where this run lacks either row). ``headline``: at the longest length the
+    (pattern, kernel, pass) reached in the committed run."""
+    measured = _times_of(here)
+    lengths = {key[3] for key in measured}
+    rows = []
+    for fig in _figures(committed):
+        c50, c25, c75, _ = _round_ratio(fig.pop("times"), fig.pop("base"))
+        base_label, base_kernel = fig["vs"].rsplit(" [", 1)
+        ours = measured.get((fig["label"], fig["kernel"], fig["pass"], fig["seq_len"]))
+        base = measured.get((base_label, base_kernel[:-1], fig["pass"], fig["seq_len"]))
+        h50, h25, h75, _ = _round_ratio(ours, base) if ours is not None and base is not None else (np.nan,) * 4
+        rows.append({**fig, "time_ratio": c50, "ratio_q25": c25, "ratio_q75": c75,
+                     "time_ratio_here": h50, "ratio_q25_here": h25, "ratio_q75_here": h75})
+    table = pd.DataFrame(rows, columns=[*KEY, "time_ratio", "ratio_q25", "ratio_q75", "time_ratio_here",
+                                        "ratio_q25_here", "ratio_q75_here"])
+    table["headline"] = table.seq_len == table.groupby(["label", "pass", "kernel"]).seq_len.transform("max")
+    table = table[table.seq_len.isin(lengths)].reset_index(drop=True)
+    overlap = (table.ratio_q25 <= table.ratio_q75_here) & (table.ratio_q25_here <= table.ratio_q75)
+    close = (table.time_ratio_here / table.time_ratio - 1).abs() <= tolerance
+    table["holds"] = (overlap | close).where(table.time_ratio_here.notna())
+    return table
+
+
+def reproduction_lines(table: pd.DataFrame, committed_on: str, here: str) -> list[str]:
+    """The markdown of a reproduction: a line per figure, the failed headline figures first."""
+    def ratio(row: Any, suffix: str = "") -> str:
+        value = getattr(row, f"time_ratio{suffix}")
+        if pd.isna(value):
+            return "not measured"
+        return f"{value:.2f} [{getattr(row, f'ratio_q25{suffix}'):.2f}, {getattr(row, f'ratio_q75{suffix}'):.2f}]"
+
+    lines = [f"Committed on: {committed_on or 'not recorded'}", "", f"Measured here on: {here}", "",
+             "| figure | N | pass | committed | here | holds |", "|---|---|---|---|---|---|"]
+    order = table.assign(rank=~(table.headline & (table.holds == False))).rename(columns={"pass": "pass_name"})  # noqa: E712
+    for row in order.sort_values(["rank", "label", "pass_name", "seq_len"]).itertuples():
+        name = f"{row.label} [{row.kernel}] / {row.vs}" + (" (headline)" if row.headline else "")
+        holds = "-" if pd.isna(row.holds) else ("yes" if row.holds else "**no**")
+        lines.append(f"| {name} | {row.seq_len} | {row.pass_name} | {ratio(row)} | {ratio(row, '_here')} | {holds} |")
+    return lines
+
+
+def failed_headlines(table: pd.DataFrame) -> pd.DataFrame:
+    """The headline figures that were measured here and do not hold."""
+    return table[table.headline & (table.holds == False)]  # noqa: E712
