@@ -48,6 +48,26 @@ LAST, BEST = "last.safetensors", "best.safetensors"
 PREVIOUS = "last.prev.safetensors"
 
 
+class LossReader:
+    """Training losses read on the host: each step's at once, or (``defer``: CUDA without a
+    progress display) only at a validation or checkpoint step, in one transfer, so a step
+    never waits for the device to finish the ones queued before it."""
+
+    def __init__(self, defer: bool) -> None:
+        self.defer = defer
+        self._pending: list[tuple[int, Tensor]] = []
+
+    def add(self, step: int, loss: Tensor, *, now: bool = False) -> list[tuple[int, float]]:
+        """Queue ``step``'s loss; the ``(step, value)`` pairs read (all queued, unless deferred)."""
+        self._pending.append((step, loss))
+        if self.defer and not now:
+            return []
+        steps = [s for s, _ in self._pending]
+        values = torch.stack([t.float() for _, t in self._pending]).tolist()
+        self._pending.clear()
+        return list(zip(steps, values, strict=True))
+
+
 def learning_rate(step: int, train: TrainSettings) -> float:
     """Linear warm-up to ``lr``, then cosine or linear decay to ``min_lr_ratio * lr``; with
     self-pretraining, once over its steps and once over fine-tuning's (bench/quality/pretrain.py)."""
@@ -225,7 +245,7 @@ class Trainer:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _step(self, step: int) -> tuple[float, int]:
+    def _step(self, step: int) -> tuple[Tensor, int]:
         self.model.train()
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate(step, self.train) * group.get("lr_scale", 1.0)
@@ -241,11 +261,11 @@ class Trainer:
             nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(loss.detach()), tokens
+        return loss.detach(), tokens
 
-    def _measured_step(self, step: int) -> tuple[float, int]:
+    def _measured_step(self, step: int) -> tuple[Tensor, int]:
         """A step whose tensor-level peak memory is read (its time is not counted)."""
-        result: list[tuple[float, int]] = []
+        result: list[tuple[Tensor, int]] = []
         if self.device.type == "cuda":
             peak = tensor_peak_bytes_cuda(lambda: result.append(self._step(step)), self.device)
         else:
@@ -273,28 +293,32 @@ class Trainer:
     def run(self, on_step: Callable[[int, float, float], None] | None = None) -> None:
         """Train from the current step to ``steps`` (validating and checkpointing on the way)."""
         first = self.progress.step
+        losses = LossReader(defer=self.device.type == "cuda" and on_step is None)
         for step in range(first, self.train.steps):
             if step == self.train.pretrain_steps > 0:  # fine-tuning starts with a fresh optimizer
                 self.optimizer = make_optimizer(self.model, self.train)
-            if step == first:
-                loss, _ = self._measured_step(step)
-            else:
-                start = time.perf_counter()
-                loss, tokens = self._step(step)
+            last = step + 1 == self.train.steps
+            fine_tuning = step >= self.train.pretrain_steps  # no model selection before it
+            evaluate = fine_tuning and ((step + 1) % self.train.eval_every == 0 or last)
+            checkpoint = (step + 1) % self.train.checkpoint_every == 0 or last
+            start = time.perf_counter()
+            loss, tokens = self._measured_step(step) if step == first else self._step(step)
+            read = losses.add(step, loss, now=evaluate or checkpoint)  # waits for queued steps
+            if step != first:
                 self.progress.train_time_s += time.perf_counter() - start
                 self.progress.tokens += tokens
             self.progress.step = step + 1
-            if not math.isfinite(loss):  # diverged: stop, and keep the last sound checkpoint
-                self.diverged = (step + 1, f"the training loss became {loss}")
-                self.log(f"step {step + 1}: the training loss is {loss}; the run diverged")
+            bad = next(((s, v) for s, v in read if not math.isfinite(v)), None)
+            if bad is not None:  # diverged: stop, and keep the last sound checkpoint
+                self.diverged = (bad[0] + 1, f"the training loss became {bad[1]}")
+                self.log(f"step {bad[0] + 1}: the training loss is {bad[1]}; the run diverged")
                 return
-            last = step + 1 == self.train.steps
-            fine_tuning = step >= self.train.pretrain_steps  # no model selection before it
-            if fine_tuning and ((step + 1) % self.train.eval_every == 0 or last):
+            if evaluate:
                 self.validate(step)
-            if (step + 1) % self.train.checkpoint_every == 0 or last:
+            if checkpoint:
                 self.save_last()
             if on_step is not None:
+                loss = read[-1][1]
                 rate = self.progress.tokens / max(self.progress.train_time_s, 1e-9)
                 on_step(step + 1, loss, rate)
         broken = next((name for name, p in self.model.named_parameters()  # the last update:
