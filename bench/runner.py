@@ -5,9 +5,10 @@
   name), applies the overrides of a command line and validates it once, into a
   :class:`bench.speed.config.SweepConfig` or, for ``kind: quality``, a
   :class:`bench.quality.grid_config.GridConfig`. Parsing itself is pure.
-- :func:`run_plan` is the product's plan of a config (:class:`bench.speed.sweep.SweepPlan`,
-  :class:`bench.quality.grid.GridPlan`): the only place the two kinds of config part ways.
-- :func:`plan` lists what a run would do, item by item, done or to do (``--dry-run``);
+- :func:`run_plan` is the product's run plan of a config (:class:`bench.engine.rundir.RunPlan`:
+  :class:`bench.speed.sweep.SweepPlan`, :class:`bench.quality.grid.GridPlan`,
+  :class:`bench.pretrained.plan.PretrainedPlan`): the only place the kinds of config part ways.
+- :func:`dry_run` lists what a run would do, item by item, done or to do (``--dry-run``);
   :func:`run` does it (:func:`bench.engine.rundir.run_units`: plug-ins imported, the device
   checked, the directory locked and resumed).
 
@@ -31,7 +32,7 @@ from bench.engine.config import (
     safe_name,
 )
 from bench.engine.executors import Executor, ExecutorSpec
-from bench.engine.rundir import Plan, Rows, plan_units, run_units
+from bench.engine.rundir import DryRun, Rows, dry_run_units, run_units
 from bench.pretrained.config import OVERRIDES as PRETRAINED_OVERRIDES
 from bench.pretrained.config import TASKS as PRETRAINED_TASKS
 from bench.pretrained.config import PretrainedConfig, is_pretrained, parse_pretrained
@@ -41,13 +42,13 @@ from bench.quality.grid_config import OVERRIDES as GRID_OVERRIDES
 from bench.quality.grid_config import GridConfig, is_grid, only_tasks, parse_grid
 from bench.speed.config import OVERRIDES as SWEEP_OVERRIDES
 from bench.speed.config import SweepConfig, apply_overrides, parse_config
-from bench.speed.noise import is_noisy
+from bench.speed.noise import noisy_in
 from bench.speed.sweep import SweepPlan
 
 RunConfig = SweepConfig | GridConfig | PretrainedConfig
-WorkPlan = SweepPlan | GridPlan | PretrainedPlan
+WorkPlan = SweepPlan | GridPlan | PretrainedPlan  # the RunPlan of each kind of config
 
-__all__ = ["RunConfig", "WorkPlan", "default_run_dir", "load_run", "noisy_rows", "plan", "run",
+__all__ = ["RunConfig", "WorkPlan", "default_run_dir", "dry_run", "load_run", "noisy_rows", "run",
            "run_plan", "size_of"]
 
 
@@ -145,7 +146,7 @@ def _check_overrides(changes: Mapping[str, Any], grid: bool) -> None:
 
 
 def run_plan(config: RunConfig) -> WorkPlan:
-    """The product's plan of ``config`` (its units, results file and rows)."""
+    """The product's run plan of ``config`` (its units, results file and rows)."""
     if isinstance(config, GridConfig):
         return GridPlan(config)
     if isinstance(config, PretrainedConfig):
@@ -158,7 +159,7 @@ def _work(config: RunConfig | WorkPlan) -> WorkPlan:
 
 
 def size_of(work: WorkPlan) -> str:
-    """How much a plan holds, said: ``12 cases in the config``, ``24 training runs and 9
+    """How much a run plan holds, said: ``12 cases in the config``, ``24 training runs and 9
     computed references in the grid``."""
     return f"{work.size()} in the {'grid' if isinstance(work, GridPlan) else 'config'}"
 
@@ -168,14 +169,14 @@ def default_run_dir(config: RunConfig) -> Path:
     return Path("runs") / safe_name(config.name)
 
 
-def plan(config: RunConfig | WorkPlan, run_dir: Path, *, allow_mixed: bool = False,
-         local: bool = True) -> Plan:
+def dry_run(config: RunConfig | WorkPlan, run_dir: Path, *, allow_mixed: bool = False,
+            local: bool = True) -> DryRun:
     """What :func:`run` would do in ``run_dir``: every case or training run, ``done`` or to
-    do (``Plan.lines()`` is ``attn-bench sweep --dry-run``'s output); nothing is run or
+    do (``DryRun.lines()`` is ``attn-bench sweep --dry-run``'s output); nothing is run or
     written. A run that would be refused (rows of another environment, unless
     ``allow_mixed``; ``local`` False: a cluster executor) raises the run's
     ``MixedEnvironmentError``."""
-    return plan_units(run_dir, _work(config), allow_mixed=allow_mixed, local=local)
+    return dry_run_units(run_dir, _work(config), allow_mixed=allow_mixed, local=local)
 
 
 def run(config: RunConfig | WorkPlan, run_dir: Path, *,
@@ -189,14 +190,16 @@ def run(config: RunConfig | WorkPlan, run_dir: Path, *,
     work = _work(config)
     return run_units(run_dir, work, executor=executor, allow_mixed=allow_mixed,
                      retry_failed=retry_failed, overwrite=overwrite,
-                     redo=noisy_rows(work) if retry_noisy else None, on_start=on_start,
+                     redo=noisy_rows(work, run_dir) if retry_noisy else None, on_start=on_start,
                      on_done=on_done)
 
 
-def noisy_rows(work: WorkPlan) -> Callable[[dict[str, Any]], bool]:
-    """What ``--retry-noisy`` measures again: rows flagged noisy (a speed sweep's only; a
-    ``ConfigError`` for a training grid, which has no such flag)."""
+def noisy_rows(work: WorkPlan, run_dir: Path) -> Callable[[dict[str, Any]], bool]:
+    """What ``--retry-noisy`` measures again in ``run_dir``: rows flagged noisy, those
+    measured in a slow state against the run's quiet probe included
+    (:func:`bench.speed.noise.noisy_in`; a speed sweep's only; a ``ConfigError`` for a
+    training grid, which has no such flag)."""
     if isinstance(work, GridPlan):
         raise ConfigError("--retry-noisy: only a speed sweep flags noisy rows; a training grid "
                           "(kind: quality) has none (--retry-failed retrains failed runs)")
-    return is_noisy
+    return noisy_in(run_dir)

@@ -66,7 +66,7 @@ def test_the_first_call_is_reported_apart_and_never_timed(phases):
     # at least the slow first call (a fresh process may add its own first-use costs)
     assert (FIRST_S + FWD_S) * 1e3 <= fwd["first_call_ms"] <= (FIRST_S + FWD_S) * 2e3
     assert max(json.loads(fwd["times_ms"])) < (FIRST_S + FWD_S) * 1e3 / 2
-    assert _within(fwd["estimate_ms"], FWD_S)  # the call that planned the repeats
+    assert _within(fwd["estimate_ms"], FWD_S)  # the call that set the repeats
 
 
 @pytest.mark.serial

@@ -18,7 +18,7 @@ from bench.html.report import write_report_html  # noqa: E402
 from bench.pretrained import cost, passkey, scoring, streaming  # noqa: E402
 from bench.pretrained.config import parse_pretrained  # noqa: E402
 from bench.pretrained.report import build_pretrained_report, load_pretrained, tradeoff_table  # noqa: E402
-from bench.runner import load_run, plan, run  # noqa: E402
+from bench.runner import dry_run, load_run, run  # noqa: E402
 from models import pretrained  # noqa: E402
 
 TEXT = " ".join(f"Line {i}: the {w} sat on the mat and looked at {i % 7} birds." for i, w in
@@ -196,7 +196,7 @@ def test_a_run_records_every_task_resumes_and_reports(model_folder: Path, tmp_pa
     stream = [r for r in rows if r["task"] == "streaming" and r["metric"] == "perplexity"]
     assert {r["label"] for r in stream} == {"full [original positions]", "sinks [original positions]",
                                             "sinks [cache positions]"}
-    assert all(p.state == "done" for p in plan(config, tmp_path / "run").items)
+    assert all(p.state == "done" for p in dry_run(config, tmp_path / "run").items)
     assert run(config, tmp_path / "run") == []
     report = build_pretrained_report(tmp_path / "run")
     for title in ("Perplexity of tokens", "Passkey retrieval", "Streaming past", "Prefill: time",

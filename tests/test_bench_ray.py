@@ -27,7 +27,7 @@ from bench.engine.executors.ray import (  # noqa: E402
     RayExecutor,
     RayMissingError,
     fits,
-    plan_reservation,
+    reservation_for,
 )
 from bench.engine.executors.ray_connect import check_reachable, connect_error  # noqa: E402
 from bench.engine.results import read_rows  # noqa: E402
@@ -270,21 +270,21 @@ def _node(name: str, cpus: float, gpus: float = 0, alive: bool = True, **extra: 
 
 
 def test_reservation_keeps_one_unit_per_node_or_gpu():
-    same = plan_reservation("cpu", [_node("a", 8), _node("b", 8), _node("dead", 8, alive=False)])
+    same = reservation_for("cpu", [_node("a", 8), _node("b", 8), _node("dead", 8, alive=False)])
     assert (same.num_cpus, same.slots, same.warning) == (8, 2, "")
-    twins = plan_reservation("cpu", [_node("a", 8), {**_node("a", 8), "NodeID": "a2"}])
+    twins = reservation_for("cpu", [_node("a", 8), {**_node("a", 8), "NodeID": "a2"}])
     assert twins.slots == 2  # two nodes on one host
-    mixed = plan_reservation("cpu", [_node("a", 8), _node("b", 16), _node("head", 0)])
+    mixed = reservation_for("cpu", [_node("a", 8), _node("b", 16), _node("head", 0)])
     assert (mixed.num_cpus, mixed.slots) == (16, 1) and "['a']" in mixed.warning
     assert fits(_node("b", 16), mixed) and not fits(_node("a", 8), mixed)
     assert not fits(_node("b", 16, alive=False), mixed)
-    marked = plan_reservation("cpu", [_node("a", 8, **{NODE_RESOURCE: 1}),
-                                      _node("b", 16, **{NODE_RESOURCE: 1}), _node("c", 4)])
+    marked = reservation_for("cpu", [_node("a", 8, **{NODE_RESOURCE: 1}),
+                                     _node("b", 16, **{NODE_RESOURCE: 1}), _node("c", 4)])
     assert (marked.resources, marked.num_cpus, marked.slots) == ({NODE_RESOURCE: 1}, 8, 2)
-    gpus = plan_reservation("cuda", [_node("a", 8, gpus=4), _node("b", 8, gpus=2)])
+    gpus = reservation_for("cuda", [_node("a", 8, gpus=4), _node("b", 8, gpus=2)])
     assert (gpus.num_gpus, gpus.num_cpus, gpus.slots) == (1, 0, 6)
     with pytest.raises(ValueError, match="device 'cuda': the Ray cluster has no GPU"):
-        plan_reservation("cuda", [_node("a", 8)])
+        reservation_for("cuda", [_node("a", 8)])
     with pytest.raises(ValueError, match=r"device: unknown value 'tpu'; allowed values are \['cpu', 'cuda'\]"):
         RayExecutor("tpu")
 

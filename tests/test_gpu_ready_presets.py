@@ -2,7 +2,7 @@
 lengths by its memory model (bench/speed/memory.py), so its dry run lists no case that
 cannot fit and no case twice, with ``auto`` beside every kernel; ``quality-lra-gpu`` is the
 training grid at preset ``lra`` on CUDA (see docs/gpu.md). No GPU needed: the cases are
-planned, never run."""
+listed by a dry run, never run."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The library the CLI runs once: ``load_run`` reads and validates a config once (plug-ins
-imported by the run, never by the parser), ``plan`` is the dry run, and a sweep and a grid
+imported by the run, never by the parser), ``dry_run`` lists what a run would do, and a sweep and a grid
 take one path."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import bench.runner
 from bench.cli import app
 from bench.engine.config import ConfigError
 from bench.quality.grid_config import GridConfig, parse_grid
-from bench.runner import load_run, plan, run_plan
+from bench.runner import dry_run, load_run, run_plan
 from bench.speed.config import SweepConfig, parse_config
 
 SWEEP = {"name": "s", "seq_len": [16, 32], "passes": ["fwd"], "heads": 1, "head_dim": 8,
@@ -92,31 +92,31 @@ def test_overrides_a_kind_does_not_take_name_the_key():
     assert grid.only == ("full",) and grid.tasks == ("recall",) and grid.threads == 1
 
 
-def test_the_plan_of_a_sweep_marks_the_cases_already_measured(tmp_path):
+def test_the_dry_run_of_a_sweep_marks_the_cases_already_measured(tmp_path):
     from bench.engine.results import ResultsWriter
 
     config = load_run(SWEEP)
     cases = run_plan(config).cases
-    found = plan(config, tmp_path)
+    found = dry_run(config, tmp_path)
     assert [p.state for p in found.items] == ["todo", "todo"]
     ResultsWriter(tmp_path, [{"case_id": cases[0].case_id, "label": "full", "variant": "full",
                               "kernel_requested": "reference", "seq_len": 16, "pass": "fwd",
                               "status": "ok", "time_ms": 1.0,
                               "timestamp": "2026-01-01T00:00:00"}])
-    found = plan(config, tmp_path)
+    found = dry_run(config, tmp_path)
     assert [p.state for p in found.items] == ["done", "todo"]
     assert found.lines()[-1] == f"2 cases, 1 already done in {tmp_path}"
     assert found.lines()[0].startswith(f"   1 {cases[0].case_id} done full [reference] N=16")
 
 
-def test_the_plan_of_a_grid_marks_done_and_changed_units(tmp_path):
+def test_the_dry_run_of_a_grid_marks_done_and_changed_units(tmp_path):
     from bench.engine.results import ResultsWriter
     from bench.engine.row_schema import QUALITY_COLUMNS
     from bench.quality.grid import QUALITY_FILE
     from bench.quality.settings import task_settings
 
     config = load_run({**GRID, "tasks": ["recall"]})
-    units = run_plan(config).preview([], tmp_path)
+    units = run_plan(config).dry_run_items([], tmp_path)
     assert [u.state for u in units] == ["todo", "todo"]
     settings = task_settings("recall", "tiny")
     changed = json.loads(settings.to_json())
@@ -131,12 +131,12 @@ def test_the_plan_of_a_grid_marks_done_and_changed_units(tmp_path):
              "status": "ok", "seed": 0, "preset": "tiny",
              "timestamp": "2026-01-01T00:00:00+00:00"}]
     ResultsWriter(tmp_path, rows, QUALITY_FILE, QUALITY_COLUMNS)
-    found = plan(config, tmp_path)
+    found = dry_run(config, tmp_path)
     assert [p.state for p in found.items] == ["done", "todo (settings changed)"]
     assert found.lines()[-1] == f"2 training runs, 1 already done in {tmp_path}"
 
 
-def test_the_cli_dry_run_of_a_grid_prints_the_plan(tmp_path):
+def test_the_cli_dry_run_of_a_grid_prints_its_items(tmp_path):
     path = tmp_path / "grid.yaml"
     path.write_text(yaml.safe_dump(GRID))
     result = CliRunner().invoke(app, ["sweep", str(path), "--out", str(tmp_path / "o"),
@@ -149,12 +149,12 @@ def test_the_cli_dry_run_of_a_grid_prints_the_plan(tmp_path):
     assert wrong.exit_code == 2 and "--task: only a training grid" in wrong.output
 
 
-def test_the_plan_of_a_grid_says_its_computed_references_apart_from_its_training_runs(tmp_path):
+def test_the_run_plan_of_a_grid_says_its_computed_references_apart_from_its_training_runs(tmp_path):
     from bench.runner import size_of
 
     config = load_run({**GRID, "references": ["naive_bayes_tokens", "ngram_2"]})
     said = "4 training runs and 2 computed references"  # recall and bytelm, one reference each
-    assert plan(config, tmp_path).lines()[-1] == f"{said}, 0 already done in {tmp_path}"
+    assert dry_run(config, tmp_path).lines()[-1] == f"{said}, 0 already done in {tmp_path}"
     assert size_of(run_plan(config)) == f"{said} in the grid"
     alone = load_run({**GRID, "variants": [], "references": ["naive_bayes_tokens", "ngram_2"]})
     assert size_of(run_plan(alone)) == "0 training runs and 2 computed references in the grid"

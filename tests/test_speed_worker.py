@@ -40,7 +40,7 @@ def test_the_backward_compile_is_measured_where_a_compiling_kernel_ran(phases, p
     info = {**runner.warm(), **runner.prepare()}
     assert FIRST_BWD_S * 1e3 * 0.9 <= info["compile_bwd_ms"] <= FIRST_BWD_S * 1e3 * 1.3
     assert info["first_call_ms"] >= (FIRST_BWD_S + BWD_S) * 1e3
-    assert info["estimate_ms"] < (FIRST_BWD_S + BWD_S) * 1e3 / 2  # the planning call is warm
+    assert info["estimate_ms"] < (FIRST_BWD_S + BWD_S) * 1e3 / 2  # the estimate call is warm
 
 
 @pytest.mark.serial

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from attn.conformance.checklist import Factory, builder, steps
 from attn.conformance.harness import (
     active_dtypes,
     dtypes_from,
@@ -18,7 +19,6 @@ from attn.conformance.harness import (
     typed_copies,
 )
 from attn.conformance.isolation import CHECK_TIMEOUT_S, Job, run_isolated, sendable
-from attn.conformance.plan import Factory, builder, steps
 from attn.conformance.report import CheckResult, ConformanceReport
 
 __all__ = ["CHECK_TIMEOUT_S", "Factory", "check_attention"]

@@ -1,8 +1,8 @@
 """The kit's checks in a child process, each under a time limit, as a sweep runs its cases.
 
 A variant is code the kit does not control: it may call ``os._exit``, crash the interpreter
-or never return. :func:`run_isolated` runs the plan (:mod:`attn.conformance.plan`) in one
-child process, which announces each step before running it; the parent waits at most
+or never return. :func:`run_isolated` runs the checklist (:mod:`attn.conformance.checklist`)
+in one child process, which announces each step before running it; the parent waits at most
 ``timeout_s`` for each step. A child that exits, dies by a signal or runs past the limit is
 killed (with its process group: whatever it started), its step becomes a FAIL result naming
 the check and the cause, and a new child goes on with the steps after it. After a time-out
@@ -25,13 +25,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from attn.conformance.checklist import Factory, steps
 from attn.conformance.harness import (
     active_dtypes,
     dtypes_from,
     enter_profile,
     typed_copies,
 )
-from attn.conformance.plan import Factory, steps
 from attn.conformance.report import CheckResult, ConformanceReport
 from attn.registration import REGISTRY, register_attention
 from attn.supervise import Child, ChildGone, signal_name
@@ -46,7 +46,7 @@ EXIT_GRACE_S = 10.0
 
 @dataclass(frozen=True)
 class Job:
-    """What a child needs to run the plan from step ``start`` on (picklable)."""
+    """What a child needs to run the checklist from step ``start`` on (picklable)."""
 
     attention: str | Factory
     registered: Factory | None  # the object registered under a name, registered again there

@@ -122,7 +122,8 @@ def sweep(
     """Run a speed sweep, a training grid (``kind: quality``) or a pretrained-model run
     (``kind: pretrained``) into a run directory; resumable: finished units are kept."""
     from bench.engine.executors import ExecutorSpec
-    from bench.runner import default_run_dir, load_run, plan, run_plan, size_of
+    from bench.runner import default_run_dir, load_run, run_plan, size_of
+    from bench.runner import dry_run as dry_run_of  # dry_run: the --dry-run flag
 
     import_plugin_options(plugin)
     _check_executor(executor, address, connect_timeout_s)
@@ -136,7 +137,8 @@ def sweep(
         work = run_plan(cfg)
         run_dir = out or default_run_dir(cfg)
         if dry_run:  # refused as the run would be (another thread count, unless --allow-mixed)
-            for line in plan(work, run_dir, allow_mixed=allow_mixed, local=executor == "local").lines():
+            for line in dry_run_of(work, run_dir, allow_mixed=allow_mixed,
+                                  local=executor == "local").lines():
                 typer.echo(line)
             return
         console = make_console(stderr=True)
@@ -169,10 +171,11 @@ def _where_results_are(rows_file: Path, written: list[Path]) -> str:
 
 def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
                        **options: Any) -> dict[str, int]:
-    """:func:`bench.runner.run` of ``work`` (a sweep's or a grid's plan) under a progress bar;
-    Ctrl-C, SIGTERM and SIGHUP stop it cleanly; each finished unit is one line in a log
-    (CI) with what its rows say (``work.outcome``). Returns the new rows by status, and
-    under :data:`NOISY` how many of them were flagged noisy."""
+    """:func:`bench.runner.run` of ``work`` (the run plan of a sweep, a grid or a
+    pretrained-model run) under a progress bar; Ctrl-C, SIGTERM and SIGHUP stop it cleanly;
+    each finished unit is one line in a log (CI) with what its rows say (``work.outcome``).
+    Returns the new rows by status, and under :data:`NOISY` how many of them were flagged
+    noisy."""
     from rich.markup import escape
     from rich.progress import (
         BarColumn,
@@ -245,16 +248,16 @@ def _todo(work: Any, run_dir: Path, *, retry_failed: bool, overwrite: bool,
 
     from bench.engine.results import RETRY_STATUSES
     from bench.engine.rundir import resumable_rows
-    from bench.runner import noisy_rows, plan
+    from bench.runner import dry_run, noisy_rows
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the run itself names each damaged line once
-        items = plan(work, run_dir, allow_mixed=True).items  # the run itself checks the rows
+        items = dry_run(work, run_dir, allow_mixed=True).items  # the run itself checks the rows
         every = {item.key for item in items}
         if overwrite:
             return every
         todo = {item.key for item in items if item.state != "done"}
-        redo = noisy_rows(work) if retry_noisy else (lambda _row: False)
+        redo = noisy_rows(work, run_dir) if retry_noisy else (lambda _row: False)
         if retry_failed or retry_noisy:
             key = _key_column(work)
             todo |= every & {row[key] for row in resumable_rows(run_dir, work.file, work.columns)

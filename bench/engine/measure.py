@@ -220,7 +220,7 @@ class CallTimer:
         return start.elapsed_time(end) / 1e3
 
 
-def planned_repeats(estimate_s: float, *, budget_s: float, minimum: int, maximum: int) -> int:
+def repeats_in_budget(estimate_s: float, *, budget_s: float, minimum: int, maximum: int) -> int:
     """Timed repeats for a call that took ``estimate_s`` after warm-up: as many as fit in
     ``budget_s``, never fewer than ``minimum`` (the budget is lengthened) nor more than
     ``maximum``."""

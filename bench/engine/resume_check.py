@@ -38,7 +38,7 @@ def check_resume_environment(rows: list[dict[str, str]], env: dict[str, Any], dt
 
 def check_resume(kept: list[dict[str, Any]], env: dict[str, Any], dtype: str, *, has_work: bool,
                  local: bool = True) -> None:
-    """The resume check of a run (and of its dry run, :func:`bench.engine.rundir.plan_units`): ``kept`` rows
+    """The resume check of a run (and of its dry run, :func:`bench.engine.rundir.dry_run_units`): ``kept`` rows
     measured in another environment are a ``MixedEnvironmentError``. With work to do, every
     field of :data:`bench.engine.provenance.RESUME_FIELDS` counts; with nothing to run, the
     settings a case id lacks (:data:`SETTING_FIELDS`) and the dtype still count; the plan's

@@ -2,7 +2,7 @@
 
 :func:`run_units` runs a product's :class:`RunPlan` into a run directory (locked and
 resumable: :class:`RunRecorder` keeps an earlier run's rows, refuses to mix environments and
-records each segment's), and :func:`plan_units` is its dry run. A *chain* is a generator of
+records each segment's), and :func:`dry_run_units` is its dry run. A *chain* is a generator of
 units: it yields a unit and is sent that unit's rows, so dependencies between units live in
 the chain; :func:`drive` keeps the executor's slots busy with the chains' next units. A
 damaged row is not kept: its unit runs again and the line goes to ``<file>.rejected``.
@@ -184,8 +184,8 @@ def drive(chains: list[Chain], executor: Executor, *,
 
 
 @dataclass(frozen=True)
-class Planned:
-    """One item of a plan (a case, a training run): its id, ``done``, ``todo`` or ``todo
+class DryRunItem:
+    """One item of a dry run (a case, a training run): its id, ``done``, ``todo`` or ``todo
     (WHY)``, and a line describing it."""
 
     key: str
@@ -194,13 +194,13 @@ class Planned:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What a run into ``run_dir`` would do: every item of the plan with its state (a dry
-    run, :func:`plan_units`)."""
+class DryRun:
+    """What a run into ``run_dir`` would do: every item of the run plan with its state
+    (:func:`dry_run_units`)."""
 
     run_dir: Path
     size: str  # how many items, said with their nouns (RunPlan.size)
-    items: tuple[Planned, ...]
+    items: tuple[DryRunItem, ...]
 
     @property
     def done(self) -> int:
@@ -219,7 +219,8 @@ def counted(n: int, singular: str, plural: str) -> str:
 
 
 class RunPlan(Protocol):
-    """What a product runs into a run directory (:func:`run_units`)."""
+    """A product's run plan: what it runs into a run directory (:func:`run_units`), its
+    units, results file and rows (the one thing the library calls a plan)."""
 
     @property
     def file(self) -> str:
@@ -260,7 +261,7 @@ class RunPlan(Protocol):
         """How many items the plan has (done or not), said with what they are: ``12 cases``,
         ``24 training runs and 9 computed references`` (:func:`counted`)."""
 
-    def preview(self, kept: Rows, run_dir: Path) -> list[Planned]:
+    def dry_run_items(self, kept: Rows, run_dir: Path) -> list[DryRunItem]:
         """Every item of the plan and its state, given the rows an earlier run recorded
         (``kept``, before ``--retry-failed``)."""
 
@@ -270,7 +271,7 @@ class RunPlan(Protocol):
     def key(self, row: Row) -> tuple:
         """The identity of a row: an earlier row with the same key is kept, not run again."""
 
-    def settings(self) -> dict[str, Any]:
+    def resolved_config(self) -> dict[str, Any]:
         """The resolved config written to :attr:`config_file`."""
 
     def chains(self, recorder: RunRecorder) -> list[Chain]:
@@ -284,8 +285,8 @@ class RunPlan(Protocol):
         ``None``)."""
 
 
-def plan_units(run_dir: Path, plan: RunPlan, *, allow_mixed: bool = False,
-               local: bool = True) -> Plan:
+def dry_run_units(run_dir: Path, plan: RunPlan, *, allow_mixed: bool = False,
+                  local: bool = True) -> DryRun:
     """What :func:`run_units` would do with ``plan`` in ``run_dir``, without running or
     writing anything: every item and whether a resume keeps it (``done``) or runs it.
 
@@ -295,12 +296,12 @@ def plan_units(run_dir: Path, plan: RunPlan, *, allow_mixed: bool = False,
     run never lists as done what the run would not keep."""
     run_dir = Path(run_dir)
     kept = resumable_rows(run_dir, plan.file, plan.columns)
-    items = tuple(plan.preview(kept, run_dir))
+    items = tuple(plan.dry_run_items(kept, run_dir))
     if kept and not allow_mixed:
         check_resume(kept, {**environment(plan.device, plan.threads), **plan.row_settings},
                      plan.dtype, has_work=any(item.state != "done" for item in items),
                      local=local)
-    return Plan(run_dir, plan.size(), items)
+    return DryRun(run_dir, plan.size(), items)
 
 
 def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | ExecutorSpec | None = None,
@@ -356,7 +357,7 @@ def _run_locked(run_dir: Path, plan: RunPlan, executor: Executor, *, allow_mixed
         env = {**environment(plan.device, plan.threads, probe=isinstance(executor, LocalExecutor)),
                **plan.row_settings}
         recorder.start(env, dtype=plan.dtype, allow_mixed=allow_mixed, has_work=bool(chains),
-                       config=plan.settings(), config_file=plan.config_file,
+                       config=plan.resolved_config(), config_file=plan.config_file,
                        local=isinstance(executor, LocalExecutor))
         if not chains:
             return []

@@ -12,7 +12,7 @@ import yaml
 
 from bench.engine.fsutil import atomic_write_text
 from bench.engine.row_schema import PRETRAINED_COLUMNS
-from bench.engine.rundir import Chain, Planned, RunPlan, RunRecorder, counted, run_units
+from bench.engine.rundir import Chain, DryRunItem, RunPlan, RunRecorder, counted, run_units
 from bench.pretrained.config import PretrainedConfig
 from bench.pretrained.units import PretrainedUnit, units
 
@@ -49,9 +49,9 @@ class PretrainedPlan:
     def size(self) -> str:
         return counted(len(units(self.config)), "unit", "units")
 
-    def preview(self, kept: list[dict[str, Any]], run_dir: Path) -> list[Planned]:
+    def dry_run_items(self, kept: list[dict[str, Any]], run_dir: Path) -> list[DryRunItem]:
         done = {r["cell_id"] for r in kept}
-        return [Planned(u.unit_id, "done" if u.unit_id in done else "todo", u.describe())
+        return [DryRunItem(u.unit_id, "done" if u.unit_id in done else "todo", u.describe())
                 for u in units(self.config)]
 
     def outcome(self, rows: list[dict[str, Any]]) -> str:
@@ -64,7 +64,7 @@ class PretrainedPlan:
         return tuple(str(row.get(c) or "") for c in ("cell_id", "label", "document", "seq_len",
                                                      "depth", "positions", "metric"))
 
-    def settings(self) -> dict[str, Any]:
+    def resolved_config(self) -> dict[str, Any]:
         return dict(self.config.raw)
 
     def chains(self, recorder: RunRecorder) -> list[Chain]:

@@ -26,7 +26,7 @@ from bench.engine.config import ConfigError
 from bench.engine.executors import Executor, ExecutorSpec
 from bench.engine.fsutil import atomic_write_text
 from bench.engine.row_schema import QUALITY_COLUMNS
-from bench.engine.rundir import Chain, Planned, RunRecorder, counted, run_units
+from bench.engine.rundir import Chain, DryRunItem, RunRecorder, counted, run_units
 from bench.quality.budget import strip_budget
 from bench.quality.grid_config import GridConfig, canonical
 from bench.quality.reference_unit import ReferenceUnit, is_reference_row
@@ -138,13 +138,14 @@ class GridPlan:
             said += f" and {counted(references, 'computed reference', 'computed references')}"
         return said
 
-    def preview(self, kept: list[dict[str, Any]], run_dir: Path) -> list[Planned]:
+    def dry_run_items(self, kept: list[dict[str, Any]], run_dir: Path) -> list[DryRunItem]:
         """Every unit: ``done`` when its rows are kept, ``todo (settings changed)`` when they
         were trained with other task settings than the preset gives now, else ``todo``."""
         stale = superseded_units(kept, self.config)
         done = {r["unit_id"] for r in kept} - stale
-        return [Planned(u.unit_id, "done" if u.unit_id in done else
-                        "todo (settings changed)" if u.unit_id in stale else "todo", u.describe())
+        return [DryRunItem(u.unit_id, "done" if u.unit_id in done else
+                           "todo (settings changed)" if u.unit_id in stale else "todo",
+                           u.describe())
                 for u in units(self.config, run_dir)]
 
     def outcome(self, rows: list[dict[str, Any]]) -> str:
@@ -168,7 +169,7 @@ class GridPlan:
     def key(self, row: dict[str, Any]) -> tuple:
         return (row["unit_id"], row["split"], row["metric"], row["condition"])
 
-    def settings(self) -> dict[str, Any]:
+    def resolved_config(self) -> dict[str, Any]:
         return resolved_settings(self.config)
 
     def chains(self, recorder: RunRecorder) -> list[Chain]:

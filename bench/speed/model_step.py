@@ -94,7 +94,7 @@ class ModelStepRunner:
         return {"first_call_ms": first * 1e3}
 
     def prepare(self) -> dict[str, Any]:
-        """One planning call and the memory readings (as the attention runner)."""
+        """One estimate call and the memory readings (as the attention runner)."""
         estimate = self.timer.time_once()
         memory = measure_memory(self.fn, None, self.device, call_s=estimate)
         return {"estimate_ms": estimate * 1e3,

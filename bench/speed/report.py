@@ -16,7 +16,7 @@ from bench.engine.config import list_config_presets
 from bench.engine.fsutil import atomic_write_text, read_json
 from bench.engine.markdown import cell, markdown_table
 from bench.engine.results import read_env
-from bench.speed.noise import DEFAULT_THRESHOLD, row_verdict
+from bench.speed.noise import DEFAULT_THRESHOLD, SLOW_STATE_FACTOR, quiet_probes, row_verdict
 from bench.speed.results import load_results
 from bench.speed.scaling import scaling_table
 
@@ -221,7 +221,9 @@ def _noise_warning(df: pd.DataFrame, run_dir: Path) -> list[str]:
     policy = f"{threshold.max():.0%}" if len(threshold) else f"{DEFAULT_THRESHOLD:.0%} (default)"
     return [f"**Noisy: {noisy} of {len(ok)} ok rows were measured under contention** (their "
             f"repeats' spread, IQR over median, or the calibration probe's change during the "
-            f"rounds is above the noise threshold {policy}; listed under \"Noisy rows\" below). "
+            f"rounds is above the noise threshold {policy}, or the probe took over "
+            f"{SLOW_STATE_FACTOR:g}x the run's quiet probe on the same machine and threads: a "
+            f"slow state for the whole case; listed under \"Noisy rows\" below). "
             "Fits and crossovers leave them out and say how many (`noisy_dropped` per fit, "
             "`left out: K noisy rows` after a crossover); the time tables and interleaved "
             "ratios still quote them, marked `noisy`. Measure them "
@@ -230,12 +232,15 @@ def _noise_warning(df: pd.DataFrame, run_dir: Path) -> list[str]:
 
 
 def _noisy_section(df: pd.DataFrame) -> list[str]:
-    """The rows flagged noisy, with why."""
+    """The rows flagged noisy, with why (a slow state against the quiet probe of all the
+    run's rows: ``slow state: probe X ms against the run's quiet Y ms``)."""
     noisy = df[(df.status == "ok") & df.noisy]
     if noisy.empty:
         return []
-    table = noisy[["label", "kernel_requested", "seq_len", "pass", "time_ms", "times_ms"]].assign(
-        why=[row_verdict(row) or "flagged when measured" for row in noisy.itertuples()])
+    quiet = quiet_probes(df.itertuples())
+    table = noisy[["label", "kernel_requested", "seq_len", "pass", "time_ms", "times_ms",
+                   "probe_ms"]].assign(
+        why=[row_verdict(row, quiet) or "flagged when measured" for row in noisy.itertuples()])
     return ["## Noisy rows (left out of fits and crossovers)", "", markdown_table(table), ""]
 
 

@@ -2,7 +2,7 @@
 variant at one length) in isolated workers, in interleaved rounds (A, B, C, A, B, C, ...) so
 that their ratios share the machine's load; and the matmul peak, in a worker of its own.
 
-For each pass, every case's worker first prepares (warm-up, a planning call, memory), one
+For each pass, every case's worker first prepares (warm-up, an estimate call, memory), one
 worker at a time; then the rounds run, one timed call per case per round. All cases of the
 unit get the same number of rounds: as many as the slowest case fits in its time budget,
 never fewer than ``min_repeats``. Each case's worker times a calibration probe (a fixed
@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from attn.kernels import get_kernel, kernel_names
-from bench.engine.measure import matmul_peak_flops, planned_repeats
+from bench.engine.measure import matmul_peak_flops, repeats_in_budget
 from bench.engine.process import Worker, WorkerGone
 from bench.speed.cases import Case
 from bench.speed.rows import failure_rows, measured_row
@@ -194,8 +194,8 @@ def _run_pass(members: list[_Member], pass_name: str, unit_id: str) -> None:
     ready = _prepare([m for m in members if pass_name in m.passes], pass_name)
     if not ready:
         return
-    rounds = min(planned_repeats(info["estimate_ms"] / 1e3, budget_s=m.case.time_budget_s,
-                                 minimum=m.case.min_repeats, maximum=m.case.repeats)
+    rounds = min(repeats_in_budget(info["estimate_ms"] / 1e3, budget_s=m.case.time_budget_s,
+                                   minimum=m.case.min_repeats, maximum=m.case.repeats)
                  for m, info in ready)
     times: dict[int, list[float]] = {id(m): [] for m, _ in ready}
     probes: dict[int, list[float]] = {id(m): [] for m, _ in ready}

@@ -6,7 +6,7 @@ formats belong to the engine, which reads, repairs and resumes them. What fills 
 - :func:`base_row`: what was measured (the case and the pass), before measuring;
 - :func:`failure_rows`: a pass that produced no measurement (status and reason);
 - :func:`measured_row`: an ``ok`` pass: what the worker reported when the attention was
-  built (flops, density, threads), when it prepared the pass (warm-up, planning call,
+  built (flops, density, threads), when it prepared the pass (warm-up, estimate call,
   memory), what ran (:func:`path_columns`, in the worker) and the timed rounds
   (:func:`timing_columns`) with their noise columns (spread, calibration probe, ``noisy``);
 - ``peak_fraction``: its share of the matmul peak of the device it ran on, where it ran
@@ -93,11 +93,13 @@ def measured_row(case: Case, pass_name: str, built: Row, prepared: Row, finished
                  times_s: list[float], unit_id: str, interleaved: int,
                  probes_s: tuple[float, ...] = ()) -> Row:
     """The ``ok`` row of a pass: ``built`` (the worker's ``ready`` info: FLOPs per pass,
-    flops kind, density, threads), ``prepared`` (its warm-up, planning call and memory),
+    flops kind, density, threads), ``prepared`` (its warm-up, estimate call and memory),
     ``finished`` (:func:`path_columns`), the timed calls ``times_s``, the unit they were
     interleaved in with ``interleaved`` cases, and the calibration probe's seconds before
     and after the timed rounds (``probes_s``): the noise columns
-    (:func:`bench.speed.noise.noise_columns`, under the case's ``noise_threshold``)."""
+    (:func:`bench.speed.noise.noise_columns`, under the case's ``noise_threshold``; the
+    sweep's driver also flags it ``noisy`` when its probe is slow against the run's quiet
+    one, :func:`bench.speed.noise.slow_state_marker`: the worker sees no other row)."""
     flops = built["flops"][pass_name]
     timing = timing_columns(times_s, flops)
     noise = noise_columns(np.asarray(times_s) * 1e3, [p * 1e3 for p in probes_s],

@@ -23,8 +23,8 @@ from bench.engine.results import RESULTS_FILE
 from bench.engine.row_schema import COLUMNS
 from bench.engine.rundir import (
     Chain,
+    DryRunItem,
     MixedEnvironmentError,
-    Planned,
     Rows,
     RunRecorder,
     counted,
@@ -33,7 +33,7 @@ from bench.engine.rundir import (
 from bench.speed.cases import Case, expand_cases
 from bench.speed.cases import chains as make_chains
 from bench.speed.config import SweepConfig
-from bench.speed.noise import is_noisy
+from bench.speed.noise import noisy_in, slow_state_marker
 from bench.speed.peak import PEAK_FLOPS, PEAK_KEY, PeakSpec
 from bench.speed.rows import Row
 from bench.speed.unit import FATAL, record_failure, speed_chain
@@ -97,11 +97,11 @@ class SweepPlan:
     def size(self) -> str:
         return counted(len(self.cases), "case", "cases")
 
-    def preview(self, kept: Rows, run_dir: Path) -> list[Planned]:
+    def dry_run_items(self, kept: Rows, run_dir: Path) -> list[DryRunItem]:
         """Every case, ``done`` when each of its passes has a kept row."""
         done = {(r["case_id"], r["pass"]) for r in kept}
-        return [Planned(c.case_id, "done" if all((c.case_id, p) in done for p in c.passes)
-                        else "todo", c.describe()) for c in self.cases]
+        return [DryRunItem(c.case_id, "done" if all((c.case_id, p) in done for p in c.passes)
+                           else "todo", c.describe()) for c in self.cases]
 
     def outcome(self, rows: Rows) -> str:
         return ", ".join(f"{r['kernel_requested']} {r['pass']} {r['status']}" for r in rows)
@@ -126,7 +126,7 @@ class SweepPlan:
     def key(self, row: Row) -> tuple:
         return (row["case_id"], row["pass"])
 
-    def settings(self) -> dict[str, Any]:
+    def resolved_config(self) -> dict[str, Any]:
         return asdict(self.config)
 
     def chains(self, recorder: RunRecorder) -> list[Chain]:
@@ -147,8 +147,14 @@ class SweepPlan:
     def begin(self, run_dir: Path, env: dict[str, Any]) -> Callable[[Row], None]:
         """Nothing is measured here: each unit divides by the matmul peak of the device it
         ran on (:mod:`bench.speed.peak`, so a driver without the sweep's device can drive
-        it); each arriving row hands that peak over for ``peak.json``."""
-        return peak_recorder(run_dir)
+        it); each arriving row hands that peak over for ``peak.json`` and is flagged noisy
+        when its probe is slow against the run's quiet one (:func:`bench.speed.noise.slow_state_marker`)."""
+        record_peak, mark_slow = peak_recorder(run_dir), slow_state_marker(run_dir)
+
+        def finish(row: Row) -> None:
+            record_peak(row)
+            mark_slow(row)
+        return finish
 
 
 def run_sweep(
@@ -172,4 +178,4 @@ def run_sweep(
     """
     return run_units(run_dir, SweepPlan.of(config), executor=executor,
                      allow_mixed=allow_mixed, retry_failed=retry_failed, overwrite=overwrite,
-                     redo=is_noisy if retry_noisy else None, on_start=on_start, on_done=on_done)
+                     redo=noisy_in(run_dir) if retry_noisy else None, on_start=on_start, on_done=on_done)

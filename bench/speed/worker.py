@@ -5,7 +5,7 @@ The parent (:mod:`bench.speed.rounds`) drives it pass by pass over a pipe:
 - ``("warm", pass)``: build the inputs, check support, make the warm-up call(s) (compile
   and cache building happen there, under the case's ``compile_timeout_s``, before its
   clock starts). Reply ``("warmed", info)``.
-- ``("prepare", pass)``: one more call whose time plans the repeats, then the memory
+- ``("prepare", pass)``: one more call (the estimate call) whose time sets the repeats, then the memory
   readings (one call each, untimed). Reply ``("prepared", info)``.
 - ``("time", pass)``: one timed call (its setup untimed). Reply ``("timed", seconds)``.
 - ``("probe",)``: the calibration probe, a fixed small matmul on the case's device
@@ -21,7 +21,7 @@ The parent (:mod:`bench.speed.rounds`) drives it pass by pass over a pipe:
 - ``("exit",)``.
 
 A failure replies ``("failed", status, reason)`` (``unsupported``, ``oom``, ``nonfinite`` or
-``error``) and the worker keeps serving the next pass. ``nonfinite``: the planning call of a
+``error``) and the worker keeps serving the next pass. ``nonfinite``: the estimate call of a
 pass gave an output or a gradient (of q, k, v or the module's parameters; of a model-step
 case, the logits or the weights after the update) with NaN or inf values, so its time would
 be the time of a wrong answer. The first message is ``("ready", info)`` or, when
@@ -99,7 +99,7 @@ class PassRunner:
             if not case.one_by_one:
                 self.document_ids = document_ids(lengths, b, self.device)
         self.paths: list[Any] = []  # KernelPath of every call of this pass
-        self._keep_output = False  # the planning call keeps its output for the finiteness check
+        self._keep_output = False  # the estimate call keeps its output for the finiteness check
         self._output: Any = None
         self._first_backward: float | None = None  # seconds of the first call's backward
         fn, setup = self._callables()
@@ -125,7 +125,7 @@ class PassRunner:
         return out
 
     def nonfinite(self) -> str | None:
-        """What of the last call (the planning call) was NaN or inf: its output, or a gradient
+        """What of the last call (the estimate call) was NaN or inf: its output, or a gradient
         of q, k, v or a parameter after a backward (``None``: all finite)."""
         found = [nonfinite_problem("the output", self._output)]
         if self.grad:
@@ -200,7 +200,7 @@ class PassRunner:
         return {"first_call_ms": first * 1e3}
 
     def prepare(self) -> dict[str, Any]:
-        """One planning call and the memory readings, after :meth:`warm`."""
+        """One estimate call and the memory readings, after :meth:`warm`."""
         self._keep_output = True  # a reference kept during the call, checked after it
         try:
             estimate, warm_backward = self._call()
@@ -249,7 +249,7 @@ def _runner(case: Case, module: Any, pass_name: str) -> Any:
 
 
 def _model_step_nonfinite(runner: Any) -> str | None:
-    """A model-step case after its planning calls: the logits of one more (untimed) forward,
+    """A model-step case after its estimate calls: the logits of one more (untimed) forward,
     and the weights after the updates of a ``train_step`` pass (``None``: all finite)."""
     with torch.no_grad():
         found = nonfinite_problem("the model's output", runner.model(runner.ids))
@@ -260,8 +260,8 @@ def _model_step_nonfinite(runner: Any) -> str | None:
 
 
 def _prepare(runner: Any) -> dict[str, Any]:
-    """The runner's planning call and memory readings; :class:`NonFiniteOutput` when the
-    planning call's values are not finite."""
+    """The runner's estimate call and memory readings; :class:`NonFiniteOutput` when the
+    estimate call's values are not finite."""
     info = runner.prepare()
     if isinstance(runner, ModelStepRunner):
         problem = _model_step_nonfinite(runner)

@@ -6,7 +6,7 @@ there as it would locally, and its rows come back to the driver, which alone wri
 results. Ray is the optional extra ``attn-bench[ray]``, imported only when an
 executor is made.
 
-What a task reserves (:func:`plan_reservation`):
+What a task reserves (:func:`reservation_for`):
 
 - ``cuda``: one GPU (``num_gpus=1``, no CPU), so one unit per GPU of the cluster; the GPU Ray
   assigns reaches the case workers as ``CUDA_VISIBLE_DEVICES``.
@@ -116,7 +116,7 @@ def _node_name(node: dict[str, Any]) -> str:
     return str(node.get("NodeManagerHostname") or node.get("NodeManagerAddress") or node["NodeID"])
 
 
-def plan_reservation(device: str, nodes: list[dict[str, Any]]) -> Reservation:
+def reservation_for(device: str, nodes: list[dict[str, Any]]) -> Reservation:
     """The reservation of one unit's task on a cluster whose nodes are ``nodes`` (``ray.nodes()``).
 
     ``ValueError`` when no node can run a unit on ``device``.
@@ -253,7 +253,7 @@ class RayExecutor:
         self._done: list[tuple[Any, list[dict[str, Any]]]] = []
         self._last_check = time.monotonic()
         try:
-            self.reservation = plan_reservation(device, self._ray.nodes())
+            self.reservation = reservation_for(device, self._ray.nodes())
             self._task = self._ray.remote(run_unit_task)
         except BaseException:
             self._disconnect()

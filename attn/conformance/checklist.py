@@ -1,4 +1,4 @@
-"""The kit's plan: every check of a :func:`~attn.conformance.check_attention` call as a
+"""The kit's checklist: every check of a :func:`~attn.conformance.check_attention` call as a
 numbered step, in one fixed order, so that a run can be cut at any step and resumed after it.
 
 For each parameter set: ``construct`` (build the variant, randomise its learned parameters),
@@ -36,7 +36,7 @@ Builder = Callable[[str, int, int, dict[str, Any]], Attention]
 
 @dataclass(frozen=True)
 class Step:
-    """One check of the plan: its number, what it checks, and how to run it."""
+    """One check of the checklist: its number, what it checks, and how to run it."""
 
     index: int
     check: str
@@ -67,8 +67,9 @@ def builder(attention: str | Factory) -> tuple[str, list[dict[str, Any]], Builde
 def steps(attention: str | Factory, params: dict[str, Any] | Sequence[dict[str, Any]] | None,
           kernels: Sequence[str] | None, device: torch.device, seed: int,
           quick: bool) -> Iterator[Step]:
-    """The plan of a check (see the module docstring). A ``construct`` step must be run
-    before the steps after it are made (they need the module it builds)."""
+    """The checklist of a ``check_attention`` call, step by step (see the module docstring).
+    A ``construct`` step must be run before the steps after it are made (they need the module
+    it builds)."""
     _, param_sets, build = builder(attention)
     if params is not None:
         param_sets = [params] if isinstance(params, dict) else list(params)
