@@ -38,6 +38,8 @@ def test_a_ratio_holds_within_its_spread_and_fails_beyond():
     assert len(failed_headlines(table)) == 1  # the reference row at the longest length
     assert compare_ratios(committed, _rows(3.0, 0.02, lengths=(64,))).headline.sum() == 0
     assert sampled_lengths(_rows(2.0, 0.0, lengths=(64, 128, 256, 512, 1024)), 2) == (64, 1024)
+    one_kernel_units = committed.assign(interleaved=1)  # rows of one length timed one after another
+    assert compare_ratios(one_kernel_units, _rows(2.08, 0.02).assign(interleaved=1)).holds.all()
 
 
 @pytest.mark.serial  # times known sleeps in interleaved rounds

@@ -1,8 +1,9 @@
 """Whether a committed run's ratios hold on this machine (``attn-bench reproduce``).
 
 A speed run's figures are ratios of kernels timed in the same interleaved rounds
-(:func:`bench.speed.report.interleaved_ratios`). Reproducing one re-measures the same units
-here, interleaved as the original, and reads each ratio beside the committed one: it *holds*
+(:func:`bench.speed.report.interleaved_ratios`); in a run of one kernel per unit, of rows of
+one length timed one after another. Reproducing one re-measures the same units here,
+interleaved as the original, and reads each ratio beside the committed one: it *holds*
 when the two interquartile ranges of the per-round ratios overlap, or the medians differ by
 at most ``tolerance`` (10%: what a machine's drift between two quiet runs leaves). A
 *headline* figure is a ratio at the largest length each (pattern, kernel, pass) reached in the
@@ -18,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.speed.report import _round_ratio, _times, interleaved_ratios
+from bench.speed.report import _round_ratio, _times
 
 KEY = ["label", "pass", "seq_len", "kernel", "vs"]
 DEFAULT_TOLERANCE = 0.10
@@ -37,21 +38,31 @@ def saved_config(run_dir: Path) -> dict[str, Any]:
 
 
 def sampled_lengths(committed: pd.DataFrame, sample: int | None) -> tuple[int, ...]:
-    """The lengths of the committed run's interleaved figures, or ``sample`` of them spread
+    """The lengths of the committed run's figures, or ``sample`` of them spread
     evenly from the shortest to the longest (the longest always kept)."""
-    lengths = sorted(interleaved_ratios(committed).seq_len.unique()) if len(committed) else []
+    lengths = sorted({fig["seq_len"] for fig in _figures(committed)})
     if sample is None or sample >= len(lengths):
         return tuple(int(n) for n in lengths)
     picks = np.linspace(len(lengths) - 1, 0, sample).round().astype(int)  # the longest first
     return tuple(sorted(int(lengths[i]) for i in picks))
 
 
+def _groups(df: pd.DataFrame) -> pd.DataFrame:
+    """The ok rows, grouped by the rounds they were timed in: their unit where kernels were
+    timed together, else (a run of one kernel per unit) every row of one length and shape,
+    whose ratios are then between rows timed one after another."""
+    ok = df[df.status == "ok"]
+    together = ok.interleaved.fillna(1) > 1
+    columns = [c for c in ("seq_len", "batch", "heads", "head_dim", "dtype", "causal") if c in ok]
+    shape = ok[columns].astype(str).agg("/".join, axis=1)
+    return ok.assign(rounds_of=ok.interleave_id.where(together, "same run " + shape))
+
+
 def _figures(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """Each row timed together with others, against the fastest of its unit and pass: the
+    """Each row against the fastest row of its rounds and pass (:func:`_groups`): the
     figure's key, its base and the per-round times of both."""
-    ok = df[(df.status == "ok") & (df.interleaved.fillna(1) > 1)]
     out = []
-    for (_unit, pass_name), group in ok.groupby(["interleave_id", "pass"], sort=False):
+    for (_unit, pass_name), group in _groups(df).groupby(["rounds_of", "pass"], sort=False):
         base = group.loc[group.time_ms.idxmin()]
         for row in group.itertuples():
             if (row.label, row.kernel_requested) != (base.label, base.kernel_requested):
@@ -63,7 +74,7 @@ def _figures(df: pd.DataFrame) -> list[dict[str, Any]]:
 
 def _times_of(df: pd.DataFrame) -> dict[tuple, np.ndarray]:
     """Per-round times of every ok row timed together, by (label, kernel, pass, N)."""
-    ok = df[(df.status == "ok") & (df.interleaved.fillna(1) > 1)]
+    ok = df[df.status == "ok"]
     return {(r.label, r.kernel_requested, r.pass_name, int(r.seq_len)): _times(r.times_ms)
             for r in ok.rename(columns={"pass": "pass_name"}).itertuples()}
 
