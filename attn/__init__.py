@@ -1,12 +1,7 @@
-"""Attention for long sequences: variant semantics, kernels, registry and conformance kit.
+"""Attention for long sequences: variant semantics, kernels, registry and conformance kit (docs/contract.md).
 
-Public interface (docs/contract.md): :func:`register_attention`, :func:`create_attention`,
-:func:`list_attention`, :func:`attention_info`; every module follows the tensor contract
-``forward(q, k, v, *, causal=False, key_mask=None)`` with ``(B, H, N, D)`` tensors.
-A plain ``nn.Module`` with that forward can be registered as it is (see :mod:`attn.plain_module`).
-
-The names below are resolved on first use (PEP 562), so importing a torch-free submodule
-such as :mod:`attn.validation` does not load torch or the registry.
+The public names below resolve on first use (PEP 562), so importing a torch-free submodule such
+as :mod:`attn.validation` does not load torch or the registry.
 """
 
 from __future__ import annotations
@@ -84,12 +79,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only: the names resolve lazily a
 
 
 def __getattr__(name: str) -> Any:
-    """Import the module that defines public ``name`` on first use and cache the name here.
-
-    Every public name resolves through the registry's import chain as before (asking for any
-    of them registers the built-in variants), just not at ``import attn``: the package stays
-    cheap for the torch-free modules below it.
-    """
+    """Import the module defining public ``name`` on first use (after the registry) and cache it here."""
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'attn' has no attribute {name!r}")

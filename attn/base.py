@@ -25,43 +25,32 @@ PROBE_HEADS, PROBE_DIM = 8, 64
 
 
 class Attention(nn.Module):
-    """Base of every registered attention.
+    """Base of every registered attention (docs/contract.md).
 
-    Subclasses declare either a mask_mod / score_mod (exact variants, see
-    :class:`ExactAttention`) or a ``native_forward`` (their own implementation). ``forward``
-    validates the contract, builds the call's :class:`~attn.pattern.Pattern` once and describes
-    the call (:class:`AttentionCall`), resolves ``kernel="auto"`` for it, runs the kernel on
-    the pattern and records what ran in ``last_path``. Which kernels a variant has is derived
-    from what each kernel supports (:meth:`supported_kernels`); a variant never lists them.
-    """
+    Subclasses declare a mask_mod / score_mod (:class:`ExactAttention`) or a ``native_forward``.
+    ``forward`` checks the contract, builds the :class:`~attn.pattern.Pattern`, resolves the kernel
+    and records what ran in ``last_path``. A variant's kernels are derived, never listed."""
 
     name: ClassVar[str] = "attention"
-    #: kernels ``auto`` tries first, in this order (those the variant has): a preference, not
-    #: a statement of support
+    #: kernels ``auto`` tries first (a preference, not a statement of support)
     preferred_kernels: ClassVar[tuple[str, ...]] = ()
     exact: ClassVar[bool] = True
     #: True when the variant's own implementation (kernel ``native``) computes float16 /
     #: bfloat16 inputs in float32 (:func:`attn.kernels.base.compute_dtype`)
     native_computes_half_in_float32: ClassVar[bool] = False
     supports_causal: ClassVar[bool] = True
-    #: True when a call may give k, v fewer heads than q (grouped-query attention, ``H % H_kv == 0``).
-    #: The kernels that run definitions all take it; a variant that brings its own implementation
-    #: (overrides ``native_forward``) is taken not to unless its class sets this to True
+    #: k, v may have fewer heads than q; False by default for a variant that overrides ``native_forward``
     supports_gqa: ClassVar[bool] = True
     forces_causal: ClassVar[bool] = False
     #: small parameter sets that make the conformance kit meaningful at short lengths
     example_params: ClassVar[tuple[dict[str, Any], ...]] = ({},)
     #: for approximate variants: the parameter whose growth must converge to full attention
     convergence_param: ClassVar[str | None] = None
-    #: the values of ``convergence_param`` the kit's ``converges`` check tries, growing, on a
-    #: sequence of 45 tokens (None: 2, 4, 8, 16, 32 and 45 itself)
+    #: the values the kit's ``converges`` check tries on 45 tokens (None: 2, 4, 8, 16, 32, 45)
     convergence_values: ClassVar[tuple[int, ...] | None] = None
-    #: the largest error against full attention allowed at the last value; None: the
-    #: approximation must be exact there (error <= 1e-8), as Nystrom is once m reaches N. A
-    #: random-feature approximation is never exact: it states the bound its last value meets
+    #: the largest error against full attention at the last value; None: exact there (<= 1e-8)
     convergence_bound: ClassVar[float | None] = None
-    #: the rules of this class's own constructor parameters (merged along the MRO by
-    #: :meth:`check_params`); ``kernel`` is checked against :meth:`class_kernels`
+    #: this class's constructor parameter rules (merged along the MRO by :meth:`check_params`)
     param_rules: ClassVar[dict[str, Param]] = {
         "num_heads": Param(minimum=1, optional=True),
         "head_dim": Param(minimum=1, optional=True),
@@ -95,12 +84,8 @@ class Attention(nn.Module):
     def check_params(cls, **params: Any) -> None:
         """``ValueError`` naming the parameter for any value the constructor refuses.
 
-        Each given parameter is checked by its rule in ``param_rules`` (a ``kernel`` other
-        than ``auto`` against :meth:`class_kernels`), then the rules that join several
-        parameters (:meth:`check_together`). The constructors call this, so every rule is
-        written once; the registry calls it to validate a configuration without
-        instantiating (with every default filled in).
-        """
+        Checks each parameter by its ``param_rules`` rule (``kernel`` against :meth:`class_kernels`), then
+        :meth:`check_together`. The registry calls it to validate a configuration without instantiating."""
         rules: dict[str, Param] = {}
         for klass in reversed(cls.__mro__):
             rules.update(vars(klass).get("param_rules", {}))
@@ -115,15 +100,12 @@ class Attention(nn.Module):
 
     @classmethod
     def check_together(cls, params: dict[str, Any]) -> None:
-        """Rules that join several parameters (e.g. one that needs ``num_heads``); a rule
-        applies only when ``params`` holds what it joins."""
+        """Rules that join several parameters; each applies only when ``params`` holds what it joins."""
 
     # kernels: derived from what each kernel supports
     @classmethod
     def default_pattern(cls) -> Pattern | None:
-        """The pattern of this class built with its default parameters (``num_heads=8``,
-        ``head_dim=64``), on the meta device and leaving the random state as it was; None when
-        the class cannot be built that way."""
+        """The pattern built with default parameters on the meta device (random state kept), or None."""
         try:
             with torch.random.fork_rng(devices=[]), torch.device("meta"):
                 return cls(num_heads=PROBE_HEADS, head_dim=PROBE_DIM).pattern()
@@ -132,8 +114,7 @@ class Attention(nn.Module):
 
     @classmethod
     def class_kernels(cls) -> tuple[str, ...]:
-        """The kernels of this class: those that support its :meth:`default_pattern` (every
-        kernel when it has none; a module refuses then per call)."""
+        """The kernels that support :meth:`default_pattern` (every kernel when it has none)."""
         pattern = cls.default_pattern()
         return kernel_names() if pattern is None else kernels_for(pattern)
 
@@ -151,41 +132,29 @@ class Attention(nn.Module):
         return None
 
     def score_params(self) -> tuple[Tensor, ...]:
-        """The tensors ``score_mod`` reads, which autograd must see through every kernel
-        (default: every parameter of the module)."""
+        """The tensors ``score_mod`` reads, which autograd must see (default: every parameter)."""
         return tuple(self.parameters())
 
     def relative_bias(self) -> RelativeBias | None:
-        """The declarative form of ``score_mod`` when it is exactly a relative position bias
-        (:class:`attn.pattern.RelativeBias`), or None (default)."""
+        """``score_mod``'s :class:`attn.pattern.RelativeBias` form when it is exactly one, else None."""
         return None
 
     def mask_depends_on_head(self) -> bool:
-        """True when ``mask_mod`` reads the head index ``h`` (e.g. per-head dilations).
-
-        Kernels that build a mask once and share it across heads (``sdpa``'s cached mask,
-        ``flex``'s block mask, the cost's pair count) build one per head instead. A variant
-        whose ``mask_mod`` uses ``h`` must say so here; the default is head-independent.
-        """
+        """True when ``mask_mod`` reads ``h``; kernels then build one mask per head instead of sharing one."""
         return False
 
     def band(self) -> Band | None:
-        """Banded structure for O(N*w) kernels, or None when the pattern is not banded
-        (its per-head form: :attr:`Band.group_dilations`). The conformance kit checks that it
-        admits exactly the pairs ``mask_mod`` admits."""
+        """Banded structure for O(N*w) kernels, or None; the conformance kit checks it against ``mask_mod``."""
         return None
 
     def grid(self) -> Grid | None:
-        """The token grid of a factorised pattern (frames x positions, :mod:`attn.grid`) for
-        kernels that run it as batched attention over frames and over positions, or None. The
-        conformance kit checks that it admits exactly the pairs ``mask_mod`` admits."""
+        """The token grid of a factorised pattern (:mod:`attn.grid`), or None; checked against ``mask_mod``."""
         return None
 
     def native_forward(
         self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None
     ) -> Tensor:
-        """The variant's own implementation (kernel ``native``); overriding it makes the
-        variant run as itself (the kernels that run definitions then refuse it)."""
+        """The variant's own implementation (kernel ``native``); overriding it makes the variant run as itself."""
         raise NotImplementedError(
             f"{self.name}: no native implementation; use kernels {list(self.supported_kernels())}"
         )
@@ -193,30 +162,20 @@ class Attention(nn.Module):
     def reference_forward(
         self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None
     ) -> Tensor | None:
-        """An approximation's own definition computed directly (O(Nq * Nk), the same
-        parameters and random features as ``native_forward``), or None (default).
+        """An approximation's definition computed directly (O(Nq * Nk), same parameters), or None.
 
-        The conformance kit's ``matches_reference`` compares an approximate variant's output
-        with this, as it compares an exact variant's with the dense reference of its
-        ``mask_mod``: it proves the fast form (prefix sums, chunking, padding) computes the
-        formula, for every shape, ``causal`` and ``key_mask`` case.
-        """
+        The conformance kit's ``matches_reference`` compares ``native_forward`` with it."""
         return None
 
     def new_decoding_state(self) -> Any | None:
-        """A state for step-wise causal decoding that replaces the KV cache, or None (default:
-        the model keeps every key and value in a ``KVCache``).
+        """A state for causal decoding that replaces the KV cache, or None (default).
 
-        A variant whose causal form is a recurrence (linear attention) returns an object with
-        ``step(q, k, v, key_mask=None) -> out`` (causal attention of the new queries over every
-        key fed so far, bottom-right aligned: the new keys are fed), ``reorder(index)`` (beam
-        search) and ``length`` (keys fed so far); :class:`attn.kernelized.KernelizedState` is
-        one. The models use it in place of a KV cache when it is not None.
-        """
+        It has ``step(q, k, v, key_mask=None) -> out``, ``reorder(index)`` and ``length``;
+        :class:`attn.kernelized.KernelizedState` is one."""
         return None
 
     def pattern(self) -> Pattern:
-        """What this module computes, as the value its kernel reads (built once per call)."""
+        """What this module computes, as the value its kernel reads."""
         return Pattern(
             name=self.name, exact=self.exact, mask_mod=self.mask_mod(), score_mod=self.score_mod(),
             band=self.band(), grid=self.grid(), per_head=self.mask_depends_on_head(), heads=self.num_heads,
@@ -232,12 +191,9 @@ class Attention(nn.Module):
                       getattr(self, "native_path", None))
 
     def cost(self, query: CostQuery) -> Cost:
-        """FLOPs of a call of this shape (see :mod:`attn.cost`).
+        """FLOPs of a call of this shape (:mod:`attn.cost`).
 
-        Exact variants: useful FLOPs of their allowed pairs. An approximation should
-        override this with the matmuls it performs; until it does, it is counted as full
-        attention and labelled ``full_equivalent``.
-        """
+        Approximations should override this; until then they count as full attention (``full_equivalent``)."""
         if self.exact:
             return exact_cost(self.pattern(), query, module_device(self))  # where its mods' tensors are
         return pairs_cost(query.q_len * query.k_len, query, kind="full_equivalent")
@@ -264,14 +220,10 @@ class Attention(nn.Module):
         return get_kernel(kernel).not_supported_reasons(pattern, call)
 
     def resolve_kernel(self, call: AttentionCall) -> str:
-        """The kernel that runs ``call``: this module's, or for ``auto`` the one it chooses;
-        ``NotImplementedError`` when ``auto`` finds none.
+        """The kernel that runs ``call``; ``NotImplementedError`` when ``auto`` finds none.
 
-        ``auto`` chooses once per call description (device, dtype, causal, grad, key mask
-        given, short or long: see :mod:`attn.kernels.auto`) and remembers the choice, so a
-        decoding step runs one kernel's check (the chosen one's, for this call's lengths),
-        not every kernel's; a call that kernel refuses is chosen for afresh.
-        """
+        ``auto`` remembers its choice per call description (:mod:`attn.kernels.auto`), so a decoding
+        step checks one kernel, not every kernel."""
         if self.kernel != "auto":
             return self.kernel
         return self._auto_kernel(self.pattern(), call)
@@ -352,11 +304,8 @@ def gqa_refusal(name: str) -> str:
 
 
 class ExactAttention(Attention):
-    """An exact variant: defined once by ``mask_mod`` (+ optional position bias score_mod).
-
-    ``position_bias`` composes a relative-position score term with the mask pattern:
-    ``None``, ``"learned"`` (one scalar per head per clipped offset) or ``"alibi"``.
-    """
+    """An exact variant, defined by ``mask_mod`` plus an optional ``position_bias``
+    (``None``, ``"learned"`` or ``"alibi"``)."""
 
     param_rules: ClassVar[dict[str, Param]] = {
         "position_bias": Param(choices=(None, *POSITION_BIASES)),

@@ -1,11 +1,5 @@
 """The description of one attention call (what a kernel judges to say whether it can run it)
-and of what ran for it (:class:`KernelPath`).
-
-Kernels answer ``not_supported_reasons(pattern, call) -> list[str]`` (empty: supported), as
-xformers' operators answer ``not_supported_reasons(inputs)``. A call built from tensors
-(:meth:`AttentionCall.from_tensors`) knows its lengths and whether a ``key_mask`` is given;
-one built without tensors (``attn-bench list``, a harness before it makes inputs) may leave
-the lengths and head dim ``None``: "any", so checks that depend on them do not apply.
+and of what ran for it (:class:`KernelPath`). A length left ``None`` means "any length".
 """
 
 from __future__ import annotations
@@ -48,9 +42,7 @@ class AttentionCall:
     ) -> AttentionCall:
         """The call ``attention(q, k, v, causal=causal, key_mask=key_mask)``.
 
-        ``requires_grad`` defaults to whether autograd will record the call through q, k or v
-        (a module with trainable parameters passes its own answer).
-        """
+        ``requires_grad`` defaults to whether autograd records the call through q, k or v."""
         if requires_grad is None:
             requires_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         return cls(q.device, q.dtype, bool(causal), bool(requires_grad), q.shape[2], k.shape[2],
@@ -65,8 +57,7 @@ class AttentionCall:
         return self.q_len == self.k_len
 
     def describe(self) -> str:
-        """``device=cpu, dtype=torch.float32, causal=False, requires_grad=True`` and, when
-        known, the lengths and the key mask: for error messages."""
+        """The call in words, for error messages."""
         parts = [f"device={self.device}", f"dtype={self.dtype}", f"causal={self.causal}",
                  f"requires_grad={self.requires_grad}"]
         if self.q_len is not None:
@@ -86,15 +77,9 @@ class AttentionCall:
 class KernelPath:
     """What actually ran for the last forward call: recorded on every benchmark row.
 
-    ``mask_emulated`` is True when a sparse pattern was computed through a dense
-    materialised mask (the cost of full attention); ``fallback`` names a known slow path;
-    ``compile_s`` is the compilation time spent inside this call, if any; ``setup_s`` and
-    ``setup_bytes`` are the time and bytes of cached structures this call built (a dense
-    mask, a block mask), which later calls of the same shape reuse. ``backend`` names the
-    backend a dispatching kernel ran (``sdpa``: ``flash``, ``flash-cpu``, ``memory-efficient``,
-    ``cudnn``, ``math``), with what forced it where a mask did (``math (the mask rules out
-    flash)``); None where the kernel has no backends to choose from.
-    """
+    ``mask_emulated``: a sparse pattern computed through a dense mask; ``fallback``: a known slow
+    path; ``setup_s`` / ``setup_bytes``: cached structures this call built for later calls of its
+    shape; ``backend``: what a dispatching kernel ran, e.g. ``math (the mask rules out flash)``."""
 
     kernel: str
     path: str

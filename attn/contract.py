@@ -1,9 +1,5 @@
 """The tensor contract every attention obeys (docs/contract.md): the checks of q, k, v and key_mask.
-
-Shapes: ``q (B, H, Nq, D)``, ``k (B, H_kv, Nk, D)``, ``v (B, H_kv, Nk, Dv)`` -> ``(B, H, Nq, Dv)``
-with ``H % H_kv == 0`` (grouped-query attention; ``H_kv == H`` is multi-head, 1 multi-query);
-``key_mask`` is bool ``(B, Nk)`` with True for a real token. Every error names the
-attention, the argument and what is allowed.
+Every error names the attention, the argument and what is allowed.
 """
 
 from __future__ import annotations
@@ -60,8 +56,7 @@ def check_qkv(name: str, q: Any, k: Any, v: Any, key_mask: Any = None) -> None:
 
 
 def check_kv_heads(name: str, q_shape: tuple[int, ...], k_shape: tuple[int, ...]) -> None:
-    """Raise ``ValueError`` unless k's ``(B, H_kv)`` fits q's ``(B, H)``: the same batch and
-    ``H % H_kv == 0`` (query head ``h`` reads key head ``h // (H / H_kv)``)."""
+    """``ValueError`` unless k's ``(B, H_kv)`` fits q's ``(B, H)``: same batch and ``H % H_kv == 0``."""
     (batch, heads), (k_batch, kv_heads) = tuple(q_shape[:2]), tuple(k_shape[:2])
     if batch != k_batch or heads % kv_heads != 0:
         raise ValueError(

@@ -1,16 +1,9 @@
-"""What one attention call costs in FLOPs: the variant says, generic code only asks.
+"""What one attention call costs in FLOPs: the variant says (:meth:`attn.base.Attention.cost`).
 
-Every attention answers :meth:`attn.base.Attention.cost` for a :class:`CostQuery` (the shape
-of a call). Exact variants count *useful* FLOPs by the FlashAttention convention on the
-exact number of allowed (query, key) pairs ``P`` of one (batch, head) of their
-:class:`~attn.pattern.Pattern`: forward ``2 * P * (D + Dv)`` (``4 * P * D`` when
-``Dv == D``), backward 2.5x forward. When the mask depends on the head
-(``Pattern.per_head``, e.g. per-head dilations) each head is counted on its own and the
-FLOPs sum the heads' counts. Approximate variants count the matmuls their code performs
-(``kind`` says which count a number is), so a plug-in approximation is measured correctly
-by overriding ``cost`` in its own file.
-
-Position-bias terms and softmax arithmetic are not counted (as in the convention).
+Exact variants count *useful* FLOPs by the FlashAttention convention on their allowed pairs ``P``
+per (batch, head): forward ``2 * P * (D + Dv)``, backward 2.5x forward; a head-dependent mask is
+counted per head. Approximations count the matmuls they perform (``kind`` says which). Position-bias
+terms and softmax arithmetic are not counted.
 """
 
 from __future__ import annotations
@@ -63,11 +56,7 @@ class Cost:
 
 
 def band_pairs(band: Band, n: int, causal: bool) -> int:
-    """Allowed pairs of an N x N banded pattern (``Band`` semantics), in closed form.
-
-    A per-head band has one count per head: see :func:`head_pairs` (or count each band of
-    :meth:`Band.head_groups`).
-    """
+    """Allowed pairs of an N x N banded pattern, in closed form; a per-head band raises (use :func:`head_pairs`)."""
     if band.per_head:
         raise ValueError(
             f"band_pairs: a per-head band (group_dilations={band.group_dilations}) has one count per "
@@ -86,9 +75,8 @@ def band_pairs(band: Band, n: int, causal: bool) -> int:
 
 def counted_head_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool, heads: int,
                        device: torch.device | None = None) -> tuple[int, ...]:
-    """Allowed pairs of each of ``heads`` heads, counted from the mask_mod in chunks of query
-    rows (exact, O(H*Nq*Nk) work) on ``device``: where the tensors the mask_mod reads live
-    (a module's buffers, :func:`attn.devices.module_device`; default the CPU)."""
+    """Allowed pairs of each head, counted from the mask_mod in chunks of query rows, on ``device``
+    (where the mask_mod's tensors live; default the CPU)."""
     mod = and_masks(pattern.mask_mod, causal_mask_mod if causal else None)
     if mod is None:
         return (q_len * k_len,) * heads
@@ -110,11 +98,7 @@ def counted_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool,
 
 def allowed_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool,
                   device: torch.device | None = None) -> int | float:
-    """Allowed (i, j) pairs of one (batch, head) of a call (bottom-right aligned).
-
-    With a head-dependent mask: the mean over the pattern's ``heads`` (the module's
-    ``num_heads``; see :func:`head_pairs` for each head's count).
-    """
+    """Allowed (i, j) pairs of one (batch, head) of a call; with a head-dependent mask, the mean over heads."""
     if pattern.per_head:
         heads = pattern.heads
         if heads is None:
@@ -137,8 +121,7 @@ def allowed_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool,
 
 def head_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool, heads: int,
                device: torch.device | None = None) -> tuple[int, ...]:
-    """Allowed pairs of each of ``heads`` heads (one batch element): the same count in every
-    head unless the mask depends on the head; a per-head band in closed form per head group."""
+    """Allowed pairs of each of ``heads`` heads (one batch element); a per-head band in closed form."""
     if not pattern.per_head:
         return (allowed_pairs(pattern, q_len, k_len, causal, device),) * heads
     if pattern.heads is not None and heads != pattern.heads:
@@ -165,16 +148,14 @@ def pairs_cost(pairs: int, query: CostQuery, kind: str = "useful") -> Cost:
 
 
 def head_pairs_cost(per_head: tuple[int, ...], query: CostQuery, kind: str = "useful") -> Cost:
-    """FLOPs of heads with their own allowed pairs ``per_head`` (one count per head, per batch
-    element); ``Cost.pairs`` is their mean."""
+    """FLOPs of heads with their own allowed pairs ``per_head``; ``Cost.pairs`` is their mean."""
     total = sum(per_head)
     fwd = 2 * query.batch * total * (query.head_dim + query.v_dim)
     return Cost(fwd, round(BWD_FACTOR * fwd), kind, _mean(total, len(per_head)))
 
 
 def exact_cost(pattern: Pattern, query: CostQuery, device: torch.device | None = None) -> Cost:
-    """Useful FLOPs of an exact variant (allowed pairs, FlashAttention convention); a mask
-    counted from its mask_mod is counted on ``device`` (see :func:`counted_head_pairs`)."""
+    """Useful FLOPs of an exact variant; a mask_mod is counted on ``device``."""
     if pattern.per_head:
         per_head = head_pairs(pattern, query.q_len, query.k_len, query.causal, query.heads, device)
         return head_pairs_cost(per_head, query)

@@ -1,18 +1,9 @@
-"""Packed sequences: several documents in one row, given as ``document_ids (B, N)``.
+"""Packed sequences: several documents in one row, given as ``document_ids (B, N)`` (docs/contract.md,
+"Packed sequences").
 
-The contract (docs/contract.md, "Packed sequences"): ``document_ids`` is an integer tensor
-``(B, N)``, non-decreasing along each row (a document is a contiguous run of equal ids), for
-self-attention only (``Nq == Nk == N``). Query ``i`` attends key ``j`` only when both are in
-one document, and the variant's pattern and score term see positions counted from the start
-of that document. So a packed row computes exactly what each of its documents computes when
-run alone, and the outputs concatenated: for rules that read only ``i - j`` (causal, sliding
-window, dilated, a relative bias) this is the same as global row positions; for rules that
-read absolute positions (``global_tokens``: the first ``g`` tokens of each document are its
-global tokens) it is what makes the equality hold.
-
-:class:`Documents` holds the ids with each token's document start; :func:`packed_mods` wraps
-a pattern's mask_mod / score_mod into their packed forms, which every kernel that runs
-definitions (``reference``, ``chunked``, ``sdpa``) evaluates like any other mod.
+A packed row computes what each document computes alone: pairs only within one document, the
+mods seeing positions counted from the document's start (which matters for absolute-position
+rules such as ``global_tokens``). :func:`packed_mods` wraps a pattern's mods into that form.
 """
 
 from __future__ import annotations
@@ -28,9 +19,8 @@ from attn.mods import MaskMod, ScoreMod
 
 def check_document_ids(name: str, document_ids: object, *, batch: int, q_len: int, k_len: int,
                        device: torch.device) -> None:
-    """Raise ``ValueError`` naming ``name`` and the argument unless ``document_ids`` is an
-    integer tensor ``(B, N)`` on ``device``, non-decreasing along each row, in a
-    self-attention call (``Nq == Nk``). Reads the ids on the host (one sync on an accelerator)."""
+    """``ValueError`` naming ``name`` unless ``document_ids`` is an integer ``(B, N)`` tensor on ``device``,
+    non-decreasing along each row, in a self-attention call. Reads the ids on the host."""
     subject = f"{name}: argument 'document_ids'"
     if not isinstance(document_ids, Tensor):
         raise ValueError(f"{subject} must be an integer tensor (B, N) or None; got {type(document_ids).__name__}")
@@ -53,8 +43,7 @@ def check_document_ids(name: str, document_ids: object, *, batch: int, q_len: in
 
 @dataclass(frozen=True, eq=False)
 class Documents:
-    """The documents of a packed call: ``ids (B, N)`` int64 and ``starts (B, N)``, the
-    position of each token's document start in its row."""
+    """The documents of a packed call: ``ids (B, N)`` int64 and each token's document start ``starts``."""
 
     ids: Tensor
     starts: Tensor
@@ -83,9 +72,7 @@ class Documents:
 
 def packed_mods(documents: Documents, mask_mod: MaskMod | None, score_mod: ScoreMod | None
                 ) -> tuple[MaskMod, ScoreMod | None]:
-    """The packed forms of a pattern's mods: the mask allows ``(i, j)`` only within one
-    document and asks ``mask_mod`` about positions counted from that document's start; the
-    score term sees the same local positions."""
+    """The packed forms of a pattern's mods: pairs within one document, at document-local positions."""
     ids, starts = documents.ids, documents.starts
 
     def local(b: Tensor, i: Tensor, j: Tensor) -> tuple[Tensor, Tensor]:

@@ -1,19 +1,9 @@
-"""Grouped-query attention (GQA, Ainslie et al. 2023; MQA, Shazeer 2019): the one place the
-kernels read ``k, v (B, H_kv, Nk, .)`` against ``q (B, H, Nq, D)`` with ``H % H_kv == 0``.
+"""Grouped-query attention (GQA, Ainslie et al. 2023; MQA, Shazeer 2019): ``k, v (B, H_kv, Nk, .)``
+against ``q (B, H, Nq, D)``, query head ``h`` reading key head ``h // (H / H_kv)``.
 
-Query head ``h`` reads key/value head ``h // G`` with ``G = H / H_kv`` (the heads of one
-group are contiguous, as ``repeat_interleave(G, dim=1)`` lays them out). Three ways to run it,
-each named in a kernel's ``KernelPath.path`` by :func:`gqa_note`:
-
-- *grouped*: fold a group's queries into the row dimension, ``q -> (B, H_kv, G*Nq, D)``, and
-  multiply against ``k (B, H_kv, Nk, D)`` as it is (:func:`grouped_scores`,
-  :func:`grouped_values`): every key is read once per group, nothing of ``k`` or ``v`` is
-  copied; the scores come back as ``(B, H, Nq, Nk)`` by a view;
-- *native*: the kernel's own GQA form (SDPA's and flex's ``enable_gqa``, xformers' 5-D
-  layout, ``blocked``'s streams reading their group's key head);
-- *expanded*: :func:`expand_kv`, ``(B, H_kv, N, D) -> (B, H, N, D)``, a view (``expand``,
-  stride 0) when ``H_kv == 1`` (MQA); for ``1 < H_kv < H`` no strided view can repeat each
-  head ``G`` times, so it is a copy, and the path says so.
+Ways to run it, named in a path by :func:`gqa_note`: *grouped* (a group's queries folded into rows,
+keys read once, nothing copied), *native* (the kernel's own form), *expanded* (:func:`expand_kv`:
+a view for MQA, a copy for ``1 < H_kv < H``, since no strided view repeats each head).
 """
 
 from __future__ import annotations
@@ -27,8 +17,7 @@ def kv_groups(heads: int, kv_heads: int) -> int:
 
 
 def fold_queries(x: Tensor, kv_heads: int) -> Tensor:
-    """``x (B, H, N, E) -> (B, H_kv, G*N, E)``: a group's rows stacked (a view when ``x`` is
-    contiguous, else a copy of ``x``, never of ``k`` / ``v``)."""
+    """``x (B, H, N, E) -> (B, H_kv, G*N, E)``: a group's rows stacked (a copy only of a non-contiguous ``x``)."""
     batch, heads, n, e = x.shape
     return x.reshape(batch, kv_heads, kv_groups(heads, kv_heads) * n, e)
 
@@ -40,8 +29,7 @@ def unfold_heads(x: Tensor, heads: int) -> Tensor:
 
 
 def grouped_scores(q: Tensor, k: Tensor) -> Tensor:
-    """``q (B, H, Nq, D) @ k (B, H_kv, Nk, D)^T -> (B, H, Nq, Nk)``, unscaled, each key head
-    read once by its group's queries (no copy of ``k``)."""
+    """``q @ k^T -> (B, H, Nq, Nk)``, unscaled, each key head read once by its group (no copy of ``k``)."""
     heads, kv_heads = q.shape[1], k.shape[1]
     if heads == kv_heads:
         return q @ k.transpose(-1, -2)  # (B, H, Nq, Nk)
@@ -63,11 +51,7 @@ def expand_is_view(heads: int, kv_heads: int) -> bool:
 
 
 def expand_kv(x: Tensor, heads: int) -> Tensor:
-    """``x (B, H_kv, N, E) -> (B, H, N, E)``, head ``h`` holding key head ``h // G``.
-
-    A view when :func:`expand_is_view` (``x`` itself, or ``expand`` of the one head, stride
-    0); otherwise ``repeat_interleave``, a copy (no strided view repeats each of several
-    heads ``G`` times)."""
+    """``x (B, H_kv, N, E) -> (B, H, N, E)``: a view when :func:`expand_is_view`, else a copy."""
     batch, kv_heads, n, e = x.shape
     if kv_heads == heads:
         return x
@@ -77,8 +61,7 @@ def expand_kv(x: Tensor, heads: int) -> Tensor:
 
 
 def gqa_note(heads: int, kv_heads: int, how: str) -> str:
-    """The suffix a kernel adds to its path for a GQA call: ``""`` when ``H_kv == H``, else
-    e.g. ``", GQA 16/2 heads: grouped (keys read once per group)"``."""
+    """The path suffix for a GQA call, e.g. ``", GQA 16/2 heads: grouped ..."``; ``""`` when ``H_kv == H``."""
     if heads == kv_heads:
         return ""
     kind = "MQA" if kv_heads == 1 else "GQA"

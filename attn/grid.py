@@ -1,24 +1,9 @@
-"""A token grid of frames x positions and the factorised patterns on it (Arnab et al. 2021,
-ViViT, sections 3.3-3.4).
+"""A token grid of frames x positions and the factorised patterns on it (ViViT, Arnab et al. 2021).
 
-A video of ``T`` frames of ``S`` tokens each is one sequence of ``N = T * S`` tokens in
-frame-major order: token ``i`` is position ``i % S`` of frame ``i // S``. A trailing partial
-frame is allowed (``N`` need not be a multiple of ``S``: a stream decoded frame by frame),
-so the rules below are defined at every length, as the contract asks of a mask_mod. On it:
-
-- ``spatial``: key ``j`` is visible to query ``i`` iff both are in one frame,
-  ``i // S == j // S`` (ViViT's spatial self-attention: ``S`` keys per query);
-- ``temporal``: iff both are at one position, ``i % S == j % S`` (temporal self-attention:
-  ``T`` keys per query);
-- per head group: ``axes = (a_0, ..., a_{k-1})`` splits the ``H`` heads into ``k``
-  contiguous groups of ``H // k`` and head ``h`` follows ``a_{h // (H // k)}``; ViViT's
-  model 4 (factorised dot-product attention) is ``("spatial", "temporal")``: half the heads
-  within frames, half across them.
-
-:class:`Grid` is the value a pattern carries (``Pattern.grid``, as a banded pattern carries
-its ``Band``), so a kernel runs the pattern as batched attention over frames and over
-positions (:mod:`attn.kernels.factorised`); the conformance kit checks that the grid admits
-exactly the pairs the variant's mask_mod admits (``grid_matches_mask``).
+Token ``i`` of a frame-major sequence is position ``i % S`` of frame ``i // S`` (a trailing
+partial frame is allowed). ``spatial``: ``i // S == j // S``; ``temporal``: ``i % S == j % S``;
+``axes`` per contiguous head group (ViViT's model 4 is ``("spatial", "temporal")``). A pattern
+carries its :class:`Grid` so :mod:`attn.kernels.factorised` can run it as batched attention.
 """
 
 from __future__ import annotations
@@ -36,8 +21,7 @@ AXES = ("spatial", "temporal")
 
 @dataclass(frozen=True)
 class Grid:
-    """``positions`` tokens per frame (``S``) and the axis of each head group (``axes``:
-    one entry for every head, or one per contiguous group of ``H // len(axes)`` heads)."""
+    """``positions`` tokens per frame (``S``) and the axis of each head group (``axes``)."""
 
     positions: int
     axes: tuple[str, ...] = ("spatial",)
@@ -54,9 +38,8 @@ class Grid:
         return len(set(self.axes)) > 1
 
     def head_groups(self, heads: int) -> list[tuple[int, int, str]]:
-        """``(h0, h1, axis)``: contiguous head ranges ``[h0, h1)`` with one axis each (adjacent
-        groups of equal axis merged); ``ValueError`` when ``heads`` is not divisible by the
-        number of groups."""
+        """``(h0, h1, axis)``: contiguous head ranges with one axis each (equal neighbours merged);
+        ``ValueError`` when ``heads`` is not divisible by the number of groups."""
         groups = len(self.axes)
         if heads % groups:
             raise ValueError(
@@ -72,14 +55,12 @@ class Grid:
         return [(h0, h1, axis) for h0, h1, axis in runs]
 
     def allows(self, axis: str, i: int, j: int) -> bool:
-        """The rule of ``axis`` for one pair, read from this docstring's definition (a check
-        against any mask_mod must not reuse the mask_mod)."""
+        """The rule of ``axis`` for one pair, written out independently of any mask_mod it checks."""
         s = self.positions
         return i // s == j // s if axis == "spatial" else i % s == j % s
 
     def pairs(self, n: int, causal: bool) -> tuple[int, ...]:
-        """Allowed pairs of each head group's axis in an ``n x n`` call, in closed form
-        (one count per entry of :attr:`axes`)."""
+        """Allowed pairs of each head group's axis in an ``n x n`` call, in closed form."""
         s = self.positions
         full, rest = divmod(n, s)  # complete frames, tokens of the partial one
         counts = []
@@ -111,9 +92,7 @@ def temporal_mod(positions: int) -> MaskMod:
 
 
 def grid_mod(grid: Grid, num_heads: int | None = None) -> MaskMod:
-    """The mask_mod of ``grid``: its one axis's rule, or with several head groups each head's
-    (``num_heads`` divisible by ``len(grid.axes)``; the head index read by elementwise selects,
-    so the mod closes over no tensor)."""
+    """The mask_mod of ``grid``; with several head groups ``num_heads`` must divide by ``len(grid.axes)``."""
     rules = {"spatial": spatial_mod(grid.positions), "temporal": temporal_mod(grid.positions)}
     if not grid.per_head:
         return rules[grid.axes[0]]

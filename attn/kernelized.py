@@ -1,21 +1,8 @@
 """Kernelized (feature-map) attention: ``phi(q) phi(k)^T v`` normalised by ``phi(q) phi(k)^T 1``.
 
-The shared core of the linear-cost approximations that replace ``exp(q . k)`` by a product of
-non-negative features (linear transformers, Katharopoulos et al. 2020: ``phi = elu + 1``;
-Performer, Choromanski et al. 2021: positive random features). A variant supplies its
-features ``phi_q (B, H, Nq, F)``, ``phi_k (B, H, Nk, F)``; this module computes
-
-    out_i = sum_{j allowed} (phi_q_i . phi_k_j) v_j / sum_{j allowed} (phi_q_i . phi_k_j)
-
-in O(N * F * Dv) time and O(N * (F + Dv)) memory, causal through prefix sums (chunked: a
-C x C product inside each chunk, the running state ``S = sum phi_k v^T``, ``z = sum phi_k``
-across chunks), with bottom-right causal alignment and ``key_mask`` (a padded key's
-features are zero). :func:`dense_kernelized_attention` is the same definition computed
-directly in O(Nq * Nk) (what the conformance kit and tests compare against),
-:func:`streamed_kernelized_attention` the non-causal form with the features computed a slice
-of rows at a time (no N-sized feature tensor), and :class:`KernelizedState` the
-O(1)-per-token decoding state (``Attention.new_decoding_state``).
-A row with no allowed key (or whose normaliser is 0) returns zeros.
+The shared core of linear-cost approximations (Katharopoulos et al. 2020: ``phi = elu + 1``;
+Performer, Choromanski et al. 2021), in O(N * F * Dv) time; causal through chunked prefix sums,
+bottom-right aligned; a padded key's features are zero; a row with no allowed key gives zeros.
 """
 
 from __future__ import annotations
@@ -30,10 +17,8 @@ from attn.cost import Cost, CostQuery, matmul_flops
 #: query rows per chunk of the causal prefix-sum form: C x C products inside a chunk
 CAUSAL_CHUNK = 128
 
-#: rows of q and of k turned into features at a time by :func:`streamed_kernelized_attention`:
-#: each slice's temporaries (a few MiB at B*H = 4, F = 256) come back from the allocator's
-#: cache, where whole-length ones (32 MiB a tensor at N = 32K, B*H = 4, F = 64) are fresh
-#: pages on every call, and on CPU fresh pages cost a page fault each
+#: rows per feature slice of :func:`streamed_kernelized_attention`: small temporaries come back from the
+#: allocator's cache, where whole-length ones are fresh pages (a page fault each on CPU)
 STREAM_ROWS = 2048
 
 FeatureMap = Callable[[Tensor, bool], Tensor]  # (x (B, H, N, D), is_query) -> (B, H, N, F)
@@ -56,8 +41,7 @@ def _ratio(num: Tensor, den: Tensor) -> Tensor:
 def _causal_chunks(
     phi_q: Tensor, phi_k: Tensor, v: Tensor, state: Tensor, norm: Tensor, chunk: int
 ) -> tuple[Tensor, Tensor]:
-    """Causal numerator and denominator of ``Nq == Nk`` aligned rows, starting from the
-    state ``state (B, H, F, Dv)``, ``norm (B, H, F)`` of the keys before them."""
+    """Causal numerator and denominator of aligned rows, from the ``state``, ``norm`` of earlier keys."""
     batch, heads, length, feats = phi_q.shape
     chunk = max(1, min(chunk, length))  # a one-token step pads nothing
     pad = (-length) % chunk
@@ -117,11 +101,9 @@ def streamed_kernelized_attention(
     key_mask: Tensor | None = None,
     rows: int = STREAM_ROWS,
 ) -> Tensor:
-    """Non-causal :func:`kernelized_attention` of ``features(q, True)`` and ``features(k,
-    False)`` with the features computed ``rows`` rows at a time: ``q (B, H, Nq, D)``, ``k (B,
-    H, Nk, D)``, ``v (B, H, Nk, Dv)`` -> ``(B, H, Nq, Dv)``. Only the output is N-sized; the
-    feature map must treat each row on its own (true of elu + 1 and of Performer's features,
-    whose query stabiliser reads its own row only)."""
+    """Non-causal :func:`kernelized_attention` with the features computed ``rows`` rows at a time.
+
+    The feature map must treat each row on its own (elu + 1 and Performer's features do)."""
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
     state, norm = None, None  # sum phi_k v^T (B, H, F, Dv), sum phi_k (B, H, F)
@@ -146,8 +128,7 @@ def streamed_kernelized_attention(
 def dense_kernelized_attention(
     phi_q: Tensor, phi_k: Tensor, v: Tensor, *, causal: bool = False, key_mask: Tensor | None = None
 ) -> Tensor:
-    """The same definition computed directly: ``A = phi_q phi_k^T`` over the allowed pairs
-    ``(B, H, Nq, Nk)``, ``out = A v / A 1``; O(Nq * Nk), for checks."""
+    """The same definition computed directly in O(Nq * Nk), for checks."""
     scores = phi_q @ _masked(phi_k, key_mask).transpose(-2, -1)  # (B, H, Nq, Nk)
     if causal:
         q_len, k_len = phi_q.shape[2], phi_k.shape[2]
@@ -158,13 +139,8 @@ def dense_kernelized_attention(
 
 
 class KernelizedState:
-    """The decoding state of a feature-map attention: ``S = sum phi_k v^T (B, H, F, Dv)`` and
-    ``z = sum phi_k (B, H, F)`` over every key fed so far; its size does not grow with them.
-
-    :meth:`step` is causal attention of new queries over every key fed so far plus the new
-    ones (bottom-right aligned), in O(Nnew * F * Dv): a one-token step costs the same at any
-    context length. ``features(x, is_query)`` maps per-head ``(B, H, N, D)`` to ``(B, H, N, F)``.
-    """
+    """The O(1)-per-token decoding state of a feature-map attention: ``S = sum phi_k v^T`` and
+    ``z = sum phi_k`` over every key fed so far."""
 
     def __init__(self, features: FeatureMap, chunk: int = CAUSAL_CHUNK) -> None:
         self.features = features
@@ -179,8 +155,7 @@ class KernelizedState:
         return self.seen
 
     def step(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        """Feed ``k, v (B, H, Nnew, D|Dv)`` (padded where ``key_mask (B, Nnew)`` is False) and
-        return the causal attention of ``q (B, H, Nnew, D)`` over all keys: ``(B, H, Nnew, Dv)``."""
+        """Feed ``k, v (B, H, Nnew, .)`` and return causal attention of ``q`` over all keys: ``(B, H, Nnew, Dv)``."""
         if q.shape[2] != k.shape[2]:
             raise ValueError(f"q: a decoding step takes one query per new key; got Nq={q.shape[2]}, "
                              f"Nk={k.shape[2]}")
@@ -203,10 +178,8 @@ class KernelizedState:
 
 
 def kernelized_cost(query: CostQuery, features: int, feature_flops: int = 0, chunk: int = CAUSAL_CHUNK) -> Cost:
-    """The matmuls :func:`kernelized_attention` performs for a call of this shape
-    (``kind="performed"``): per (batch, head), ``phi_k^T V`` and ``phi_q (phi_k^T V)`` with
-    ``F`` features (causal: the chunk states, plus the C x C products inside each chunk),
-    plus ``feature_flops`` per token for the feature map; backward twice the forward."""
+    """The matmuls :func:`kernelized_attention` performs (``kind="performed"``), plus ``feature_flops``
+    per token; backward twice the forward."""
     q_len, k_len, dv, f = query.q_len, query.k_len, query.v_dim, features
     fwd = matmul_flops(f, k_len, dv) + matmul_flops(q_len, f, dv + 1)
     if query.causal:

@@ -1,13 +1,8 @@
 """Mask and score modifications: the one place where a variant's semantics are written.
 
-A *mask_mod* is ``allowed(b, h, i, j) -> bool tensor`` and a *score_mod* is
-``score_mod(score, b, h, i, j) -> score``, both written with elementwise torch ops so the
-same function runs broadcast over dense index grids (the reference kernel), under
-``vmap`` (FlexAttention) and block by block (the blocked kernel).
-
-``i`` is the *absolute* query position: query row ``r`` of ``Nq`` against ``Nk`` keys sits
-at ``i = Nk - Nq + r`` (bottom-right alignment), so a KV-cache decode step with one query
-is the newest token. ``j`` is the key position.
+``mask_mod(b, h, i, j) -> bool`` and ``score_mod(score, b, h, i, j) -> score``, in elementwise torch
+ops so they run on dense grids, under ``vmap`` (flex) and per block. ``i`` is the absolute query
+position, bottom-right aligned: row ``r`` of ``Nq`` sits at ``i = Nk - Nq + r``.
 """
 
 from __future__ import annotations
@@ -46,10 +41,7 @@ def and_masks(*mods: MaskMod | None) -> MaskMod | None:
 def index_grids(
     batch: int, heads: int, q_len: int, k_len: int, device: torch.device
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Broadcastable index grids ``b (B,1,1,1), h (1,H,1,1), i (1,1,Nq,1), j (1,1,1,Nk)``.
-
-    ``i`` holds absolute query positions (bottom-right aligned).
-    """
+    """Broadcastable grids ``b (B,1,1,1), h (1,H,1,1), i (1,1,Nq,1), j (1,1,1,Nk)``, ``i`` absolute."""
     offset = k_len - q_len
     b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
     h = torch.arange(heads, device=device).view(1, heads, 1, 1)
@@ -96,10 +88,7 @@ def dense_scores_mod(
 
 
 def masked_softmax(scores: Tensor, allowed: Tensor | None) -> Tensor:
-    """Softmax over the last dim restricted to ``allowed``; rows with no allowed key are zeros.
-
-    Never produces NaN, forward or backward.
-    """
+    """Softmax over the last dim restricted to ``allowed``; rows with no allowed key are zeros, never NaN."""
     if allowed is None:
         return torch.softmax(scores, dim=-1)
     row_has_key = allowed.any(dim=-1, keepdim=True)  # (.., Nq, 1)

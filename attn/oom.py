@@ -1,5 +1,4 @@
-"""What counts as running out of memory: for the kernels that must not hide it (a compiled
-kernel's fallback) and for the benchmark's rows and memory readings, which mark it ``oom``."""
+"""What counts as running out of memory, for kernels that must not hide it and for ``oom`` rows."""
 
 from __future__ import annotations
 
@@ -8,9 +7,7 @@ _OOM_MARKERS = ("can't allocate", "out of memory", "not enough memory", "cannot 
 
 
 def is_oom_error(err: BaseException) -> bool:
-    """True for an allocation failure (``MemoryError``, ``torch.OutOfMemoryError``, torch's
-    "can't allocate", CUDA OOM), also one a compiler wrapped in its own error (read through
-    ``__cause__`` / ``__context__``)."""
+    """True for an allocation failure, also one a compiler wrapped (read through ``__cause__`` / ``__context__``)."""
     seen: set[int] = set()
     current: BaseException | None = err
     while current is not None and id(current) not in seen:

@@ -1,12 +1,5 @@
-"""What one attention call computes, as a value: the :class:`Pattern` an attention builds once
-per call and hands to its kernel (a kernel never sees the module), and the :class:`Band` of a
-banded pattern.
-
-A pattern carries the variant's definition (``mask_mod`` / ``score_mod``, see :mod:`attn.mods`),
-its banded structure for O(N*w) kernels, the tensors its score_mod reads (so a kernel can pass
-their gradients on), the variant's own implementation when it has one (kernel ``native``), and
-a hashable :attr:`Pattern.key` computed from the mods themselves: two patterns with equal keys
-compute the same attention, so compiled code and cached masks may be shared between them.
+"""What one attention call computes, as a value: the :class:`Pattern` an attention builds once per
+call for its kernel, and the :class:`Band` of a banded pattern (docs/kernels.md, docs/contract.md).
 """
 
 from __future__ import annotations
@@ -30,22 +23,11 @@ from attn.mods import MaskMod, ScoreMod, index_grids
 
 @dataclass(frozen=True)
 class Band:
-    """Banded structure of a pattern, for kernels that compute only the band (O(N*w)).
+    """Banded structure of a pattern, for O(N*w) kernels.
 
-    Allowed (non-causal): ``(i - j) % dilation == 0 and |i - j| <= dilation * window``,
-    or ``i < num_global`` or ``j < num_global``.
-
-    Per-head form: ``group_dilations = (r_0, ..., r_{k-1})`` splits the H heads into ``k``
-    contiguous groups of ``H // k`` heads, and head ``h`` uses ``r_{h // (H // k)}`` in place
-    of ``dilation``; ``dilation`` is then ``max(group_dilations)``, the band's reach
-    (``|i - j| <= dilation * window`` holds in every head, so a reader that only needs a
-    bound, such as a KV cache's kept keys, may use it). A kernel runs the per-head form
-    through :meth:`head_groups` (one uniform band per run of heads); build it with
-    :meth:`per_head_groups`, which returns the uniform form when every group is equal.
-
-    A variant that declares a band also declares its mask_mod; the conformance kit checks that
-    the two admit the same pairs (``band_matches_mask``).
-    """
+    Allowed (non-causal): ``(i - j) % dilation == 0 and |i - j| <= dilation * window``, or
+    ``i < num_global`` or ``j < num_global``. Per-head form: ``group_dilations`` gives one rate per
+    contiguous head group and ``dilation`` is their max, the band's reach in every head."""
 
     window: int
     dilation: int = 1
@@ -73,8 +55,8 @@ class Band:
         return bool(self.group_dilations)
 
     def head_groups(self, heads: int) -> list[tuple[int, int, Band]]:
-        """``(h0, h1, band)``: contiguous head ranges ``[h0, h1)`` with one uniform band each
-        (adjacent groups of equal dilation merged); ``[(0, heads, self)]`` for a uniform band.
+        """``(h0, h1, band)``: contiguous head ranges with one uniform band each (equal neighbours merged).
+
         ``ValueError`` when ``heads`` is not divisible by the number of groups."""
         if not self.per_head:
             return [(0, heads, self)]
@@ -100,18 +82,12 @@ class Band:
 
 @dataclass(frozen=True, eq=False)
 class RelativeBias:
-    """A declarative description of a relative position score term ``b_h(j - i)``.
-
-    A pattern whose ``score_mod`` is exactly this bias (and nothing else) says so in
-    :attr:`Pattern.relative_bias`, so a kernel can build the bias of any block from a 1-D
-    per-head vector of offsets (the bias is Toeplitz: a function of ``j - i`` only) instead of
-    evaluating the score_mod on an index grid. ``i`` and ``j`` are absolute positions
-    (bottom-right aligned: query row ``r`` of ``Nq`` sits at ``i = r + Nk - Nq``).
+    """A declarative relative position score term ``b_h(j - i)`` (Toeplitz), read by kernels instead of
+    the score_mod. ``i``, ``j`` are absolute positions (bottom-right aligned).
 
     ``learned``: ``values`` is the table ``(H, 2M+1)``, ``b_h(d) = table[h, clamp(d, -M, M) + M]``
-    with ``M = max_distance``; its gradient is the table's. ``alibi``: ``values`` is the head
-    slopes ``(H,)``, ``b_h(d) = -slope_h * |d|`` (a constant: no gradient).
-    """
+    with ``M = max_distance``. ``alibi``: ``values`` is the head slopes ``(H,)``,
+    ``b_h(d) = -slope_h * |d|`` (no gradient)."""
 
     kind: str
     values: Tensor
@@ -128,12 +104,11 @@ class RelativeBias:
 
     @property
     def trainable(self) -> bool:
-        """True when the bias has a gradient to pass on (a learned table that requires grad)."""
+        """True for a learned table that requires grad."""
         return self.kind == "learned" and self.values.requires_grad
 
     def offsets(self, lo: int, hi: int, dtype: torch.dtype | None = None) -> Tensor:
-        """The bias at the offsets ``d = j - i`` in ``[lo, hi]``: ``(H, hi - lo + 1)``,
-        differentiable in a learned table."""
+        """The bias at offsets ``d = j - i`` in ``[lo, hi]``: ``(H, hi - lo + 1)``."""
         d = torch.arange(lo, hi + 1, device=self.values.device)  # (L,)
         if self.kind == "learned":
             m = self.max_distance
@@ -145,9 +120,8 @@ class RelativeBias:
 
 @dataclass(frozen=True)
 class Native:
-    """A variant's own implementation, run by kernel ``native``: ``forward(q, k, v, causal,
-    key_mask) -> out``, the calls it refuses (``not_supported_reasons(call)``, optional) and
-    the path it reports after a forward (``path()``, optional)."""
+    """A variant's own implementation (kernel ``native``): ``forward(q, k, v, causal, key_mask)``,
+    optional ``not_supported_reasons(call)`` and ``path()``."""
 
     forward: Callable[[Tensor, Tensor, Tensor, bool, Tensor | None], Tensor]
     not_supported_reasons: Callable[[AttentionCall], list[str]] | None = None
@@ -155,13 +129,9 @@ class Native:
 
 
 class PatternOwner:
-    """The identity of the module that builds a pattern (one per module; a copy gets its own).
+    """The identity of the module that builds a pattern, weakly referenced by caches that must die with it.
 
-    Caches that must live no longer than the module (a cached mask, compiled code whose mods
-    close over the module's tensors) key on it; it is weakly referenceable for that.
-    ``score_terms`` holds :attr:`Pattern.score_is_bias` by the pattern's key, so that a
-    module's undeclared score term is tried once, not on every call.
-    """
+    ``score_terms`` caches :attr:`Pattern.score_is_bias` by key, so an undeclared score term is tried once."""
 
     __slots__ = ("__weakref__", "score_terms")
 
@@ -173,26 +143,8 @@ class PatternOwner:
 class Pattern:
     """What one call computes, built by the attention once per call and read by its kernel.
 
-    ``exact``: the mods define the output exactly (else an approximation, run natively).
-    ``grid``: a factorised pattern's token grid (frames x positions, :mod:`attn.grid`), for
-    kernels that run it as batched attention over frames and over positions; None otherwise.
-    ``per_head``: ``mask_mod`` reads the head index ``h``; ``heads`` is then the head count it
-    is defined for (the module's ``num_heads``). ``always_causal``: the variant applies
-    ``causal=True`` to every call (the caller folds it into ``causal``; costs read it).
-    ``score_params``: the tensors the score_mod reads (e.g. a learned bias table), which a
-    kernel passes on where autograd must see them (checkpointed chunks). ``native``: the
-    variant's own implementation, or None when kernels run its mods. ``relative_bias``: when
-    the score_mod is exactly a relative position bias, its declarative form
-    (:class:`RelativeBias`), which kernels may read instead of evaluating the score_mod;
-    None otherwise (and on a packed call, whose score_mod counts positions per document).
-
-    ``key`` (computed on first use, never declared) is the mods' fingerprint: their code and
-    the plain values they close over, so patterns of equally configured modules have equal
-    keys. ``shared`` is True when the key names plain values only; when the mods close over
-    tensors or other objects the key holds their identities and is meaningful only with
-    ``owner``. Both are computed only when a kernel asks (``flex``'s compile cache), not on
-    every call: walking the mods' closures costs 20-40 us, a hot-path cost for short calls.
-    """
+    Fields are described in docs/contract.md. ``key`` and ``shared`` are computed only when a kernel
+    asks (``flex``'s compile cache): walking the mods' closures costs 20-40 us per call."""
 
     name: str
     exact: bool = True
@@ -213,19 +165,15 @@ class Pattern:
     within: Pattern | None = None
 
     def packed(self, documents: Documents) -> Pattern:
-        """This pattern on a packed call: the mods allow pairs within one document only, at
-        positions counted from its start (:func:`attn.documents.packed_mods`); the band and
-        the rest are this pattern's, which ``within`` keeps whole."""
+        """This pattern on a packed call (:func:`attn.documents.packed_mods`); ``within`` keeps it whole."""
         mask_mod, score_mod = packed_mods(documents, self.mask_mod, self.score_mod)
         return dataclasses.replace(self, mask_mod=mask_mod, score_mod=score_mod,
                                    relative_bias=None, documents=documents, within=self)
 
     @functools.cached_property
     def score_is_bias(self) -> bool:
-        """Whether the score term is an additive bias, independent of the score, which kernels
-        may evaluate once on zeros and add (SDPA's mask, the blocked core): declared by
-        ``relative_bias``, else proven by evaluating the score_mod on two different scores
-        (soft-capping, ``c * tanh(s / c)``, is not): once per module and mods' fingerprint."""
+        """Whether the score term is an additive bias independent of the score (declared, or proven
+        once per owner and key; soft-capping is not)."""
         if self.score_mod is None or self.relative_bias is not None:
             return True
         if self.within is not None:
@@ -238,7 +186,6 @@ class Pattern:
 
     @functools.cached_property
     def _key_and_shared(self) -> tuple[Hashable, bool]:
-        """``(key, shared)``, computed once per pattern."""
         identities: list[Any] = []
         key = ("pattern", _fingerprint(self.mask_mod, identities, set()),
                _fingerprint(self.score_mod, identities, set()), self.per_head)
@@ -246,7 +193,7 @@ class Pattern:
 
     @property
     def key(self) -> Hashable:
-        """The mods' fingerprint (see the class docstring)."""
+        """The mods' fingerprint: equal keys compute the same attention."""
         return self._key_and_shared[0]
 
     @property
@@ -256,8 +203,7 @@ class Pattern:
 
 
 def _score_is_bias(score_mod: ScoreMod, device: torch.device | None, size: int = 8) -> bool:
-    """``score_mod(s) - s`` equal for zero scores and for scores from -50 to 50 on a
-    ``size`` x ``size`` grid of positions (head 0); a mod that fails there is not proven."""
+    """``score_mod(s) - s`` equal for zero scores and for scores in [-50, 50]; a failing mod is unproven."""
     b, h, i, j = index_grids(1, 1, size, size, device or torch.device("cpu"))
     zeros = torch.zeros(1, 1, size, size, device=b.device)
     spread = torch.linspace(-50.0, 50.0, size * size, device=b.device).view(1, 1, size, size)
@@ -275,10 +221,7 @@ _RUN_ATTRIBUTES = frozenset({"kernel", "training", "last_path"})
 
 
 def _fingerprint(value: Any, identities: list[Any], seen: set[int]) -> Hashable:
-    """``value`` in hashable form: plain data by value, functions by their code, defaults and
-    closure contents, anything else (a tensor, a module) by identity, recorded in
-    ``identities`` (with a module's plain public attributes, so a changed hyper-parameter
-    changes the key)."""
+    """``value`` hashable: plain data by value, functions by code and closure, the rest by identity."""
     if isinstance(value, _PLAIN):
         return (type(value).__qualname__, value)
     if isinstance(value, (tuple, list)):
@@ -329,8 +272,7 @@ def _cell(cell: Any, identities: list[Any], seen: set[int]) -> Hashable:
 
 
 def _attributes(obj: Any) -> tuple:
-    """Plain public attributes of ``obj`` (and of its submodules when it is a module), in
-    definition order."""
+    """Plain public attributes of ``obj`` and its submodules, so a changed hyper-parameter changes the key."""
     owners = list(obj.named_modules()) if callable(getattr(obj, "named_modules", None)) else [("", obj)]
     items = []
     for path, owner in owners:

@@ -1,35 +1,10 @@
-"""Plain plug-ins: a third-party ``nn.Module`` that follows the tensor contract, wrapped as an Attention.
+"""Plain plug-ins: a third-party ``nn.Module`` keeping the tensor contract (docs/contract.md),
+``forward(q, k, v, *, causal=False, key_mask=None)``, wrapped as :class:`PlainModuleAttention`.
 
-A plain module needs no import of ``attn``. It only has to keep the contract::
-
-    forward(q, k, v, *, causal=False, key_mask=None) -> out
-    q (B, H, Nq, D), k (B, H, Nk, D), v (B, H, Nk, Dv) -> out (B, H, Nq, Dv)
-    (k, v with H_kv < H heads only for a module that declares ``supports_gqa``)
-    key_mask: bool (B, Nk), True = real token; causal: bottom-right aligned (query row r
-    sits at absolute position Nk - Nq + r and sees keys j <= Nk - Nq + r)
-
-The registry wraps it in :class:`PlainModuleAttention` (kernel ``native``), which validates
-the inputs like every Attention, records a :class:`~attn.base.KernelPath` naming the module
-and holds it as the submodule ``inner`` (its parameters train and move with ``.to()``).
-
-Optional attributes of the module (class or instance) that the suite understands:
-
-- ``mask_mod()`` / ``score_mod()``: the module's semantics as in :mod:`attn.mods`; the
-  conformance kit then compares the module with the dense reference built from them and
-  probes its attention pattern;
-- ``exact``: whether the module equals that reference. Default: True when it defines
-  ``mask_mod`` or ``score_mod``, else False (the kit runs its structural checks only:
-  shape/dtype/finite, causal leakage, key_mask, batch independence). ``exact = True``
-  with neither declares full softmax attention;
-- ``supports_causal`` (default True; a module may also refuse a call by raising
-  ``NotImplementedError``, which the kit reports as unsupported), ``forces_causal``
-  (default False);
-- ``supports_gqa`` (default False): True when the module takes ``k, v (B, H_kv, Nk, .)``
-  with fewer heads than ``q`` (``H % H_kv == 0``, query head ``h`` reading key head
-  ``h // (H / H_kv)``: grouped-query attention). Without it a call with ``H_kv < H`` is
-  refused before the module runs (``NotImplementedError``; the conformance kit reports
-  "GQA: not supported"), as a module written for equal heads would mis-broadcast it;
-- ``example_params``: parameter sets for the conformance kit (default ``({},)``).
+Optional attributes (class or instance): ``mask_mod()`` / ``score_mod()`` (the kit then compares
+with the dense reference); ``exact`` (default: True when it defines either mod); ``supports_causal``
+(True), ``forces_causal`` (False); ``supports_gqa`` (False: ``H_kv < H`` is refused before the
+module runs, as a module written for equal heads would mis-broadcast it); ``example_params``.
 """
 
 from __future__ import annotations
@@ -110,10 +85,8 @@ class _StandIn(nn.Module):
 class PlainModuleAttention(Attention):
     """An Attention around a plain ``nn.Module`` that follows the tensor contract (kernel ``native``).
 
-    ``module`` is held as the submodule ``inner``; ``name`` defaults to its class name.
-    The traits (``exact``, ``supports_causal``, ...) come from the module's optional
-    attributes, see :func:`plain_traits`.
-    """
+    ``module`` is held as ``inner``; ``name`` defaults to its class name; traits come from
+    :func:`plain_traits`."""
 
     def __init__(
         self,
@@ -141,8 +114,7 @@ class PlainModuleAttention(Attention):
 
     @classmethod
     def default_pattern(cls) -> Pattern | None:
-        """The pattern of a wrapper around a stand-in plain module: every wrapper runs its
-        module as its own implementation, whatever that module computes."""
+        """The pattern of a wrapper around a stand-in: every wrapper runs its module as itself."""
         return cls(_StandIn(), name="plain_module").pattern()
 
     def mask_mod(self) -> MaskMod | None:
@@ -178,7 +150,7 @@ class PlainModuleAttention(Attention):
             )
 
     def native_path(self) -> KernelPath:
-        """The path recorded in ``last_path``: this is a wrapped plain module."""
+        """The path recorded in ``last_path``."""
         return KernelPath("native", f"plain module {_qualified_name(self.inner)}")
 
     def extra_repr(self) -> str:

@@ -15,11 +15,7 @@ POSITION_BIASES = ("learned", "alibi")
 
 
 def alibi_slopes(num_heads: int) -> Tensor:
-    """ALiBi head slopes (Press et al. 2022): geometric 2^(-8/n), 2^(-16/n), ...
-
-    For a head count that is not a power of two, the slopes of the closest smaller power
-    of two followed by every other slope of the next power, as in the paper's code.
-    """
+    """ALiBi head slopes (Press et al. 2022), with the paper's rule for head counts not a power of two."""
 
     def power_of_two(n: int) -> list[float]:
         start = 2 ** (-(2 ** -(math.log2(n) - 3)))
@@ -34,12 +30,8 @@ def alibi_slopes(num_heads: int) -> Tensor:
 
 
 class RelativePositionBias(nn.Module):
-    """A score term b_h(j - i) added to the scaled score of query i and key j.
-
-    ``learned``: a table of ``num_heads * (2 * max_distance + 1)`` scalars indexed by the
-    clipped offset ``clamp(j - i, -M, M)``. ``alibi``: ``-slope_h * |i - j|`` (no clipping;
-    ``max_distance`` is ignored).
-    """
+    """A score term b_h(j - i): ``learned`` table clipped at ``max_distance``, or ``alibi``
+    ``-slope_h * |i - j|`` (``max_distance`` ignored)."""
 
     def __init__(self, kind: str, num_heads: int, max_distance: int) -> None:
         super().__init__()
@@ -69,8 +61,7 @@ class RelativePositionBias(nn.Module):
         return alibi_bias
 
     def describe(self) -> RelativeBias:
-        """The bias as a declarative value (what :meth:`score_mod` computes), for kernels that
-        build it from per-head offset vectors."""
+        """The bias as a declarative :class:`RelativeBias`."""
         if self.kind == "learned":
             return RelativeBias("learned", self.table, self.max_distance)
         return RelativeBias("alibi", self.slopes)

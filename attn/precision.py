@@ -1,11 +1,5 @@
-"""Float32 sections stay float32 under autocast.
-
-Kernels that compute half-precision inputs in float32 (``reference``, ``chunked``,
-``blocked``, Nystrom's masked landmark path and pseudo-inverse) upcast their operands; under
-``torch.autocast`` (mixed-precision training) the matmuls would be recast to the autocast
-dtype, undoing the upcast (and mixing dtypes in in-place ops such as ``addmm_``). Such
-functions are decorated with :func:`without_autocast`: autocast is off inside them, on the
-device of their first tensor argument; their callers still get the dtype they gave.
+"""Float32 sections stay float32 under autocast: kernels that upcast half inputs are decorated with
+:func:`without_autocast`, since autocast would recast their matmuls (and mix dtypes in ``addmm_``).
 """
 
 from __future__ import annotations
@@ -21,9 +15,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def without_autocast(fn: F) -> F:
-    """Run ``fn`` with autocast disabled on the device type of its first tensor argument
-    (positional or keyword; ``self``/``ctx`` are skipped as non-tensors). A call with no
-    tensor argument runs as is."""
+    """Run ``fn`` with autocast off on the device type of its first tensor argument (if any)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

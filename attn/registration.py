@@ -1,8 +1,5 @@
-"""The table of registered attentions and the decorator that fills it (:func:`register_attention`).
-
-Below the variants in the import layers: every built-in variant module imports this to
-register itself, and :mod:`attn.registry` (create, list, describe, plug-ins) imports
-:mod:`attn.variants` at its top, so imports run one way.
+"""The table of registered attentions and :func:`register_attention`, below the variants in the import
+layers so imports run one way (:mod:`attn.registry` imports :mod:`attn.variants`).
 """
 
 from __future__ import annotations
@@ -33,12 +30,8 @@ REGISTRY = Registry()
 
 
 def register_attention(name: str, *, overwrite: bool = False) -> Callable[[T], T]:
-    """Decorator registering an :class:`Attention` subclass, a plain module class or a factory.
-
-    A plain module class (an ``nn.Module`` that is not an Attention) must have a forward
-    callable as ``forward(q, k, v, *, causal=False, key_mask=None)``; the object itself is
-    returned unchanged.
-    """
+    """Decorator registering an :class:`Attention` subclass, a plain module class (keeping the contract's
+    forward) or a factory; returns the object unchanged."""
     REGISTRY.check_name(name)
 
     def decorator(obj: T) -> T:
@@ -52,8 +45,7 @@ def register_attention(name: str, *, overwrite: bool = False) -> Callable[[T], T
 
 
 def _require_registrable(name: str, obj: Any) -> None:
-    """Raise ``RegistrationError`` unless ``obj`` is an Attention subclass, a plain module class
-    following the contract, or a (non-class) factory."""
+    """``RegistrationError`` unless ``obj`` is an Attention subclass, a plain module class or a factory."""
     allowed = "an attn.Attention subclass, an nn.Module subclass with the contract's forward, or a factory"
     if not callable(obj):
         raise RegistrationError(f"register_attention({name!r}): expected {allowed}; got {obj!r}, which is not callable")

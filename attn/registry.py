@@ -1,19 +1,9 @@
-"""The attention registry: register by decorator or entry point, create by name.
+"""The attention registry: register by decorator or entry point, create by name (docs/extending.md).
 
-Built-in variants live in :mod:`attn.variants` (imported here, which registers them); third-party
-packages register through the entry-point group ``attn_bench.attention`` with
-``name = "module:object"``, where the object is one of
-
-- an :class:`~attn.base.Attention` subclass;
-- a plain ``nn.Module`` subclass whose ``forward(q, k, v, *, causal=False, key_mask=None)``
-  follows the tensor contract: it is built with its own parameters (plus ``num_heads`` /
-  ``head_dim`` if its ``__init__`` asks for them or takes ``**kwargs``) and wrapped in
-  :class:`~attn.plain_module.PlainModuleAttention`;
-- a factory returning either.
-
-A plug-in that cannot be loaded (invalid name, import error, not callable, a name already
-taken) is skipped and its error kept in :func:`plugin_errors`; the built-ins and the other
-plug-ins keep working.
+An entry point in group ``attn_bench.attention`` names an :class:`~attn.base.Attention` subclass,
+a plain ``nn.Module`` keeping the tensor contract (wrapped in
+:class:`~attn.plain_module.PlainModuleAttention`), or a factory returning either. A plug-in that
+cannot be loaded is skipped and its error kept in :func:`plugin_errors`.
 """
 
 from __future__ import annotations
@@ -53,7 +43,6 @@ ENTRY_POINT_GROUP = "attn_bench.attention"
 _RESERVED = ("kernel", "num_heads", "head_dim")
 
 
-
 @dataclass(frozen=True)
 class AttentionInfo:
     """What a registered attention is and how to call it."""
@@ -79,12 +68,8 @@ def _ensure_loaded() -> None:
 def load_plugins(*, reload: bool = False) -> dict[str, str]:
     """Load entry points of group ``attn_bench.attention``; returns {name: error} for failures.
 
-    A broken plug-in never breaks the built-ins: an entry point whose name is not an
-    identifier, whose module fails to import, whose object cannot be registered, or whose
-    name is already taken (by a built-in or another plug-in, which is kept) is skipped and
-    its one-line error kept for ``attn-bench list``. ``reload=True`` forgets old errors and
-    registers every entry point again.
-    """
+    A broken plug-in (bad name, import error, unregistrable object, taken name) is skipped with
+    a one-line error. ``reload=True`` forgets old errors and registers every entry point again."""
     if reload:
         _registry.plugin_errors.clear()
     try:
@@ -180,11 +165,9 @@ def create_attention(
     kernel: str = "auto",
     **params: Any,
 ) -> Attention:
-    """Build the attention registered as ``name`` with ``params``; the kernel may be ``"auto"``.
+    """Build the attention registered as ``name`` (a plain module comes wrapped).
 
-    Unknown names and parameters raise ``ValueError`` listing what is allowed. A plain
-    module is returned wrapped in :class:`~attn.plain_module.PlainModuleAttention`.
-    """
+    Unknown names and parameters raise ``ValueError`` listing what is allowed."""
     factory = _lookup(name)
     _check_known(name, factory, params)
     return build_attention(factory, name=name, kernel=kernel, num_heads=num_heads, head_dim=head_dim, **params)
@@ -198,11 +181,9 @@ def check_attention_params(
     kernel: str = "auto",
     **params: Any,
 ) -> None:
-    """``ValueError`` for anything :func:`create_attention` would refuse in these arguments,
-    found from the registered class's parameter rules (:meth:`Attention.check_params`, every
-    default filled in) without building a module. For a plain module or a factory, which
-    declare no rules, the names of the parameters are checked.
-    """
+    """``ValueError`` for anything :func:`create_attention` would refuse, without building a module.
+
+    A plain module or factory declares no rules: only its parameter names are checked."""
     factory = _lookup(name)
     _check_known(name, factory, params)
     if inspect.isclass(factory) and issubclass(factory, Attention):
@@ -230,15 +211,11 @@ def build_attention(
     head_dim: int | None = None,
     **params: Any,
 ) -> Attention:
-    """Build an attention from a class or factory directly (what ``create_attention`` does after the lookup).
+    """Build an attention from a class or factory directly (``create_attention`` after the lookup).
 
-    ``obj`` may be an :class:`Attention` subclass (called with every argument), a plain
-    module class (called with ``params``, plus ``num_heads`` / ``head_dim`` when given and
-    its ``__init__`` names them or takes ``**kwargs``; ``kernel`` must be ``"auto"`` or
-    ``"native"``) or a factory (called likewise, plus ``kernel`` when it accepts it) that
-    returns an Attention or a plain module. ``name`` (default: ``obj``'s name) names a
-    wrapped plain module.
-    """
+    ``obj``: an :class:`Attention` subclass (called with every argument), a plain module class
+    (called with ``params`` plus the ``num_heads`` / ``head_dim`` its ``__init__`` takes; ``kernel``
+    ``"auto"`` or ``"native"``) or a factory returning either. ``name`` names a wrapped plain module."""
     name = name if isinstance(name, str) and name else _default_name(obj)
     if inspect.isclass(obj) and issubclass(obj, Attention):
         return obj(kernel=kernel, num_heads=num_heads, head_dim=head_dim, **params)
@@ -279,11 +256,7 @@ def _init_signature(obj: Callable[..., Any]) -> inspect.Signature | None:
 
 
 def _reserved_arguments(name: str, obj: Callable[..., Any], **values: Any) -> dict[str, Any]:
-    """The reserved arguments (kernel, num_heads, head_dim) that ``obj`` accepts, from ``values``.
-
-    A value of None is left out (the callable's default applies); ``ValueError`` when the
-    callable requires such an argument and none was given.
-    """
+    """The reserved arguments ``obj`` accepts (None left out); ``ValueError`` if a required one is None."""
     try:
         signature = _init_signature(obj)
     except (TypeError, ValueError):  # not introspectable: pass what was given, as before
@@ -302,10 +275,8 @@ def _reserved_arguments(name: str, obj: Callable[..., Any], **values: Any) -> di
 
 
 def kernel_compute_dtype(name: str, kernel: str, dtype: torch.dtype) -> torch.dtype:
-    """The dtype the matmuls of variant ``name`` on ``kernel`` run in for ``dtype`` inputs
-    (float32 where the kernel, or the variant's own implementation, upcasts half inputs): the
-    dtype whose matmul peak a benchmark row's peak fraction divides by. An unknown name or
-    kernel: ``dtype``."""
+    """The dtype the matmuls of ``name`` on ``kernel`` run in for ``dtype`` inputs (float32 where half
+    inputs are upcast), for a row's peak fraction; ``dtype`` for an unknown name or kernel."""
     from attn.kernels import get_kernel
     from attn.kernels.base import compute_dtype
 
@@ -341,9 +312,7 @@ def attention_info(name: str) -> AttentionInfo:
 
 
 def _kernels_of(name: str, factory: Callable[..., Any]) -> tuple[str, ...]:
-    """The kernels of a registered class (:meth:`Attention.class_kernels`) or factory (those
-    of what it builds with its defaults, on the meta device, the random state left alone;
-    every kernel when it cannot be built so)."""
+    """The kernels of a registered class, or of what a factory builds with its defaults (else all)."""
     if inspect.isclass(factory) and issubclass(factory, Attention):
         return factory.class_kernels()
     try:
@@ -355,7 +324,7 @@ def _kernels_of(name: str, factory: Callable[..., Any]) -> tuple[str, ...]:
 
 
 def _plain_info(name: str, cls: type[nn.Module]) -> AttentionInfo:
-    """Info of a plain module class: its own parameters and declared traits (see plain_traits)."""
+    """Info of a plain module class: its own parameters and declared traits."""
     traits = plain_traits(cls)
     doc = inspect.cleandoc(cls.__doc__ or "")  # the class's own docstring, not nn.Module's
     return AttentionInfo(

@@ -1,7 +1,6 @@
-"""Child processes that can always be stopped: started from a forkserver (``spawn`` elsewhere)
-with torch, attn and the target's module preloaded, each in a process group of its own with a
-watchdog that kills the group when the parent that started it is gone (checked by pid and
-start time, so a reused pid does not fool it). Imports no torch.
+"""Child processes that can always be stopped: from a forkserver with torch and attn preloaded,
+each in its own process group with a watchdog that kills the group when its parent is gone
+(checked by pid and start time, so a reused pid does not fool it). Imports no torch.
 """
 
 from __future__ import annotations
@@ -20,8 +19,7 @@ POLL_S = 0.25
 
 
 def context(target: Callable[..., Any]) -> Any:
-    """A forkserver context preloading torch, attn and ``target``'s module; ``spawn`` where
-    there is no forkserver. The preload is read once, when the forkserver starts."""
+    """A forkserver context preloading torch, attn and ``target``'s module (read once); else ``spawn``."""
     if "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
@@ -31,8 +29,7 @@ def context(target: Callable[..., Any]) -> Any:
 
 
 def identity(pid: int) -> tuple[int, int] | None:
-    """``(pid, start time in clock ticks)`` of a running process (a zombie is not), or None:
-    names a process even after its pid is reused."""
+    """``(pid, start time)`` of a running, non-zombie process, or None."""
     try:
         with open(f"/proc/{pid}/stat") as f:  # one read: the entry may vanish between two
             fields = f.read().rsplit(")", 1)[1].split()

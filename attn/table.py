@@ -1,8 +1,6 @@
-"""The one registry type: the attentions, kernels, model kinds and quality tasks are each a
-:class:`Table` and follow its rules (an identifier name; a taken name replaced only with
-``overwrite=True``; removal; a source per entry; :class:`RegistrationError` for every refusal).
-
-The bottom of the attn layers, importing nothing, so that models and bench use it too.
+"""The one registry type (attentions, kernels, model kinds, quality tasks): identifier names,
+``overwrite=True`` to replace, a source per entry, :class:`RegistrationError` for every refusal.
+Imports nothing from attn, so models and bench use it too.
 """
 
 from __future__ import annotations
@@ -25,15 +23,13 @@ def identifier_like(name: str) -> str:
 
 
 def source_of(obj: Any) -> str:
-    """``module:qualname`` of a class or function, or of an instance's class (a plug-in file's
-    module is named by its stem)."""
+    """``module:qualname`` of a class or function, or of an instance's class."""
     target = obj if hasattr(obj, "__qualname__") else type(obj)
     return f"{getattr(target, '__module__', '?')}:{target.__qualname__}"
 
 
 class Table(Mapping[str, T]):
-    """Entries by name and where each came from (``sources``: ``module:qualname`` or
-    ``entry point module:qualname``); ``register`` and ``arg`` name the caller in errors."""
+    """Entries by name and where each came from; ``register`` and ``arg`` name the caller in errors."""
 
     def __init__(self, register: str, arg: str = "name") -> None:
         self.register, self.arg = register, arg
@@ -49,8 +45,8 @@ class Table(Mapping[str, T]):
         return name
 
     def add(self, name: str, value: T, *, source: str | None = None, overwrite: bool = False) -> T:
-        """Register ``value`` as ``name``. A taken name needs ``overwrite=True`` unless it is the
-        same object or the same definition (a module imported again)."""
+        """Register ``value`` as ``name``; a taken name needs ``overwrite=True`` unless it is the same
+        object or definition (a module imported again)."""
         self.check_name(name)
         source = source or source_of(value)
         taken = self.sources.get(name, "?")

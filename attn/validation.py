@@ -1,16 +1,8 @@
 """The one dialect of argument checks, shared by attn, models and bench.
 
-Every check names the thing and its argument (the *subject*, spelled by the caller:
-``"sliding_window: parameter 'window'"``, ``"num_heads"``, ``"config key 'seq_len'"``,
-``"--context"``), says what is allowed, and shows what was given::
-
-    SUBJECT: must be an integer >= 1; got 0
-    SUBJECT: unknown value 'x'; allowed values are ['a', 'b']
-
-Each check returns the value it accepted and raises ``error(message)``: ``ValueError`` by
-default, or the caller's own error type (a sweep config raises its ``ConfigError``).
-:class:`Param` is one constructor parameter's rule, the schema a variant declares so that
-its parameters can be checked without building it.
+Every message names the *subject* (``"sliding_window: parameter 'window'"``, ``"--context"``), says
+what is allowed and shows what was given: ``SUBJECT: must be an integer >= 1; got 0``. Each check
+returns the accepted value or raises ``error(message)`` (``ValueError`` by default).
 """
 
 from __future__ import annotations

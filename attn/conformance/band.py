@@ -1,6 +1,6 @@
-"""The kit's ``band_matches_mask`` check: a variant that declares a band (for the kernels that
-compute only the band: ``blocked``, ``xformers``, the closed-form cost) must admit exactly the
-pairs its mask_mod admits, so the pattern is never written twice unchecked."""
+"""The kit's ``band_matches_mask`` check: a declared band must admit exactly the pairs the mask_mod
+admits, so the pattern is never written twice unchecked.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +22,7 @@ BAND_LEN = 24
 
 
 def band_allows(band: Band, heads: int, n: int) -> Tensor:
-    """``(H, N, N)`` bool: the pairs ``band`` admits in an ``n x n`` non-causal call, read from
-    :class:`~attn.pattern.Band`'s rule one (head, i, j) at a time (not from any mask_mod)."""
+    """``(H, N, N)`` bool: the pairs ``band`` admits, from :class:`~attn.pattern.Band`'s rule, not a mask_mod."""
     allowed = torch.zeros(heads, n, n, dtype=torch.bool)
     for h, rate in enumerate(band.head_dilations(heads)):
         for i in range(n):
@@ -34,17 +33,15 @@ def band_allows(band: Band, heads: int, n: int) -> Tensor:
 
 
 def check_band(module: Attention, params: dict[str, Any]) -> list[CheckResult]:
-    """Pass when ``module.band()`` admits the pairs ``module.mask_mod()`` admits at
-    ``N = BAND_LEN``, every head; fail naming the pairs where they differ."""
+    """Compare ``module.band()`` with ``module.mask_mod()`` at ``N = BAND_LEN``, every head."""
     return check_declared(module, params, check=CHECK, what="band", declared=module.band(),
                           allows=band_allows, n=BAND_LEN)
 
 
 def check_declared(module: Attention, params: dict[str, Any], *, check: str, what: str, declared: Any,
                    allows: Callable[[Any, int, int], Tensor], n: int) -> list[CheckResult]:
-    """Compare a pattern's second definition, ``declared`` (a band, a grid: ``what``), whose
-    pairs ``allows(declared, heads, n)`` gives as ``(H, N, N)``, with ``module.mask_mod()`` at
-    ``N = n``, every head: pass, skip (nothing declared) or fail naming the differing pairs."""
+    """Compare a second definition ``declared`` (band or grid), whose pairs ``allows`` gives, with the
+    mask_mod at ``N = n``: pass, skip (nothing declared) or fail naming the differing pairs."""
     heads = module.num_heads or HEADS
     if declared is None:
         return [CheckResult(check, "-", params, "skip", f"no {what} declared")]

@@ -1,12 +1,8 @@
-"""The kit's checklist: every check of a :func:`~attn.conformance.check_attention` call as a
-numbered step, in one fixed order, so that a run can be cut at any step and resumed after it.
+"""The kit's checklist: every check of a :func:`~attn.conformance.check_attention` call as a numbered
+step in a fixed order, so a run can be cut at any step and resumed after it.
 
-For each parameter set: ``construct`` (build the variant, randomise its learned parameters),
-``band_matches_mask`` when the variant declares a band, ``grid_matches_mask`` when it
-declares a token grid, then every check of
-:data:`~attn.conformance.checks.CHECKS` on every kernel, then
-``converges`` for an approximate variant with a ``convergence_param``. A step's ``run``
-returns its results; a construct that failed has no further steps for its parameter set.
+Per parameter set: ``construct``, ``band_matches_mask`` / ``grid_matches_mask`` where declared,
+every check of :data:`~attn.conformance.checks.CHECKS` on every kernel, then ``converges``.
 """
 
 from __future__ import annotations
@@ -46,8 +42,7 @@ class Step:
 
 
 def builder(attention: str | Factory) -> tuple[str, list[dict[str, Any]], Builder]:
-    """The name, the example parameter sets and the builder of a registered name or a
-    factory/class."""
+    """The name, example parameter sets and builder of a registered name or a factory/class."""
     if isinstance(attention, str):
         name = attention
 
@@ -67,9 +62,7 @@ def builder(attention: str | Factory) -> tuple[str, list[dict[str, Any]], Builde
 def steps(attention: str | Factory, params: dict[str, Any] | Sequence[dict[str, Any]] | None,
           kernels: Sequence[str] | None, device: torch.device, seed: int,
           quick: bool) -> Iterator[Step]:
-    """The checklist of a ``check_attention`` call, step by step (see the module docstring).
-    A ``construct`` step must be run before the steps after it are made (they need the module
-    it builds)."""
+    """The checklist step by step; a ``construct`` step must run before the later steps are made."""
     _, param_sets, build = builder(attention)
     if params is not None:
         param_sets = [params] if isinstance(params, dict) else list(params)

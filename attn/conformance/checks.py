@@ -1,9 +1,4 @@
-"""The checks of the conformance kit (see :mod:`attn.conformance` for what each proves).
-
-Each check runs on one module and one kernel and returns its results (:func:`check` wraps
-the body); :data:`CHECKS` lists them in the order they run, and :func:`check_convergence`
-is the approximate variants' extra check.
-"""
+"""The checks of the conformance kit (what each proves: docs/contract.md); :data:`CHECKS` in run order."""
 
 from __future__ import annotations
 
@@ -152,9 +147,7 @@ def _check_gradients(module, kernel, device, seed) -> str | None:
 
 
 def _check_empty_row_gradients(module, shape, dtype, device, seed, causal, key_mask, where) -> None:
-    """Batch row 0 with every key padded: its output is 0 whatever its inputs, so its input
-    gradients must be 0 and finite, even under a large upstream gradient (a kernel that
-    divides an empty row by a tiny clamp turns that into inf, then NaN)."""
+    """An all-padded batch row must get zero, finite input gradients (a tiny-clamp division gives NaN)."""
     q, k, v = (t.requires_grad_() for t in make_inputs(shape, dtype, device, seed))
     none = key_mask.clone()
     none[0] = False
@@ -204,8 +197,7 @@ def _check_pattern(module, kernel, device, seed) -> str | None:
 
 
 def _effective_pattern(module: Attention, q, k, v, causal) -> Tensor:
-    """Which keys influence which queries (of batch element 0), probed by perturbing one
-    value row at a time."""
+    """Which keys influence which queries of batch 0, probed one value row at a time."""
     length = k.shape[2]
     with torch.no_grad():
         base = call_module(module, q, k, v, causal, None)  # (1, H, N, Dv)
@@ -313,8 +305,7 @@ def _check_batch(module, kernel, device, seed) -> str | None:
 
 @check("shape_sweep")
 def _check_shape_sweep(module, kernel, device, seed) -> str | None:
-    """Kernels that compile per call shape: SWEEP_LENGTHS on one module, inputs inside NaN
-    buffers, each output against the dense reference (runs in the quick profile too)."""
+    """SWEEP_LENGTHS on one module, inputs inside NaN buffers, each against the dense reference."""
     if not get_kernel(kernel).compiles_per_shape:
         return f"kernel {kernel!r} compiles no code per call shape (compiles_per_shape is False)"
     if not module.exact:

@@ -1,14 +1,6 @@
-"""The kit's ``documents`` check: a packed row equals each of its documents run alone.
-
-Packed sequences (docs/contract.md): with ``document_ids (B, N)`` query ``i`` attends key
-``j`` only within its own document, at positions counted from the document's start. The
-check packs rows of documents of uneven lengths (a one-token document, a document longer
-than a typical block, a row that is one document) and compares the module's output, and its
-gradients of q, k, v and its own parameters, with the dense float64 reference of each
-document *alone* (its own slice of q, k, v and ``key_mask``), concatenated: causal alignment
-per document, global tokens per document and a relative bias are proven by that equality. A
-kernel that does not run packed calls is reported as skipped with its reason (``refused:``),
-which tells a plug-in author which kernels of their variant take ``document_ids``.
+"""The kit's ``documents`` check: a packed row (uneven documents, a one-token one, a row of one
+document) equals each of its documents run alone through the dense float64 reference, outputs
+and gradients. A kernel that does not run packed calls is skipped with its reason.
 """
 
 from __future__ import annotations
@@ -36,8 +28,7 @@ from attn.conformance.harness import (
 )
 from attn.kernels.reference import dense_attention
 
-#: document lengths of each packed row: uneven, a one-token document, a row that is one
-#: document; each row sums to :data:`PACKED_LEN`
+#: document lengths of each packed row, each summing to :data:`PACKED_LEN`
 ROW_DOCUMENTS: tuple[tuple[int, ...], ...] = ((9, 1, 21, 6), (37,))
 PACKED_LEN = 37
 
@@ -50,8 +41,7 @@ def row_ids(rows: tuple[tuple[int, ...], ...], device: torch.device) -> Tensor:
 
 def alone(module: Attention, q: Tensor, k: Tensor, v: Tensor, causal: bool,
           key_mask: Tensor | None) -> Tensor:
-    """The dense float64 reference of every document of :data:`ROW_DOCUMENTS` run alone (its
-    slice of the inputs, positions from 0), concatenated: ``(B, H, N, Dv)``; differentiable."""
+    """The dense float64 reference of every document of :data:`ROW_DOCUMENTS` run alone, concatenated."""
     rows = []
     for b, lengths in enumerate(ROW_DOCUMENTS):
         parts, start = [], 0
@@ -76,8 +66,7 @@ def _where(dtype: torch.dtype, causal: bool, key_mask: Tensor | None) -> str:
 
 @check("documents")
 def check_documents(module: Attention, kernel: str, device, seed) -> str | None:
-    """Packed rows against each document alone, output and (where the kernel has a backward)
-    gradients; skipped with the kernel's reasons where it does not run packed calls."""
+    """Packed rows against each document alone; skipped where the kernel refuses packed calls."""
     if not module.exact:
         return "approximate variant: its own implementation takes no document_ids"
     shape = (len(ROW_DOCUMENTS), HEADS, PACKED_LEN, PACKED_LEN, 16, 16)

@@ -1,6 +1,4 @@
-"""The kit's driver: :func:`check_attention` builds the variant for each parameter set and
-runs every check on every kernel it has, each check in a child process under a time
-limit (:mod:`attn.conformance.isolation`), or here when asked (``isolate=False``)."""
+"""The kit's driver: :func:`check_attention`."""
 
 from __future__ import annotations
 
@@ -41,25 +39,13 @@ def check_attention(
     """Run the conformance checks on a registered name or a factory/class.
 
     ``params``: one dict or several (default: the variant's ``example_params``).
-    ``kernels``: which kernels to check (default: every kernel that supports the variant's
-    pattern, :meth:`~attn.base.Attention.supported_kernels`).
-    ``quick``: the first parameter set and two shapes only (for kernels that compile per
-    shape, e.g. ``flex`` on CPU); every check still runs.
-    ``dtypes``: the dtypes the checks run in (names or ``torch.dtype``; default float64 and
-    float32, each where the kernel supports it). ``("bfloat16",)`` or ``("float16",)`` prove
-    the low-precision calls a GPU sweep times: every check in that dtype, each output and
-    gradient against the float64 reference of the same rounded inputs, with that dtype's
-    tolerances (:data:`~attn.conformance.ATOL`, :data:`~attn.conformance.GRAD_ATOL`).
-    ``isolate`` (default): every check runs in a child process and gets at most
-    ``timeout_s`` seconds (None: no limit); a variant that exits, crashes or hangs gives a
-    FAIL result naming the check and the cause, and the checks after it still run. A
-    variant that cannot be sent to a child process (a class defined inside a function) is
-    checked here, without a time limit, and the report says so. ``isolate=False`` checks
-    here (what this process changed, e.g. a patched kernel table, is then seen).
-    ``on_result`` is called with each result as it arrives (a line per check as it goes),
-    ``on_start`` with ``(check, kernel, params)`` as each check starts (a check compiling a
-    kernel may run for many seconds before its result).
-    """
+    ``kernels``: default every kernel the variant has.
+    ``quick``: the first parameter set and two shapes only; every check still runs.
+    ``dtypes``: names or ``torch.dtype`` (default float64 and float32, where supported); a low
+    precision is checked against the float64 reference with its own tolerances.
+    ``isolate`` (default): each check in a child process with at most ``timeout_s`` seconds (None:
+    no limit); a variant that cannot be sent to a child is checked here and the report says so.
+    ``on_result`` gets each result as it arrives, ``on_start`` each ``(check, kernel, params)``."""
     device = torch.device(device)
     name = builder(attention)[0]  # an unknown name raises here, as the registry says
     checked = dtypes_from(dtypes)  # a dtype the kit cannot check raises here

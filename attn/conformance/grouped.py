@@ -1,12 +1,6 @@
-"""The kit's ``grouped_query`` check: k, v with ``H_kv < H`` heads (GQA, and MQA with one).
-
-The output, and the gradients of q, k, v and the module's parameters, must equal the
-reference run with k and v repeated per group (``repeat_interleave`` on the head dim: query
-head ``h`` reads key head ``h // (H / H_kv)``), so the gradient of a shared key head is the
-sum over its group. Exact variants are compared with the dense float64 reference of their
-own mask_mod / score_mod; an approximation with itself on the repeated heads. A module that
-does not declare grouped-query support (``supports_gqa``) is reported as skipped,
-``GQA: not supported``, not failed.
+"""The kit's ``grouped_query`` check: k, v with ``H_kv < H`` heads (GQA, and MQA) must equal the
+reference with k and v repeated per group, outputs and gradients. A module without
+``supports_gqa`` is skipped, ``GQA: not supported``.
 """
 
 from __future__ import annotations
@@ -49,8 +43,7 @@ def _repeated(x: Tensor, heads: int) -> Tensor:
 
 def _reference(module: Attention, q: Tensor, k: Tensor, v: Tensor, causal: bool,
                key_mask: Tensor | None) -> Tensor:
-    """What ``module(q, k, v)`` must equal: the float64 dense reference of its definition on
-    the repeated heads (exact), or the module itself on them (an approximation)."""
+    """The float64 dense reference on the repeated heads (exact), or the module itself on them."""
     heads = q.shape[1]
     if not module.exact:
         return call_module(module, q, _repeated(k, heads), _repeated(v, heads), causal, key_mask)
@@ -61,17 +54,14 @@ def _reference(module: Attention, q: Tensor, k: Tensor, v: Tensor, causal: bool,
 
 @check("grouped_query")
 def check_grouped_query(module, kernel, device, seed) -> str | None:
-    """GQA and MQA calls against the repeated-heads reference, forward and gradients (the
-    cases of the other checks, each with one of :data:`KV_HEADS` in turn)."""
+    """GQA and MQA calls against the repeated-heads reference, forward and gradients."""
     module, dtype = in_precision(module, kernel, device, grad=False)
     compiles = get_kernel(kernel).compiles_per_shape
     ran = False
     for index, (shape, causal, key_mask) in enumerate(iter_cases(module, device)):
         if compiles and index > 0:  # a compile per case: the first case is enough
             break
-        # GQA and MQA take turns, case by case, starting with the other one on every other
-        # shape, so that across the shapes each meets every (causal, key_mask) pair (a kernel
-        # compiling per shape runs both on its one case)
+        # GQA and MQA alternate so that across the shapes each meets every (causal, key_mask) pair
         turns = KV_HEADS if compiles else (KV_HEADS[(index + active_shapes.get().index(shape)) % len(KV_HEADS)],)
         for kv_heads in turns:
             groups = shape[1] // kv_heads

@@ -1,9 +1,5 @@
-"""The kit's harness: shapes, tolerances, seeded inputs, the cases a kernel supports, and the
-decorator that turns a check body into results.
-
-A check body raises :class:`Failure` to fail with a message, :class:`Skip` to skip with a
-reason, or returns a reason (skipped) or None (passed); a call the module refuses with
-``NotImplementedError`` is skipped (:class:`NotSupported`).
+"""The kit's harness: shapes, tolerances, seeded inputs, cases, and the :func:`check` decorator
+(a body raises :class:`Failure` or :class:`Skip`, or returns a skip reason or None).
 """
 
 from __future__ import annotations
@@ -22,12 +18,9 @@ from attn.call import AttentionCall
 from attn.conformance.report import CheckResult
 from attn.kernels.reference import dense_attention
 
-#: the kit's head count, in every shape and in the modules it builds (``num_heads``): > 1, and
-#: divisible by 2 and 4 so that per-head-group parameters (e.g. ``dilated``'s
-#: ``dilation=(1, 2)``) have groups of more than one head
+#: the kit's head count: divisible by 2 and 4, so per-head-group parameters have groups of several heads
 HEADS = 4
-#: (B, H, Nq, Nk, D, Dv) shapes: odd lengths, B > 1, H > 1, Nq < Nk (decode), Nq > Nk, and
-#: lengths that are multiples of typical block sizes (no padding path in blocked kernels)
+#: (B, H, Nq, Nk, D, Dv): odd lengths, Nq < Nk (decode), Nq > Nk, and block multiples (no padding path)
 SHAPES: tuple[tuple[int, int, int, int, int, int], ...] = (
     (2, HEADS, 37, 37, 16, 16),
     (2, HEADS, 13, 37, 16, 8),
@@ -37,47 +30,34 @@ SHAPES: tuple[tuple[int, int, int, int, int, int], ...] = (
 )
 #: the quick profile (compile-per-shape kernels): one square and one decode-like shape
 QUICK_SHAPES = SHAPES[:2]
-#: the dtypes the kit checks by default: the exact ones, with the tightest tolerances
 EXACT_DTYPES: tuple[torch.dtype, ...] = (torch.float64, torch.float32)
-#: the low-precision dtypes a GPU sweep times; checked on request (``dtypes=``, ``--dtype``)
+#: checked on request (``dtypes=``, ``--dtype``)
 LOW_PRECISION_DTYPES: tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16)
-#: every dtype the kit can check, in the order it checks them
 CHECK_DTYPES: tuple[torch.dtype, ...] = EXACT_DTYPES + LOW_PRECISION_DTYPES
-#: max |out - ref| against the float64 reference of the same (rounded) inputs. The low
-#: precisions allow a few units in the last place of an O(1) output (bf16: 8 significant
-#: bits, fp16: 11) plus what a kernel computing its scores and softmax in that dtype loses;
-#: a wrong mask moves outputs by O(0.1..1), far above either
+#: max |out - ref| against the float64 reference of the same rounded inputs; a wrong mask moves
+#: outputs by O(0.1..1), far above the low-precision bounds
 ATOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 4e-2, torch.float16: 5e-3}
 GRAD_ATOL = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 1.5e-1, torch.float16: 2e-2}
-#: plus this fraction of the largest reference gradient: a learned bias table's gradient sums
-#: every (query, key) pair at one distance, O(10..100), and low precision loses a relative
-#: amount of such a sum (the exact dtypes keep a plain absolute tolerance)
+#: plus this fraction of the largest reference gradient (a bias table's gradient sums O(10..100) terms)
 GRAD_RTOL = {torch.float64: 0.0, torch.float32: 0.0, torch.bfloat16: 8e-2, torch.float16: 1e-2}
-#: "this key moved this output": above float64/float32 round-off; in bf16/fp16 a forbidden
-#: key (weight exactly 0) moves nothing at all, while an allowed one moves its rows by at
-#: least a unit in the last place once the probe's step is large (:data:`PROBE_STEP`)
+#: "this key moved this output": above round-off; in bf16/fp16 a forbidden key moves nothing at all
 PROBE_EPS = {torch.float64: 1e-12, torch.float32: 1e-6, torch.bfloat16: 0.0, torch.float16: 0.0}
-#: what the pattern probe adds to one value row: large in low precision, so that a key of
-#: small softmax weight still moves its queries' outputs by more than rounding hides
+#: what the pattern probe adds to one value row: large in low precision, so small weights still show
 PROBE_STEP = {torch.float64: 1.0, torch.float32: 1.0, torch.bfloat16: 256.0, torch.float16: 256.0}
 PROBE_LEN = 13  # sequence length of the pattern probe
-#: lengths of the shape sweep, all run on one module: 13 > dynamo's recompile limit (8); 24 and
-#: 40 are 8 past a multiple of 16, the key lengths where a CPU micro-kernel overran its block;
-#: 185 (padded to 192 on CPU) is past ``flex``'s eager block-mask size
-#: (:data:`attn.kernels.flex.EAGER_MASK_ELEMENTS`), so its compiled block mask is swept too
+#: shape sweep lengths on one module: 13 > dynamo's recompile limit; 24 and 40 are 8 past a multiple of
+#: 16 (where a CPU micro-kernel overran); 185 is past ``flex``'s eager block-mask size
 SWEEP_LENGTHS: tuple[int, ...] = (17, 19, 20, 23, 24, 25, 28, 31, 33, 36, 39, 40, 185)
 SWEEP_BATCH, SWEEP_DIM = 2, 16
 GUARD_ROWS = 32  # NaN rows after every swept input: a kernel reading past its inputs gives NaN
 #: the shapes of the running check_attention call (SHAPES, or QUICK_SHAPES in the quick profile)
 active_shapes: ContextVar[tuple[tuple[int, int, int, int, int, int], ...]] = ContextVar("shapes", default=SHAPES)
-#: True in the quick profile: each (causal, key_mask) combination on one of the active shapes
-#: instead of on every shape (:func:`iter_cases`)
+#: True in the quick profile: each (causal, key_mask) combination on one shape (:func:`iter_cases`)
 covering_cases: ContextVar[bool] = ContextVar("covering_cases", default=False)
 
 
 def enter_profile(quick: bool) -> tuple[Token, Token]:
-    """Make the quick profile's (``quick``) or the full profile's shapes and cases the active
-    ones; the tokens that :func:`leave_profile` resets."""
+    """Activate the quick or full profile's shapes and cases; returns tokens for :func:`leave_profile`."""
     return active_shapes.set(QUICK_SHAPES if quick else SHAPES), covering_cases.set(quick)
 
 
@@ -95,8 +75,8 @@ typed_copies: ContextVar[weakref.WeakKeyDictionary | None] = ContextVar("typed_c
 
 
 def dtypes_from(names: Sequence[str | torch.dtype] | None) -> tuple[torch.dtype, ...]:
-    """The dtypes ``check_attention(dtypes=...)`` names (``"bfloat16"`` or ``torch.bfloat16``),
-    in the kit's order; None: :data:`EXACT_DTYPES`. ValueError names the allowed values."""
+    """The dtypes ``check_attention(dtypes=...)`` names, in the kit's order (None: :data:`EXACT_DTYPES`);
+    ``ValueError`` names the allowed values."""
     if names is None:
         return EXACT_DTYPES
     allowed = {str(d).removeprefix("torch."): d for d in CHECK_DTYPES}
@@ -131,8 +111,7 @@ class NotSupported(Exception):
 def make_inputs(
     shape: tuple[int, int, int, int, int, int], dtype: torch.dtype, device: torch.device, seed: int
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Seeded q, k, v. Shapes with Nq != Nk come in the models' layout: (B, N, H, D) storage
-    viewed as (B, H, N, D), i.e. non-contiguous, as a head split produces."""
+    """Seeded q, k, v; shapes with Nq != Nk come non-contiguous, (B, N, H, D) storage viewed as a head split."""
     batch, heads, q_len, k_len, dim, v_dim = shape
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, heads, q_len, dim, generator=gen, dtype=torch.float64)
@@ -157,8 +136,7 @@ def make_key_mask(batch: int, k_len: int, device: torch.device, seed: int) -> Te
 def refusals(module: Attention, kernel: str, device, dtype, causal: bool, grad: bool,
              shape: tuple[int, ...] | None = None, key_mask: Tensor | None = None,
              kv_groups: int = 1) -> list[str]:
-    """Why ``kernel`` cannot run this case ([] = it can); without a ``shape``, any lengths;
-    ``kv_groups``: query heads per key head (grouped-query attention)."""
+    """Why ``kernel`` cannot run this case ([] = it can); without a ``shape``, any lengths."""
     lengths = {} if shape is None else {"q_len": shape[2], "k_len": shape[3], "head_dim": shape[4]}
     call = AttentionCall(device, dtype, causal, grad, has_key_mask=key_mask is not None,
                          kv_groups=kv_groups, **lengths)
@@ -166,11 +144,8 @@ def refusals(module: Attention, kernel: str, device, dtype, causal: bool, grad: 
 
 
 def typed_copy(module: Attention, dtype: torch.dtype) -> Attention:
-    """A copy of ``module`` in ``dtype``: within a check_attention call one copy per (module,
-    dtype), shared by every check of that module's kernel, so a kernel that caches compiled
-    code per module (``flex``, for mods that close over a learned table) compiles once per
-    kit run instead of once per check. Checks run it under ``no_grad`` or clear its
-    gradients first (``zero_grad``), so what one check leaves on it is never read by another."""
+    """One copy of ``module`` in ``dtype`` per check_attention call, shared by the checks of a kernel,
+    so a kernel that caches compiled code per module compiles once per run. Checks clear its gradients."""
     memo = typed_copies.get()
     if memo is None:
         return copy.deepcopy(module).to(dtype)
@@ -181,9 +156,7 @@ def typed_copy(module: Attention, dtype: torch.dtype) -> Attention:
 
 
 def in_precision(module: Attention, kernel: str, device, grad: bool) -> tuple[Attention, torch.dtype]:
-    """A copy of ``module`` (:func:`typed_copy`) in the first checked dtype the kernel supports
-    (by default float64, the tightest checks, else float32); the check is skipped when it
-    supports none."""
+    """A :func:`typed_copy` in the first checked dtype the kernel supports; :class:`Skip` when none."""
     causal = causal_options(module)[0]
     dtypes = active_dtypes.get()
     for dtype in dtypes:
@@ -224,11 +197,10 @@ def where_differs(diff: Tensor, q_len: int, k_len: int) -> str:
 
 
 def iter_cases(module: Attention, device: torch.device) -> Iterator[tuple]:
-    """``(shape, causal, key_mask)`` for every active shape, causal option, with and without
-    padding. In the quick profile (:data:`covering_cases`) each (causal, key_mask) combination
-    runs on one of its two shapes, alternating: every combination still runs, and where
-    ``causal`` takes both values each shape runs both values of each flag. On a kernel that
-    compiles per case (``flex`` on CPU) that halves the compiles the quick profile pays for."""
+    """``(shape, causal, key_mask)`` for every active shape, causal option, with and without padding.
+
+    The quick profile runs each combination on one of its two shapes, alternating, which halves
+    the compiles of a kernel that compiles per case."""
     covering = covering_cases.get()
     for index, shape in enumerate(active_shapes.get()):
         batch, _, q_len, k_len = shape[:4]
@@ -241,8 +213,7 @@ def iter_cases(module: Attention, device: torch.device) -> Iterator[tuple]:
 
 
 def reference_output(module: Attention, q, k, v, causal, key_mask) -> Tensor:
-    """The dense float64 reference built from the module's own mask_mod / score_mod (an
-    approximation's: its ``reference_forward``, its own definition computed directly)."""
+    """The dense float64 reference from the module's own mods (an approximation's ``reference_forward``)."""
     ref_module = copy.deepcopy(module).to(torch.float64)
     if not module.exact:
         return ref_module.reference_forward(q.double(), k.double(), v.double(), causal, key_mask)
@@ -279,11 +250,7 @@ def check(name: str):
 
 
 def for_cases(module: Attention, kernel: str, device, dtype, grad: bool, body) -> bool:
-    """Run ``body(shape, causal, key_mask)`` on every supported case; True if any ran.
-
-    A case the kernel does not support, or that the module refuses with
-    NotImplementedError, is skipped; the check is skipped only if no case ran.
-    """
+    """Run ``body(shape, causal, key_mask)`` on every supported case; True if any ran (refusals skipped)."""
     ran = False
     for shape, causal, key_mask in iter_cases(module, device):
         if refusals(module, kernel, device, dtype, causal, grad, shape, key_mask):
@@ -297,8 +264,7 @@ def for_cases(module: Attention, kernel: str, device, dtype, grad: bool, body) -
 
 
 def for_precisions(module: Attention, kernel: str, device, body) -> bool:
-    """``for_cases`` in every checked dtype (by default float64 and float32) on a copy of
-    ``module`` in each (:func:`typed_copy`); ``body(typed_module, dtype, shape, causal, key_mask)``."""
+    """``for_cases`` in every checked dtype on a :func:`typed_copy`; ``body(typed, dtype, shape, causal, key_mask)``."""
     ran = False
     for dtype in active_dtypes.get():
         typed = typed_copy(module, dtype)

@@ -1,19 +1,10 @@
-"""The kit's checks in a child process, each under a time limit, as a sweep runs its cases.
+"""The kit's checks in child processes, each under a time limit.
 
-A variant is code the kit does not control: it may call ``os._exit``, crash the interpreter
-or never return. :func:`run_isolated` runs the checklist (:mod:`attn.conformance.checklist`)
-in one child process, which announces each step before running it; the parent waits at most
-``timeout_s`` for each step. A child that exits, dies by a signal or runs past the limit is
-killed (with its process group: whatever it started), its step becomes a FAIL result naming
-the check and the cause, and a new child goes on with the steps after it. After a time-out
-the kit stops calling that kernel (its other checks are reported as not run), and after a
-second one it stops calling the variant: a variant that hangs costs about two limits, not
-one per check. The child (:mod:`attn.supervise`) kills its own group when its parent is gone.
-
-The child rebuilds the variant from what can be sent to it: a registered name with the
-registered object (sent by reference, so its module must be importable; it is registered
-again in the child), or a factory or class. What cannot be sent (a class defined inside a
-function) is reported by :func:`sendable`, and the caller then runs the checks here.
+A variant may exit, crash or hang. The checklist runs in a child that announces each step; a
+child that dies or runs past ``timeout_s`` is killed with its process group, its step becomes a
+FAIL, and a new child goes on. One time-out retires the kernel, a second the variant, so a hanging
+variant costs about two limits. What cannot be pickled to a child is reported by :func:`sendable`
+and the caller then runs the checks in-process.
 """
 
 from __future__ import annotations
@@ -71,8 +62,7 @@ class Job:
 
 
 def sendable(attention: str | Factory) -> tuple[Factory | None, str | None]:
-    """The object to send for ``attention`` (the registered one for a name) and ``None``, or
-    ``None`` and why it cannot be sent to a child process."""
+    """``(object to send, None)`` for ``attention``, or ``(None, why it cannot be sent)``."""
     target = REGISTRY.entries.get(attention) if isinstance(attention, str) else attention
     if target is None:
         return None, None  # unknown name: the child reports it like the parent would
@@ -139,8 +129,7 @@ class _Cut:
 
 def _run_child(job: Job, timeout_s: float | None, report: ConformanceReport,
                on_start: Callable[[str, str, dict[str, Any]], None] | None = None) -> _Cut | None:
-    """Run ``job`` in one child; its results go into ``report``. ``None`` when every step
-    finished, else the step that did not."""
+    """Run ``job`` in one child, results into ``report``; None when every step finished, else the cut step."""
     child = Child(_child_main, (job,))
     current = _Cut(None, "kit", "-", {}, "")
     limit = float("inf") if timeout_s is None else timeout_s
@@ -164,9 +153,9 @@ def _run_child(job: Job, timeout_s: float | None, report: ConformanceReport,
                 current = _Cut(None, "kit", "-", {}, "")
             elif message[0] == "error":
                 return _Cut(None, "kit", "-", {}, f"the kit could not run in its process: {message[1]}")
-            else:  # done: it exits by itself, so that its exit handlers release what it
-                child.process.join(EXIT_GRACE_S)  # holds (killed, its compile workers'
-                return None  # semaphores leak: a resource_tracker warning when the caller exits)
+            else:  # done: let it exit by itself (killed, its compile workers' semaphores leak)
+                child.process.join(EXIT_GRACE_S)
+                return None
         cause = death_cause(child.process.exitcode)
         if current.index is None:
             return replace(current, cause=f"{cause}, outside any check (the kit's process could not "
@@ -181,11 +170,10 @@ def run_isolated(job: Job, name: str, timeout_s: float | None,
                  on_result: Callable[[CheckResult], None] | None = None,
                  on_start: Callable[[str, str, dict[str, Any]], None] | None = None
                  ) -> ConformanceReport:
-    """Every step of ``job`` in child processes, each under ``timeout_s`` seconds (None: no
-    limit); a step whose process died or ran out of time is a FAIL result saying so, and
-    time-outs stop the kit calling a kernel, then the variant (:meth:`Job.not_run`).
-    ``on_result`` is called with each result as it arrives, ``on_start`` with ``(check,
-    kernel, params)`` as each step starts."""
+    """Every step of ``job`` in child processes, each under ``timeout_s`` seconds (None: no limit).
+
+    A step whose process died or timed out is a FAIL; time-outs retire a kernel, then the variant
+    (:meth:`Job.not_run`). ``on_result`` gets each result, ``on_start`` each ``(check, kernel, params)``."""
     report = ConformanceReport(name, on_result=on_result)
     while True:
         cut = _run_child(job, timeout_s, report, on_start)

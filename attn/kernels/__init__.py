@@ -1,12 +1,7 @@
-"""Kernels: implementations that run an attention's :class:`~attn.pattern.Pattern` on some device.
+"""Kernels: implementations that run an attention's :class:`~attn.pattern.Pattern` (docs/kernels.md).
 
-Each kernel declares ``not_supported_reasons(pattern, call) -> list[str]`` for an
-:class:`~attn.call.AttentionCall` (empty = supported, else the reasons; ``call=None``: the
-pattern alone) and ``run(pattern, q, k, v, causal, key_mask) -> (output, KernelPath)``.
-A variant's kernels are the ones that support its pattern (:func:`kernels_for`).
-
-A kernel outside this package (a plug-in module, a test) joins the table with
-:func:`register_kernel`; it then serves every variant whose pattern it supports.
+A variant's kernels are those that support its pattern (:func:`kernels_for`); a kernel outside
+this package joins the table with :func:`register_kernel`.
 """
 
 from __future__ import annotations
@@ -39,11 +34,7 @@ KERNELS: Table[Kernel] = Table("register_kernel")
 
 @cache
 def _kernel_table() -> Table[Kernel]:
-    """:data:`KERNELS`, the built-ins first registered in :data:`BUILTIN_KERNELS` order.
-
-    Imports each kernel's module here, by name: the table above names every kernel once, so
-    adding a kernel is its file plus one line there.
-    """
+    """:data:`KERNELS`, the built-ins first registered (imported by name) in :data:`BUILTIN_KERNELS` order."""
     for entry in BUILTIN_KERNELS:
         module, _, cls = entry.partition(":")
         kernel = getattr(importlib.import_module(module), cls)()
@@ -52,8 +43,7 @@ def _kernel_table() -> Table[Kernel]:
 
 
 def register_kernel(cls: type[Kernel] | None = None, *, overwrite: bool = False) -> Any:
-    """Class decorator (``@register_kernel`` or ``@register_kernel(overwrite=True)``): add a
-    :class:`Kernel` subclass, built with no arguments, to the kernel table under its ``name``."""
+    """Class decorator: add a :class:`Kernel` subclass, built with no arguments, under its ``name``."""
 
     def decorator(cls: type[Kernel]) -> type[Kernel]:
         if not (isinstance(cls, type) and issubclass(cls, Kernel)):
@@ -89,8 +79,7 @@ def kernel_names() -> tuple[str, ...]:
 
 
 def kernels_for(pattern: Pattern) -> tuple[str, ...]:
-    """The kernels that can run ``pattern`` on some call (their ``not_supported_reasons(pattern)``
-    is empty), in table order: what a variant's kernels are."""
+    """The kernels whose ``not_supported_reasons(pattern)`` is empty, in table order."""
     return tuple(name for name, kernel in _kernel_table().items()
                  if not kernel.not_supported_reasons(pattern))
 

@@ -16,22 +16,15 @@ _DEVICE_NAMES = {"cuda": "CUDA", "cpu": "CPU"}
 
 
 def host_reads_are_free(device: torch.device) -> bool:
-    """True where reading a tensor's value on the host (``int(t)``, ``bool(t.any())``,
-    ``.cpu()``) costs no device synchronisation: the CPU. On an accelerator a kernel's hot path
-    must not read values on the host (each read waits for every queued kernel), so it takes
-    the branch-free path instead (e.g. applies a mask it cannot cheaply prove empty)."""
+    """True on the CPU: elsewhere reading a value on the host syncs the device, so hot paths branch-free."""
     return torch.device(device).type == "cpu"
 
 
 class Kernel:
-    """An implementation of attention semantics. Stateless apart from caches.
+    """An implementation of attention semantics, stateless apart from caches.
 
-    A kernel states what it supports in one place, :meth:`not_supported_reasons`: the devices
-    and dtypes it runs (:attr:`SUPPORTED_DEVICES`, :attr:`SUPPORTED_DTYPES`, checked here for
-    every kernel), whether it runs the variants' definitions (:attr:`runs_definitions`), and
-    what an override adds for patterns and calls. Which kernels a variant can use is derived
-    from these answers (:func:`attn.kernels.kernels_for`); no variant lists them.
-    """
+    What it supports is stated in :meth:`not_supported_reasons` alone; a variant's kernels are
+    derived from those answers (:func:`attn.kernels.kernels_for`)."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
@@ -41,29 +34,20 @@ class Kernel:
     SUPPORTED_DEVICES: ClassVar[tuple[str, ...] | None] = None
     #: dtypes the kernel computes in; None: any
     SUPPORTED_DTYPES: ClassVar[tuple[torch.dtype, ...] | None] = None
-    #: True for kernels that compute float16 / bfloat16 inputs in float32 (their matmuls run at
-    #: the float32 peak: a benchmark's peak fraction divides by that one, :func:`compute_dtype`)
+    #: True for kernels that compute float16 / bfloat16 inputs in float32 (:func:`compute_dtype`)
     computes_half_in_float32: ClassVar[bool] = False
-    #: True for kernels that compute exact attention from a pattern's mask_mod / score_mod /
-    #: band: they refuse approximations and variants that bring their own implementation
+    #: True for kernels that compute exact attention from a pattern's definition (refuse approximations)
     runs_definitions: ClassVar[bool] = True
-    #: True for kernels that run packed calls (``document_ids``) exactly; the others refuse
-    #: them (:meth:`not_supported_reasons`), so a packed call is never silently unpacked
+    #: True for kernels that run packed calls (``document_ids``); the others refuse them, never unpack
     supports_document_ids: ClassVar[bool] = False
-    #: True for kernels that evaluate a score_mod once, on zero scores, and add it as a bias:
-    #: they refuse a score term that changes with the score (:attr:`Pattern.score_is_bias`)
+    #: True for kernels that add a score_mod evaluated on zero scores (:attr:`Pattern.score_is_bias`)
     adds_score_as_bias: ClassVar[bool] = False
 
     def not_supported_reasons(self, pattern: Pattern, call: AttentionCall | None = None) -> list[str]:
         """Reasons this kernel cannot run ``pattern`` for ``call``; [] = supported.
 
-        ``call=None`` asks about the pattern alone (any device, dtype and lengths): the
-        answer that decides which kernels a variant has. Every refusal that depends on the
-        call (device, dtype, causal, gradients, lengths, a ``key_mask``) belongs here, not in
-        :meth:`run`: dispatch, ``auto``, the conformance kit and the benchmark read it before
-        running. A length the call leaves ``None`` means "any length": checks of that length
-        do not apply. Overrides extend the base's reasons (``super().not_supported_reasons``).
-        """
+        ``call=None`` asks about the pattern alone. Every refusal that depends on the call belongs here,
+        never in :meth:`run`. Overrides extend ``super().not_supported_reasons``."""
         reasons = []
         if call is not None:
             if self.SUPPORTED_DEVICES is not None and call.device.type not in self.SUPPORTED_DEVICES:
@@ -94,8 +78,7 @@ class Kernel:
         causal: bool,
         key_mask: Tensor | None,
     ) -> tuple[Tensor, KernelPath]:
-        """Compute the attention output ``(B, H, Nq, Dv)`` of ``pattern`` and describe the path
-        taken. ``causal`` already includes the pattern's ``always_causal``."""
+        """The output ``(B, H, Nq, Dv)`` of ``pattern`` and the path taken; ``causal`` includes ``always_causal``."""
         raise NotImplementedError
 
 
@@ -104,9 +87,8 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def compute_dtype(kernel: Kernel, dtype: torch.dtype, native_in_float32: bool = False) -> torch.dtype:
-    """The dtype ``kernel``'s matmuls run in for inputs of ``dtype``: float32 for half inputs
-    to a kernel that upcasts them (``native``: when the variant says its own implementation
-    does, ``native_in_float32``), else ``dtype``."""
+    """The dtype ``kernel``'s matmuls run in for ``dtype`` inputs: float32 for half inputs to a kernel
+    that upcasts them (``native``: when ``native_in_float32``), else ``dtype``."""
     upcasts = kernel.computes_half_in_float32 or (kernel.name == "native" and native_in_float32)
     return torch.float32 if upcasts and dtype in HALF_DTYPES else dtype
 

@@ -1,15 +1,9 @@
-"""FlexAttention block masks read from a pattern's structure, never from its mask_mod.
+"""FlexAttention block masks read from a pattern's structure (band, grid, or no mask), never its mask_mod.
 
-A banded pattern (:class:`attn.pattern.Band`: window, dilation, global tokens, per-head
-groups), a factorised one (:class:`attn.grid.Grid`) and one without a mask (full or causal)
-say in closed form which ``BLOCK x BLOCK`` tiles hold an allowed pair and which hold only
-allowed pairs, so the block mask follows from block coordinates alone: O((N / BLOCK)^2)
-small integer ops, eager, no compile (``create_block_mask`` evaluates the mask_mod on all
-N^2 pairs and is compiled above ~181 tokens). A tile is marked *full* only when every pair in
-it is allowed and it lies wholly inside the real keys; any other tile with an allowed pair is
-*partial* (flex applies the mask_mod there), so a conservative tile costs time, never
-correctness. A call with a ``key_mask`` gets every tile partial: one block mask serves every
-batch, and the mask_mod removes the masked keys.
+Which tiles hold an allowed pair, and which only allowed pairs, follows from block coordinates
+alone: eager, no compile (``create_block_mask`` evaluates all N^2 pairs). A tile is *full* only
+when every pair is allowed and it holds no padded key, so a conservative tile costs time, never
+correctness; with a ``key_mask`` every tile is partial, so one block mask serves every batch.
 """
 
 from __future__ import annotations
@@ -58,8 +52,7 @@ class Structure:
 
     @classmethod
     def of(cls, pattern: Pattern) -> Structure | None:
-        """The structure of ``pattern``, or None when it has none to read (a plug-in's
-        arbitrary mask_mod, or a packed call: ``create_block_mask`` builds those)."""
+        """The structure of ``pattern``, or None (a plug-in's mask_mod or a packed call: ``create_block_mask``)."""
         if pattern.documents is not None:
             return None
         if pattern.band is None and pattern.grid is None and pattern.mask_mod is not None:
@@ -106,8 +99,7 @@ def _global(tiles: _Tiles, num_global: int) -> tuple[Tensor, Tensor]:
 
 
 def _spatial(tiles: _Tiles, positions: int) -> tuple[Tensor, Tensor]:
-    """(any, full) for ``i // S == j // S``: the tiles' frame ranges overlap (superset under
-    causal: also needs a key at or before the last query)."""
+    """(any, full) for ``i // S == j // S`` (a superset under causal)."""
     fi_lo, fi_hi = tiles.i_lo // positions, tiles.i_hi // positions
     fj_lo, fj_hi = tiles.j_lo // positions, tiles.j_hi // positions
     any_pair = (fi_lo <= fj_hi) & (fj_lo <= fi_hi)
@@ -170,9 +162,7 @@ def tile_masks(structure: Structure, *, causal: bool, q_len: int, k_len: int, q_
 
 
 def _ordered(dense: Tensor) -> tuple[Tensor, Tensor]:
-    """Per row of ``dense (1, H, R, C)``, the count of marked tiles and their columns, first and
-    ascending (FlexAttention's ``kv_num_blocks`` / ``kv_indices`` layout; entries past the count
-    are never read): O(R * C) to find them, no sort."""
+    """Per row of ``dense (1, H, R, C)``: marked-tile count and ascending columns, without a sort."""
     counts = dense.sum(dim=-1, dtype=torch.int32)  # (1, H, R)
     batch, head, row, col = dense.nonzero(as_tuple=True)  # row-major order: columns ascending
     starts = counts.flatten().cumsum(0) - counts.flatten()  # first slot of each row
@@ -186,9 +176,8 @@ def _ordered(dense: Tensor) -> tuple[Tensor, Tensor]:
 def structured_block_mask(structure: Structure, mask_mod: MaskMod, *, causal: bool, q_len: int,
                           k_len: int, q_pad: int, k_pad: int, heads: int, block: int,
                           device: torch.device, key_mask: bool) -> BlockMask:
-    """The block mask of a pattern of this ``structure`` for a call of ``q_len`` queries and
-    ``k_len`` keys padded to ``(q_pad, k_pad)``; ``mask_mod`` is what flex applies in partial
-    tiles; ``key_mask``: the call masks keys by data, so no tile is full."""
+    """The block mask of ``structure`` for a call padded to ``(q_pad, k_pad)``; ``mask_mod`` applies in
+    partial tiles; ``key_mask``: no tile is full."""
     any_pair, full = tile_masks(structure, causal=causal, q_len=q_len, k_len=k_len, q_pad=q_pad,
                                 k_pad=k_pad, heads=heads, block=block, device=device)
     if key_mask:

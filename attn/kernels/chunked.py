@@ -1,11 +1,7 @@
 """The ``chunked`` kernel: exact attention for any mask_mod / score_mod in O(chunk * Nk) memory.
 
-Queries are processed in chunks of ``C`` rows; each chunk builds its dense ``(B, H, C, Nk)``
-scores, applies the score_mod (e.g. a relative position bias) and the mask_mod on that
-chunk only, and is wrapped in :func:`torch.utils.checkpoint.checkpoint`, so the backward
-pass recomputes the chunk instead of storing it: forward and backward memory are
-O(C * Nk) beyond the inputs, never ``N x N``. Time stays O(Nq * Nk); this is the
-memory-efficient path for ``relative`` (and any exact variant) at long N.
+Each chunk of query rows builds its dense scores, applies the mods and is checkpointed, so the
+backward recomputes it: never ``N x N``, time still O(Nq * Nk).
 """
 
 from __future__ import annotations
@@ -22,15 +18,12 @@ from attn.mods import MaskMod, ScoreMod, and_masks, causal_mask_mod, masked_soft
 from attn.pattern import Pattern
 from attn.precision import without_autocast
 
-#: target elements of one chunk of scores (B * H * C * Nk), per device type: 16 MB in fp32 on
-#: CPU; 256 MB on CUDA, so a long call is a few chunks (launches), not thousands (chosen, not
-#: yet measured on a GPU)
+#: elements of one chunk of scores: CPU 16 MB fp32; CUDA 256 MB, a few launches, not thousands (unmeasured)
 CHUNK_ELEMENTS: dict[str, int] = {"cpu": 1 << 22, "cuda": 1 << 26}
 
 
 def chunk_rows(batch: int, heads: int, k_len: int, device: torch.device | str = "cpu") -> int:
-    """Query rows per chunk so one chunk of scores holds about ``CHUNK_ELEMENTS`` values of
-    ``device``'s type (other device types: the CPU's)."""
+    """Query rows per chunk so one chunk of scores holds about ``CHUNK_ELEMENTS`` values."""
     elements = CHUNK_ELEMENTS.get(torch.device(device).type, CHUNK_ELEMENTS["cpu"])
     return max(16, elements // max(batch * heads * k_len, 1))
 
@@ -77,10 +70,8 @@ def chunked_attention(
 ) -> Tensor:
     """Exact attention ``q (B, H, Nq, D)`` x ``k, v (B, H_kv, Nk, .)`` -> ``(B, H, Nq, Dv)``.
 
-    ``score_params`` are the tensors the score_mod closes over (e.g. a learned bias table),
-    passed so that checkpointed chunks propagate their gradients. ``q_offset``: absolute
-    position of query row 0 (default ``Nk - Nq``, bottom-right aligned).
-    """
+    ``score_params``: the tensors the score_mod closes over, so checkpointed chunks pass their
+    gradients. ``q_offset``: absolute position of query row 0 (default ``Nk - Nq``)."""
     compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
     dtype = q.dtype
     q, k, v = q.to(compute), k.to(compute), v.to(compute)

@@ -1,21 +1,9 @@
-"""The ``factorised`` kernel: a pattern on a token grid (``Pattern.grid``, :mod:`attn.grid`) run
-as batched attention over frames and over positions (Arnab et al. 2021, ViViT).
+"""The ``factorised`` kernel: a grid pattern (:mod:`attn.grid`) run as batched SDPA over frames and over
+positions (ViViT), O(N * (S + T)), no ``N x N`` mask; backward through SDPA.
 
-``N = T * S`` tokens in frame-major order are viewed as ``(T, S)``: spatial heads attend
-within each of the ``T`` frames (``B * T`` sequences of ``S`` tokens), temporal heads across
-the frames at each of the ``S`` positions (``B * S`` sequences of ``T`` tokens). Each is one
-``scaled_dot_product_attention`` call, so the work is O(N * S) and O(N * T) pairs and no
-``N x N`` mask is ever built; backward is SDPA's through the reshapes. Causal is each
-sequence's own lower triangle (``j <= i`` within a frame is the earlier position, across
-frames the earlier frame). A ``key_mask`` becomes a per-sequence mask of its keys; a query
-with no allowed key returns zeros (its row's mask is lifted and the output multiplied by 0,
-so neither value nor gradient can be NaN).
-
-Lengths: keys that do not fill the last frame are padded to a whole frame and masked;
-queries fewer than keys (``Nq < Nk``, bottom-right aligned: a KV-cache step) are placed at
-their absolute rows of a full grid and the other rows dropped. ``Nq > Nk`` puts queries
-before the first key, off the grid: refused (``auto`` takes another kernel). A score term
-(``position_bias``) is refused: the kernel runs mask patterns only.
+Causal is each sequence's own lower triangle. A row with no allowed key has its mask lifted and
+its output multiplied by 0, so neither value nor gradient is NaN. A partial last frame is padded
+and masked; ``Nq < Nk`` queries sit at their absolute rows; ``Nq > Nk`` and score terms are refused.
 """
 
 from __future__ import annotations
@@ -33,8 +21,7 @@ from attn.pattern import Pattern
 
 
 def _sequences(x: Tensor, axis: str, frames: int, positions: int) -> Tensor:
-    """``x (B, H, T*S, D)`` as the sequences ``axis`` attends over: spatial ``(B*T, H, S, D)``,
-    temporal ``(B*S, H, T, D)``."""
+    """``x (B, H, T*S, D)`` as spatial ``(B*T, H, S, D)`` or temporal ``(B*S, H, T, D)`` sequences."""
     batch, heads, _, dim = x.shape
     grid = x.reshape(batch, heads, frames, positions, dim)  # (B, H, T, S, D)
     if axis == "spatial":
@@ -43,8 +30,7 @@ def _sequences(x: Tensor, axis: str, frames: int, positions: int) -> Tensor:
 
 
 def _tokens(y: Tensor, axis: str, batch: int, frames: int, positions: int) -> Tensor:
-    """The inverse of :func:`_sequences`: ``(B*T, H, S, Dv)`` or ``(B*S, H, T, Dv)`` ->
-    ``(B, H, T*S, Dv)``."""
+    """The inverse of :func:`_sequences`, back to ``(B, H, T*S, Dv)``."""
     heads, dim = y.shape[1], y.shape[-1]
     if axis == "spatial":
         grid = y.reshape(batch, frames, heads, positions, dim).permute(0, 2, 1, 3, 4)
@@ -55,8 +41,7 @@ def _tokens(y: Tensor, axis: str, batch: int, frames: int, positions: int) -> Te
 
 def _axis_attention(q: Tensor, k: Tensor, v: Tensor, axis: str, frames: int, positions: int,
                     causal: bool, valid: Tensor | None) -> tuple[Tensor, str]:
-    """One axis of the grid: ``q, k, v (B, H, T*S, .)``, ``valid (B, T, S)`` the real keys
-    (None: all) -> ``(B, H, T*S, Dv)`` and the SDPA backend that ran it."""
+    """One axis of the grid, ``valid (B, T, S)`` the real keys (None: all); returns the output and backend."""
     batch = q.shape[0]
     qs, ks, vs = (_sequences(t, axis, frames, positions) for t in (q, k, v))  # (B*G, H, L, .)
     if valid is None:
@@ -79,8 +64,8 @@ def _axis_attention(q: Tensor, k: Tensor, v: Tensor, axis: str, frames: int, pos
 
 def factorised_attention(q: Tensor, k: Tensor, v: Tensor, grid: Grid, *, causal: bool = False,
                          key_mask: Tensor | None = None) -> Tensor:
-    """Attention of ``grid``'s pattern, ``q (B, H, Nq, D)``, ``k, v (B, H_kv, Nk, .)`` with
-    ``Nq <= Nk`` -> ``(B, H, Nq, Dv)`` (see the module docstring)."""
+    """Attention of ``grid``'s pattern: ``q (B, H, Nq, D)``, ``k, v (B, H_kv, Nk, .)``, ``Nq <= Nk``
+    -> ``(B, H, Nq, Dv)``."""
     return _factorised(q, k, v, grid, causal, key_mask)[0]
 
 

@@ -1,61 +1,13 @@
-"""The ``flex`` kernel: ``torch.nn.attention.flex_attention`` compiled, from the variant's mods.
+"""The ``flex`` kernel: ``torch.nn.attention.flex_attention`` compiled from the variant's mods
+(docs/kernels.md; padding, buckets and fallbacks: docs/gpu.md).
 
-Positions. The variant's mask_mod / score_mod use absolute query positions (bottom-right
-aligned); FlexAttention passes row indices, so both are wrapped with ``i = row + (Nk - Nq)``.
-Causal and ``key_mask`` are folded into the mask_mod.
-
-Padding (CPU). Inductor's C++ FlexAttention template computes ``q @ k.T`` with a
-micro-kernel 16 key columns wide. For a key block 8 columns past a multiple of 16 (block
-widths 8, 24, 40, ...: Nk = 24, or the last block of Nk = 136) and head dim 8 or 16, its
-AVX2 path still loads and stores 16 columns: it reads 8 keys past the end of the key tensor
-and writes past the end of the score row, where the last row of a query block overwrites
-the running row maxima of its first 8 queries, whose outputs then come out wrong by O(1) or
-NaN depending on what memory lies past the keys. So on CPU keys are padded to a multiple of
-:data:`ALIGN` (the padding masked out in the mask_mod), and queries of at least ``ALIGN``
-rows likewise (the padded rows are dropped); shorter query blocks (decoding) run as they are.
-
-Key-length buckets (every device). KV-cache decoding calls with one more key each step; with
-the key length baked into the compiled code that is a compile per step. So keys are padded
-up to a bucket (:func:`key_bucket`): a multiple of a power of two that grows with the length,
-at least :data:`ALIGN` on CPU and :data:`BLOCK` elsewhere, at most 1/8 of the length, so that
-padding wastes under 12.5% and a decode from 1K to 8K keys compiles ~24 times, not 7K (CUDA)
-or 450 (CPU) times.
-
-Caching (so a sweep never hits dynamo's recompile limit). One bucket per (pattern key, B, H,
-padded Nq, padded Nk, D, Dv, dtype, device, causal, key_mask present, padded or not). The
-pattern's key (:attr:`attn.pattern.Pattern.key`) is the fingerprint of its mods: their code
-and the plain values they close over. Patterns whose mods close over plain values only
-(``Pattern.shared``) share buckets across modules (copies share compiled code, differently
-configured modules never do); the others (mods closing over tensors, e.g. a learned bias
-table) keep theirs per module (``Pattern.owner``, dropped with the module), keyed by the
-identities of those tensors. A bucket holds the wrapped mods, the block mask of each exact shape (one per head
-when the variant's mask depends on the head, else one shared by the heads; a banded,
-factorised or unmasked pattern's read from its structure, eagerly, by
-:mod:`attn.kernels.block_masks`; a plug-in mask_mod's built by ``create_block_mask``: eagerly
-when small (:data:`EAGER_MASK_ELEMENTS`), else compiled, and rebuilt per call when a
-``key_mask`` is given, since it then depends on the data) and a compiled function
-with its *own code object*: dynamo keys its cache and recompile limit on the code object,
-so each bucket compiles once and never evicts another. A call that needs no padding has a
-bucket of its own, with its lengths baked into the compiled code; in a padded bucket the
-mods read the true lengths from a small tensor refilled per call, so all lengths that pad
-to the same size share one compiled function. Compiles use ``dynamic=False,
-fullgraph=True``: a graph break or a recompile-limit hit raises instead of silently running
-the ~50x slower eager path; the bucket then runs eager flex on purpose and records
-``KernelPath.fallback`` on every call (the failing compile is not paid again on each
-warm-up and timed call; other buckets still compile). An out-of-memory error
-(:func:`is_oom_error`: ``torch.OutOfMemoryError``, ``MemoryError``, or an error whose message
-or cause says so, e.g. Inductor wrapping one) is never a compile failure: it propagates, so
-the benchmark records the case as ``oom`` instead of running eager flex, which materialises
-N x N scores. The first call of each exact shape records its time in ``KernelPath.compile_s``
-(block-mask build + the bucket's compile if still needed + first run) so it can be reported
-apart; on CUDA the timings synchronise the device first and last (:func:`synchronize`), so
-they count the work queued, not just its launch.
-
-Grouped-query calls (``k, v`` with ``H_kv < H`` heads) run natively: ``enable_gqa=True``,
-the bucket keyed on ``H_kv`` too; the mods see the query head ``h``.
-
-Limits (declared by :meth:`FlexKernel.not_supported_reasons`): no backward on CPU (torch has no CPU
-flex backward), float64 unsupported on CPU, approximate variants unsupported.
+The mods see absolute query positions (``i = row + Nk - Nq``); causal and ``key_mask`` fold into
+the mask_mod. On CPU keys (and queries of >= ``ALIGN`` rows) are padded to a multiple of ``ALIGN``:
+Inductor's C++ template otherwise reads past the keys. Keys are padded to a bucket
+(:func:`key_bucket`) so decoding compiles once per bucket, not per length. Compiled code is cached
+per (pattern key, padded shape) in a bucket with its own code object, shared across modules
+when ``Pattern.shared`` and kept per owner otherwise. ``fullgraph=True``: a failed compile runs eager
+flex, flagged in ``KernelPath.fallback``; an out-of-memory error always propagates.
 """
 
 from __future__ import annotations
@@ -82,15 +34,10 @@ from attn.oom import is_oom_error
 from attn.pattern import Pattern, PatternOwner
 
 BLOCK = 128
-#: a block mask without a ``key_mask`` whose dense form has at most this many (head, query,
-#: key) elements (N up to ~181, or ~90 for a per-head mask of 4 heads) is built eagerly,
-#: ``create_block_mask`` without ``torch.compile``: ~10 ms and a few KB, where compiling it
-#: costs ~2.5 s per shape even from Inductor's cache (it is built once per shape, so
-#: benchmark timings never include it; with a ``key_mask`` it is rebuilt per call and stays
-#: compiled)
+#: a block mask without a ``key_mask`` of at most this many dense elements is built eagerly (~10 ms,
+#: against ~2.5 s to compile it per shape)
 EAGER_MASK_ELEMENTS = 1 << 15
-#: on CPU, key lengths (and query lengths of at least this many rows) are padded to a
-#: multiple of this: the width of the C++ template's ``q @ k.T`` micro-kernel
+#: the CPU C++ template's ``q @ k.T`` micro-kernel width, which CPU lengths are padded to
 ALIGN = 16
 
 
@@ -124,17 +71,15 @@ BUCKET_FRACTION_BITS = 3
 
 
 def key_bucket(k_len: int, device: torch.device) -> int:
-    """The key length a call of ``k_len`` keys runs at on ``device``: rounded up to a multiple
-    of a power of two >= ``k_len / 16`` (so under 12.5% padding), at least :data:`ALIGN` on CPU
-    (its micro-kernel width) and :data:`BLOCK` elsewhere (a flex block)."""
+    """``k_len`` rounded up to a multiple of a power of two >= ``k_len / 16`` (under 12.5% padding),
+    at least :data:`ALIGN` on CPU and :data:`BLOCK` elsewhere."""
     smallest = ALIGN if device.type == "cpu" else BLOCK
     step = max(smallest, 1 << max(k_len.bit_length() - 1 - BUCKET_FRACTION_BITS, 0))
     return _round_up(k_len, step)
 
 
 def padded_lengths(q_len: int, k_len: int, device: torch.device) -> tuple[int, int]:
-    """The ``(Nq, Nk)`` a call of this shape runs at: keys in their bucket (:func:`key_bucket`)
-    on every device; on CPU queries of at least ``ALIGN`` rows padded to a multiple of it."""
+    """The ``(Nq, Nk)`` a call runs at: keys in their bucket; on CPU queries of >= ``ALIGN`` rows aligned."""
     k_pad = key_bucket(k_len, device)
     if device.type != "cpu":
         return q_len, k_pad
@@ -144,14 +89,10 @@ def padded_lengths(q_len: int, k_len: int, device: torch.device) -> tuple[int, i
 def _wrap_mods(
     pattern: Pattern, causal: bool, lengths: Tensor | tuple[int, int, int], key_mask_buf: Tensor | None
 ) -> tuple[MaskMod, ScoreMod | None, bool]:
-    """FlexAttention mods for ``pattern``; True when every pair is allowed (no mask_mod, not
-    causal, no key_mask).
+    """FlexAttention mods for ``pattern``, and True when every pair is allowed.
 
-    ``lengths`` is ``(Nq, Nk, Nk - Nq)``: Python ints for a call that runs unpadded (baked
-    into the compiled code), or a tensor refilled per call for a bucket of padded lengths;
-    then padded keys are masked out and positions are clamped into the real keys, so that
-    the variant's mods never see the padding (they may index tensors with them).
-    """
+    ``lengths`` is ``(Nq, Nk, Nk - Nq)``: ints baked into unpadded code, or a tensor refilled per
+    call; then padded keys are masked and positions clamped so the mods never see the padding."""
     base = and_masks(pattern.mask_mod, causal_mask_mod if causal else None)
     score = pattern.score_mod
     padded = isinstance(lengths, Tensor)
@@ -225,8 +166,7 @@ class FlexKernel(Kernel):
         return reasons
 
     def _buckets_of(self, pattern: Pattern) -> dict[tuple, _Bucket]:
-        """The buckets of ``pattern``'s key: shared by equal patterns of any module when the
-        key names plain values only, else kept per module (they die with it)."""
+        """The buckets of ``pattern``'s key: shared when the key is plain values, else per owner."""
         if pattern.shared:
             return self._by_key.setdefault(pattern.key, {})
         return self._by_owner.setdefault(pattern.owner, {}).setdefault(pattern.key, {})
@@ -252,9 +192,8 @@ class FlexKernel(Kernel):
         kv = f"kv{k.shape[1]}" if k.shape[1] != heads else ""
         tag = f"{batch}x{heads}{kv}x{q_pad}x{k_pad}x{dim}{'_padded' if padded else ''}"
         per_head = pattern.per_head
-        # a head-dependent mask trips Inductor's vectorised C++ codegen when the block mask is
-        # compiled (a VecMask<int> / VecMask<float> mix that g++ rejects, torch 2.13): compile it
-        # as scalar C++ instead of building it eagerly (O(H*Nq*Nk) memory)
+        # a head-dependent mask breaks Inductor's vectorised C++ codegen (VecMask<int>/<float> mix g++
+        # rejects, torch 2.13): compile it as scalar C++ rather than build it eagerly (O(H*Nq*Nk))
         mask_options = {"cpp.simdlen": 1} if per_head and q.device.type == "cpu" else None
         buckets[key] = _Bucket(
             lengths=lengths, key_mask_buf=buf, mask_mod=mask_mod, score_mod=score_mod,
@@ -268,9 +207,7 @@ class FlexKernel(Kernel):
 
     def _block_mask(self, bucket: _Bucket, shape: tuple[int, int], q: Tensor, k: Tensor
                     ) -> tuple[Any, bool, str | None]:
-        """The block mask of this exact shape (cached unless a plug-in's mask_mod meets a
-        key_mask), whether this call built it, and the fallback it took to build it (None:
-        as planned). An out-of-memory error propagates (:func:`is_oom_error`)."""
+        """The block mask of this shape, whether this call built it, and the fallback taken (or None)."""
         if shape in bucket.block_masks:
             return bucket.block_masks[shape], False, None
         q_pad, k_pad = q.shape[2], k.shape[2]
@@ -345,10 +282,7 @@ class FlexKernel(Kernel):
     @staticmethod
     def _attend(bucket: _Bucket, q: Tensor, k: Tensor, v: Tensor, block_mask: Any
                 ) -> tuple[Tensor, str | None]:
-        """Compiled flex, and None; or, once compiling has failed for this bucket, eager flex
-        and the fallback to record on every call (the failing compile is not paid again). An
-        out-of-memory error propagates (:func:`is_oom_error`): eager flex would materialise
-        N x N scores."""
+        """Compiled flex and None; after a failed compile, eager flex and the fallback (OOM propagates)."""
         if bucket.compile_failed is None:
             try:
                 return bucket.flex(q, k, v, bucket.score_mod, block_mask, None), None

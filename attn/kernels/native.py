@@ -10,9 +10,7 @@ from attn.pattern import Pattern
 
 
 class NativeKernel(Kernel):
-    """Runs ``pattern.native.forward``, the variant's own implementation; the variant declares
-    the calls it refuses in ``pattern.native.not_supported_reasons(call)`` (optional: none
-    means any call)."""
+    """Runs ``pattern.native.forward``; the variant may declare refusals in ``native.not_supported_reasons``."""
 
     name = "native"
     description = "the variant's own implementation"

@@ -26,12 +26,9 @@ def dense_attention(
     key_mask: Tensor | None = None,
     scale: float | None = None,
 ) -> Tensor:
-    """Materialised softmax attention; half precision is computed in float32.
+    """Materialised softmax attention, O(B*H*Nq*Nk) memory; half precision computed in float32.
 
-    ``q (B, H, Nq, D)``, ``k (B, H_kv, Nk, D)``, ``v (B, H_kv, Nk, Dv)`` -> ``(B, H, Nq, Dv)``
-    (``H_kv < H``: grouped, :mod:`attn.gqa`). Rows with no allowed key give zeros. Memory
-    O(B*H*Nq*Nk).
-    """
+    ``q (B, H, Nq, D)``, ``k, v (B, H_kv, Nk, .)`` -> ``(B, H, Nq, Dv)``; rows with no allowed key give zeros."""
     batch, heads, q_len, dim = q.shape
     k_len = k.shape[2]
     scale = 1.0 / math.sqrt(dim) if scale is None else scale

@@ -1,30 +1,12 @@
-"""The ``relative`` kernel: a relative position bias (learned table, ALiBi) at the speed of
-fused attention on CPU, in O(N) memory.
+"""The ``relative`` kernel: a relative position bias (learned table, ALiBi) through torch's CPU flash
+kernel, in O(N) memory (docs/kernels.md).
 
-The bias ``b_h(j - i)`` is Toeplitz, so with the query rows taken in reverse order it is a
-*Hankel* block: ``bias[h, r', j] = vec[h, r' + j]`` for a 1-D per-head vector ``vec`` of the
-``Nq + Nk - 1`` offsets. That block is a strided view of ``vec`` (strides ``(L, 1, 1)``),
-never a materialised ``Nq x Nk`` tensor, and torch's CPU flash kernel
-(``aten::_scaled_dot_product_flash_attention_for_cpu``, the one SDPA runs) takes it as its
-additive ``attn_mask``, returning the log-sum-exp too. Causal calls mask the offsets
-``j - i > 0`` in the same vector (``-inf``), and run query chunks over the keys they can
-reach only (about half the work); a ``key_mask`` is added per query chunk (that chunk's
-mask is then materialised, ``(B, H, C, Nk)``).
+The Toeplitz bias ``b_h(j - i)``, with query rows reversed, is a strided (Hankel) view of one
+per-head vector of offsets, passed as the flash kernel's ``attn_mask``. Backward: the flash
+kernel's own for q, k, v; a learned table sums ``dS = P * (dP - delta)`` per diagonal over the
+band (:func:`_band_grad`), one tail (:func:`_tail`) and the other from ``dS``'s zero row sums.
 
-Backward (:class:`_RelativeAttention`): the flash kernel's own backward gives ``dq, dk,
-dv`` with the same mask view. A learned table (clipped at ``M``) also needs the sum of
-``dS = P * (dP - delta)`` on each diagonal ``d``: for ``|d| < M`` from band blocks that all
-see the same offsets, in a few batched matmuls (:func:`_band_grad`, O(N * M) work); for one
-tail of constant bias from top-left causal flash attention over it alone, at half the cost
-of a forward (:func:`_tail`); for the other because every row of ``dS`` sums to zero
-(:func:`_table_grad`; a causal call has no upper tail). ALiBi has no gradient to pass on.
-Memory beyond the inputs: O(N * D) (reversed and augmented copies of q, k, v) and one group
-of band blocks (``BAND_ELEMENTS`` scores). Refused (:meth:`RelativeKernel.not_supported_reasons`):
-other devices, packed calls, a mask_mod or any score term but a declared
-:class:`~attn.pattern.RelativeBias`, calls without keys.
-
-References: Press et al. 2022 (ALiBi); Shaw et al. 2018 and Raffel et al. 2020 (learned
-relative biases); Dao 2023 (the log-sum-exp recompute of the backward).
+References: Press et al. 2022 (ALiBi); Shaw et al. 2018, Raffel et al. 2020; Dao 2023.
 """
 
 from __future__ import annotations
@@ -56,11 +38,7 @@ BAND_ELEMENTS = 1 << 22
 
 @dataclass(frozen=True)
 class _Plan:
-    """The geometry of one call, in the reversed query order ``r' = Nq - 1 - r``.
-
-    Row ``r'`` sits at absolute position ``a = Nk - 1 - r'``; the pair ``(r', j)`` has offset
-    ``d = j - a = r' + j - (Nk - 1)``, i.e. ``vec[r' + j]`` with ``vec[t] = b(t - Nk + 1)``.
-    """
+    """One call's geometry, query rows reversed: pair ``(r', j)`` reads ``vec[r' + j]``, ``vec[t] = b(t - Nk + 1)``."""
 
     q_len: int
     k_len: int
@@ -70,8 +48,7 @@ class _Plan:
     @classmethod
     def of(cls, batch: int, heads: int, q_len: int, k_len: int, causal: bool, key_mask: bool,
            device: torch.device) -> _Plan:
-        """Query chunks: one call for a full unmasked call; ``CAUSAL_ROWS`` rows over the keys
-        they reach for causal; rows of a few MB of mask each with a ``key_mask``."""
+        """Query chunks: one for a full unmasked call, ``CAUSAL_ROWS`` rows for causal, fewer with a ``key_mask``."""
         rows = CAUSAL_ROWS if causal else q_len
         if key_mask:
             rows = min(rows, chunk_rows(batch, heads, k_len, device))
@@ -86,8 +63,7 @@ class _Plan:
 
 def _offset_vector(bias: RelativeBias, q_len: int, k_len: int, causal: bool,
                    dtype: torch.dtype) -> Tensor:
-    """``vec (H, Nq + Nk - 1)``: ``vec[:, t] = b(t - Nk + 1)``, ``-inf`` past the diagonal
-    when causal. No gradient (the backward computes the table's)."""
+    """``vec (H, Nq + Nk - 1)``: ``vec[:, t] = b(t - Nk + 1)``, ``-inf`` past the diagonal when causal."""
     with torch.no_grad():
         vec = bias.offsets(-(k_len - 1), q_len - 1, dtype).contiguous()  # (H, L)
         if causal:
@@ -102,8 +78,7 @@ def _hankel(vec: Tensor, start: int, rows: int, cols: int) -> Tensor:
 
 
 def _chunk_mask(vec: Tensor, pad: Tensor | None, r0: int, r1: int, keys: int) -> Tensor:
-    """The additive mask of rows ``[r0, r1)`` over keys ``[0, keys)``: a view of ``vec``, or
-    ``(B, H, C, keys)`` with the key padding ``pad (B, 1, 1, Nk)`` added."""
+    """The additive mask of rows ``[r0, r1)`` over keys ``[0, keys)``: a view of ``vec``, plus ``pad``."""
     mask = _hankel(vec, r0, r1 - r0, keys)  # (1, H, C, keys)
     return mask if pad is None else mask + pad[..., :keys]
 
@@ -157,17 +132,12 @@ def _band_rows(m: int) -> int:
 
 def _band_grad(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta: Tensor,
                key_mask: Tensor | None, bias: RelativeBias, causal: bool, scale: float) -> Tensor:
-    """Sums of ``dS`` on the diagonals ``|d| < M``: ``(H, 2M - 1)`` indexed by ``d + M - 1``
-    (rows in their own order here: ``grad, q (B, H, Nq, .)``, ``lse, delta (B, H, Nq)``).
+    """Sums of ``dS`` on the diagonals ``|d| < M``: ``(H, 2M - 1)`` indexed by ``d + M - 1``.
 
-    The query rows are cut into blocks of ``R`` rows; block ``b`` reads the ``W = R + 2M - 2``
-    keys starting at ``b * R + Nk - Nq - M + 1``, so every block sees the same offsets
-    ``d = w - r - (M - 1)`` (row ``r``, window column ``w``) and the same ``(H, R, W)`` bias.
-    The windows are overlapping strided views of the keys, padded with keys that an extra
-    ``-inf`` column rules out (with the padding of ``key_mask``); ``q.k * scale - lse`` and
-    ``dO.v - delta`` each come from one batched matmul of augmented operands, over groups of
-    blocks, so a call is a few large ops. The products ``P * (dP - delta)`` summed over the
-    batch and the blocks give one ``(H, R, W)`` block, whose diagonal sums are the result."""
+    Rows are in their own order here. Blocks of ``R`` query rows each read a window of
+    ``R + 2M - 2`` keys, so every block sees the same ``(H, R, W)`` bias; the windows are strided
+    views of keys padded with an ``-inf`` column, and ``q.k * scale - lse`` and ``dO.v - delta`` each
+    come from one batched matmul of augmented operands per group of blocks."""
     batch, heads, q_len, dim = q.shape
     kv_heads, k_len, dim_v = k.shape[1], k.shape[2], v.shape[-1]
     groups = heads // kv_heads
@@ -240,10 +210,8 @@ def _first_real_key(key_mask: Tensor) -> Tensor:
 
 def _tail(q: Tensor, k: Tensor, v: Tensor, grad: Tensor, lse: Tensor, delta: Tensor,
           key_mask: Tensor | None, edge: Tensor, scale: float) -> Tensor:
-    """Per head, the sum of ``dS`` over a tail of pairs where the bias is the constant
-    ``edge (H,)``, given as top-left causal attention: row ``r`` of ``q (B, H, n, D)`` reads
-    the keys ``j <= r`` of ``k, v`` (``key_mask`` in that key order). Its sum per row is
-    ``exp(lse_t + edge - lse) * (dO . o_t - delta)`` (``lse, delta (B, H, n)`` of the call)."""
+    """Per head, the sum of ``dS`` over a tail of constant bias ``edge (H,)``, by top-left causal attention:
+    per row ``exp(lse_t + edge - lse) * (dO . o_t - delta)``."""
     heads, rows = q.shape[1], q.shape[2]
     mask = None
     if key_mask is not None:
@@ -261,9 +229,7 @@ def _tail(q: Tensor, k: Tensor, v: Tensor, grad: Tensor, lse: Tensor, delta: Ten
 
 def _table_grad(grad: Tensor, q: Tensor, out: Tensor, lse: Tensor, k: Tensor, v: Tensor,
                 key_mask: Tensor | None, causal: bool, bias: RelativeBias, scale: float) -> Tensor:
-    """The learned table's gradient ``(H, 2M + 1)`` (rows in their own order): the band
-    diagonals, one tail by flash attention over it alone, and the other from the rows of
-    ``dS`` summing to zero (a causal call has no upper tail)."""
+    """The learned table's gradient ``(H, 2M + 1)``: band diagonals and the two tails."""
     m = bias.max_distance
     heads, q_len, k_len = q.shape[1], q.shape[2], k.shape[2]
     table = q.new_zeros(heads, 2 * m + 1)  # (H, 2M+1)
@@ -297,8 +263,7 @@ def _table_grad(grad: Tensor, q: Tensor, out: Tensor, lse: Tensor, k: Tensor, v:
 
 
 class _RelativeAttention(torch.autograd.Function):
-    """Attention with a relative bias; its backward passes the gradients of q, k, v and of a
-    learned table (see the module docstring)."""
+    """Attention with a relative bias, passing gradients of q, k, v and a learned table."""
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, values: Tensor, bias: RelativeBias,
@@ -331,10 +296,8 @@ class _RelativeAttention(torch.autograd.Function):
 @without_autocast
 def relative_attention(q: Tensor, k: Tensor, v: Tensor, bias: RelativeBias, *, causal: bool = False,
                        key_mask: Tensor | None = None) -> Tensor:
-    """Exact attention with the relative bias ``bias``: ``q (B, H, Nq, D)``, ``k, v (B, H_kv,
-    Nk, .)`` -> ``(B, H, Nq, Dv)``, bottom-right aligned, O(N) memory beyond the inputs (a
-    ``key_mask`` adds one query chunk's mask). Half precision is computed in float32; a
-    value head size other than the query's is padded with zeros to the larger one."""
+    """Exact attention with the relative bias ``bias``: ``q (B, H, Nq, D)``, ``k, v (B, H_kv, Nk, .)``
+    -> ``(B, H, Nq, Dv)``, bottom-right aligned, O(N) memory. Half precision computes in float32."""
     dtype = q.dtype
     compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
@@ -363,8 +326,7 @@ def _describe(bias: RelativeBias, plan: _Plan, key_mask: bool, grad: bool) -> st
 
 
 class RelativeKernel(Kernel):
-    """Full or causal attention with a relative position bias through torch's CPU flash kernel,
-    the bias a strided view of a per-head offset vector: O(N) memory, fused speed."""
+    """Full or causal attention with a relative position bias through torch's CPU flash kernel."""
 
     name = "relative"
     SUPPORTED_DEVICES = ("cpu",)

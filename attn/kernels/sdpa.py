@@ -1,36 +1,11 @@
-"""The ``sdpa`` kernel: ``torch.nn.functional.scaled_dot_product_attention``.
+"""The ``sdpa`` kernel: ``torch.nn.functional.scaled_dot_product_attention`` (docs/kernels.md).
 
-Full attention runs unmasked or with ``is_causal`` (Nq == Nk), PyTorch's fused O(N)-memory
-paths. Every other pattern, a position bias, a ``key_mask`` or causal with Nq != Nk
-(``is_causal`` is top-left aligned in SDPA, our contract is bottom-right) goes through a
-materialised ``(1, H|1, Nq, Nk)`` mask: the row is flagged ``mask_emulated``. Grouped-query
-calls (``k, v`` with ``H_kv < H`` heads) run natively: every call passes ``enable_gqa=True``
-when the head counts differ (the path says ``GQA ... native enable_gqa``). The mask is
-``(1, 1, Nq, Nk)``, shared by the heads, unless the pattern depends on the head
-(``Pattern.per_head``, e.g. per-head dilations) or a constant
-bias is folded in: then ``(1, H, Nq, Nk)``.
-
-The mask is built the way a careful user builds it: once per module and shape, then reused
-(the cache is keyed on the pattern's ``owner``, so it lives as long as the module),
-as the ``flex`` kernel reuses its block mask. It is kept as an *additive float* mask (0 where
-allowed, -inf elsewhere) in the input dtype, because SDPA converts a boolean mask to that
-form on every call (measured on CPU at N=4096, H=8: 73 MiB per call with a cached bool mask,
-9 MiB with a cached float one). A constant position bias (ALiBi) is folded into the cached
-mask; a learned bias is evaluated per call (its gradient must flow). The call that builds
-the mask reports its time and bytes in ``KernelPath.setup_s`` / ``setup_bytes``. A
-``key_mask`` depends on the data, so it is added to the cached mask per call.
-
-Backends. Every call records in ``KernelPath.backend`` the backend SDPA runs it on
-(:func:`sdpa_backend`: torch's own choice, ``torch._fused_sdp_choice``, the function its
-dispatcher calls, under the backends enabled where the call runs, e.g. inside
-``torch.nn.attention.sdpa_kernel``): on CUDA ``flash``, ``memory-efficient``, ``cudnn`` or
-``math``; on CPU ``flash-cpu`` (torch's C++ flash kernel, which takes any float dtype and an
-additive mask) or ``math`` (e.g. a key dim that is not contiguous, or ``sdpa_kernel(MATH)``).
-A call with a mask also asks which backend the same call would get without it; where they
-differ the backend says so (``memory-efficient (the mask rules out flash)``: flash takes no
-``attn_mask``), so a row never reads as flash speed when a mask forced a slower kernel. The
-answers are cached per call signature (shapes, strides, dtype, device, mask layout,
-causality, gradients, enabled backends): a few microseconds on the first call of a shape.
+Full and causal (Nq == Nk) run fused. Everything else goes through a materialised mask and is
+flagged ``mask_emulated`` (SDPA's ``is_causal`` is top-left aligned, the contract bottom-right).
+The mask is cached per module and shape as an additive float mask in the input dtype, because
+SDPA converts a bool mask to that form on every call (CPU, N=4096, H=8: 73 MiB per call with a
+cached bool mask, 9 MiB with a float one). A constant bias (ALiBi) is folded in; a learned one is
+added per call. ``KernelPath.backend`` records the backend SDPA picks (:func:`sdpa_backend`).
 """
 
 from __future__ import annotations
@@ -78,8 +53,7 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
 
 
 def _choice(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, is_causal: bool) -> str:
-    """The backend torch's SDPA dispatcher picks for this call, by name (``"none"`` when no
-    enabled backend can run it, ``"unknown"`` where this torch cannot say)."""
+    """The backend SDPA's dispatcher picks (``"none"``: no enabled one can; ``"unknown"``: torch can't say)."""
     choose = getattr(torch, "_fused_sdp_choice", None)
     if choose is None:  # pragma: no cover - every torch >= 2.5 has it
         return "unknown"
@@ -100,10 +74,9 @@ def _layout(t: Tensor | None) -> tuple | None:
 
 def sdpa_backend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None = None,
                  is_causal: bool = False) -> str:
-    """The backend ``F.scaled_dot_product_attention(q, k, v, attn_mask, is_causal)`` runs on
-    here and now (see the module docstring), and, for a call with a mask that rules out the
-    backend the same call gets without it, what it rules out: ``"math (the mask rules out
-    flash-cpu)"``. Cached per call signature."""
+    """The backend SDPA runs this call on here and now (``torch._fused_sdp_choice`` under the enabled
+    backends), plus what a mask rules out, e.g. ``"math (the mask rules out flash-cpu)"``. Cached per
+    call signature."""
     grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     key = (_layout(q), _layout(k), _layout(v), q.device, _layout(attn_mask), is_causal, grad,
            _enabled_backends())
@@ -215,8 +188,7 @@ class SdpaKernel(Kernel):
         attn_mask[empty] = 0.0
         attn_mask = attn_mask[:, None, None, :]  # (B, 1, 1, Nk)
         out = _sdpa(q, k, v, attn_mask=attn_mask)
-        # zero the rows of a batch element with no real key; on an accelerator always (reading
-        # ``empty.any()`` on the host would be a device sync per call)
+        # on an accelerator always: reading ``empty.any()`` on the host would sync per call
         if not host_reads_are_free(q.device) or bool(empty.any()):
             out = out.masked_fill(empty[:, None, None, None], 0.0)
         return out, KernelPath(self.name, "sdpa(key padding mask (B, 1, 1, Nk))" + _note(q, k),
@@ -224,8 +196,7 @@ class SdpaKernel(Kernel):
 
     def _packed(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
                 key_mask: Tensor | None) -> tuple[Tensor, KernelPath]:
-        """A packed call: the documents' dense ``(B, H|1, N, N)`` additive mask, built per
-        call (the documents change with the data, so nothing is cached), score term included."""
+        """A packed call: the documents' dense ``(B, H|1, N, N)`` mask, built per call (it depends on data)."""
         batch, heads, length = q.shape[0], q.shape[1], q.shape[2]
         allowed = dense_allowed(pattern.mask_mod, batch=batch, heads=_mask_heads(pattern, heads),
                                 q_len=length, k_len=length, causal=causal, key_mask=key_mask,

@@ -1,29 +1,9 @@
 """The ``xformers`` kernel: ``xformers.ops.memory_efficient_attention`` with its attn_bias types.
 
-Imported lazily (xformers is an optional, CUDA-only dependency). Layout is ``(B, N, H, D)``.
-Patterns map onto xformers' bias classes, all bottom-right aligned like our contract:
-
-* full: no bias;
-* causal (Nq == Nk or decoding with Nq < Nk): ``LowerTriangularFromBottomRightMask``;
-* sliding window ``|i - j| <= w`` non-causal: ``LocalAttentionFromBottomRightMask(w, w)``;
-  causal: ``LowerTriangularFromBottomRightLocalAttentionMask(w + 1)`` (the diagonal plus
-  ``w`` keys to the left).
-
-Grouped-query calls (``k, v`` with ``H_kv < H`` heads) run natively in xformers' 5-D layout
-``(B, N, G, H, D)`` (G groups = ``H_kv``, H heads per group = ``H / H_kv``): q is a view of
-its heads as ``(B, Nq, H_kv, H/H_kv, D)`` and k, v are ``(B, Nk, H_kv, 1, D)`` expanded along
-the group's heads (stride 0, no copy) (:func:`to_bmghk`).
-
-Not supported (declared with a reason by :meth:`XformersKernel.not_supported_reasons`): no
-CUDA, no xformers, a ``key_mask`` (the bias classes above have no padding form), score_mods,
-other masks, float64.
-
-Which operator runs depends on the dtype. xformers' flash operator (fp16/bf16 only) takes both
-local masks; in float32 only its cutlass operator runs, whose forward has no
-``LocalAttentionFromBottomRightMask`` (a non-causal window) and whose backward has no
-``LowerTriangularFromBottomRightLocalAttentionMask`` (a causal window, "infs/nans in the BW
-pass" in xformers' source). Those float32 calls are declared unsupported from the call
-(:func:`cutlass_local_reason`), so the kit checks windows in bf16/fp16 only.
+Imported lazily (optional, CUDA only). Full, causal and sliding window map onto xformers'
+bottom-right bias classes; grouped-query calls run in its 5-D layout (:func:`to_bmghk`).
+In float32 only the cutlass operator runs, whose forward lacks the non-causal local mask and
+whose backward lacks the causal one ("infs/nans in the BW pass"): :func:`cutlass_local_reason`.
 """
 
 from __future__ import annotations
@@ -59,9 +39,7 @@ FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def cutlass_local_reason(pattern: Pattern, call: AttentionCall) -> str | None:
-    """Why a local (sliding window) call in a dtype only xformers' cutlass operator runs is
-    refused, or None: cutlass's forward lacks the non-causal local bias, its backward the
-    causal one."""
+    """Why a sliding window call in a cutlass-only dtype is refused, or None."""
     if pattern.band is None or call.dtype in FLASH_DTYPES:
         return None
     dtype = str(call.dtype).removeprefix("torch.")
@@ -90,8 +68,8 @@ def attn_bias_for(ops: Any, pattern: Pattern, causal: bool) -> tuple[Any, str]:
 
 
 def to_bmghk(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``q (B, H, Nq, D)``, ``k, v (B, H_kv, Nk, .)`` -> xformers' 5-D ``(B, N, H_kv, H/H_kv, .)``:
-    views, k and v expanded over the heads of their group (stride 0)."""
+    """``q (B, H, Nq, D)``, ``k, v (B, H_kv, Nk, .)`` -> xformers' ``(B, N, H_kv, H/H_kv, .)``, k and v
+    expanded with stride 0."""
     batch, heads = q.shape[:2]
     kv_heads, k_len = k.shape[1], k.shape[2]
     groups = heads // kv_heads

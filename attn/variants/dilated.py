@@ -1,9 +1,4 @@
-"""``dilated``: a window over every r-th position (Beltagy et al. 2020, Longformer, fig. 2c).
-
-``dilation`` is one rate r for every head, or one rate per head group (Longformer mixes
-dilations across heads, some of them undilated): ``(r_0, ..., r_{k-1})`` with H heads, H
-divisible by k, gives head h the rate ``r_{h // (H // k)}``.
-"""
+"""``dilated``: a window over every r-th position (Beltagy et al. 2020, Longformer, fig. 2c)."""
 
 from __future__ import annotations
 
@@ -22,9 +17,7 @@ Dilation = int | tuple[int, ...]
 
 
 def head_rates(h: Tensor, rates: Sequence[int], num_heads: int) -> Tensor:
-    """The rate of head ``h`` (any shape, any device, also under ``vmap`` / compile): a lookup
-    of ``rates[h // (num_heads // len(rates))]`` written as elementwise selects, so the mask
-    closes over no tensor (nothing to move between devices, nothing in the state dict)."""
+    """The rate of head ``h`` as elementwise selects, so the mask closes over no tensor."""
     size = num_heads // len(rates)
     rate = torch.full_like(h, rates[0])
     for g in range(1, len(rates)):
@@ -34,11 +27,8 @@ def head_rates(h: Tensor, rates: Sequence[int], num_heads: int) -> Tensor:
 
 
 def dilated_mod(window: int, dilation: Dilation, num_heads: int | None = None) -> MaskMod:
-    """Allowed iff (i - j) % r == 0 and |i - j| <= r * w: 2w+1 keys spaced r apart.
-
-    ``dilation`` an int: r for every head. A tuple of k rates (``num_heads`` divisible by k):
-    head h uses ``r = dilation[h // (num_heads // k)]``.
-    """
+    """Allowed iff (i - j) % r == 0 and |i - j| <= r * w; a tuple of k rates: head h uses
+    ``dilation[h // (num_heads // k)]``."""
     if isinstance(dilation, Sequence):
         rates = tuple(dilation)
         if len(set(rates)) > 1:
@@ -77,11 +67,7 @@ class DilatedAttention(ExactAttention):
     """Dilated sliding window: key j visible to i iff (i-j) % r == 0 and |i-j| <= r*window; r = dilation, one int for
     every head or one per head group (dilation=(r_0, ..., r_{k-1}): head h uses r_{h // (H/k)}; needs num_heads).
 
-    ``dilation`` is one int for every head, or a tuple/list ``(r_0, ..., r_{k-1})``, one per
-    contiguous head group: with H heads (``num_heads`` required, divisible by k) head h
-    uses ``r_{h // (H // k)}``, e.g. ``(1, 2)`` with 4 heads: heads 0-1 undilated, 2-3
-    dilation 2 (Longformer's mix).
-    """
+    E.g. ``(1, 2)`` with 4 heads: heads 0-1 undilated, 2-3 dilation 2 (Longformer's mix)."""
 
     example_params = (
         {"window": 2, "dilation": 2}, {"window": 1, "dilation": 3}, {"window": 0, "dilation": 4},

@@ -1,16 +1,8 @@
 """``factorised``: attention on a token grid of frames x positions (Arnab et al. 2021, ViViT).
 
-A video of ``T`` frames of ``S = positions_per_frame`` tokens is one sequence in frame-major
-order (:mod:`attn.grid`). ``axis="spatial"`` attends within a frame (ViViT's spatial
-self-attention), ``"temporal"`` across frames at one position (temporal self-attention), and
-``"split"`` is ViViT's model 4, factorised dot-product attention: the first half of the heads
-spatial, the second half temporal (``num_heads`` required, and even). Kernel ``factorised``
-runs each as batched attention over frames and over positions: O(N * S) and O(N * T) pairs
-for ``N = T * S`` tokens, no ``N x N`` mask.
-
-``frames`` (optional) fixes the grid's length: a call whose keys are not ``frames *
-positions_per_frame`` is then refused with a ValueError naming both. Without it any length
-runs, a trailing partial frame included (a stream decoded token by token).
+``"spatial"`` attends within a frame, ``"temporal"`` across frames at one position, ``"split"``
+half the heads each (ViViT's model 4). ``frames`` (optional) fixes the grid's length: other key
+counts raise ``ValueError``; without it a trailing partial frame is allowed.
 """
 
 from __future__ import annotations
@@ -95,8 +87,7 @@ class FactorisedAttention(ExactAttention):
         return super().forward(q, k, v, causal=causal, key_mask=key_mask, document_ids=document_ids)
 
     def cost(self, query: CostQuery) -> Cost:
-        """Useful FLOPs in closed form for self-attention (the pairs of :meth:`Grid.pairs`),
-        so a 64K-token call is not counted pair by pair; counted from the mask otherwise."""
+        """Useful FLOPs in closed form for self-attention (:meth:`Grid.pairs`); counted from the mask otherwise."""
         if query.q_len != query.k_len:
             return super().cost(query)
         grid = self.grid()

@@ -1,7 +1,4 @@
-"""``global_tokens``: a sliding window plus g global positions.
-
-As in Longformer (Beltagy et al. 2020, fig. 2d) and BigBird's global tokens (Zaheer et al. 2020).
-"""
+"""``global_tokens``: a sliding window plus g global positions (Longformer fig. 2d; BigBird, Zaheer et al. 2020)."""
 
 from __future__ import annotations
 
@@ -28,9 +25,7 @@ def global_tokens_mod(num_global: int, window: int) -> MaskMod:
 class GlobalTokensAttention(ExactAttention):
     """Global + local attention: positions < num_global attend and are attended everywhere; others use a window.
 
-    "Selected" global tokens are existing positions (e.g. CLS at 0); "extra" global tokens
-    are learned tokens a model prepends. Both use this one pattern.
-    """
+    "Selected" global tokens (e.g. CLS at 0) and "extra" prepended ones both use this pattern."""
 
     example_params = ({"num_global": 1, "window": 2}, {"num_global": 3, "window": 0}, {"num_global": 0, "window": 4})
     param_rules: ClassVar[dict[str, Param]] = {"num_global": Param(minimum=0), "window": Param(minimum=0)}

@@ -2,11 +2,8 @@
 
     out = softmax(Q K~^T) pinv(softmax(Q~ K~^T)) softmax(Q~ K^T) V
 
-with Q, K scaled by D^-1/4 each, landmarks Q~, K~ the means of m contiguous segments (N
-padded up to a multiple of m, the padding spread one slot per segment and, like masked
-keys, excluded from the means), the iterative
-Moore-Penrose pseudo-inverse, and an optional depthwise convolution skip on V. When the
-sequence fits in m landmarks the result is exact attention.
+Q, K scaled by D^-1/4 each; landmarks Q~, K~ the means of m contiguous segments; the iterative
+Moore-Penrose pseudo-inverse; an optional depthwise convolution skip on V. Exact once N <= m.
 """
 
 from __future__ import annotations
@@ -38,15 +35,11 @@ from attn.validation import Param
 
 
 def segment_means(x: Tensor, num_segments: int, valid: Tensor | None) -> tuple[Tensor, Tensor]:
-    """Means of ``x (B, H, N, D)`` over ``num_segments`` contiguous segments.
+    """Means of ``x (B, H, N, D)`` over ``num_segments`` contiguous segments, and which hold a real position.
 
-    N is padded up to a multiple of m with the padding spread evenly, one slot at most per
-    segment, so segments hold ceil(N/m) or floor(N/m) real positions (position n falls in
-    segment n*m // N) and every landmark is used; padding never enters a mean. ``valid
-    (B, N)`` (True = real) also excludes positions. Half inputs are summed in float32.
-    Returns the means ``(B, H, m, D)``, float32 at least, and which segments hold at least
-    one real position ``(B|1, 1, m)``.
-    """
+    Padding up to a multiple of m is spread one slot at most per segment, so every landmark is used;
+    padding and positions where ``valid (B, N)`` is False never enter a mean. Returns ``(B, H, m, D)``
+    (float32 at least) and ``(B|1, 1, m)``."""
     batch, heads, length, dim = x.shape
     acc = torch.promote_types(x.dtype, torch.float32)
     if valid is None and length % num_segments == 0:  # equal segments: a reshape, no scatter
@@ -66,11 +59,8 @@ def segment_means(x: Tensor, num_segments: int, valid: Tensor | None) -> tuple[T
 
 
 def iterative_pinv(a: Tensor, iters: int) -> Tensor:
-    """Moore-Penrose pseudo-inverse of ``a (..., m, m)`` by the Nystromformer iteration.
-
-    Z0 = A^T / (max row sum * max col sum), per matrix (never across the batch);
-    Z <- 1/4 Z (13 I - A Z (15 I - A Z (7 I - A Z))).
-    """
+    """Moore-Penrose pseudo-inverse of ``a (..., m, m)`` by the Nystromformer iteration:
+    Z0 = A^T / (max row sum * max col sum) per matrix; Z <- 1/4 Z (13 I - A Z (15 I - A Z (7 I - A Z)))."""
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
     row = a.abs().sum(dim=-1).amax(dim=-1)  # (...)
     col = a.abs().sum(dim=-2).amax(dim=-1)
@@ -97,9 +87,7 @@ class NystromAttention(Attention):
     supports_gqa = True  # grouped: products with the N keys read each key head once
     example_params = ({"num_landmarks": 8}, {"num_landmarks": 4, "conv_kernel": 3})
     convergence_param = "num_landmarks"
-    #: False: the unmasked path's N-sized products, nearly all its FLOPs, run in the input dtype
-    #: (SDPA); only the m x m landmark softmax and pseudo-inverse run in float32. The masked
-    #: path (a key_mask) still computes half inputs in float32 throughout
+    #: the unmasked path's N-sized products run in the input dtype (SDPA); only m x m work is float32
     native_computes_half_in_float32 = False
     param_rules: ClassVar[dict[str, Param]] = {
         "num_landmarks": Param(minimum=1),
@@ -169,8 +157,7 @@ class NystromAttention(Attention):
             self._gqa_last = gqa_note(heads, kv_heads, expand_how(heads, kv_heads))
             out = dense_attention(q, expand_kv(k, heads), expand_kv(v, heads), key_mask=key_mask)
         else:
-            # grouped-query: the key landmarks are means of the key heads, and every product
-            # with the N keys or values reads them per key head (attn/gqa.py, no copy)
+            # grouped-query: every product with the N keys or values reads them per key head (no copy)
             self._gqa_last = gqa_note(heads, kv_heads, GROUPED)
             if self._fused_last:
                 out = self._sdpa_landmark_attention(q, k, v)
@@ -184,9 +171,7 @@ class NystromAttention(Attention):
 
     @without_autocast
     def _sdpa_landmark_attention(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """Unmasked, N >= m: the two N-sized softmax products are attention over m keys or m
-        queries, run by SDPA in the input dtype (no (N, m) matrix, forward or backward); the
-        landmark softmax and its pseudo-inverse in float32 (ill-conditioned in half)."""
+        """Unmasked, N >= m: N-sized products by SDPA in the input dtype; m x m parts in float32."""
         dtype = q.dtype  # the caller's: SDPA's
         heads, kv_heads = q.shape[1], k.shape[1]
         scale = q.shape[-1] ** -0.5  # Q and K scaled by D^-1/4 each
@@ -194,13 +179,11 @@ class NystromAttention(Attention):
         k_land, _ = segment_means(k, self.num_landmarks, None)  # (B, H_kv, m, D)
         z = iterative_pinv(torch.softmax(grouped_scores(q_land, k_land) * scale, dim=-1),
                            self.pinv_iters)  # (B, H, m, m)
-        # the m query landmarks of a group attend their key head's N keys together (folded:
-        # each key head read once, no copy of k or v)
+        # a group's query landmarks attend their key head's N keys together (no copy of k or v)
         kernel_3_v = unfold_heads(F.scaled_dot_product_attention(
             fold_queries(q_land.to(dtype), kv_heads), k, v, scale=scale), heads)  # (B, H, m, Dv)
         landmark_v = z @ kernel_3_v.to(z.dtype)  # (B, H, m, Dv)
-        # N queries over the m key landmarks, whose values are per query head: the key
-        # landmarks are expanded to H heads (m rows a head)
+        # the landmark values are per query head: expand the key landmarks to H heads (m rows a head)
         k_land_heads = expand_kv(k_land, heads).to(dtype)  # (B, H, m, D)
         return F.scaled_dot_product_attention(q, k_land_heads, landmark_v.to(dtype), scale=scale)  # (B, H, Nq, Dv)
 
@@ -208,8 +191,7 @@ class NystromAttention(Attention):
     def _landmark_attention(
         self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, dim: int
     ) -> Tensor:
-        """Under a key_mask, or with fewer than m queries or keys: the (N, m) softmax
-        matrices materialised with their masks, in float32 for half inputs."""
+        """Masked or short calls: the masked (N, m) softmax matrices materialised (float32 for half)."""
         m = self.num_landmarks
         compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         dtype = v.dtype  # the caller's
@@ -238,21 +220,11 @@ class NystromAttention(Attention):
         return out.to(dtype)
 
     def cost(self, query: CostQuery) -> Cost:
-        """The matmuls this code performs for a call of this shape (``kind="performed"``).
+        """The matmuls this code performs (``kind="performed"``); below ``m`` tokens, exact attention.
 
-        Per (batch, head), with ``m`` landmarks and ``t`` pseudo-inverse iterations: landmark
-        scores ``m x D x m``; the iteration's four ``m x m x m`` products per step; the two
-        N-sized softmax products (``m`` queries over ``Nk`` keys and ``Nq`` queries over ``m``
-        keys, scores and values each); ``Z @ (kernel_3 V)``. The products associate to the
-        right, so no ``Nq x m x m`` product exists. Backward: without a key_mask the softmax
-        products run in SDPA's fused kernels, which recompute their scores (``3 D + 2 Dv`` per
-        pair instead of ``2 (D + Dv)``) when ``Dv == D`` (PyTorch's CPU flash kernel's
-        condition; otherwise SDPA's math path, autograd's twice the forward); every other
-        matmul costs twice its forward (autograd). The depthwise convolution skip adds
-        ``2 * N * Dv * kernel`` forward and twice that backward. Counted with every input
-        requiring grad, as the harness measures. Below ``m`` tokens the call is exact
-        attention, counted as useful FLOPs.
-        """
+        The products associate to the right (no ``Nq x m x m`` product). Backward: without a key_mask
+        and with ``Dv == D`` (the CPU flash kernel's condition) SDPA recomputes its scores
+        (``3 D + 2 Dv`` per pair); every other matmul costs twice its forward."""
         q_len, k_len, d, dv = query.q_len, query.k_len, query.head_dim, query.v_dim
         m, iters = self.num_landmarks, self.pinv_iters
         if max(q_len, k_len) <= m:

@@ -26,13 +26,9 @@ def blocked_attention(
 ) -> Tensor:
     """Exact banded attention (sliding window, dilated, global tokens) in O(N*w) time.
 
-    ``q (B, H, Nq, D)``, ``k (B, H_kv, Nk, D)``, ``v (B, H_kv, Nk, Dv)`` -> ``(B, H, Nq, Dv)``;
-    positions bottom-right aligned; with ``H_kv < H`` the streams of a key head's query heads
-    read its rows (grouped-query attention, no copy). ``block`` (query rows per block) and ``chunk`` (blocks per
-    chunk) override the tuned defaults. A per-head band (:attr:`Band.group_dilations`) runs
-    each run of heads of one dilation with its own uniform band (views of the heads, the
-    score_mod told their true head index) and concatenates the outputs along H.
-    """
+    ``q (B, H, Nq, D)``, ``k, v (B, H_kv, Nk, .)`` -> ``(B, H, Nq, Dv)``, bottom-right aligned.
+    ``block`` (rows per block) and ``chunk`` (blocks per chunk) override the defaults. A per-head
+    band runs each run of heads of one dilation as its own band and concatenates along H."""
     if band.per_head:
         outs = []
         for h0, h1, group in band.head_groups(q.shape[1]):
@@ -67,9 +63,7 @@ def blocked_attention(
 
 
 def _key_heads(x: Tensor, heads: int, h0: int, h1: int) -> Tensor:
-    """The key heads ``x (B, H_kv, Nk, .)`` that query heads ``[h0, h1)`` read, laid out so that
-    the slice's own grouping (``(h1 - h0) / H_kv'`` query heads per key head) holds: a view when
-    the slice covers whole groups or lies inside one, else the heads gathered one per query head."""
+    """The key heads query heads ``[h0, h1)`` read, keeping the slice's grouping (a view when possible)."""
     kv_heads = x.shape[1]
     groups = heads // kv_heads
     if groups == 1:
@@ -82,7 +76,7 @@ def _key_heads(x: Tensor, heads: int, h0: int, h1: int) -> Tensor:
 
 
 def _heads_from(score_mod: ScoreMod | None, first: int) -> ScoreMod | None:
-    """``score_mod`` for a slice of heads starting at head ``first`` (its head 0 is ``first``)."""
+    """``score_mod`` for a slice of heads starting at head ``first``."""
     if score_mod is None or first == 0:
         return score_mod
 

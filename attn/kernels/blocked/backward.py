@@ -1,9 +1,6 @@
-"""Backward pass of the banded core: the probabilities are recomputed per chunk from the
-saved log-sum-exp (as flash attention does), so no ``N x L`` tensor is kept between passes.
-
-With ``P`` the probabilities, ``dO`` the output gradient and ``delta = rowsum(dO * O)``:
-``dV = P^T dO``, ``dS = P * (dO V^T - delta)``, ``dQ = scale * dS K``, ``dK = scale * dS^T Q``,
-computed per chunk on the window views and summed into the key rows the windows cover.
+"""Backward pass of the banded core: probabilities recomputed per chunk from the saved log-sum-exp,
+so no ``N x L`` tensor is kept. ``dV = P^T dO``, ``dS = P * (dO V^T - delta)``, ``dQ = scale * dS K``,
+``dK = scale * dS^T Q``, summed into the key rows the windows cover.
 """
 
 from __future__ import annotations
@@ -22,10 +19,8 @@ from attn.kernels.blocked.geometry import Geometry, Stream, max_chunk_blocks
 
 @dataclass(frozen=True)
 class BandGrads:
-    """Gradients of the core's inputs: ``q (B, H, Nq, D)`` (every row written once), ``k``,
-    ``v`` (summed over overlapping windows and, for grouped-query attention, over the query
-    heads of a key head), and the per-block biases ``(T, S, L)`` /
-    ``(T, S, g)`` or None when not wanted."""
+    """Gradients of the core's inputs (``k``, ``v`` summed over overlapping windows and a key head's
+    query heads), and of the per-block biases or None when not wanted."""
 
     q: Tensor
     k: Tensor
@@ -36,8 +31,7 @@ class BandGrads:
 
 @dataclass(frozen=True)
 class _Buffers:
-    """Per-chunk work space, reused by every chunk: ``probs`` and ``d_scores`` ``(c, S, L)``,
-    window gradients ``d_k (c, L, D)`` and ``d_v (c, L, Dv)``."""
+    """Per-chunk work space, reused by every chunk."""
 
     probs: Tensor
     d_scores: Tensor
@@ -47,8 +41,7 @@ class _Buffers:
 
 @dataclass(frozen=True)
 class _StreamRows:
-    """One stream's views of the per-row tensors: ``d_out (nq, Dv)``, ``delta (nq,)``,
-    ``lse (nq,)``, ``d_q (nq, D)``, ``out (nq, Dv)``, ``d_k (nk, D)``, ``d_v (nk, Dv)``."""
+    """One stream's views of the per-row tensors and of the key gradients."""
 
     d_out: Tensor
     delta: Tensor
@@ -62,10 +55,8 @@ class _StreamRows:
 def band_backward(band: BandInputs, out: Tensor, lse: Tensor, key_masked: Tensor | None, d_out: Tensor,
                   geo: Geometry, streams: list[Stream], num_global: int, want_bias: bool,
                   want_global_bias: bool, d_q: Tensor | None = None) -> BandGrads:
-    """Gradients of :func:`attn.kernels.blocked.forward.band_forward` for ``d_out (B, H, Nq, Dv)``
-    (a view whose rows are dense, such as a slice of rows, is read in place; others are
-    copied). ``d_q`` may be given (a view into the caller's larger gradient): the rows' query
-    gradients are written into it."""
+    """Gradients of :func:`attn.kernels.blocked.forward.band_forward` for ``d_out (B, H, Nq, Dv)``;
+    the query gradients go into ``d_q`` when given (a view into the caller's gradient)."""
     q, k, v = band.q, band.k, band.v
     scale = 1.0 / math.sqrt(q.shape[-1])
     if d_out.stride(-1) != 1 or d_out.stride(-2) != d_out.shape[-1]:
@@ -130,8 +121,7 @@ def _backward_chunk(band: BandInputs, chunk: Chunk, inputs: StreamInputs, blocks
 
 
 def _flash_backward(chunk: Chunk, edges: Tensor, scale: float, rows: _StreamRows, geo: Geometry) -> None:
-    """An interior chunk's gradients through the flash kernel's backward
-    (:mod:`attn.kernels.blocked.flash`), the window gradients summed into the key rows."""
+    """An interior chunk's gradients through the flash kernel's backward."""
     span = slice(chunk.row_start, chunk.row_end)
     d_k_windows, d_v_windows = flash_backward_chunk(chunk, edges, scale, rows.d_out[span], rows.out[span],
                                                     rows.lse[span], rows.d_q[span])
@@ -142,9 +132,7 @@ def _flash_backward(chunk: Chunk, edges: Tensor, scale: float, rows: _StreamRows
 def _backward_global_columns(chunk: Chunk, inputs: StreamInputs, blocks: slice, global_probs: Tensor,
                              lse: Tensor, d_out: Tensor, delta: Tensor, d_q: Tensor, scale: float,
                              grads: BandGrads, stream: Stream) -> None:
-    """The global columns' part: ``global_probs (c*S, g)`` (scores on entry), ``lse`` and
-    ``delta (c, S, 1)``, ``d_out (c*S, Dv)``; adds into ``d_q (c*S, D)`` and the global keys'
-    rows of ``grads.k`` and ``grads.v``."""
+    """The global columns' part: adds into ``d_q`` and the global keys' rows of ``grads.k``, ``grads.v``."""
     count, block = chunk.blocks, chunk.block
     num_global = global_probs.shape[-1]
     global_probs.sub_(lse.view(-1, 1)).exp_()  # (c*S, g)

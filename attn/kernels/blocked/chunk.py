@@ -1,8 +1,5 @@
-"""Operands of one chunk of query blocks: views into a stream's inputs, or padded copies.
-
-The key windows of a run of blocks are one strided view (``as_strided``, no copy), so a
-chunk's scores are one ``baddbmm`` (scale and band edges fused in). Only chunks at the ends
-of a stream, whose windows leave ``[0, Nk)``, copy their rows into small zero-padded spans.
+"""Operands of one chunk of query blocks: strided views into a stream's inputs, or (at the stream's
+ends, whose windows leave ``[0, Nk)``) small zero-padded copies.
 """
 
 from __future__ import annotations
@@ -23,8 +20,7 @@ def padded_rows(x: Tensor, start: int, length: int, fill: float = 0.0) -> Tensor
 
 
 def key_span_bias(key_bias: Tensor | None, n_keys: int, start: int, length: int, like: Tensor) -> Tensor:
-    """Additive key bias ``(length,)`` for keys ``[start, start + length)`` of ``n_keys``: -inf
-    outside ``[0, n_keys)``, ``key_bias (n_keys,)`` (or 0) inside; only the span is allocated."""
+    """Additive key bias ``(length,)`` for keys ``[start, start + length)``: -inf outside ``[0, n_keys)``."""
     if key_bias is not None:
         return padded_rows(key_bias, start, length, float("-inf"))
     out = like.new_full((length,), float("-inf"))
@@ -44,11 +40,8 @@ def window_view(x: Tensor, start: int, count: int, step: int, length: int) -> Te
 class StreamInputs:
     """One stream's views of the inputs, and the global columns (``g`` first keys) it attends.
 
-    ``q (nq, D)``, ``k (nk, D)``, ``v (nk, Dv)``; ``key_bias (nk,)`` additive or None;
-    ``masked_before (nk + 1,)`` on the host: masked keys before each position, or None (no
-    key bias, or on an accelerator, where it is not read: every interior chunk adds the bias);
-    ``global_k (g, D)``, ``global_v (g, Dv)`` (all residues) or None; ``global_bias (g,)`` or None.
-    """
+    ``masked_before (nk + 1,)``: masked keys before each position, on the host, or None (no key
+    bias, or an accelerator, where every interior chunk adds the bias instead)."""
 
     def __init__(self, stream: Stream, q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor | None,
                  key_masked: Tensor | None, num_global: int, global_bias: Tensor | None):
@@ -65,12 +58,8 @@ class StreamInputs:
 
 
 class Chunk:
-    """Operands of the blocks ``[first, end)`` of a stream, views or padded copies.
-
-    ``q (c*S, D)``, key windows ``k (c, L, D)`` and ``v (c, L, Dv)``, ``key_bias (c, 1, L)`` or
-    None (no masked key in an interior chunk's windows). ``row_start, row_end``: the valid
-    query rows of the chunk (fewer than ``c*S`` only for a partial last block).
-    """
+    """Operands of the blocks ``[first, end)`` of a stream: ``q (c*S, D)``, windows ``k (c, L, D)``,
+    ``v (c, L, Dv)``, ``key_bias (c, 1, L)`` or None; valid rows ``[row_start, row_end)``."""
 
     def __init__(self, stream: Stream, geo: Geometry, first: int, end: int, interior: bool,
                  inputs: StreamInputs):
@@ -129,8 +118,7 @@ class Chunk:
 def chunk_scores(chunk: Chunk, inputs: StreamInputs, edges: Tensor, buf: Tensor, scale: float,
                  score_bias: Tensor | None, global_score_bias: Tensor | None, blocks: slice
                  ) -> tuple[Tensor, Tensor | None]:
-    """Scores of a chunk: band ``(c, S, L)`` (written into ``buf``) and global columns
-    ``(c*S, g)`` or None; ``blocks`` selects the chunk's blocks of the per-block biases."""
+    """Scores of a chunk: band ``(c, S, L)`` (into ``buf``) and global columns ``(c*S, g)`` or None."""
     count, rows = chunk.blocks, chunk.block
     band = torch.baddbmm(edges, chunk.q.unflatten(0, (count, rows)), chunk.k.transpose(1, 2), alpha=scale,
                          out=buf[:count])  # (c, S, L)

@@ -1,11 +1,4 @@
-"""The banded core as an autograd function, and its entry point :func:`banded_attention`.
-
-Patterns (:class:`attn.Band`): a sliding window is the band itself; a dilated band is, per
-residue class of positions (a strided view), a plain window over the class's own keys;
-global tokens add ``g`` key columns to every row's softmax (keys ``j < g`` are removed from
-the band, and global *rows* are computed densely by the caller). A position bias (score_mod)
-is evaluated on the computed blocks only (O(N*L)) and receives gradients.
-"""
+"""The banded core as an autograd function, and its entry point :func:`banded_attention`."""
 
 from __future__ import annotations
 
@@ -24,15 +17,10 @@ from attn.precision import without_autocast
 
 
 class BandCore(torch.autograd.Function):
-    """Band (+ global columns) softmax attention over all streams, and the global rows.
+    """Band (+ global columns) attention over all streams, and the global rows, in one autograd node.
 
-    Inputs: ``q (B, H, n + Nb, D)`` whose first ``n`` rows are global rows (dense over every
-    key, :mod:`~attn.kernels.blocked.global_rows`) and whose other ``Nb`` rows the streams
-    cover; then ``k``, ``v`` and the biases as :class:`~attn.kernels.blocked.forward.BandInputs`
-    (in that order), the global rows' additive bias ``(B|1, H|1, n, Nk)`` or None, the band's
-    edges, the geometry, the streams, the number of global columns and ``n``. Returns
-    ``out (B, H, n + Nb, Dv)``, written in place by both parts.
-    """
+    ``q (B, H, n + Nb, D)``: the first ``n`` rows are global rows (dense over every key), the rest
+    the streams cover. Returns ``out (B, H, n + Nb, Dv)``, written in place by both parts."""
 
     @staticmethod
     @without_autocast
@@ -83,12 +71,7 @@ def _summed(grad: Tensor | None, like: Tensor | None) -> Tensor | None:
 def score_biases(score_mod: ScoreMod, streams: list[Stream], geo: Geometry, dilation: int,
                  num_global: int, dtype: torch.dtype, device: torch.device
                  ) -> tuple[Tensor, Tensor | None]:
-    """A score_mod evaluated on every computed block: ``(T, S, L)`` and ``(T, S, g)`` or None.
-
-    Block ``t`` of a stream holds queries at sub-positions ``q_offset + t*S + a`` and window
-    keys at ``q_offset - blocks_left*S + t*S + col``; absolute positions are
-    ``dilation * sub + residue``.
-    """
+    """A score_mod evaluated on every computed block: ``(T, S, L)`` and ``(T, S, g)`` or None."""
     rows, r = geo.block, dilation
     per_stream = [(stream, torch.arange(stream.n_blocks(rows), device=device)) for stream in streams]
     block_pos = torch.cat([r * (stream.q_offset + t * rows) + stream.residue for stream, t in per_stream])  # (T,)
@@ -107,8 +90,7 @@ def score_biases(score_mod: ScoreMod, streams: list[Stream], geo: Geometry, dila
 
 def _key_biases(q: Tensor, k_len: int, num_global: int, key_mask: Tensor | None
                 ) -> tuple[Tensor | None, Tensor | None]:
-    """Additive biases (0 / -inf): ``key_bias (B|1, 1, Nk)`` for the band (padding and, with
-    global tokens, the global keys removed) and ``global_bias (B, g)`` for the global columns."""
+    """Additive ``key_bias (B|1, 1, Nk)`` for the band (padding, global keys out) and ``global_bias (B, g)``."""
     batch = q.shape[0]
     key_bias = None
     if key_mask is not None or num_global > 0:
@@ -130,10 +112,9 @@ def _key_biases(q: Tensor, k_len: int, num_global: int, key_mask: Tensor | None
 def banded_attention(q: Tensor, k: Tensor, v: Tensor, band: Band, *, causal: bool, q_offset: int,
                      key_mask: Tensor | None, score_mod: ScoreMod | None, block: int | None,
                      chunk: int | None, global_rows: int = 0) -> Tensor:
-    """Rows of ``q (B, H, Nq, D)`` at positions ``q_offset + row`` over ``k, v (B, H_kv, Nk,
-    .)``: the first ``global_rows`` rows dense over every key (the global rows, ``i < g``),
-    the others the band (keys ``j < g`` removed) plus the global columns. Returns
-    ``(B, H, Nq, Dv)``."""
+    """Rows of ``q (B, H, Nq, D)`` at positions ``q_offset + row`` over ``k, v (B, H_kv, Nk, .)``:
+    the first ``global_rows`` rows dense over every key, the others the band plus the global columns.
+    Returns ``(B, H, Nq, Dv)``."""
     if band.per_head:
         raise ValueError("banded_attention: a per-head band runs through blocked_attention (one band per head group)")
     batch, heads, q_len, _ = q.shape

@@ -1,6 +1,6 @@
-"""The dense parts of the ``blocked`` kernel: global rows (``i < g``, dense over every key)
-and calls whose rows fit in one block (KV-cache decoding), which skip the stream loop: one
-dense product over the only keys the band can reach."""
+"""The dense parts of the ``blocked`` kernel: global rows (``i < g``) and calls whose rows fit in one
+block (decoding), one dense product over the only keys the band can reach.
+"""
 
 from __future__ import annotations
 
@@ -19,11 +19,8 @@ def dense_part(
     q: Tensor, k: Tensor, v: Tensor, i: Tensor, j: Tensor, allowed: Tensor,
     score_mod: ScoreMod | None,
 ) -> tuple[Tensor, Tensor]:
-    """Dense softmax of ``q (B, H, n, D)`` over ``k (B, H, m, D)`` at positions ``i (n,)``,
-    ``j (m,)`` with ``allowed (B|1, 1, n, m)``; returns ``(out (B, H, n, Dv), lse (B, H, n))``.
-
-    A row with no allowed key gets out 0 and lse -inf, with finite (zero) gradients.
-    """
+    """Dense softmax of ``q (B, H, n, D)`` over ``k`` at positions ``i``, ``j`` with ``allowed``:
+    ``(out, lse)``; a row with no key gets 0 and -inf, with zero gradients."""
     batch, heads = q.shape[:2]
     scores = grouped_scores(q, k) / math.sqrt(q.shape[-1])  # (B, H, n, m); k may have H_kv heads
     if score_mod is not None:
@@ -51,8 +48,7 @@ def global_rows(q_len: int, k_len: int, num_global: int) -> int:
 
 def global_row_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, q_offset: int,
                          key_mask: Tensor | None, score_mod: ScoreMod | None) -> Tensor:
-    """Global rows ``q (B, H, n, D)`` at positions ``q_offset + row``: dense over every key
-    (causal: ``j <= i``). Returns ``(B, H, n, Dv)``."""
+    """Global rows at positions ``q_offset + row``, dense over every key: ``(B, H, n, Dv)``."""
     batch, n_rows, k_len = q.shape[0], q.shape[2], k.shape[2]
     i = torch.arange(q_offset, q_offset + n_rows, device=q.device)  # (n,)
     j = torch.arange(k_len, device=q.device)  # (Nk,)
@@ -66,16 +62,14 @@ def global_row_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, q_off
 
 
 def uses_key_span(q_len: int, band: Band, block: int | None = None) -> bool:
-    """True when the rows fit in one query block (KV-cache decoding): then one dense product
-    over the keys the band can reach beats the per-stream block loop."""
+    """True when the rows fit in one query block: one dense product beats the block loop."""
     return q_len <= (block or block_size(band.window))
 
 
 def key_span_attention(q: Tensor, k: Tensor, v: Tensor, band: Band, *, causal: bool,
                        q_offset: int, key_mask: Tensor | None, score_mod: ScoreMod | None) -> Tensor:
-    """Non-global rows ``q (B, H, Nq, D)`` at positions ``q_offset + row``, few of them: dense
-    attention over the only keys they can reach (the band's span and the global columns),
-    ``O(Nq * (Nq + 2*r*w + g))``. Returns ``(B, H, Nq, Dv)``."""
+    """A few non-global rows, dense over the keys they can reach (the band's span and the globals):
+    ``(B, H, Nq, Dv)``."""
     if band.per_head:
         raise ValueError("key_span_attention: a per-head band runs through blocked_attention (one band per head group)")
     q_len, k_len = q.shape[2], k.shape[2]

@@ -1,16 +1,9 @@
 """Interior chunks of the banded core through torch's CPU flash kernel.
 
-A chunk of ``c`` query blocks over their key windows is ``c`` independent attentions of ``S``
-queries over ``L`` keys that share one additive mask, the band's edges ``(S, L)``. Where
-nothing else enters the scores (an interior chunk: no padded row or key, no masked key, no
-position bias, no global column), torch's CPU flash kernel
-(``aten::_scaled_dot_product_flash_attention_for_cpu``, the one SDPA runs on CPU) computes
-them with the batch dimension over the blocks, reading the windows through their strided
-views: scores, softmax and the product with ``v`` stay in its tiles, instead of five passes
-over a ``(c, S, L)`` buffer, and it returns the rows' log-sum-exp, which the backward pass
-(its own flash backward, window gradients then summed into the key rows) reads as the
-generic path's does. Every other chunk takes the generic path
-(:mod:`attn.kernels.blocked.forward`, :mod:`attn.kernels.blocked.backward`).
+A chunk is ``c`` attentions of ``S`` queries over ``L`` keys sharing one mask, the band's edges.
+Where nothing else enters the scores (no padding, masked key, position bias or global column)
+the flash kernel runs them batched over the blocks through the strided windows, instead of five
+passes over a ``(c, S, L)`` buffer, and returns the log-sum-exp the generic backward also reads.
 """
 
 from __future__ import annotations
@@ -23,29 +16,25 @@ from attn.kernels.blocked.chunk import Chunk
 #: torch's CPU flash kernel and its backward (None where this torch lacks them)
 _FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
-#: dtypes the band runs through the flash kernel (its float32 / float64 results match the
-#: generic path to rounding; half types keep the generic path's arithmetic)
+#: dtypes that match the generic path to rounding (half types keep the generic arithmetic)
 FLASH_DTYPES = (torch.float32, torch.float64)
 
 
 def band_takes_flash(q: Tensor, v: Tensor, has_score_bias: bool, has_global: bool) -> bool:
-    """True when a band call's scores are ``q . k`` and the band's edges alone (no position
-    bias, no global column), on a CPU torch that has the flash kernel and its backward, in a
-    dtype it runs, with one head size (``D == Dv``, as the flash kernel requires)."""
+    """True when a band call's scores are ``q . k`` plus the edges alone, on a CPU torch with the flash
+    kernel, in a dtype it runs, with ``D == Dv``."""
     return (_FLASH is not None and _FLASH_BWD is not None and q.device.type == "cpu"
             and q.dtype in FLASH_DTYPES and q.shape[-1] == v.shape[-1]
             and not has_score_bias and not has_global)
 
 
 def flash_applies(chunk: Chunk, q: Tensor, v: Tensor, has_score_bias: bool, has_global: bool) -> bool:
-    """True when the call takes the flash kernel (:func:`band_takes_flash`) and the chunk is
-    interior with no masked key in its windows."""
+    """True when the call takes the flash kernel and the chunk is interior with no masked key."""
     return chunk.interior and chunk.key_bias is None and band_takes_flash(q, v, has_score_bias, has_global)
 
 
 def flash_note(q: Tensor, v: Tensor, num_global: int, has_score_mod: bool) -> str:
-    """What a call's path text adds when its interior chunks can take the flash kernel
-    (``""`` when none can)."""
+    """The path text added when interior chunks can take the flash kernel (``""`` when none can)."""
     if not band_takes_flash(q, v, has_score_mod, num_global > 0):
         return ""
     return "; interior chunks without a masked key through the CPU flash kernel"
@@ -57,8 +46,7 @@ def _blocks(chunk: Chunk, rows: Tensor) -> Tensor:
 
 
 def flash_forward_chunk(chunk: Chunk, edges: Tensor, scale: float, out_rows: Tensor, lse_rows: Tensor) -> None:
-    """Softmax attention of an interior chunk, written into the stream's output rows ``(nq,
-    Dv)`` and log-sum-exp ``(nq,)``."""
+    """Attention of an interior chunk, written into the stream's output rows and log-sum-exp."""
     mask = edges.view(1, 1, *edges.shape)  # (1, 1, S, L), broadcast over the blocks
     out, lse = _FLASH(_blocks(chunk, chunk.q), chunk.k.unsqueeze(1), chunk.v.unsqueeze(1), 0.0, False,
                       attn_mask=mask, scale=scale)  # (c, 1, S, Dv), (c, 1, S)
@@ -68,9 +56,7 @@ def flash_forward_chunk(chunk: Chunk, edges: Tensor, scale: float, out_rows: Ten
 
 def flash_backward_chunk(chunk: Chunk, edges: Tensor, scale: float, d_out: Tensor, out: Tensor, lse: Tensor,
                          d_q: Tensor) -> tuple[Tensor, Tensor]:
-    """Gradients of an interior chunk: writes ``d_q (c*S, D)`` (the stream's rows of the
-    chunk) and returns the window gradients ``d_k (c, L, D)``, ``d_v (c, L, Dv)``; ``d_out``,
-    ``out`` ``(c*S, Dv)`` and ``lse (c*S,)`` are the chunk's rows."""
+    """Gradients of an interior chunk: writes ``d_q (c*S, D)``, returns window ``d_k``, ``d_v``."""
     mask = edges.view(1, 1, *edges.shape)  # (1, 1, S, L)
     grad_q, grad_k, grad_v = _FLASH_BWD(
         _blocks(chunk, d_out), _blocks(chunk, chunk.q), chunk.k.unsqueeze(1), chunk.v.unsqueeze(1),

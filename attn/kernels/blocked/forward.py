@@ -1,9 +1,5 @@
-"""Forward pass of the banded core: per stream, per chunk of blocks, one softmax over the
-band (and the global columns), written straight into the output.
-
-Only the output ``(B, H, Nq, Dv)`` and the log-sum-exp of each row ``(B, H, Nq)`` (for the
-backward pass, as flash attention keeps it) are allocated at size N: on CPU every large
-allocation costs page faults.
+"""Forward pass of the banded core: per stream and chunk, one softmax over the band and the global
+columns, written into the output; only the output and the log-sum-exp are N-sized.
 """
 
 from __future__ import annotations
@@ -22,13 +18,8 @@ from attn.kernels.blocked.geometry import Geometry, Stream, max_chunk_blocks
 
 @dataclass(frozen=True)
 class BandInputs:
-    """The core's operands, saved for the backward pass as they are.
-
-    ``q (B, H, Nq, D)``, ``k (B, H, Nk, D)``, ``v (B, H, Nk, Dv)`` with unit last stride;
-    ``key_bias (B|1, H|1, Nk)`` additive (0 / -inf) or None; ``global_bias (B|1, g)`` additive
-    or None; ``score_bias (T|1, S, L)`` and ``global_score_bias (T|1, S, g)`` per query block
-    (``T`` blocks over all streams) or None; ``edges (S, L)`` the band's additive mask.
-    """
+    """The core's operands, saved for the backward as they are: biases additive (0 / -inf) or None,
+    per-block ``score_bias (T|1, S, L)``, ``edges (S, L)`` the band's mask."""
 
     q: Tensor
     k: Tensor
@@ -54,10 +45,8 @@ class BandInputs:
 def band_forward(band: BandInputs, geo: Geometry, streams: list[Stream], num_global: int,
                  out: Tensor | None = None, lse: Tensor | None = None
                  ) -> tuple[Tensor, Tensor, Tensor | None]:
-    """``out (B, H, Nq, Dv)``, the rows' log-sum-exp ``(B, H, Nq)`` (-inf for a row with no
-    key) and the masked keys on the host (``(B|1, H|1, Nk)`` bool; None without a key bias
-    or on an accelerator, :func:`~attn.kernels.base.host_reads_are_free`). ``out`` and
-    ``lse`` may be given (views into the caller's larger tensors): they are written in place."""
+    """``out (B, H, Nq, Dv)``, the rows' log-sum-exp (-inf for no key) and the masked keys read on the
+    host (None without a key bias or on an accelerator); ``out`` and ``lse`` may be given to write into."""
     q, v = band.q, band.v
     batch, heads, q_len, dim = q.shape
     scale = 1.0 / math.sqrt(dim)
@@ -66,9 +55,7 @@ def band_forward(band: BandInputs, geo: Geometry, streams: list[Stream], num_glo
     if lse is None:
         lse = q.new_empty(batch, heads, q_len)  # (B, H, Nq)
     scores_buf = q.new_empty(max_chunk_blocks(geo, streams), geo.block, geo.window_keys)  # (chunk, S, L)
-    # masked keys, read on the host where that is free (CPU): each chunk then skips the key
-    # bias when its windows hold no masked key. On an accelerator no read (a sync per call):
-    # every interior chunk adds the key bias
+    # on CPU a chunk skips the key bias when its windows hold no masked key; elsewhere no host read
     key_masked = None
     if band.key_bias is not None and host_reads_are_free(band.key_bias.device):
         key_masked = torch.isneginf(band.key_bias)

@@ -1,12 +1,8 @@
 """Block geometry of the ``blocked`` kernel: query blocks, their key windows, streams, chunks.
 
-Queries are cut into blocks of ``S`` rows; block ``t`` attends to the ``L = nw * S`` keys
-around it: ``blocks_left`` blocks to the left, its own, ``blocks_right`` to the right
-(``nw`` blocks in all). The work is done per *stream*: one batch element, head and, for
-dilated patterns, residue class, on plain 2-D views of the caller's tensors. A stream's
-blocks are processed in *chunks* of up to ``chunk`` blocks; interior chunks (whole blocks
-whose windows lie inside the keys) read the inputs through views, edge chunks through small
-zero-padded copies (:mod:`attn.kernels.blocked.chunk`).
+Block ``t`` of ``S`` query rows attends to ``L = nw * S`` keys (``blocks_left`` blocks, its own,
+``blocks_right``). A *stream* is one batch element, head and residue class; its blocks run in
+chunks, interior ones through views, edge ones through zero-padded copies.
 """
 
 from __future__ import annotations
@@ -17,10 +13,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-#: scores per chunk of blocks (elements), per device type. CPU: ~4 MB in fp32, so the softmax
-#: passes stay in cache. CUDA: 128 MB in fp32, so a stream is a few chunks, not hundreds (at
-#: N = 512K, w = 128, B*H = 8: ~25 chunks instead of ~800, each a dozen launches); chosen for
-#: launch count within modest memory, not yet measured on a GPU
+#: scores per chunk of blocks: CPU ~4 MB fp32 (softmax stays in cache); CUDA 128 MB, so a stream is a
+#: few chunks, not hundreds of launches (not yet measured on a GPU)
 CHUNK_ELEMENTS: dict[str, int] = {"cpu": 1 << 20, "cuda": 1 << 25}
 
 
@@ -36,10 +30,7 @@ def block_size(window: int) -> int:
 
 def band_edges(block: int, blocks_left: int, blocks_right: int, window: int, causal: bool,
                dtype: torch.dtype, device: torch.device) -> Tensor:
-    """Additive mask ``(S, L)``: 0 where ``|i - j| <= w`` (and ``j <= i`` if causal), else -inf.
-
-    Query row ``a`` of a block and window column ``c`` are ``i - j = a - c + blocks_left*S`` apart.
-    """
+    """Additive mask ``(S, L)``: 0 where ``|i - j| <= w`` (and ``j <= i`` if causal), else -inf."""
     row = torch.arange(block, device=device).view(block, 1)  # (S, 1)
     col = torch.arange((blocks_left + 1 + blocks_right) * block, device=device).view(1, -1)  # (1, L)
     offset = row - col + blocks_left * block  # (S, L) = i - j
@@ -51,8 +42,7 @@ def band_edges(block: int, blocks_left: int, blocks_right: int, window: int, cau
 
 @dataclass(frozen=True)
 class Geometry:
-    """Block layout of one call: ``block`` query rows (S) per block, key blocks to the left and
-    right of each, and how many blocks one chunk holds."""
+    """Block layout of one call: rows per block, key blocks left and right, blocks per chunk."""
 
     block: int
     blocks_left: int
@@ -72,8 +62,7 @@ class Geometry:
 
 def geometry(window: int, causal: bool, block: int | None = None, chunk: int | None = None,
              device: torch.device | str = "cpu") -> Geometry:
-    """The layout of a band of ``window`` on ``device``; ``block`` and ``chunk`` override the
-    tuned defaults (the chunk's from :func:`chunk_elements` of the device)."""
+    """The layout of a band of ``window`` on ``device``; ``block`` and ``chunk`` override the defaults."""
     rows = block or block_size(window)
     left = math.ceil(window / rows)
     right = 0 if causal else left
@@ -85,15 +74,9 @@ def geometry(window: int, causal: bool, block: int | None = None, chunk: int | N
 class Stream:
     """One (batch, head, residue class): rows ``q_rows`` of the queries, ``k_rows`` of the keys.
 
-    ``kv_head`` is the key/value head the query head ``head`` reads (``head // G`` for
-    grouped-query attention with ``G`` query heads per key head; ``head`` otherwise), so the
-    streams of one group read the same key rows, never a copy of them.
-
-    In the stream's own coordinates query row ``m`` sits at position ``q_offset + m`` and key
-    row ``n`` at ``n``; absolute positions are ``dilation * position + residue``.
-    ``first_block`` numbers the stream's first query block among all streams (the layout of
-    the per-block score biases).
-    """
+    Query row ``m`` sits at stream position ``q_offset + m``, key row ``n`` at ``n`` (absolute:
+    ``dilation * position + residue``). ``kv_head`` is the key head a grouped query head reads.
+    ``first_block`` numbers its first block among all streams (the layout of per-block biases)."""
 
     batch: int
     head: int
@@ -124,9 +107,7 @@ class Stream:
         return x[min(self.batch, x.shape[0] - 1), min(self.key_head, x.shape[1] - 1), rows]
 
     def chunks(self, geo: Geometry) -> list[tuple[int, int, bool]]:
-        """Block ranges ``(first, end, interior)``; interior blocks are full and their window
-        lies inside ``[0, k_count)``, so they read the inputs through views; the rest are
-        padded copies."""
+        """Block ranges ``(first, end, interior)``; interior blocks are full with windows inside the keys."""
         first_key = self.q_offset - geo.blocks_left * geo.block  # position of block 0's first window key
         n_blocks = self.n_blocks(geo.block)
         inner_start = min(n_blocks, max(0, -(first_key // geo.block)))
@@ -141,9 +122,7 @@ class Stream:
 
 def make_streams(batch: int, heads: int, q_len: int, k_len: int, q_offset: int, dilation: int,
                  block: int, groups: int = 1) -> list[Stream]:
-    """Streams in (batch, head, residue) order; residue ``c`` holds positions ``i % dilation == c``.
-    ``groups``: query heads per key head (grouped-query attention); head ``h`` reads key head
-    ``h // groups``."""
+    """Streams in (batch, head, residue) order; head ``h`` reads key head ``h // groups``."""
     streams, first_block = [], 0
     for b in range(batch):
         for h in range(heads):

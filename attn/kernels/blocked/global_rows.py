@@ -1,14 +1,9 @@
 """Global rows inside the banded core: the first ``n`` query rows (``i < g``) attend every key.
 
-They are computed by the core's autograd function beside the band rows, into the same output
-and log-sum-exp, so a global-token call allocates what a sliding-window call does: no second
-output to concatenate, and in the backward pass the global rows' key and value gradients are
-added in place (``baddbmm_``) into the band's, never materialised as full-size temporaries.
-
-The rows' scores are ``n x Nk`` per head (``n <= g``), small beside the inputs. What decides
-which keys a global row sees (causality, padding) and its position bias (the score_mod) come
-in as one additive ``bias (B|1, H|1, n, Nk)``, built by :func:`global_row_bias` outside the
-autograd function so that a learned bias receives its gradient through it.
+They share the core's output and log-sum-exp, and their key and value gradients are added in
+place into the band's, so a global-token call allocates what a sliding-window call does.
+Causality, padding and the position bias come in as one additive bias built outside the autograd
+function (:func:`global_row_bias`), so a learned bias gets its gradient through it.
 """
 
 from __future__ import annotations
@@ -24,9 +19,8 @@ from attn.mods import ScoreMod
 def global_row_bias(score_mod: ScoreMod | None, rows: int, k_len: int, q_offset: int, causal: bool,
                     key_mask: Tensor | None, batch: int, heads: int, dtype: torch.dtype,
                     device: torch.device) -> Tensor | None:
-    """Additive bias of the global rows at positions ``q_offset + row``: the score_mod's term
-    plus -inf where a key is not allowed (``j > i`` when causal, padding); ``(B|1, H|1,
-    rows, Nk)``, or None when every key is allowed and there is no score_mod."""
+    """Additive bias ``(B|1, H|1, rows, Nk)`` of the global rows: score term plus -inf where a key is not
+    allowed; None when every key is allowed and there is no score_mod."""
     i = torch.arange(q_offset, q_offset + rows, device=device).view(1, 1, rows, 1)
     j = torch.arange(k_len, device=device).view(1, 1, 1, k_len)
     bias = None
@@ -63,17 +57,14 @@ def _scores(q_rows: Tensor, k: Tensor, bias: Tensor | None, scale: float) -> Ten
 
 
 def _rows(x: Tensor, n: int, kv_heads: int) -> Tensor:
-    """The first ``n`` rows of ``x (B, H, N, D)`` laid out per key head: ``(B, H_kv, G*n, D)``
-    (a copy of ``n`` rows per head)."""
+    """The first ``n`` rows of ``x (B, H, N, D)`` per key head: ``(B, H_kv, G*n, D)`` (a copy)."""
     batch, heads = x.shape[:2]
     return x[:, :, :n].reshape(batch, kv_heads, heads // kv_heads * n, x.shape[-1])
 
 
 def global_rows_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, n: int,
                         out: Tensor, lse: Tensor) -> None:
-    """Softmax attention of the rows ``q[:, :, :n]`` over every key, written into
-    ``out[:, :, :n]`` ``(B, H, Nq, Dv)`` and ``lse[:, :, :n]`` ``(B, H, Nq)`` (-inf for a row
-    with no allowed key, whose output is 0). ``k, v (B, H_kv, Nk, .)``."""
+    """Attention of ``q[:, :, :n]`` over every key, into ``out`` and ``lse`` (-inf for a row with no key)."""
     batch, heads = q.shape[:2]
     kv_heads = k.shape[1]
     scores = _scores(_rows(q, n, kv_heads), k, bias, 1.0 / math.sqrt(q.shape[-1]))  # (B, H_kv, G*n, Nk)
@@ -89,8 +80,7 @@ def global_rows_forward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, n:
 def global_rows_backward(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, n: int, out: Tensor,
                          lse: Tensor, d_out: Tensor, d_q: Tensor, d_k: Tensor, d_v: Tensor,
                          want_bias: bool) -> Tensor | None:
-    """Gradients of :func:`global_rows_forward` for ``d_out (B, H, Nq, Dv)``: writes
-    ``d_q[:, :, :n]``, adds in place into ``d_k``, ``d_v`` (contiguous ``(B, H_kv, Nk, .)``);
+    """Gradients of :func:`global_rows_forward`: writes ``d_q[:, :, :n]``, adds into ``d_k``, ``d_v``;
     returns the bias's gradient ``(B, H, n, Nk)`` when ``want_bias``."""
     batch, heads = q.shape[:2]
     kv_heads, k_len = k.shape[1], k.shape[2]

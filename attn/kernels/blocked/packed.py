@@ -1,14 +1,9 @@
 """Packed calls (``document_ids``) in the ``blocked`` kernel: each document is its own call.
 
-The documents of a row are contiguous, so no query block of one document shares a key with
-another: the kernel cuts each row at its document boundaries (read on the host) and runs
-every document alone, at positions counted from its start (the contract's packed semantics,
-:mod:`attn.documents`). A banded pattern runs each document through the band core
-(O(n_d * w)); a pattern without a band and without a mask_mod (full, causal, with or without a
-position bias) runs one dense product per document (O(n_d^2)): PyTorch's fused SDPA
-(``is_causal`` for causal) when there is no score term and no ``key_mask``, else the
-``chunked`` kernel's checkpointed query chunks. Either way a packed row costs the sum of its
-documents' costs, never ``N^2`` or ``N * w`` over the whole row.
+Rows are cut at their document boundaries (read on the host) and each document runs alone at
+local positions: banded patterns through the band core, full or causal as one dense product per
+document (fused SDPA, or ``chunked`` rows with a score term or padding). A packed row costs the
+sum of its documents' costs.
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ from attn.pattern import Pattern
 
 
 def _batch_from(score_mod: ScoreMod | None, row: int) -> ScoreMod | None:
-    """``score_mod`` for one batch row ``row`` sliced out of the call (its batch 0 is ``row``)."""
+    """``score_mod`` for batch row ``row`` sliced out of the call."""
     if score_mod is None or row == 0:
         return score_mod
 
@@ -37,10 +32,7 @@ def _batch_from(score_mod: ScoreMod | None, row: int) -> ScoreMod | None:
 
 def document_dense(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None,
                    score_mod: ScoreMod | None, score_params: tuple[Tensor, ...]) -> tuple[Tensor, str]:
-    """Exact attention of one document without a mask_mod, ``q (1, H, n, D)``, ``k (1, H_kv, n,
-    D)``, ``v (1, H_kv, n, Dv)`` -> ``(1, H, n, Dv)`` in the input dtype (half inputs computed in float32), and
-    how: the fused SDPA product, or chunked query rows where a score term or padding needs
-    them."""
+    """Exact attention of one document without a mask_mod, ``(1, H, n, Dv)``, and how it ran."""
     if score_mod is None and key_mask is None:
         compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
         grouped = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}  # k, v: (1, H_kv, n, .)
@@ -54,9 +46,8 @@ def document_dense(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: T
 
 def packed_attention(within: Pattern, documents: Documents, q: Tensor, k: Tensor, v: Tensor,
                      causal: bool, key_mask: Tensor | None) -> tuple[Tensor, str]:
-    """``q (B, H, N, D)``, ``k (B, H_kv, N, D)``, ``v (B, H_kv, N, Dv)`` of a packed call ->
-    ``(B, H, N, Dv)``, each document run alone with ``within`` (the unpacked pattern), and the
-    path in words."""
+    """A packed call ``(B, H, N, .)`` -> ``(B, H, N, Dv)``, each document run alone with ``within``,
+    and the path in words."""
     rows, how = [], set()
     segments = documents.segments()
     for row, spans in enumerate(segments):
