@@ -177,8 +177,7 @@ def _phase_main(index: int, device: str, quick: bool, conn: Any) -> None:
 
 
 def run(device: str, quick: bool, budget_s: float, write: Callable[[dict[str, Any]], None]) -> None:
-    """Every phase in a child under ``min(its limit, what is left of budget_s)``, each row
-    written as soon as the phase ends."""
+    """Every phase in a child under ``min(its limit, budget left)``, each row written as it ends."""
     deadline = time.monotonic() + budget_s
     for index, (name, _, limit) in enumerate(phases(quick)):
         left = deadline - time.monotonic()

@@ -1,19 +1,8 @@
-"""One config into one run directory: the library the ``attn-bench sweep`` command runs once.
+"""One config into one run directory: the library ``attn-bench sweep`` runs once.
 
-- :func:`load_run` reads a config once (a YAML file, a config preset's name, or a mapping),
-  imports the plug-ins it names (they register the variants, tasks and model kinds it may
-  name), applies the overrides of a command line and validates it once, into a
-  :class:`bench.speed.config.SweepConfig` or, for ``kind: quality``, a
-  :class:`bench.quality.grid_config.GridConfig`. Parsing itself is pure.
-- :func:`run_plan` is the product's run plan of a config (:class:`bench.engine.rundir.RunPlan`:
-  :class:`bench.speed.sweep.SweepPlan`, :class:`bench.quality.grid.GridPlan`,
-  :class:`bench.pretrained.plan.PretrainedPlan`): the only place the kinds of config part ways.
-- :func:`dry_run` lists what a run would do, item by item, done or to do (``--dry-run``);
-  :func:`run` does it (:func:`bench.engine.rundir.run_units`: plug-ins imported, the device
-  checked, the directory locked and resumed).
-
-It sits between the CLI and the products (``pyproject.toml``'s layers): the products know
-nothing of each other, so the choice between them is made here.
+:func:`load_run` reads and validates a config, :func:`run_plan` picks its product's run plan (the only
+place the kinds of config part ways: the products know nothing of each other), :func:`dry_run` and
+:func:`run` use it.
 """
 
 from __future__ import annotations
@@ -54,16 +43,12 @@ __all__ = ["RunConfig", "WorkPlan", "default_run_dir", "dry_run", "load_run", "n
 
 def load_run(source: str | Path | Mapping[str, Any],
              overrides: Mapping[str, Any] | None = None) -> RunConfig:
-    """The config ``source`` names (a YAML path, a config preset's name such as ``quick``, or
-    an already-loaded mapping), read once, its ``plugins`` imported, ``overrides`` applied
-    and validated once; a ``ConfigError`` naming the key otherwise.
+    """The config ``source`` names (YAML path, preset name or mapping), its ``plugins`` imported,
+    ``overrides`` applied, validated once; ``ConfigError`` naming the key otherwise.
 
-    ``overrides`` are config keys whose ``None`` values are left out. A speed sweep takes
-    :data:`bench.speed.config.OVERRIDES` (``variants`` replaces the list with those names and
-    their default parameters; ``seq_len`` and ``kernels`` also replace per-variant lists); a
-    training grid takes :data:`bench.quality.grid_config.OVERRIDES` (``variants`` and
-    ``tasks`` select among the grid's own, whose other rows stay as they are). ``plugins``
-    adds modules to the config's own.
+    ``overrides``: config keys (``None`` values ignored) of the config kind's ``OVERRIDES``; a speed
+    sweep's ``variants`` replaces the list, a grid's ``variants`` and ``tasks`` select among its own;
+    ``plugins`` adds modules to the config's.
     """
     if isinstance(source, Mapping):
         where, raw = "<config>", dict(source)
@@ -89,8 +74,7 @@ def load_run(source: str | Path | Mapping[str, Any],
 
 
 def _load_pretrained(raw: dict[str, Any], changes: dict[str, Any], where: str) -> PretrainedConfig:
-    """A pretrained-model config with a command line's overrides: ``variants`` keeps the
-    patterns of those variants, ``tasks`` the tasks named, the rest replace the file's."""
+    """A pretrained-model config: ``variants`` and ``tasks`` select, the other overrides replace."""
     unknown = sorted(set(changes) - set(PRETRAINED_OVERRIDES))
     if unknown:
         raise ConfigError(f"overrides: unknown key {unknown[0]!r}; a pretrained-model run takes "
@@ -159,8 +143,7 @@ def _work(config: RunConfig | WorkPlan) -> WorkPlan:
 
 
 def size_of(work: WorkPlan) -> str:
-    """How much a run plan holds, said: ``12 cases in the config``, ``24 training runs and 9
-    computed references in the grid``."""
+    """How much a run plan holds, said: ``12 cases in the config``."""
     return f"{work.size()} in the {'grid' if isinstance(work, GridPlan) else 'config'}"
 
 
@@ -171,11 +154,7 @@ def default_run_dir(config: RunConfig) -> Path:
 
 def dry_run(config: RunConfig | WorkPlan, run_dir: Path, *, allow_mixed: bool = False,
             local: bool = True) -> DryRun:
-    """What :func:`run` would do in ``run_dir``: every case or training run, ``done`` or to
-    do (``DryRun.lines()`` is ``attn-bench sweep --dry-run``'s output); nothing is run or
-    written. A run that would be refused (rows of another environment, unless
-    ``allow_mixed``; ``local`` False: a cluster executor) raises the run's
-    ``MixedEnvironmentError``."""
+    """What :func:`run` would do in ``run_dir``, nothing run or written (:func:`dry_run_units`)."""
     return dry_run_units(run_dir, _work(config), allow_mixed=allow_mixed, local=local)
 
 
@@ -184,9 +163,8 @@ def run(config: RunConfig | WorkPlan, run_dir: Path, *,
         retry_failed: bool = False, retry_noisy: bool = False, overwrite: bool = False,
         on_start: Callable[[Any], None] | None = None,
         on_done: Callable[[Any, Rows], None] | None = None) -> Rows:
-    """Run every unit of ``config`` not done yet into ``run_dir``; the new rows
-    (:func:`bench.engine.rundir.run_units` says what each option does). ``retry_noisy``
-    (speed sweeps only): measure again the rows flagged noisy (:mod:`bench.speed.noise`)."""
+    """Run every unit of ``config`` not done yet into ``run_dir``; the new rows (options: :func:`run_units`;
+    ``retry_noisy``: a speed sweep's noisy rows again)."""
     work = _work(config)
     return run_units(run_dir, work, executor=executor, allow_mixed=allow_mixed,
                      retry_failed=retry_failed, overwrite=overwrite,
@@ -195,10 +173,7 @@ def run(config: RunConfig | WorkPlan, run_dir: Path, *,
 
 
 def noisy_rows(work: WorkPlan, run_dir: Path) -> Callable[[dict[str, Any]], bool]:
-    """What ``--retry-noisy`` measures again in ``run_dir``: rows flagged noisy, those
-    measured in a slow state against the run's quiet probe included
-    (:func:`bench.speed.noise.noisy_in`; a speed sweep's only; a ``ConfigError`` for a
-    training grid, which has no such flag)."""
+    """``--retry-noisy``'s test (:func:`bench.speed.noise.noisy_in`); ``ConfigError`` for a training grid."""
     if isinstance(work, GridPlan):
         raise ConfigError("--retry-noisy: only a speed sweep flags noisy rows; a training grid "
                           "(kind: quality) has none (--retry-failed retrains failed runs)")

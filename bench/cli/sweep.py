@@ -39,9 +39,7 @@ NOISY = "(noisy)"
 
 @contextlib.contextmanager
 def _named_by_options(overrides: dict[str, Any]) -> Iterator[None]:
-    """A ``ConfigError`` about a config key an option set names the option instead
-    (``config key 'device': ...`` -> ``--device: ...``); a run directory that cannot be
-    written is an ``--out`` error."""
+    """Errors about a key an option set name the option (``--device: ...``); unwritable runs ``--out``."""
     from bench.engine.config import ConfigError
     from bench.engine.fsutil import NotWritableError
 
@@ -57,8 +55,7 @@ def _named_by_options(overrides: dict[str, Any]) -> Iterator[None]:
 
 
 def _check_executor(executor: str, address: str | None, connect_timeout_s: float | None) -> None:
-    """``--executor`` is known, ``--address`` goes only with ``ray`` and
-    ``--connect-timeout-s`` only with ``--address``."""
+    """``--executor`` is known; ``--address`` only with ``ray``, ``--connect-timeout-s`` only with it."""
     from bench.engine.executors import EXECUTORS
 
     choice("--executor", executor, EXECUTORS)
@@ -159,8 +156,7 @@ def sweep(
 
 
 def _where_results_are(rows_file: Path, written: list[Path]) -> str:
-    """The sweep's last line: where its report, page, figures and rows are (``written``: the
-    report, its page and the figures this run wrote; none with ``--no-plots``)."""
+    """The sweep's last line: where its report, page, figures (``written``) and rows are."""
     if not written:
         return (f"results: rows in {rows_file} (`attn-bench report {rows_file.parent}` writes "
                 "report.md and report.html, `attn-bench plot` the figures)")
@@ -171,11 +167,8 @@ def _where_results_are(rows_file: Path, written: list[Path]) -> str:
 
 def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
                        **options: Any) -> dict[str, int]:
-    """:func:`bench.runner.run` of ``work`` (the run plan of a sweep, a grid or a
-    pretrained-model run) under a progress bar; Ctrl-C, SIGTERM and SIGHUP stop it cleanly;
-    each finished unit is one line in a log (CI) with what its rows say (``work.outcome``).
-    Returns the new rows by status, and under :data:`NOISY` how many of them were flagged
-    noisy."""
+    """:func:`bench.runner.run` under a progress bar (a log line per unit off a terminal), stopped cleanly
+    by Ctrl-C, SIGTERM and SIGHUP; the new rows by status, the noisy ones under :data:`NOISY`."""
     from rich.markup import escape
     from rich.progress import (
         BarColumn,
@@ -234,16 +227,13 @@ def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
 
 
 def _key_column(work: Any) -> str:
-    """The column naming a row's item: ``case_id`` (a sweep), ``unit_id`` (a grid),
-    ``cell_id`` (a pretrained-model run)."""
+    """The column naming a row's item (``case_id``, ``unit_id``, ``cell_id``)."""
     return work.columns[0]
 
 
 def _todo(work: Any, run_dir: Path, *, retry_failed: bool, overwrite: bool,
           retry_noisy: bool = False) -> set[str]:
-    """The ids of the items (cases, training runs) this run measures: the progress bar's
-    total (what the dry run says is to do, plus the failed ones with ``--retry-failed`` and
-    the noisy ones with ``--retry-noisy``, everything with ``--overwrite``)."""
+    """The ids of the items this run measures (the progress bar's total), retries and ``--overwrite`` included."""
     import warnings
 
     from bench.engine.results import RETRY_STATUSES
@@ -272,9 +262,7 @@ def _stop_progress(progress: Any) -> None:
 
 
 def _report_and_plot(run_dir: Path, console: Any) -> list[Path]:
-    """Write the run's ``report.md``, its page ``report.html`` and its figures; their paths,
-    the report first (only the two reports when no figure can be drawn: the reason is
-    printed)."""
+    """Write ``report.md``, ``report.html`` and the figures; their paths, the report first."""
     from bench.html.report import write_report_html
     from bench.pretrained.report import build_pretrained_report, is_pretrained_run, plot_pretrained_run
     from bench.quality.plots import plot_quality_run

@@ -1,15 +1,7 @@
-"""Which memory allocator settings a run's processes start with, as their environment says.
+"""Which memory allocator settings a run's processes start with, for ``env.json``.
 
-On a CPU every allocation that the C library hands out as fresh pages costs a page fault
-per 4 KiB page on first touch. glibc's ``malloc`` serves large requests with ``mmap`` and
-gives them back on ``free``, and trims the top of its heap once more than a threshold is
-free there, so a kernel that allocates many megabytes per call pays those faults on every
-call (``docs/measurement.md``, "Memory the allocator gives back"). Allocators that keep
-freed memory (jemalloc or tcmalloc through ``LD_PRELOAD``, as torch's CPU launcher
-``torch.backends.xeon.run_cpu`` sets up, or glibc with raised thresholds) do not. The
-variables are read by the C library when a process starts, so they are set on the command
-line of the sweep (its workers inherit them), never from inside Python; this module only
-says which were set, for the run's ``env.json``.
+The C library reads these variables when a process starts, so they are set on the sweep's command
+line, never from Python (docs/measurement.md, "Memory the allocator gives back").
 """
 
 from __future__ import annotations
@@ -30,9 +22,7 @@ SYSTEM_DEFAULT = "system default"
 
 
 def allocator_settings(environ: Mapping[str, str] | None = None) -> str:
-    """The allocator variables set in ``environ`` (this process's environment by default)
-    as ``NAME=value`` joined by ``"; "``, in :data:`ALLOCATOR_VARIABLES` order, or
-    :data:`SYSTEM_DEFAULT` when none is set."""
+    """The allocator variables set in ``environ`` as ``NAME=value; ...``, or :data:`SYSTEM_DEFAULT`."""
     environ = os.environ if environ is None else environ
     settings = [f"{name}={environ[name]}" for name in ALLOCATOR_VARIABLES if environ.get(name)]
     return "; ".join(settings) or SYSTEM_DEFAULT

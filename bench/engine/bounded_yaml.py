@@ -1,13 +1,7 @@
-"""YAML read with limits, checked before anything is expanded: a small file cannot take all
-memory.
+"""YAML read with limits, checked before anything is expanded: a small file cannot take all memory.
 
-``yaml.safe_load`` builds no arbitrary objects, but an alias names a node again without
-copying it, so nine levels of nine aliases (a few hundred bytes) stand for 387 million
-strings: anything that later walks the value (``str``, ``repr``, ``json.dumps``) runs out of
-memory. :func:`load_bounded` composes the document with PyYAML's own safe loader, then counts
-what it would expand to, shared nodes counted every time they are used, and refuses it
-before constructing anything when it exceeds :class:`YamlLimits`: the file's size, the nodes
-and characters after alias expansion, one string's length and the nesting depth.
+An alias names a node again without copying it, so a few hundred bytes can stand for hundreds of
+millions of strings; :func:`load_bounded` counts the expansion and refuses it (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -37,8 +31,7 @@ class YamlLimitError(ValueError):
 
 
 def load_bounded(text: str, source: str = "<yaml>", limits: YamlLimits = LIMITS) -> Any:
-    """The value of the YAML document ``text`` (``yaml.safe_load``), refused with a
-    :class:`YamlLimitError` naming ``source`` when it is over ``limits`` or not YAML."""
+    """``yaml.safe_load`` of ``text``; :class:`YamlLimitError` naming ``source`` when over ``limits`` or not YAML."""
     size = len(text.encode("utf-8", errors="replace"))
     if size > limits.max_bytes:
         raise YamlLimitError(f"{source}: {size:,} bytes; a config may have at most "
@@ -81,8 +74,7 @@ def _line(item: Any) -> int:
 
 
 class _Counter:
-    """Nodes and characters a composed node stands for, aliases expanded, counted once per
-    distinct node (a node used again adds its count again, without walking it again)."""
+    """Nodes and characters a node stands for, aliases expanded (each distinct node walked once)."""
 
     def __init__(self, source: str, limits: YamlLimits) -> None:
         self.source, self.limits = source, limits

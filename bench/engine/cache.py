@@ -60,16 +60,14 @@ def _device_kind(device: str) -> str:
 
 
 def compile_cache_dir(device: str) -> Path:
-    """The Inductor cache of this torch, Triton and device kind (the CUDA device's name), under
-    :func:`cache_dir`: shared by every worker of a run and by later runs on this machine."""
+    """The Inductor cache of this torch, Triton and device kind, shared by every run on this machine."""
     key = f"torch-{_version('torch')}-triton-{_version('triton')}-{_device_kind(device)}"
     key = re.sub(r"[^A-Za-z0-9.+-]+", "_", key)
     return cache_dir() / "inductor" / key
 
 
 def use_compile_cache(device: str) -> str:
-    """Point this process's compiles at :func:`compile_cache_dir` (unless the user set
-    ``TORCHINDUCTOR_CACHE_DIR``) before anything compiles; the directory in use."""
+    """Point compiles at :func:`compile_cache_dir` unless ``TORCHINDUCTOR_CACHE_DIR`` is set; the directory."""
     if not os.environ.get(INDUCTOR_VAR):
         os.environ[INDUCTOR_VAR] = str(compile_cache_dir(device))
     return os.environ[INDUCTOR_VAR]

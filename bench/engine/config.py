@@ -1,19 +1,9 @@
 """The config layer every product shares: errors that name the key, YAML read within limits,
 preset files, plug-ins, the device check and file-name-safe names.
 
-Every error is a :class:`ConfigError` (a ``ValueError``) whose message names the key and the
-allowed values, so the CLI prints one line instead of a traceback; a value it echoes is cut
-to a readable length (:func:`bench.engine.messages.shown`). A file over the limits of
-:class:`bench.engine.bounded_yaml.YamlLimits` (its size, the items and characters it stands
-for once its aliases are expanded, one string's length) is refused before it is expanded
-(:func:`load_yaml`). A speed sweep's config is :mod:`bench.speed.config`, a training grid's
-:mod:`bench.quality.grid_config`; both live in ``bench/configs`` beside each other
-(:func:`resolve_config_path`, :func:`read_config`), and :func:`bench.runner.load_run` reads
-either once.
-
-``plugins:`` names modules or ``.py`` files a run imports (:func:`import_plugins`) before its
-config is parsed, and each worker before its unit: a config is as trusted as a script. Parsing a
-config imports nothing (:func:`plugin_modules` only checks the key).
+Every error is a :class:`ConfigError` (a ``ValueError``) naming the key and allowed values, so the
+CLI prints one line. Plug-ins are imported before a config is parsed and again in each worker: a
+config is as trusted as a script; parsing imports nothing.
 """
 
 from __future__ import annotations
@@ -38,8 +28,7 @@ DTYPES = ("float32", "float16", "bfloat16", "float64")
 
 
 class ConfigError(ValueError):
-    """An invalid config (a sweep, a grid, a task preset, an option that overrides one); the
-    message names the offending key (also in ``key``)."""
+    """An invalid config or override; the message names the offending key (also in ``key``)."""
 
     def __init__(self, message: str, key: str | None = None) -> None:
         super().__init__(message)
@@ -78,15 +67,12 @@ def is_plugin_file(plugin: str) -> bool:
 
 
 def plugin_ref(plugin: str) -> str:
-    """A plug-in entry as workers will import it: a file's absolute path (workers may start
-    elsewhere), a module name unchanged."""
+    """A plug-in entry as workers import it: a file's absolute path (they may start elsewhere), else as is."""
     return str(Path(plugin).expanduser().resolve()) if is_plugin_file(plugin) else plugin
 
 
 def plugin_modules(raw: Any) -> tuple[str, ...]:
-    """The ``plugins`` key of a config mapping ``raw`` (none: ``()``), checked to be a list of
-    module names or ``.py`` paths (paths made absolute, :func:`plugin_ref`); nothing is
-    imported."""
+    """The checked ``plugins`` of a config mapping (paths made absolute); nothing is imported."""
     plugins = raw.get("plugins", []) if isinstance(raw, dict) else []
     if not isinstance(plugins, (list, tuple)) or not all(isinstance(p, str) for p in plugins):
         raise key_error("plugins", "must be a list of importable module names or .py file "
@@ -95,11 +81,8 @@ def plugin_modules(raw: Any) -> tuple[str, ...]:
 
 
 def import_plugins(modules: tuple[str, ...]) -> None:
-    """Import plug-ins (which register attentions by decorator): each an importable module
-    name (also one in the current directory) or a path to a ``.py`` file
-    (:func:`import_plugin_file`). Importing runs their code, so a config that names
-    plug-ins is as trusted as a script. A ``ConfigError`` naming ``plugins`` and the entry
-    when one is missing or fails to import."""
+    """Import plug-ins: module names (the current directory too) or ``.py`` paths; a ``ConfigError``
+    naming ``plugins`` and the entry when one is missing or fails to import."""
     for module in modules:
         try:
             if is_plugin_file(module):
@@ -116,8 +99,7 @@ def import_plugins(modules: tuple[str, ...]) -> None:
 
 
 def _import_module(name: str) -> None:
-    """Import module ``name``; one not found on ``sys.path`` is looked for in the current
-    directory too (``attn-bench`` run as a script does not have it on ``sys.path``)."""
+    """Import ``name``, also from the current directory (not on ``sys.path`` for the ``attn-bench`` script)."""
     try:
         importlib.import_module(name)
     except ModuleNotFoundError as err:
@@ -131,11 +113,9 @@ def _import_module(name: str) -> None:
 
 
 def import_plugin_file(path: Path) -> None:
-    """Import the ``.py`` file ``path`` as the module named by its stem, registered in
-    ``sys.modules``; its directory is appended to ``sys.path`` so that a worker or
-    conformance child process (which inherit ``sys.path``) imports the same module by name,
-    e.g. to unpickle a class registered there. A file whose stem is no identifier, or names
-    another module already importable, is refused (rename the file)."""
+    """Import ``path`` as the module named by its stem, its directory appended to ``sys.path`` so child
+    processes import it by name (to unpickle its classes). A stem that is no identifier or names
+    another module is refused."""
     path = path.expanduser().resolve()
     if not path.is_file():
         raise key_error("plugins", f"cannot import file {shown(str(path))}: no such file")
@@ -172,8 +152,7 @@ def _taken(path: Path, name: str, other: str | None) -> ConfigError:
 
 
 def resolve_config_path(config: str) -> Path:
-    """A YAML path, or a config preset's name from ``bench/configs`` (``quick``, ``scaling-cpu``,
-    ...)."""
+    """A YAML path, or a config preset's name from ``bench/configs``."""
     path = Path(config)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
@@ -186,22 +165,18 @@ def resolve_config_path(config: str) -> Path:
 
 
 def read_config(config: str | Path) -> tuple[Path, Any]:
-    """The file a config names (a YAML path or a config preset's name) and its YAML, read
-    once within the limits (:func:`resolve_config_path`, :func:`load_yaml`)."""
+    """The file a config names (path or preset) and its YAML, read once within the limits."""
     path = resolve_config_path(str(config))
     return path, load_yaml(path)
 
 
 def list_config_presets() -> list[str]:
-    """Names of the config presets: the sweep and grid configs shipped in ``bench/configs``
-    (``attn-bench sweep NAME``; not the task presets of ``bench/configs/tasks``, which are
-    :func:`bench.quality.settings.list_task_presets`)."""
+    """Names of the sweep and grid presets in ``bench/configs`` (not the task presets)."""
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
 def load_yaml(path: Path) -> Any:
-    """``yaml.safe_load`` of a file within :class:`bench.engine.bounded_yaml.YamlLimits`;
-    ``ConfigError`` naming the file when it is not YAML, cannot be read or is over a limit."""
+    """A YAML file read within the limits; ``ConfigError`` naming the file when unreadable or over one."""
     try:
         size = path.stat().st_size
         if size > LIMITS.max_bytes:  # not read at all

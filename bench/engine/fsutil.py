@@ -1,11 +1,5 @@
-"""Files a run directory relies on: atomic writes and the one-writer lock.
-
-A reader (or a resumed sweep after a kill) sees either the old or the new content of a JSON
-file or a report, never half of one: text goes to a temporary file in the same directory,
-is fsynced and then renamed over the target. Two sweeps writing into one ``--out`` would
-interleave their rows; :class:`RunLock` (an ``flock`` the kernel releases when its holder
-dies, so a killed sweep never leaves a stale lock) makes the second one refuse.
-"""
+"""Files a run directory relies on: atomic writes (old or new content, never half) and the one-writer lock
+(an ``flock`` the kernel releases when its holder dies: no stale lock)."""
 
 from __future__ import annotations
 
@@ -23,8 +17,7 @@ LOCK_FILE = ".lock"
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the new one, never a part;
-    the file's mode is what ``open`` gives a new file (0644 under umask 022), as for plots."""
+    """Write ``text`` to ``path`` atomically, with the mode ``open`` would give a new file."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -40,8 +33,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def new_file_mode() -> int:
-    """The mode ``open`` gives a new file in this process (0644 under umask 022): what a
-    file written through ``mkstemp`` (0600) is given before it is renamed into place."""
+    """The mode ``open`` gives a new file in this process (0644 under umask 022)."""
     return 0o666 & ~current_umask()
 
 
@@ -76,8 +68,7 @@ class NotWritableError(ValueError):
 
 
 def require_writable(directory: str | Path) -> Path:
-    """``directory``, created if needed, once a probe file could be written and removed in
-    it; :class:`NotWritableError` otherwise."""
+    """``directory``, created and probed with a file; :class:`NotWritableError` otherwise."""
     directory = Path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
@@ -94,11 +85,7 @@ class RunLockedError(RuntimeError):
 
 
 class RunLock:
-    """Exclusive lock on a run directory for the lifetime of one sweep (a context manager).
-
-    The lock file records the holder (pid, host, command, start time) so that a refused
-    second sweep can say who holds it.
-    """
+    """Exclusive lock on a run directory for one sweep; the file names its holder for a refused second one."""
 
     def __init__(self, run_dir: str | Path) -> None:
         self.path = Path(run_dir) / LOCK_FILE

@@ -32,8 +32,7 @@ def _value(value: Any) -> str:
 
 
 def pattern_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
-    """``params`` with the variant's defaults filled in, less what does not define the pattern
-    (see the module docstring); sorted by key. An unregistered name keeps ``params`` as given."""
+    """``params`` with the variant's defaults, less what does not define the pattern; sorted by key."""
     try:
         defaults = attention_info(name).params
     except ValueError:  # a plug-in not loaded here: only what the caller gave is known

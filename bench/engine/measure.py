@@ -1,24 +1,6 @@
 """Measuring one call: its time, its tensor-level peak memory and its resident-memory peak.
 
-Time. CPU: ``time.perf_counter`` around the call, with the thread count set by the worker
-(``torch.set_num_threads``). CUDA: events, with a 256 MiB write between calls that evicts the
-L2 cache (as ``triton.testing.do_bench`` does). An untimed ``setup`` (e.g. the forward before
-a timed backward) runs before each call.
-
-Memory, the peak above what was alive when the call started (its inputs):
-
-- ``peak_bytes``, the number plots and fits use: the live peak of tensor allocations during
-  the call. CUDA: ``max_memory_allocated`` after ``reset_peak_memory_stats``. CPU: the same
-  quantity from the PyTorch profiler's allocation events (every CPU tensor allocation and
-  free goes through the c10 allocator, which reports them with their sizes): the largest
-  running sum of the sizes, in time order (calls under a second: the legacy recorder; longer
-  ones, or when that reading runs out of memory: kineto; :func:`tensor_peak_bytes_cpu`).
-  Blocks that the C library keeps after a free are not counted: they are not the call's
-  memory.
-- ``rss_peak_bytes`` (CPU only), the process's resident high-water mark ``VmHWM`` after
-  ``malloc_trim(0)`` and a reset through ``/proc/self/clear_refs``, minus the resident size
-  then: what the operating system saw, freed-but-kept heap pages and library workspaces
-  included. Kernel RSS counters are exact to about 1 MiB.
+How each is read is in docs/measurement.md ("Time" and "Memory").
 """
 
 from __future__ import annotations
@@ -54,8 +36,7 @@ class MemoryReading:
 
 
 def release_free_memory() -> None:
-    """Return glibc's free heap pages to the OS (``malloc_trim(0)``), so that VmHWM counts
-    every page the next call touches."""
+    """``malloc_trim(0)``, so that VmHWM counts every page the next call touches."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -70,8 +51,7 @@ def _status_kib(field: str) -> int:
 
 
 def rss_peak_bytes(call: Call) -> int | None:
-    """Resident high-water mark of ``call()`` above the resident size before it (None where
-    the kernel has no ``clear_refs``)."""
+    """Resident high-water mark of ``call()`` above the size before it (None without ``clear_refs``)."""
     if not _CLEAR_REFS.exists():
         return None
     release_free_memory()
@@ -96,12 +76,7 @@ def _quiet_stderr() -> Iterator[None]:
 
 
 def _allocation_events(call: Call) -> list[tuple[int, int, int]]:
-    """``(time_us, order, signed bytes)`` of every CPU allocation and free during ``call()``.
-
-    Read with the profiler's legacy (non-kineto) recorder: the same allocator events as the
-    kineto profiler, started in milliseconds instead of seconds (a fresh worker process per
-    case pays the start every time).
-    """
+    """``(time_us, order, signed bytes)`` of CPU allocations and frees, by the legacy recorder (starts in ms)."""
     config = profiler_legacy.profile(profile_memory=True).config()
     # quiet: the profiler warns about frees of blocks allocated before it started (inputs);
     # the same call's own messages show in the timed calls
@@ -117,9 +92,7 @@ def _allocation_events(call: Call) -> list[tuple[int, int, int]]:
 
 
 def _kineto_allocation_events(call: Call) -> list[tuple[int, int, int]]:
-    """``(time_us, order, signed bytes)`` of the CPU allocations and frees during ``call()``,
-    read with the kineto profiler (slower to start than the legacy recorder, see
-    :func:`tensor_peak_bytes_cpu` for when it is used)."""
+    """As :func:`_allocation_events`, read with the kineto profiler (about a second to start)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     with _quiet_stderr(), torch.profiler.profile(activities=activities, profile_memory=True) as prof:
         call()
@@ -136,16 +109,8 @@ KINETO_FROM_S = 1.0
 def tensor_peak_bytes_cpu(call: Call, call_s: float | None = None) -> int | None:
     """Live peak of CPU tensor allocations made by ``call()`` above those alive before it.
 
-    Read with the legacy recorder (:func:`_allocation_events`), which starts in milliseconds.
-    That recorder holds on to memory while it records some calls: a chunked kernel's mask
-    evaluated chunk by chunk (sliding window on ``chunked``, N=8K, H=4, 64 chunks) took 7 GiB
-    of address space under it, and BigBird at 16K (256 chunks) ran past a 16 GiB cap, where
-    the call alone needs under 1 GiB; so the reading, not the call, ran out of
-    memory. The kineto profiler reports the same events (equal peaks where both run) with far
-    less growth (2.8 GiB for the sliding window at 16K), so a call known to take
-    ``call_s >= KINETO_FROM_S`` is read with it, and any call whose legacy reading runs out
-    of memory is read again with it; when that runs out of memory too, the peak is not
-    measured (None) rather than the call, which ran, being reported as out of memory.
+    The legacy recorder first, kineto for calls of ``call_s >= KINETO_FROM_S`` or when the legacy
+    reading runs out of memory (docs/measurement.md); None when kineto does too: the call ran.
     """
     long_call = call_s is not None and call_s >= KINETO_FROM_S
     readers = (_kineto_allocation_events,) if long_call else (_allocation_events, _kineto_allocation_events)
@@ -179,8 +144,7 @@ def tensor_peak_bytes_cuda(call: Call, device: torch.device) -> int:
 
 def measure_memory(fn: Callable[..., Any], setup: Callable[[], Any] | None,
                    device: torch.device, call_s: float | None = None) -> MemoryReading:
-    """Tensor-level and resident peaks of one call each (``setup`` untimed and unmeasured);
-    ``call_s``, the call's time when known, picks the CPU reader (:func:`tensor_peak_bytes_cpu`)."""
+    """Tensor-level and resident peaks of one call each; ``call_s`` picks the CPU reader."""
 
     def once(reader: Callable[[Call], int | None]) -> int | None:
         arg = setup() if setup is not None else None
@@ -221,21 +185,15 @@ class CallTimer:
 
 
 def repeats_in_budget(estimate_s: float, *, budget_s: float, minimum: int, maximum: int) -> int:
-    """Timed repeats for a call that took ``estimate_s`` after warm-up: as many as fit in
-    ``budget_s``, never fewer than ``minimum`` (the budget is lengthened) nor more than
-    ``maximum``."""
+    """Timed repeats of an ``estimate_s`` call that fit in ``budget_s``, within ``[minimum, maximum]``."""
     fit = int(budget_s / estimate_s) if estimate_s > 0 else maximum
     return max(minimum, min(maximum, fit))
 
 
 @dataclass(frozen=True)
 class WarmUp:
-    """How long the matmul peak warms up before it is timed. The calls are grouped in windows
-    of at least ``window_s`` seconds; the warm-up ends when the median call of one window
-    agrees with the previous window's within ``tolerance`` and at least ``min_s`` seconds have
-    passed, or after ``max_s``. A GPU's clocks ramp up under load over a second or so: timed
-    after one call, the peak is low and inflates every ``peak_fraction``; and two single calls
-    in a slow ramp agree, where two windows do not."""
+    """Matmul-peak warm-up: windows of ``window_s``, until two window medians agree within ``tolerance``
+    after ``min_s``, or ``max_s``. Windows, not single calls: two calls in a GPU's slow clock ramp agree."""
 
     min_s: float
     max_s: float
@@ -249,8 +207,7 @@ WARM_UPS = {"cuda": WarmUp(min_s=2.0, max_s=30.0),
 
 
 def steady_warmup(time_once: Callable[[], float], warm_up: WarmUp) -> list[float]:
-    """Call ``time_once`` (seconds per call) until ``warm_up`` is satisfied; the median call
-    time of every window."""
+    """Call ``time_once`` until ``warm_up`` is satisfied; the median call time of every window."""
     start = time.monotonic()
     medians: list[float] = []
     while True:
@@ -267,9 +224,7 @@ def steady_warmup(time_once: Callable[[], float], warm_up: WarmUp) -> list[float
 
 def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int | None = None,
                       repeats: int = 5, warm_up: WarmUp | None = None) -> float:
-    """Best achieved FLOP/s of a square ``size^3`` matmul on ``device`` (the peak reference),
-    timed after a :func:`steady_warmup` (``warm_up``, default :data:`WARM_UPS` of the device
-    type)."""
+    """Best FLOP/s of a square ``size^3`` matmul on ``device`` after :func:`steady_warmup`."""
     size = size or (8192 if device.type == "cuda" else 4096)
     a = torch.randn(size, size, device=device, dtype=dtype)  # (S, S)
     b = torch.randn(size, size, device=device, dtype=dtype)
@@ -278,25 +233,19 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int | None
     return 2 * size**3 / min(timer.time_once() for _ in range(repeats))
 
 
-#: side of the calibration probe's square float32 matmul per device type
-#: (:func:`calibration_probe`): a few hundred microseconds on this suite's CPU and about 2 ms
-#: on an H100/H200 (137 GFLOP), so that the host clock's jitter and a GPU's launch and
-#: synchronisation (tens of microseconds) are a small part of each reading. A 256 matmul on
-#: an H200 took 25-40 us, and that jitter alone flagged quiet rows as noisy (36-40% changes).
+#: side of the calibration probe's matmul per device type: about 2 ms on an H200, so launch and
+#: clock jitter stay small (a 256 matmul took 25-40 us there and flagged quiet rows as noisy)
 PROBE_SIZES = {"cpu": 256, "cuda": 4096}
 
 
 def probe_size(device: torch.device) -> int:
-    """Side of the calibration probe's matmul on ``device`` (:data:`PROBE_SIZES`)."""
+    """:data:`PROBE_SIZES` for ``device``."""
     return PROBE_SIZES.get(device.type, PROBE_SIZES["cpu"])
 
 
 def calibration_probe(device: torch.device, calls: int = 7, size: int | None = None) -> float:
-    """Seconds of a fixed float32 matmul on ``device`` (side :func:`probe_size` unless
-    ``size``): the median of ``calls`` timed calls after one warm-up (host clock,
-    synchronised on CUDA: no cache flush, nothing kept). The same work everywhere, so a probe
-    that takes longer after a pass's timed rounds than before them says the machine got busier
-    meanwhile. Random operands (seeded): a GPU's matmul runs faster on constant data."""
+    """Median seconds of ``calls`` fixed float32 matmuls after one warm-up: a slower probe says a busier
+    machine. Seeded random operands: a GPU's matmul runs faster on constant data."""
     size = probe_size(device) if size is None else size
     gen = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(size, size, generator=gen).to(device)  # (S, S)
@@ -317,8 +266,6 @@ def calibration_probe(device: torch.device, calls: int = 7, size: int | None = N
 
 
 def start_autograd() -> None:
-    """Run one tiny backward from a given gradient, as the passes do, so that autograd's
-    first-use start-up (``backward(grad)`` imports sympy: 2-3 s here) is never read as a
-    pass's first call or backward compile."""
+    """One tiny ``backward(grad)``, so autograd's start-up (sympy import, 2-3 s) is not timed."""
     x = torch.ones(2, requires_grad=True)
     (x * 2).backward(torch.ones(2))

@@ -1,13 +1,5 @@
-"""Worker processes that can always be stopped (:class:`attn.supervise.Child`: a forkserver,
-a process group of its own, a watchdog on the driver), and the honest name of how one died
-or failed.
-
-How a worker ended becomes a status: ``killed`` for a SIGKILL from outside, ``oom`` only when
-the kernel's OOM killer reports a kill during the case, ``error`` for a crash (any other
-signal, real-time signals included) or a non-zero exit. An exception a worker caught becomes
-one too (:func:`failure`): ``unsupported``, ``oom`` (an allocation failure, naming the
-address-space cap of :func:`limit_memory` when it refused it) or ``error``.
-"""
+"""Worker processes that can always be stopped (:class:`attn.supervise.Child`), and the honest name of how one
+died (``killed``; ``oom`` only when the kernel's OOM killer reports a kill; ``error``) or failed."""
 
 from __future__ import annotations
 
@@ -35,9 +27,7 @@ def limit_memory(max_memory_gb: float | None) -> None:
 
 
 def failure(err: BaseException, device: str, max_memory_gb: float | None = None) -> tuple[str, str]:
-    """``(status, reason)`` for an exception a worker on ``device`` caught: ``unsupported``
-    (``NotImplementedError``), ``oom`` (naming the per-process address-space cap
-    ``max_memory_gb`` of a CPU worker, :func:`limit_memory`, when one was set) or
+    """``(status, reason)`` for a caught exception: ``unsupported``, ``oom`` (naming a CPU worker's cap) or
     ``error``."""
     if isinstance(err, NotImplementedError):
         return "unsupported", str(err)

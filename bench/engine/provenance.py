@@ -1,11 +1,7 @@
 """Where a number came from: the code version, the installed package and the machine.
 
-The code version is the git commit of the source checkout the package runs from, with
-``+dirty`` when tracked files other than committed results (``results/``) differ from it:
-rerunning a committed result set rewrites its own CSV, which must not mark the code as
-changed. A non-editable install (the package inside a virtual environment's
-site-packages) has no checkout of its own; the git repository that happens to enclose the
-environment is never read, and the installed package version stands for the code.
+A non-editable install has no checkout of its own: a git repository that happens to enclose the
+environment is never read, and the package version stands for the code.
 """
 
 from __future__ import annotations
@@ -26,8 +22,7 @@ from bench.engine.allocator import allocator_settings
 from bench.engine.cache import INDUCTOR_VAR, compile_cache_dir
 
 DISTRIBUTION = "attn-bench"
-#: tracked paths whose changes (committed or not) do not change the code version: what is
-#: measured depends on the package and its configs, not on results, docs or the tests
+#: tracked paths whose changes do not change the code version (results, docs, tests)
 NOT_CODE = ("results", "docs", "tests", ".ci", ":(glob)**/*.md")  # git pathspecs
 
 
@@ -55,12 +50,8 @@ def _exclude(pathspec: str) -> str:
 
 @cache
 def code_version() -> str:
-    """``<sha>`` or ``<sha>+dirty`` of the source checkout; ``not a git checkout`` otherwise.
-
-    ``<sha>`` is the last commit that changed code (anything but :data:`NOT_CODE`), so
-    committing results or docs mid-sweep does not make a resumed sweep look like other code;
-    ``+dirty``: a tracked code file differs from it.
-    """
+    """``<sha>`` (the last commit that changed code, not :data:`NOT_CODE`) or ``<sha>+dirty``; else
+    ``not a git checkout``."""
     root = source_root()
     if root is None:
         return "installed package (no source checkout)"
@@ -99,10 +90,7 @@ CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile",
 
 
 def cpu_identity() -> dict[str, str]:
-    """The CPU a run's figures hold for: model, vendor, the instruction sets its kernels use
-    (torch's dispatch level, ``torch.backends.cpu.get_cpu_capability()``, and the flags of
-    :data:`CPU_FLAGS` the CPU has) and torch's BLAS. A ratio measured on one CPU kind can
-    move 3x on another (docs/measurement.md)."""
+    """The CPU a run's figures hold for: model, vendor, torch's dispatch level, :data:`CPU_FLAGS` and BLAS."""
     import torch
 
     fields: dict[str, str] = {}
@@ -131,8 +119,7 @@ def cpu_summary(segment: dict[str, Any]) -> str:
 
 
 def device_name(device: str) -> str:
-    """The name of this machine's ``device``: the (first visible) GPU's for ``cuda`` where
-    CUDA is available, else the CPU model."""
+    """The first visible GPU's name for ``cuda`` where available, else the CPU model."""
     import torch  # here, not at import: the history of the results files needs no torch
 
     if device == "cuda" and torch.cuda.is_available():
@@ -141,9 +128,7 @@ def device_name(device: str) -> str:
 
 
 def command_line() -> str:
-    """The command this process runs, as a shell would take it (``attn-bench sweep quick
-    --out runs/quick``): the program's file name (``python -m PACKAGE`` for a package run
-    with ``-m``), then its arguments."""
+    """This process's command as a shell would take it (``python -m PACKAGE`` for a package run with ``-m``)."""
     if not sys.argv or not sys.argv[0]:
         return ""
     program = Path(sys.argv[0])
@@ -152,10 +137,8 @@ def command_line() -> str:
 
 
 def environment(device: str, threads: int | None, *, probe: bool = True) -> dict[str, Any]:
-    """Versions, device name, threads, allocator settings (:mod:`bench.engine.allocator`), host,
-    the CPU (:func:`cpu_identity`), time stamp and command line of this run. ``probe`` False: the
-    device is not on this machine (a cluster's driver), so CUDA is not asked and the name is
-    this machine's CPU model."""
+    """Versions, device, threads, allocator, host, CPU, time stamp and command line of this run. ``probe``
+    False: the device is not on this machine (a cluster's driver): CUDA is not asked."""
     import torch
 
     try:

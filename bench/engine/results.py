@@ -1,19 +1,8 @@
-"""The files of a run directory: a results file (a speed sweep's ``results.csv``, one row per
-(case, pass), the default; a training grid's ``quality.csv``), appended and fsynced per unit,
-and ``env.json`` (the environment of each run segment). A speed sweep's rows as a DataFrame
-are :func:`bench.speed.results.load_results`, a grid's :func:`bench.quality.report.load_quality`.
+"""The files of a run directory: a results file, appended and fsynced per unit, and ``env.json``.
 
-Rows of one unit are written together, so a killed sweep leaves whole units. On resume the
-file is read back and rewritten atomically with only whole rows: a torn last line, a torn
-first line, a missing or torn header, or an empty file are all repaired.
-
-Every row read is checked against the file's schema (:mod:`bench.engine.row_schema`): a row with a
-value of the wrong type or outside its allowed values (a ``time_ms`` of ``fast``, a
-``seq_len`` of ``abc``, an ``ok`` row without a time), a line of the wrong length or a
-status the suite does not write is left out and named with its line number, as a
-:class:`DamagedRowWarning`; a resume runs it again (:mod:`bench.engine.rundir` keeps the line in
-``<file>.rejected``). A complete header that lacks a column the schema needs is a
-:class:`DamagedFileError`: the file is left as it is, never silently rewritten.
+Rows of one unit are written together, so a killed sweep leaves whole units; a resume repairs torn
+lines and headers. Rows failing the schema are left out with a :class:`DamagedRowWarning`; a header
+lacking a needed column is a :class:`DamagedFileError` (docs/reliability.md, "Result rows").
 """
 
 from __future__ import annotations
@@ -75,9 +64,8 @@ def read_table(run_dir: str | Path, file: str = RESULTS_FILE,
                columns: list[str] = COLUMNS) -> RowsRead:
     """Valid rows of a results file, and the damaged lines left out (with line numbers).
 
-    A torn last line (killed mid-write) and an empty, header-less or torn-header file are
-    repairs, not damage: nothing is said. A complete header lacking a column the file's
-    schema needs raises :class:`DamagedFileError`.
+    Torn last lines and empty or torn-header files are repaired silently; a complete header lacking
+    a needed column raises :class:`DamagedFileError`.
     """
     path = Path(run_dir) / file
     schema = schema_for(columns)
@@ -124,8 +112,7 @@ def read_table(run_dir: str | Path, file: str = RESULTS_FILE,
 
 
 def _header(path: Path, line: str, schema: RowSchema) -> list[str]:
-    """The columns of a results file's header line; :class:`DamagedFileError` when it is not
-    a header of this kind of file (the file is then left as it is)."""
+    """The columns of a header line; :class:`DamagedFileError` when not a header of this kind of file."""
     try:
         header = next(csv.reader([line]))
     except (csv.Error, StopIteration):
@@ -144,8 +131,7 @@ def _header(path: Path, line: str, schema: RowSchema) -> list[str]:
 
 
 def warn_rejected(read: RowsRead, action: str = "left out") -> None:
-    """One :class:`DamagedRowWarning` per damaged line of ``read``, naming the file, the line
-    and what is wrong."""
+    """One :class:`DamagedRowWarning` per damaged line of ``read``."""
     for bad in read.rejected:
         warnings.warn(f"{read.path} line {bad.line}: {bad.problem}; the row is {action}",
                       DamagedRowWarning, stacklevel=2)
@@ -153,8 +139,7 @@ def warn_rejected(read: RowsRead, action: str = "left out") -> None:
 
 def read_rows(run_dir: str | Path, file: str = RESULTS_FILE,
               columns: list[str] = COLUMNS) -> list[dict[str, str]]:
-    """Valid rows of a results file (:func:`read_table`); each damaged line is left out with
-    a :class:`DamagedRowWarning` naming its line number and what is wrong."""
+    """Valid rows of a results file, warning of each damaged line (:func:`read_table`)."""
     read = read_table(run_dir, file, columns)
     warn_rejected(read)
     return read.rows

@@ -1,24 +1,9 @@
-"""What a row of a results file may hold: its columns in file order (:data:`COLUMNS`,
-:data:`QUALITY_COLUMNS`), each column's type and allowed values, in one place. The engine's
-run directories read, repair, resume and validate both kinds of file; the products fill the
-rows (:mod:`bench.speed.rows`, :mod:`bench.quality.train`).
+"""What a row of a results file may hold: its columns in file order and each column's rule, in one place.
 
-Two schemas, chosen by a file's first column: :data:`SPEED` for a speed sweep's
-``results.csv`` (``case_id``) and :data:`QUALITY` for a training grid's ``quality.csv`` and
-its archive ``superseded.csv`` (``unit_id``). A schema says, per column it declares, the kind
-of value (text, integer, number, bool, JSON, one of a set), whether a blank cell is allowed
-and the smallest value; which columns the header must have; and the rules of a whole row (an
-``ok`` speed row needs a finite time > 0). Columns a schema does not declare are left alone,
-and a blank cell (or ``nan``, a missing value as pandas writes it) stays legal wherever a
-failure row leaves it blank.
-
-:func:`row_problem` names the first thing wrong with a row (``None``: nothing), in the
-suite's one dialect (``column 'time_ms': must be a number; got 'fast'``). The readers of
-:mod:`bench.engine.results` leave such rows out and say where they were.
-
-Written as plain frozen dataclasses rather than with a validation library: the rows are CSV
-text, the rules are few, and the messages must name the column and the line the way every
-other check of the suite does.
+A file's first column picks its schema (:data:`SCHEMAS`); :func:`row_problem` names the first thing
+wrong with a row. Columns a schema does not declare are left alone; a blank (or ``nan``) cell stays
+legal wherever a failure row leaves it blank. Plain dataclasses, not a validation library: the rules
+are few and the messages must name column and line as the suite's other checks do.
 """
 
 from __future__ import annotations
@@ -41,17 +26,10 @@ COLUMNS = [
     "compile_ms", "setup_ms", "setup_mem_bytes", "peak_mem_bytes", "rss_peak_bytes", "flops",
     "flops_kind", "density", "tflops", "peak_fraction", "mask_emulated", "fallback",
     "interleave_id", "interleaved", "threads", *ROW_FIELDS,
-    # added later (bench.speed.noise): files without them read as rows judged by their spread
-    "time_spread", "probe_ms", "noisy", "noise_threshold",
-    # added later (bench.speed.packing): files without it read as unpacked, unpadded rows
-    "packing",
-    # added later (grouped-query attention): files without it read as kv_heads = heads
-    "kv_heads",
-    # added later: the first backward's compile time; files without it read as not measured
-    "compile_bwd_ms",
+    # added later; older files read as: judged by spread, unpacked, kv_heads = heads, not measured
+    "time_spread", "probe_ms", "noisy", "noise_threshold", "packing", "kv_heads", "compile_bwd_ms",
 ]
-#: the matched-compute columns of a training row (:mod:`bench.quality.budget`; ``budget_x``
-#: empty: an equal-steps run)
+#: the matched-compute columns of a training row (``budget_x`` empty: an equal-steps run)
 BUDGET_COLUMNS = ("budget_x", "flop_budget", "flops_per_step", "train_flops")
 #: the columns of a training grid's ``quality.csv`` (and ``superseded.csv``), in file order
 QUALITY_COLUMNS = [
@@ -62,8 +40,7 @@ QUALITY_COLUMNS = [
     "role", "title", "overrides",  # added later: files without them read as a variant, no overrides
     *BUDGET_COLUMNS,
 ]
-#: the columns of a pretrained-model run's ``pretrained.csv`` (:mod:`bench.pretrained`), in
-#: file order: one row per (unit, document, length, depth, positions, metric)
+#: the columns of ``pretrained.csv``: one row per (unit, document, length, depth, positions, metric)
 PRETRAINED_COLUMNS = [
     "cell_id", "task", "label", "variant", "params", "layers", "kernel_path", "document",
     "seq_len", "depth", "positions", "metric", "value", "ci_low", "ci_high", "count", "status",
@@ -72,12 +49,10 @@ PRETRAINED_COLUMNS = [
 ]
 #: statuses of a pretrained-model run's rows
 PRETRAINED_STATUSES = ("ok", "unsupported", "timeout", "error", "killed", "oom")
-#: kinds of column: free text, an integer, a number (``nan`` and ``inf`` read as numbers),
-#: ``True`` / ``False``, a JSON document, or one of ``allowed``
+#: kinds of column (``nan`` and ``inf`` read as numbers; ``choice``: one of ``allowed``)
 KINDS = ("text", "int", "number", "bool", "json", "choice")
 
-#: the passes a speed sweep's row may name (:mod:`bench.speed.config`: ``PASSES`` of an
-#: attention case, ``MODEL_PASSES`` of a model-step case)
+#: the passes a speed row may name (``PASSES`` and ``MODEL_PASSES`` of bench.speed.config)
 SPEED_PASSES = ("fwd", "bwd", "fwd_bwd", "train_step")
 #: statuses of a speed sweep's rows (``nonfinite``: the output or a gradient had NaN or inf)
 SPEED_STATUSES = ("ok", "oom", "killed", "unsupported", "timeout", "error", "skipped", "nonfinite",
@@ -183,8 +158,7 @@ def _finite_time(row: Row) -> str | None:
 
 
 def _metric_value(row: Row) -> str | None:
-    """An ``ok`` quality row of a metric must carry its value (NaN is a value: an empty
-    bucket of a condition has no accuracy)."""
+    """An ``ok`` metric row must carry its value (NaN is one: an empty bucket has no accuracy)."""
     if row.get("status") != "ok" or row.get("metric", "") in ("", "-"):
         return None
     if row.get("value", "") == "":

@@ -1,11 +1,7 @@
-"""The driver's side of a run directory, for speed sweeps and training grids alike.
+"""The driver's side of a run directory (speed sweeps and training grids): :func:`run_units`, its dry run.
 
-:func:`run_units` runs a product's :class:`RunPlan` into a run directory (locked and
-resumable: :class:`RunRecorder` keeps an earlier run's rows, refuses to mix environments and
-records each segment's), and :func:`dry_run_units` is its dry run. A *chain* is a generator of
-units: it yields a unit and is sent that unit's rows, so dependencies between units live in
-the chain; :func:`drive` keeps the executor's slots busy with the chains' next units. A
-damaged row is not kept: its unit runs again and the line goes to ``<file>.rejected``.
+A *chain* is a generator of units that is sent each unit's rows, so dependencies between units
+live in the chain. A damaged row is not kept: its unit runs again, the line goes to ``<file>.rejected``.
 """
 
 from __future__ import annotations
@@ -72,9 +68,7 @@ class RunRecorder:
         self.env: dict[str, Any] = {}
 
     def supersede(self, stale: Callable[[Row], bool], archive: str) -> None:
-        """Drop the kept rows for which ``stale(row)`` holds (their units run again) and append
-        them to ``archive`` in the run directory, so nothing measured is lost. Before
-        :meth:`start`."""
+        """Move the kept rows where ``stale(row)`` holds to ``archive`` (they run again). Before :meth:`start`."""
         kept: list[Row] = []
         dropped: list[Row] = []
         for row in self.kept:
@@ -89,8 +83,7 @@ class RunRecorder:
 
     def start(self, env: dict[str, Any], *, dtype: str, allow_mixed: bool, has_work: bool,
               config: dict[str, Any], config_file: str, local: bool = True) -> None:
-        """Check the environment (:func:`check_resume`), rewrite the kept rows and record
-        this segment."""
+        """Check the environment (:func:`check_resume`), rewrite the kept rows, record this segment."""
         if not allow_mixed:
             check_resume(self.kept, env, dtype, has_work=has_work, local=local)
         for read, unit_rows in self._rejected:
@@ -104,8 +97,7 @@ class RunRecorder:
             atomic_write_json(self.run_dir / config_file, config)
 
     def record(self, rows: list[Row]) -> None:
-        """Append ``rows`` (stamped by the executor), each with this segment's
-        :data:`SETTING_FIELDS` where it lacks them: the resume check compares them."""
+        """Append ``rows``, filling this segment's :data:`SETTING_FIELDS` (the resume check compares them)."""
         assert self.writer is not None, "start() first"
         for row in rows:
             for name in SETTING_FIELDS:
@@ -115,8 +107,7 @@ class RunRecorder:
 
 
 def resumable_rows(run_dir: Path, file: str, columns: list[str]) -> list[Row]:
-    """The rows a resume keeps (before ``--retry-failed``), each damaged line named in a
-    warning (a dry run's view of :class:`RunRecorder`)."""
+    """The rows a resume keeps (before ``--retry-failed``), warning of each damaged line."""
     read = read_table(run_dir, file, columns)
     warn_rejected(read, "run again")
     return _without_damaged_units(read, columns)[0]
@@ -135,8 +126,7 @@ def _without_damaged_units(read: RowsRead, columns: list[str]) -> tuple[list[Row
 
 
 def _keep_rejected(read: RowsRead, unit_rows: list[Row]) -> None:
-    """Append the damaged lines of ``read`` and the other rows of their units to
-    ``<file>.rejected`` (its header first when new), fsynced."""
+    """Append the damaged lines and the rest of their units to ``<file>.rejected``, fsynced."""
     if not read.rejected:
         return
     path = read.path.with_name(read.path.name + REJECTED_SUFFIX)
@@ -185,8 +175,7 @@ def drive(chains: list[Chain], executor: Executor, *,
 
 @dataclass(frozen=True)
 class DryRunItem:
-    """One item of a dry run (a case, a training run): its id, ``done``, ``todo`` or ``todo
-    (WHY)``, and a line describing it."""
+    """One item of a dry run: its id, ``done``/``todo``/``todo (WHY)``, and a description."""
 
     key: str
     state: str
@@ -195,8 +184,7 @@ class DryRunItem:
 
 @dataclass(frozen=True)
 class DryRun:
-    """What a run into ``run_dir`` would do: every item of the run plan with its state
-    (:func:`dry_run_units`)."""
+    """What a run into ``run_dir`` would do: every item of the plan with its state."""
 
     run_dir: Path
     size: str  # how many items, said with their nouns (RunPlan.size)
@@ -207,8 +195,7 @@ class DryRun:
         return sum(item.state == "done" for item in self.items)
 
     def lines(self) -> list[str]:
-        """One numbered line per item, then ``<size>, D already done in <run_dir>`` (``12
-        cases, ...``, ``24 training runs and 9 computed references, ...``)."""
+        """One numbered line per item, then ``<size>, D already done in <run_dir>``."""
         return [*(f"{i + 1:4d} {p.key} {p.state} {p.description}" for i, p in enumerate(self.items)),
                 f"{self.size}, {self.done} already done in {self.run_dir}"]
 
@@ -219,8 +206,7 @@ def counted(n: int, singular: str, plural: str) -> str:
 
 
 class RunPlan(Protocol):
-    """A product's run plan: what it runs into a run directory (:func:`run_units`), its
-    units, results file and rows (the one thing the library calls a plan)."""
+    """A product's run plan: its units, results file and rows (:func:`run_units`)."""
 
     @property
     def file(self) -> str:
@@ -236,8 +222,7 @@ class RunPlan(Protocol):
 
     @property
     def threads(self) -> int | None:
-        """The configured thread count (``None``: torch's default), part of the segment's
-        environment."""
+        """The configured thread count (``None``: torch's default)."""
 
     @property
     def dtype(self) -> str:
@@ -245,8 +230,7 @@ class RunPlan(Protocol):
 
     @property
     def row_settings(self) -> dict[str, Any]:
-        """Settings of the whole run that every row records and a resume compares
-        (:data:`bench.engine.resume_check.PLAN_SETTINGS`; ``{}``: none)."""
+        """Run-wide settings every row records and a resume compares (``PLAN_SETTINGS``)."""
 
     @property
     def config_file(self) -> str:
@@ -254,16 +238,13 @@ class RunPlan(Protocol):
 
     @property
     def plugins(self) -> tuple[str, ...]:
-        """Modules the run imports before anything runs (they register what the plan names;
-        each worker imports them again for its unit)."""
+        """Modules imported before anything runs (and again in each worker)."""
 
     def size(self) -> str:
-        """How many items the plan has (done or not), said with what they are: ``12 cases``,
-        ``24 training runs and 9 computed references`` (:func:`counted`)."""
+        """How many items, with their nouns: ``12 cases`` (:func:`counted`)."""
 
     def dry_run_items(self, kept: Rows, run_dir: Path) -> list[DryRunItem]:
-        """Every item of the plan and its state, given the rows an earlier run recorded
-        (``kept``, before ``--retry-failed``)."""
+        """Every item and its state, given the rows an earlier run ``kept``."""
 
     def outcome(self, rows: Rows) -> str:
         """What a finished unit's rows say, in one line (a progress log)."""
@@ -275,25 +256,18 @@ class RunPlan(Protocol):
         """The resolved config written to :attr:`config_file`."""
 
     def chains(self, recorder: RunRecorder) -> list[Chain]:
-        """The chains of the units still to run, given what ``recorder`` kept (``[]``:
-        nothing to run). Called before the segment starts (a plan may still
-        :meth:`RunRecorder.supersede` rows)."""
+        """The chains of the units still to run (``[]``: none); before the segment starts."""
 
     def begin(self, run_dir: Path, env: dict[str, Any]) -> Callable[[Row], None] | None:
-        """Called once there is work, after the segment started and before any unit runs;
-        returns what the driver does to each arriving row before it is recorded (or
-        ``None``)."""
+        """Called once there is work, before any unit runs; returns a hook for each row (or ``None``)."""
 
 
 def dry_run_units(run_dir: Path, plan: RunPlan, *, allow_mixed: bool = False,
                   local: bool = True) -> DryRun:
-    """What :func:`run_units` would do with ``plan`` in ``run_dir``, without running or
-    writing anything: every item and whether a resume keeps it (``done``) or runs it.
+    """What :func:`run_units` would do with ``plan`` in ``run_dir``, running and writing nothing.
 
-    A run that would be refused is refused here too, with the same
-    ``MixedEnvironmentError`` (a changed thread count, code version, device or dtype, unless
-    ``allow_mixed``; ``local`` False: a cluster executor, see :func:`check_resume`): a dry
-    run never lists as done what the run would not keep."""
+    Raises the same ``MixedEnvironmentError`` the run would (unless ``allow_mixed``).
+    """
     run_dir = Path(run_dir)
     kept = resumable_rows(run_dir, plan.file, plan.columns)
     items = tuple(plan.dry_run_items(kept, run_dir))
@@ -311,15 +285,11 @@ def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | ExecutorSpec
               on_done: Callable[[Any, Rows], None] | None = None) -> Rows:
     """Run every unit ``plan`` still has into ``run_dir`` (locked, resumable); the new rows.
 
-    First the plan's plug-ins are imported, its device checked (``ConfigError`` naming
-    ``device`` before anything is written) and ``run_dir`` made and probed
-    (:class:`bench.engine.fsutil.NotWritableError`). ``executor``: where units run (an executor, or
-    an :class:`ExecutorSpec` made here once the device is checked; default the local one;
-    shut down at the end either way); ``allow_mixed``: add rows to a directory measured in
-    another environment; ``retry_failed``: run failed, timed-out and skipped rows again;
-    ``overwrite``: discard the earlier rows; ``redo(row)``: also run again the kept rows for
-    which it holds (a speed sweep's ``--retry-noisy``); ``on_start(unit)``,
-    ``on_done(unit, rows)``: progress callbacks.
+    ``executor``: an executor or :class:`ExecutorSpec` (default local; shut down at the end);
+    ``allow_mixed``: add to a run of another environment; ``retry_failed``: rerun failed, timed-out
+    and skipped rows; ``overwrite``: discard earlier rows; ``redo(row)``: rerun kept rows where it
+    holds; ``on_start``/``on_done``: progress callbacks. Raises ``ConfigError`` (device) and
+    ``NotWritableError`` before anything is written.
     """
     import_plugins(plan.plugins)
     here = _runs_here(executor)
@@ -338,8 +308,7 @@ def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | ExecutorSpec
 
 
 def _runs_here(executor: Executor | ExecutorSpec | None) -> bool:
-    """Whether ``executor`` runs units on this machine (the local one), so that this
-    machine's device is the one measured; a Ray driver (a head without a GPU, say) is not."""
+    """Whether units run on this machine, so its device is the one to check (not a Ray driver's)."""
     if isinstance(executor, ExecutorSpec):
         return executor.name == "local"
     return executor is None or isinstance(executor, LocalExecutor)

@@ -1,27 +1,9 @@
 """Test-only attention variants with known cost, for proving the harness's measurements.
 
-Import this module (config key ``plugins: [bench.engine.testing]``) to register:
-
-- ``bench_sleep(seconds)``: sleeps ``seconds`` per forward (known time);
-- ``bench_alloc(nbytes)``: allocates and touches ``nbytes`` per forward (known memory);
-- ``bench_fragment(mib)``: frees a ``mib`` MiB heap temporary, then allocates a block
-  larger than the heap could hold free, which glibc maps afresh, so the freed block stays
-  resident: live tensor peak ``(3 * mib + 32) MiB`` while the resident peak is about
-  ``(4 * mib + 32) MiB`` (``mib`` below 32; the worker's glibc thresholds are pinned, so this
-  holds whatever the process allocated before);
-- ``bench_phases(first_s, fwd_s, bwd_s, bwd_nbytes, first_bwd_s)``: a first call that is
-  slower by ``first_s`` (lazy start-up), then ``fwd_s`` per forward and ``bwd_s`` per backward
-  (the first backward ``first_bwd_s`` more: a lazily compiled backward), and a ``bwd_nbytes``
-  temporary in the backward (known time and memory per pass);
-- ``bench_jitter(seconds, slow, every)``: sleeps ``seconds``, and ``seconds * slow`` on
-  every ``every``-th call (a known, wide spread of repeats: a noisy row);
-- ``bench_crash(how)``: dies in the forward: ``abort`` (SIGABRT), ``kill`` (SIGKILL, as a
-  user or the OOM killer does), ``rt`` (a real-time signal, SIGRTMIN+6), ``exit`` (exit
-  code 3), ``hang`` (sleeps in C, ignoring SIGTERM, until killed) or ``spawn`` (starts a
-  child process, then hangs); ``pidfile`` records the pids of a hanging worker;
-- ``bench_wrong``: declares a window of 1 but computes full attention (a conformance bug).
-
-The output is ``v`` (plus ``0 * q`` so gradients flow). Never imported by the harness itself.
+Import it (``plugins: [bench.engine.testing]``) to register :data:`TEST_VARIANTS`: known time
+(``bench_sleep``, ``bench_phases``, ``bench_jitter``), known memory (``bench_alloc``, ``bench_phases``,
+``bench_fragment``), a dying or hanging worker (``bench_crash``) and a conformance bug (``bench_wrong``).
+The output is ``v + 0 * q`` (gradients flow). Never imported by the harness itself.
 """
 
 from __future__ import annotations
@@ -83,8 +65,8 @@ class AllocAttention(_Trivial):
 
 @register_attention("bench_fragment", overwrite=True)
 class FragmentAttention(_Trivial):
-    """Test variant: frees a heap temporary, then allocates a freshly mapped block (a
-    fragmenting call whose resident peak exceeds its live tensor peak by the freed block)."""
+    """Test variant: frees a heap temporary, then maps a fresh block: live tensor peak ``(3 * mib + 32)``
+    MiB, resident peak about ``(4 * mib + 32)`` MiB (glibc thresholds pinned, ``mib`` below 32)."""
 
     #: glibc serves a request of at least this size, when no free heap chunk fits it, with mmap
     MMAP_THRESHOLD_MIB = 32
@@ -109,15 +91,12 @@ class FragmentAttention(_Trivial):
 
     @staticmethod
     def mapped_mib(mib: int) -> int:
-        """Size of the block allocated after the free: more than the two temporaries and the
-        heap's other free space together, so no free heap chunk can hold it (nor the hole)."""
+        """Size of the block allocated after the free: more than all free heap space, so it is mapped."""
         return 2 * mib + 32
 
     def native_forward(self, q, k, v, causal, key_mask):
         size = self.mib * 2**20
-        # With the thresholds pinned, `first` and `second` come from the heap, and `third`,
-        # larger than all free heap space, from a fresh mapping: it can never land in the
-        # hole `first` leaves, whatever the process allocated and freed before.
+        # `first` and `second` come from the heap; `third` from a fresh mapping, never the hole `first` leaves
         first = torch.ones(size, dtype=torch.uint8, device=q.device)
         second = torch.ones(size, dtype=torch.uint8, device=q.device)  # keeps `first` off the top
         del first  # a hole in the heap: freed, still resident
@@ -128,8 +107,7 @@ class FragmentAttention(_Trivial):
 
 
 def _pin_malloc_thresholds(mmap_bytes: int, trim_bytes: int) -> None:
-    """Fix glibc's mmap and trim thresholds for this process (``mallopt``), which also turns
-    off their dynamic adjustment."""
+    """Fix glibc's mmap and trim thresholds (``mallopt``; also turns off their dynamic adjustment)."""
     m_trim_threshold, m_mmap_threshold = -1, -3
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt
@@ -157,7 +135,8 @@ class _SleepyBackward(torch.autograd.Function):
 
 @register_attention("bench_phases", overwrite=True)
 class PhasesAttention(_Trivial):
-    """Test variant: known first-call, forward and backward times, and backward memory."""
+    """Test variant: ``first_s`` more on the first call, ``fwd_s``/``bwd_s`` per pass (``first_bwd_s`` more
+    on the first backward) and a ``bwd_nbytes`` temporary in the backward."""
 
     def __init__(self, first_s: float = 0.3, fwd_s: float = 0.05, bwd_s: float = 0.08,
                  bwd_nbytes: int = 32 * 2**20, first_bwd_s: float = 0.0, **common) -> None:
@@ -177,8 +156,7 @@ class PhasesAttention(_Trivial):
 
 @register_attention("bench_jitter", overwrite=True)
 class JitterAttention(_Trivial):
-    """Test variant: sleeps ``seconds`` on most calls and ``seconds * slow`` on every
-    ``every``-th one, as a case timed on a busy machine does (a known, wide spread)."""
+    """Test variant: sleeps ``seconds``, ``seconds * slow`` on every ``every``-th call (a noisy row)."""
 
     def __init__(self, seconds: float = 0.01, slow: float = 6.0, every: int = 2, **common) -> None:
         super().__init__(**common)
@@ -193,12 +171,9 @@ class JitterAttention(_Trivial):
 
 @register_attention("bench_crash", overwrite=True)
 class CrashAttention(_Trivial):
-    """Test variant: the process dies (or hangs) during the forward.
-
-    With ``pidfile``, a hanging worker first writes its pid and, for ``how="spawn"``, the
-    pid of a child process it started (``sleep``), one per line, so tests can check that
-    nothing survives the sweep.
-    """
+    """Test variant: dies in the forward: ``abort``, ``kill`` (SIGKILL), ``rt`` (SIGRTMIN+6), ``exit``
+    (code 3), ``hang`` (in C, ignoring SIGTERM) or ``spawn`` (a child, then hangs). A hanging worker
+    writes its pids to ``pidfile``, so tests can check nothing survives."""
 
     def __init__(self, how: str = "abort", pidfile: str | None = None, **common) -> None:
         super().__init__(**common)

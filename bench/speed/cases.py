@@ -1,11 +1,7 @@
 """Expanding a sweep config into cases, and cases into chains of same-length groups.
 
-A *case* is one (variant, params, kernel, shape, length) measured on some passes. A *group*
-holds the cases of one variant and shape at one length that differ only in their kernel:
-they are timed together, in interleaved rounds (see :mod:`bench.speed.rounds`). A *chain* is the
-sequence of groups of one variant and shape over increasing lengths; its groups run in
-order, so that a length that fails (timeout, out of memory) can skip the larger lengths of
-its curve and pass (see :func:`bench.speed.unit.speed_chain`).
+A *group* (cases timed together in interleaved rounds) runs in a *chain* over increasing lengths,
+so a length that fails can skip the larger ones (:func:`bench.speed.unit.speed_chain`).
 """
 
 from __future__ import annotations
@@ -50,11 +46,9 @@ class Case:
     min_repeats: int = 5
     workload: str = "attention"  # or "model_step" (see bench.speed.model_step)
     model: tuple[tuple[str, Any], ...] = ()  # model settings of a model_step case
-    #: the noise policy (bench.speed.noise): how a row is flagged, not what is measured, so
-    #: not in the id (a run-directory setting a resume compares, resume_check.SETTING_FIELDS)
+    #: how a row is flagged, not what is measured: not in the id (a resume compares it)
     noise_threshold: float = DEFAULT_THRESHOLD
-    #: packed documents per row (0: unpacked), run packed or one by one, and the fraction of
-    #: keys that are padding (bench.speed.packing)
+    #: packed documents per row (0: unpacked), one by one or not, and the padding fraction
     documents: int = 0
     one_by_one: bool = False
     pad_fraction: float = 0.0
@@ -90,8 +84,7 @@ class Case:
 
     @property
     def comparison(self) -> tuple[Any, ...]:
-        """Cases that differ only in ``kernel``, key heads (``kv_heads``) and ``seq_len``
-        (compared side by side: timed in the same interleaved rounds)."""
+        """Cases that differ only in ``kernel``, ``kv_heads`` and ``seq_len`` (timed in the same rounds)."""
         return (self.variant, self.params, self.batch, self.heads, self.head_dim, self.dtype,
                 self.device, self.causal)
 
@@ -133,11 +126,8 @@ class Case:
 def expand_cases(config: SweepConfig) -> list[Case]:
     """Every case of a sweep, grouped by curve and in increasing ``seq_len`` inside a curve.
 
-    A (variant, kernel) pair is a case when the variant has that kernel (or it is ``auto``;
-    ``all`` stands for every kernel of the variant), each kernel once; whether the kernel
-    supports the device/dtype/pass is decided in the worker (a row ``unsupported`` with the
-    reason). With ``device_memory_gb`` an attention case whose estimated memory
-    (:mod:`bench.speed.memory`) does not fit in it is left out: a length cap per kernel.
+    Only kernels the variant has (``auto``; ``all``: each of its kernels); support is decided in the
+    worker. With ``device_memory_gb``, cases whose estimated memory does not fit are left out.
     """
     cases: list[Case] = []
     for spec in config.variants:
@@ -176,8 +166,7 @@ def expand_cases(config: SweepConfig) -> list[Case]:
 
 
 def _packings(config: SweepConfig) -> list[tuple[int, bool, float]]:
-    """``(documents, one_by_one, pad_fraction)`` of every case of a shape: each packing (a
-    packed count also one by one with ``one_by_one``) with each padding fraction."""
+    """``(documents, one_by_one, pad_fraction)`` of every case of a shape."""
     out = []
     for documents in config.packing:
         ways = (False, True) if documents and config.one_by_one else (False,)
@@ -188,9 +177,7 @@ def _packings(config: SweepConfig) -> list[tuple[int, bool, float]]:
 def _fits(config: SweepConfig, variant: str, params: dict[str, Any], kernel: str, n: int,
           batch: int, heads: int, head_dim: int, causal: bool,
           patterns: dict[tuple[int, int], Pattern]) -> bool:
-    """Whether the case's estimated memory fits in ``config.device_memory_gb`` (always, when
-    that is unset or the workload is not one attention call); ``patterns``: the variant's
-    pattern per (heads, head_dim), built once."""
+    """Whether the estimate fits ``config.device_memory_gb`` (unset, or not attention: always)."""
     if config.device_memory_gb is None or config.workload != "attention":
         return True
     if (heads, head_dim) not in patterns:
@@ -205,9 +192,8 @@ def _fits(config: SweepConfig, variant: str, params: dict[str, Any], kernel: str
 def chains(cases: list[Case], interleave: bool | str) -> list[list[list[Case]]]:
     """Cases as chains of same-length groups, in config order and increasing length.
 
-    With ``interleave`` the kernels of one variant and shape share a chain (their cases at
-    one length form one group); with ``"variants"`` every variant and kernel of one shape
-    does; without it each curve is a chain of single cases.
+    ``interleave``: a variant's kernels share a chain; ``"variants"``: every variant of a shape;
+    false: each curve is a chain of single cases.
     """
     by_chain: dict[tuple[Any, ...], dict[int, list[Case]]] = {}
     for case in cases:

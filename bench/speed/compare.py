@@ -1,21 +1,8 @@
 """Comparing two runs case by case, and the regression gate of ``attn-bench compare``.
 
-Rows of run A (the baseline) and run B are matched by :data:`KEY`. Every key is put in one
-class (:data:`CLASSES`):
-
-- ``lost``: in A, not in B; ``new``: in B only;
-- ``newly failing``: ok in A, not ok in B (timeout, oom, error, killed, skipped, unsupported);
-  ``fixed``: not ok in A, ok in B;
-- ``worse`` / ``better``: ok in both, and B is slower / faster than A by more than all three
-  of: the absolute threshold (``abs_ms``), the relative one (``rel_pct`` percent of A's time)
-  and the noise of the two rows (half of A's IQR plus half of B's IQR, ``time_iqr_ms``);
-- ``unchanged``: ok in both within those margins, or not ok in both;
-- ``broken``: a row of either run is damaged (a value its column does not allow, see
-  :mod:`bench.engine.row_schema`) or says ``ok`` without a finite time: there is no number to
-  compare, so it can be neither unchanged nor better.
-
-The gate (:func:`gate_failures`) fails on any ``broken``, ``worse``, ``lost`` or ``newly
-failing`` case, and when no case is ok in both runs (nothing was compared).
+Rows are matched by :data:`KEY` and each key put in one of :data:`CLASSES` (docs/measurement.md):
+``worse``/``better`` only past all three of ``abs_ms``, ``rel_pct`` of A's time and the rows' noise;
+``broken`` when a row is damaged or ``ok`` without a finite time (no number to compare).
 """
 
 from __future__ import annotations
@@ -41,9 +28,7 @@ _SIDE_COLUMNS = ["status", "time_ms", "time_iqr_ms", "kernel", "peak_mem_bytes",
 
 
 def machine_note(run_a: str | Path, run_b: str | Path) -> str | None:
-    """A line when the two runs were measured on different CPUs (model or the instruction
-    set torch's kernels use) or devices, so that a difference is not read as a regression of
-    the code alone; None when they match (or either did not record it)."""
+    """A note when the runs come from different CPUs or devices (None: same, or not recorded)."""
     def machines(run: str | Path) -> set[tuple[str, str]]:
         return {(str(s.get("cpu_model") or s.get("device_name") or ""), str(s.get("cpu_capability") or ""))
                 for s in read_env(run)}
@@ -58,8 +43,7 @@ def machine_note(run_a: str | Path, run_b: str | Path) -> str | None:
 
 
 def compare_runs(run_a: str | Path, run_b: str | Path) -> pd.DataFrame:
-    """Matching ok rows of two runs with ``time_a_ms``, ``time_b_ms`` and ``change_pct``
-    (positive = B slower), plus peak memory of both."""
+    """Matching ok rows with ``time_a_ms``, ``time_b_ms``, ``change_pct`` (+: B slower) and peak memory."""
     from bench.speed.results import load_results  # lazy: imports torch; the rule alone (history) needs none
 
     a = load_results(run_a)
@@ -76,14 +60,12 @@ def compare_runs(run_a: str | Path, run_b: str | Path) -> pd.DataFrame:
 
 
 def regressions(table: pd.DataFrame, max_pct: float) -> pd.DataFrame:
-    """Rows of :func:`compare_runs` that got slower by more than ``max_pct`` percent (the
-    relative test alone; the gate uses :func:`classify_runs`)."""
+    """Rows of :func:`compare_runs` slower by more than ``max_pct`` percent (the relative test alone)."""
     return table[table.change_pct > max_pct]
 
 
 def _one_row_per_key(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per key: the first sound ok row if there is one, else the first row (a
-    damaged row only when the key has no other)."""
+    """One row per key: the first sound ok row, else the first row (damaged last)."""
     order = (df.status != "ok").astype(int) + 2 * (df.problem != "").astype(int)
     df = df.assign(_order=order).sort_values("_order", kind="stable")
     return df.drop_duplicates(KEY)[[*KEY, *_SIDE_COLUMNS]]
@@ -106,8 +88,7 @@ def noise_ms(iqr_a: float, iqr_b: float) -> float:
 def classify_case(status_a: str | None, status_b: str | None, time_a: float, time_b: float,
                   noise: float, rel_pct: float, abs_ms: float,
                   damaged: tuple[bool, bool] = (False, False)) -> str:
-    """The class of one key (see the module docstring); ``None`` status: not in that run;
-    ``damaged``: whether A's and B's rows failed their schema."""
+    """The class of one key; ``None`` status: not in that run; ``damaged``: rows that failed their schema."""
     for status, time, bad in zip((status_a, status_b), (time_a, time_b), damaged):
         if status is not None and (bad or (status == "ok" and not math.isfinite(time))):
             return "broken"
@@ -135,12 +116,7 @@ def _status(value: object) -> str | None:
 
 def classify_runs(run_a: str | Path, run_b: str | Path, rel_pct: float = DEFAULT_REL_PCT,
                   abs_ms: float = DEFAULT_ABS_MS) -> pd.DataFrame:
-    """Every key of either run with its class (column ``class``), statuses, times, the
-    relative change (``change_pct``, positive = B slower) and the noise (``noise_ms``).
-
-    A time change counts (``worse`` / ``better``) only when it exceeds ``abs_ms``,
-    ``rel_pct`` percent of A's time and the noise, all three.
-    """
+    """Every key of either run with ``class``, statuses, times, ``change_pct`` (+: B slower), ``noise_ms``."""
     require_number("rel_pct", rel_pct, minimum=0)
     require_number("abs_ms", abs_ms, minimum=0)
     from bench.speed.results import load_results  # lazy: as in compare_runs
@@ -182,8 +158,7 @@ def compared_count(table: pd.DataFrame) -> int:
 
 
 def gate_failures(table: pd.DataFrame) -> list[str]:
-    """Why the regression gate fails (empty: it passes): any ``broken``, ``worse``, ``lost``
-    or ``newly failing`` case, or no case ok in both runs."""
+    """Why the regression gate fails (empty: passes): a :data:`FAILING` case, or none ok in both runs."""
     counts = class_counts(table)
     reasons = [f"{counts[name]} {name}" for name in FAILING if counts[name]]
     if compared_count(table) == 0:

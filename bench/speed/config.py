@@ -1,10 +1,7 @@
-"""Speed sweep configs: a YAML mapping into frozen dataclasses, validated (:func:`parse_config`).
+"""Speed sweep configs: a YAML mapping validated into frozen dataclasses (:func:`parse_config`).
 
-Every error is a :class:`bench.engine.config.ConfigError` whose message names the key and the
-allowed values. Command-line overrides are applied to the mapping first
-(:func:`apply_overrides`), so they go through the same validation, once. Parsing is pure: it
-imports no plug-in (the variants a config names must be registered already;
-:func:`bench.runner.load_run` imports the config's ``plugins`` first) and reads no file.
+Errors are ``ConfigError`` naming the key and allowed values. Parsing is pure: it imports no plug-in
+(:func:`bench.runner.load_run` imports ``plugins`` first) and reads no file.
 """
 
 from __future__ import annotations
@@ -59,18 +56,13 @@ class VariantSpec:
 
     @property
     def label(self) -> str:
-        """Display name naming every pattern parameter, defaults included, e.g.
-        ``dilated(dilation=2, window=128)`` (:func:`bench.engine.labels.variant_label`)."""
+        """Display name with every pattern parameter, e.g. ``dilated(dilation=2, window=128)``."""
         return variant_label(self.name, self.params_dict)
 
 
 @dataclass(frozen=True)
 class SweepConfig:
-    """A whole sweep; :func:`bench.speed.cases.expand_cases` expands it into cases.
-
-    The field defaults are the only place sweep defaults are written: a key the YAML leaves
-    out takes its field's default.
-    """
+    """A whole sweep (:func:`bench.speed.cases.expand_cases`); the field defaults are the sweep defaults."""
 
     name: str
     variants: tuple[VariantSpec, ...]
@@ -80,9 +72,7 @@ class SweepConfig:
     passes: tuple[str, ...] = PASSES
     batch: tuple[int, ...] = (1,)
     heads: tuple[int, ...] = (8,)
-    #: key/value heads (grouped-query attention: each divides every ``heads``); None: as many
-    #: as ``heads``. The key-head counts of one variant, kernel set and length share their
-    #: interleaved rounds, so their time ratios are measured under one load
+    #: key/value heads (each divides every ``heads``); None: as many as ``heads``
     kv_heads: tuple[int, ...] | None = None
     head_dim: tuple[int, ...] = (64,)
     kernels: tuple[str, ...] = ("auto",)
@@ -91,17 +81,14 @@ class SweepConfig:
     warmup: int = 1
     causal: bool = False
     timeout_s: float = 300.0  # per case and pass
-    #: more for the first call of a kernel that compiles per shape (flex; auto on CUDA):
-    #: outliving it is a ``compile_timeout`` row, and the next length is still tried
+    #: more for the first call of a kernel that compiles per shape (a ``compile_timeout`` row)
     compile_timeout_s: float = 600.0
     max_memory_gb: float | None = 20.0  # CPU cases only (RLIMIT_AS); ignored on CUDA
-    #: the device's memory (GiB): cases whose estimate (bench.speed.memory) does not fit are
-    #: left out, a length cap per kernel; None: every case is tried
+    #: the device's memory (GiB): cases whose estimate does not fit are left out; None: all tried
     device_memory_gb: float | None = None
     threads: int | None = None
     time_budget_s: float = 20.0  # the timed repeats of one pass aim to fit in this
-    #: True: the kernels of one variant at one length are timed in rounds; "variants": every
-    #: variant and kernel of one shape at one length (ratios between variants share the load)
+    #: True: a variant's kernels at one length share rounds; "variants": every variant and kernel of a shape
     interleave: bool | str = True
     workload: str = "attention"  # or "model_step": a training step of encoder_classifier
     model: tuple[tuple[str, Any], ...] = ()  # model settings of a model_step sweep
@@ -109,11 +96,9 @@ class SweepConfig:
     skip_larger_after_failure: bool = True
     peak_matmul_size: int | None = None  # side of the square matmul giving the FLOP/s peak
     fit_ranges: tuple[tuple[int, int], ...] = ()  # extra exponent fits in the report, [lo, hi] N
-    #: a row whose repeats' spread (IQR / median) or calibration probe change exceeds this is
-    #: flagged noisy (bench.speed.noise); fits and crossovers leave noisy rows out
+    #: spread or probe change above this flags a row noisy (bench.speed.noise)
     noise_threshold: float = DEFAULT_THRESHOLD
-    #: documents packed per row (0: unpacked; bench.speed.packing), each timed in the same
-    #: rounds; ``one_by_one`` adds, per packed count, the same documents run one by one
+    #: documents packed per row (0: unpacked); ``one_by_one`` adds the same documents run one by one
     packing: tuple[int, ...] = (0,)
     one_by_one: bool = False
     #: fractions of each row's keys that are padding (a ``key_mask``), each its own case
@@ -183,8 +168,7 @@ def _model_settings(value: Any, workload: str) -> tuple[tuple[str, Any], ...]:
 
 
 def _kv_heads(value: Any, heads: tuple[int, ...], workload: str) -> tuple[int, ...] | None:
-    """The ``kv_heads`` axis: None, or integers >= 1 each dividing every value of ``heads``
-    (an attention sweep only)."""
+    """The ``kv_heads`` axis: None, or integers dividing every ``heads`` (attention sweeps only)."""
     if value is None:
         return None
     if workload != "attention":
@@ -317,9 +301,7 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
 
 
 def _check_model_step_dtype(config: SweepConfig) -> None:
-    """A model-step ``train_step`` trains weights of the sweep's dtype with no loss scaling:
-    in float16 small gradients underflow to zero (and AdamW's state overflows), so a step that
-    would not train is refused rather than timed."""
+    """Refuse a float16 ``train_step``: without loss scaling its gradients underflow and it would not train."""
     if config.workload == "model_step" and config.dtype == "float16" and "train_step" in config.passes:
         allowed = [d for d in DTYPES if d != "float16"]
         raise key_error("dtype", f"a model_step train_step cannot train float16 weights (no loss "
@@ -327,8 +309,7 @@ def _check_model_step_dtype(config: SweepConfig) -> None:
 
 
 def _check_has_cases(config: SweepConfig) -> None:
-    """A sweep with no case is refused: no variant has any of the kernels asked of it
-    (``auto``, ``all`` or a kernel it has; :func:`bench.speed.cases.expand_cases`)."""
+    """Refuse a sweep where no variant has any of the kernels asked of it."""
     def has_case(variant: VariantSpec) -> bool:
         kernels = attention_info(variant.name).kernels
         return any(k == "auto" or k in kernels or (k == "all" and bool(kernels))
@@ -349,11 +330,9 @@ OVERRIDES = ("variants", "kernels", "seq_len", "passes", "repeats", "timeout_s",
 
 
 def apply_overrides(raw: Any, overrides: dict[str, Any]) -> Any:
-    """The config mapping ``raw`` with the non-None ``overrides`` (config keys) applied, for
-    :func:`parse_config` to validate once.
+    """A copy of ``raw`` with the non-None ``overrides`` applied, for :func:`parse_config` to validate.
 
-    ``variants`` is a list of names (default parameters); ``seq_len`` and ``kernels`` given
-    here also replace the per-variant lists. ``raw`` itself is left as it is.
+    ``variants`` is a list of names; ``seq_len`` and ``kernels`` also replace the per-variant lists.
     """
     changes = {k: list(v) if isinstance(v, tuple) else v
                for k, v in overrides.items() if v is not None}

@@ -1,29 +1,8 @@
-"""A memory model per kernel: the peak bytes a case needs, estimated from N, B, H, D, the
-dtype and what the variant's pattern is, before anything runs.
+"""A memory model per kernel: the peak bytes a case needs, from N, B, H, D, dtype and pattern, before it runs.
 
-A sweep with ``device_memory_gb`` leaves out the cases whose estimate does not fit
-(:func:`fits`): each kernel of a curve gets a length cap of its own, so a GPU sweep lists
-``reference`` (N x N scores) to 8K and ``sdpa`` over a materialised mask to 64K while flex
-and xformers go on to 512K, instead of recording ``oom`` rows after minutes of allocation
-(and, with ``skip_larger_after_failure``, the kernels that fit go on alone). The estimate is
-deliberately on the high side (every transient of one pass alive at once); it decides what
-is tried, never what is reported: a case that runs gets its measured peak.
-
-What each kernel holds beyond its inputs (``T`` = one (B, H, N, D) tensor; a grad pass also
-holds the output gradient, the output and dq, dk, dv: 8 T in all, 4 T forward only):
-
-- ``reference``: float32 scores, probabilities and a temporary of them (B, H, N, N), the
-  gradients of two in a backward; the allowed-pairs grid of a mask or a causal call, an int64
-  (1, 1, N, N) (per head when the mask reads the head) and its bool; a score term's float32
-  (1, H, N, N) bias.
-- ``sdpa``: nothing for a plain full or causal pattern (fused, ``is_causal``); otherwise the
-  mask it builds and keeps: the int64 grid, the bool, and the additive mask in the dtype, per
-  head when the mask or the bias reads it.
-- ``blocked``: one float32 band of scores (B, H, N, 2w + 1); ``chunked``: a few of its
-  (rows x N) chunks and a checkpointed output; ``flex``: its block masks (int32
-  (N/128)^2, four of them); ``xformers``: the log-sum-exp; ``native`` (Nystrom): six float32
-  (B, H, N, m) landmark kernels and their gradients.
-- ``auto``: the kernel ``auto`` would try first on the device (:func:`attn.kernels.auto.auto_order`).
+With ``device_memory_gb`` the cases whose estimate does not fit are left out (docs/measurement.md).
+Deliberately high (every transient of a pass alive at once): it decides what is tried, never what is
+reported. Beyond its kernel's own, a case holds its inputs: 4 (B, H, N, D) tensors, 8 for a grad pass.
 """
 
 from __future__ import annotations
@@ -38,8 +17,7 @@ from attn.kernels.auto import auto_order
 from attn.pattern import Pattern
 
 GiB = 2**30
-#: share of the device the estimate may use: the CUDA context, the allocator's
-#: fragmentation and the L2-flush buffer take the rest
+#: share of the device the estimate may use (the CUDA context, fragmentation and L2 flush take the rest)
 USABLE = 0.9
 #: the chunk of ``chunked`` (elements), its largest on any device
 CHUNK_ELEMENTS = 4 * 2**20
@@ -67,11 +45,13 @@ def _grid(pattern: Pattern, shape: Shape) -> float:
 
 
 def _reference(pattern: Pattern, shape: Shape, elem: int, grad: bool, params: dict) -> float:
+    """float32 scores, probabilities and a temporary (two more in a backward), the grid, a bias."""
     bias = 4.0 * shape["H"] * shape["N"] ** 2 if pattern.score_mod is not None else 0.0
     return 4.0 * _scores(shape) * (5 if grad else 3) + _grid(pattern, shape) + bias
 
 
 def _sdpa(pattern: Pattern, shape: Shape, elem: int, grad: bool, params: dict) -> float:
+    """Nothing when fused; else the kept mask: grid, bool and the additive mask in the dtype."""
     if pattern.mask_mod is None and pattern.score_mod is None:
         return 0.0  # fused, is_causal
     heads = shape["H"] if (pattern.per_head or pattern.score_mod is not None) else 1
@@ -80,16 +60,19 @@ def _sdpa(pattern: Pattern, shape: Shape, elem: int, grad: bool, params: dict) -
 
 
 def _blocked(pattern: Pattern, shape: Shape, elem: int, grad: bool, params: dict) -> float:
+    """One float32 band of scores (B, H, N, 2w + 1)."""
     window = int(params.get("window", 0)) * int(params.get("dilation", 1) or 1)
     band = 2 * window + 1 + int(params.get("num_global", 0))
     return 4.0 * shape["B"] * shape["H"] * shape["N"] * band * (2 if grad else 1)
 
 
 def _chunked(pattern: Pattern, shape: Shape, elem: int, grad: bool, params: dict) -> float:
+    """A few (rows x N) chunks and a checkpointed output."""
     return 4.0 * CHUNK_ELEMENTS * 4 + 4.0 * shape["B"] * shape["H"] * shape["N"] * shape["D"]
 
 
 def _flex(pattern: Pattern, shape: Shape, elem: int, grad: bool, params: dict) -> float:
+    """Four int32 (N/128)^2 block masks."""
     blocks = -(-shape["N"] // FLEX_BLOCK)
     return 4 * 4.0 * _mask_heads(pattern, shape) * blocks**2
 
@@ -99,6 +82,7 @@ def _xformers(pattern: Pattern, shape: Shape, elem: int, grad: bool, params: dic
 
 
 def _native(pattern: Pattern, shape: Shape, elem: int, grad: bool, params: dict) -> float:
+    """Nystrom: six float32 (B, H, N, m) landmark kernels with their gradients (three forward)."""
     landmarks = int(params.get("num_landmarks", 64))
     kernels = 4.0 * shape["B"] * shape["H"] * shape["N"] * landmarks
     return kernels * (6 if grad else 3)
@@ -117,9 +101,8 @@ def pattern_of(variant: str, params: dict[str, Any], heads: int, head_dim: int) 
 def estimate_bytes(pattern: Pattern, kernel: str, *, n: int, batch: int, heads: int,
                    head_dim: int, dtype: str, device: str, passes: tuple[str, ...],
                    params: dict[str, Any], causal: bool = False) -> float:
-    """Estimated peak device bytes of the case's most demanding pass on ``kernel``
-    (``auto``: the kernel auto tries first on ``device``; a kernel without a model: the
-    reference's, the worst)."""
+    """Estimated peak device bytes of the case's most demanding pass on ``kernel`` (``auto``: its first
+    choice on ``device``; a kernel without a model: the reference's, the worst)."""
     if kernel == "auto":
         order = auto_order(pattern, torch.device(device), k_len=n)
         kernel = order[0] if order else "reference"

@@ -1,34 +1,7 @@
 """Noise: whether a speed row was measured under contention, and the columns that say so.
 
-Two readings per ``ok`` row, both kept in the row:
-
-- ``time_spread``: the relative spread of its timed repeats, interquartile range over median
-  (a quiet CPU run stays within a few percent; a busy machine gives repeats such as
-  [687, 93, 166] ms, a spread of 1.8);
-- ``probe_ms``: a calibration probe, a fixed small matmul
-  (:func:`bench.engine.measure.calibration_probe`) timed in the case's worker right before
-  and right after the pass's timed rounds: ``[before, after]``. Its change
-  (``max / min - 1``) says the machine's load changed while the case ran.
-
-A row is ``noisy`` when either exceeds the run's ``noise_threshold`` (a sweep config key,
-default :data:`DEFAULT_THRESHOLD`), or when the machine was in a slow state for the whole
-case: its probe (the lower of its readings) above :data:`SLOW_STATE_FACTOR` times the run's
-quiet probe, the lowest probe of the run's ``ok`` rows measured in the same
-:data:`PROBE_SCOPE` (same machine, device, thread count and torch); rows of another machine
-or thread count are never compared. A case run while another job held the machine's cores
-kept a probe of 8.0 ms before and after its rounds (no change, spreads under 2%) where the
-run's other rows read 0.12-0.2 ms.
-
-The slow state is a verdict about the run, not the row alone: the sweep's driver flags a new
-row against the rows recorded before it (:func:`slow_state_marker`), and reading a run
-(:func:`noisy_flags`, :func:`noisy_in`) judges every row against the quiet probe of the
-whole run, so a row measured before the run's quiet ones, or written before the slow-state
-check existed, is flagged too.
-
-Fits and crossovers (:mod:`bench.speed.scaling`) leave noisy rows out; the report says so at
-its top; ``attn-bench sweep --retry-noisy`` measures them again. Rows written before the
-flag existed are judged by their repeats' spread under the default threshold (they have no
-probe).
+``time_spread`` (repeats' IQR over median), ``probe_ms`` (a calibration matmul before and after
+the rounds) and the slow-state check against the run's quiet probe: docs/measurement.md, "Noise".
 """
 
 from __future__ import annotations
@@ -45,18 +18,11 @@ from bench.engine.results import read_table
 
 #: the default noise policy: a row whose spread or probe change exceeds this is noisy
 DEFAULT_THRESHOLD = 0.25
-#: a row whose probe (the lower of its readings) takes more than this many times the run's
-#: quiet probe was measured in a slow state. Quiet rows stay well under it: in the 13
-#: committed runs with a probe (555 ok rows, CPU and GPU), a row's probe was at most 2.5x
-#: its run's quiet probe (99% of them under 2.4x: the median of 7 calls of a sub-millisecond
-#: matmul still moves with the clock and the caches), while the slow states seen were 40x
-#: (8.0 ms against 0.12-0.2 ms), 80x (16 ms against 0.2 ms, ``results/video-speed-cpu``) and
-#: 270x (100 ms against 0.37 ms, ``results/packed-cpu``)
+#: a probe level over this many times the run's quiet probe is a slow state (quiet rows: at most 2.5x;
+#: slow states seen: 40-270x; docs/measurement.md)
 SLOW_STATE_FACTOR = 3.0
-#: the columns whose values must match for two rows' probes to be compared: the machine,
-#: its device, the worker's thread count and the torch that ran the matmul. Not the commit
-#: (the probe is torch's matmul, whatever the suite's code) nor the run segment (a resume
-#: run wholly in a slow state is one to catch).
+#: columns that must match for two rows' probes to be compared; not the commit nor the segment
+#: (a resume run wholly in a slow state is one to catch)
 PROBE_SCOPE = ("hostname", "device", "device_name", "threads", "torch_version")
 
 
@@ -73,8 +39,7 @@ def relative_spread(times_ms: list[float] | np.ndarray) -> float:
 
 
 def probe_change(probe_ms: list[float]) -> float:
-    """How much the calibration probe changed across a pass: ``max / min - 1`` (NaN without
-    two positive readings)."""
+    """``max / min - 1`` of the probe readings (NaN without two positive ones)."""
     values = [float(p) for p in probe_ms if p is not None and math.isfinite(p) and p > 0]
     if len(values) < 2:
         return math.nan
@@ -82,8 +47,7 @@ def probe_change(probe_ms: list[float]) -> float:
 
 
 def why_noisy(spread: float, change: float, threshold: float) -> str:
-    """Why a row with this spread and probe change is noisy under ``threshold`` (``""``:
-    it is not)."""
+    """Why a row with this spread and probe change is noisy (``""``: it is not)."""
     reasons = []
     if math.isfinite(spread) and spread > threshold:
         reasons.append(f"spread {spread:.0%} > {threshold:.0%}")
@@ -102,7 +66,7 @@ def noise_columns(times_ms: list[float] | np.ndarray, probe_ms: list[float],
 
 
 def _parsed(text: Any) -> list[float]:
-    """A JSON list cell (``times_ms``, ``probe_ms``) as floats (``[]`` when blank or bad)."""
+    """A JSON list cell as floats (``[]`` when blank or bad)."""
     if not isinstance(text, str) or not text:
         return []
     try:
@@ -127,16 +91,13 @@ def _number(value: Any) -> float:
 
 
 def probe_level(probe_ms: list[float]) -> float:
-    """What a row's probe says of the machine's state during the whole case: the lower of
-    its readings (NaN without a positive one). A probe slow at one end only is a change
-    (:func:`probe_change`); slow at both, a slow state."""
+    """The lower probe reading (NaN without one): slow at both ends is a slow state, at one a change."""
     values = [float(p) for p in probe_ms if p is not None and math.isfinite(p) and p > 0]
     return min(values) if values else math.nan
 
 
 def probe_scope(row: Any) -> tuple[str, ...]:
-    """The :data:`PROBE_SCOPE` of a row (a results-file mapping or a DataFrame row): the
-    rows whose probes it is compared with share it (a blank cell is ``""``)."""
+    """The :data:`PROBE_SCOPE` values of a mapping or DataFrame row (blank: ``""``)."""
     def text(name: str) -> str:
         value = _cell(row, name)
         if name == "threads":
@@ -154,9 +115,7 @@ def _level(row: Any) -> float:
 
 
 def quiet_probes(rows: Iterable[Any]) -> dict[tuple[str, ...], float]:
-    """The run's quiet probe in each :func:`probe_scope`: the lowest :func:`probe_level` of
-    its ``ok`` rows (a probe is never faster than the machine can run it, so the lowest is
-    the quiet machine)."""
+    """The lowest :func:`probe_level` of the ``ok`` rows in each :func:`probe_scope`."""
     quiet: dict[tuple[str, ...], float] = {}
     for row in rows:
         level = _level(row)
@@ -167,8 +126,7 @@ def quiet_probes(rows: Iterable[Any]) -> dict[tuple[str, ...], float]:
 
 
 def why_slow(level: float, quiet: float, factor: float = SLOW_STATE_FACTOR) -> str:
-    """Why a row whose probe level is ``level`` ms was measured in a slow state, against the
-    run's quiet probe ``quiet`` ms (``""``: it was not, or either is unknown)."""
+    """Why probe level ``level`` ms is a slow state against ``quiet`` ms (``""``: not, or unknown)."""
     if not (math.isfinite(level) and math.isfinite(quiet) and quiet > 0 and level > factor * quiet):
         return ""
     return (f"slow state: probe {level:.3g} ms against the run's quiet {quiet:.3g} ms "
@@ -176,19 +134,15 @@ def why_slow(level: float, quiet: float, factor: float = SLOW_STATE_FACTOR) -> s
 
 
 def slow_verdict(row: Any, quiet: Mapping[tuple[str, ...], float] | None) -> str:
-    """:func:`why_slow` of an ``ok`` row against the quiet probes of its run
-    (:func:`quiet_probes`; ``None``: not judged)."""
+    """:func:`why_slow` of an ``ok`` row against :func:`quiet_probes` (``None``: not judged)."""
     if not quiet:
         return ""
     return why_slow(_level(row), quiet.get(probe_scope(row), math.nan))
 
 
 def row_verdict(row: Any, quiet: Mapping[tuple[str, ...], float] | None = None) -> str:
-    """Why an ``ok`` row (a results-file mapping, or a DataFrame row of
-    :func:`bench.speed.results.load_results`) is noisy, ``""`` when it is not: its spread
-    and probe change against its own threshold (the default for rows written before the
-    noise columns) and, given its run's ``quiet`` probes (:func:`quiet_probes`), a slow
-    state."""
+    """Why an ``ok`` row (mapping or DataFrame row) is noisy, ``""`` when not: spread and probe change
+    against its threshold (default for older rows) and, given ``quiet``, a slow state."""
     threshold = _number(_cell(row, "noise_threshold"))
     if math.isnan(threshold):
         threshold = DEFAULT_THRESHOLD
@@ -201,9 +155,8 @@ def row_verdict(row: Any, quiet: Mapping[tuple[str, ...], float] | None = None) 
 
 
 def is_noisy(row: Any, quiet: Mapping[tuple[str, ...], float] | None = None) -> bool:
-    """The ``noisy`` flag of a row: the recorded one, or for an ``ok`` row written before
-    the flag, its :func:`row_verdict`; given its run's ``quiet`` probes, also a row
-    measured in a slow state (:func:`slow_verdict`). Failure rows are never noisy."""
+    """The recorded ``noisy`` flag (or :func:`row_verdict` for older rows), or a slow state given
+    ``quiet``. Failure rows are never noisy."""
     if _cell(row, "status") != "ok":
         return False
     recorded = _cell(row, "noisy")
@@ -213,16 +166,14 @@ def is_noisy(row: Any, quiet: Mapping[tuple[str, ...], float] | None = None) -> 
 
 
 def noisy_flags(df: Any) -> list[bool]:
-    """:func:`is_noisy` of every row of a results DataFrame, against the quiet probes of
-    all its rows."""
+    """:func:`is_noisy` of every row of a results DataFrame, against the quiet probes of all its rows."""
     quiet = quiet_probes(df.itertuples())
     return [is_noisy(row, quiet) for row in df.itertuples()]
 
 
 def noisy_in(run_dir: str | Path) -> Callable[[Mapping[str, Any]], bool]:
-    """What ``--retry-noisy`` measures again in ``run_dir``: :func:`is_noisy` of a row
-    against the quiet probes of the run's ``results.csv``, read when the first row is asked
-    about (inside the run's lock when the run asks)."""
+    """``--retry-noisy``'s test: :func:`is_noisy` against the run's quiet probes, read at the first call
+    (inside the run's lock)."""
     quiet: dict[tuple[str, ...], float] | None = None
 
     def noisy(row: Mapping[str, Any]) -> bool:
@@ -234,9 +185,7 @@ def noisy_in(run_dir: str | Path) -> Callable[[Mapping[str, Any]], bool]:
 
 
 def slow_state_marker(run_dir: str | Path) -> Callable[[dict[str, Any]], None]:
-    """A function that flags each new ``ok`` row it is given ``noisy`` when its probe is
-    slow against the quiet probe of the rows already in ``run_dir``'s ``results.csv`` and
-    of the rows it was given before (the sweep's driver calls it on every row it records)."""
+    """The driver's marker: flags a new ``ok`` row ``noisy`` when slow against the rows recorded so far."""
     quiet = quiet_probes(read_table(run_dir).rows)
 
     def mark(row: dict[str, Any]) -> None:

@@ -1,18 +1,4 @@
-"""The packing and padding axes of a speed sweep: what a case's rows hold, and its inputs.
-
-``packing: [0, 8]`` measures each case unpacked (0) and as a packed row of 8 documents: the
-row is cut into documents of random lengths summing to N, drawn from a seeded distribution
-(:func:`document_lengths`: each document's share of N is proportional to a weight drawn
-uniformly from [0.5, 1.5), seed 0, so the same N and count give the same lengths in every
-run), passed as ``document_ids``. With ``one_by_one: true`` a packed case also has a twin
-that runs the same documents one by one, each its own call of the same module (no
-``document_ids``), outputs concatenated: what packing must cost no more than. Every case of
-one variant and shape is timed in the same interleaved rounds, so the report's packed /
-unpacked and packed / one-by-one ratios are per-round ratios.
-
-``pad_fraction: [0.0, 0.25]`` gives the call a ``key_mask`` whose last ``round(p * N)`` keys
-of every row are padding (at least one key stays real).
-"""
+"""The packing and padding axes of a speed sweep (docs/measurement.md): a case's ``packing`` text and inputs."""
 
 from __future__ import annotations
 
@@ -26,8 +12,8 @@ LENGTH_SEED = 0
 
 
 def document_lengths(n: int, documents: int, seed: int = LENGTH_SEED) -> list[int]:
-    """``documents`` lengths >= 1 summing to ``n``, each proportional to a seeded weight drawn
-    uniformly from [0.5, 1.5). ``ValueError`` unless ``1 <= documents <= n``."""
+    """``documents`` lengths >= 1 summing to ``n``, from seeded weights in [0.5, 1.5); ``ValueError`` unless
+    ``1 <= documents <= n``."""
     if not 1 <= documents <= n:
         raise ValueError(f"packing: must be between 1 and N={n} documents; got {documents}")
     gen = torch.Generator().manual_seed(seed)
@@ -39,15 +25,13 @@ def document_lengths(n: int, documents: int, seed: int = LENGTH_SEED) -> list[in
 
 
 def document_ids(lengths: list[int], batch: int, device: torch.device | str = "cpu") -> Tensor:
-    """``document_ids (batch, sum(lengths))``: document ``d`` holds ``lengths[d]`` tokens, every
-    row packed the same way."""
+    """``document_ids (batch, sum(lengths))``, every row packed the same way."""
     ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))  # (N,)
     return ids.expand(batch, -1).contiguous().to(device)  # (B, N)
 
 
 def padding_mask(n: int, batch: int, pad_fraction: float, device: torch.device | str = "cpu") -> Tensor:
-    """``key_mask (batch, n)``: the last ``round(pad_fraction * n)`` keys of each row are padding
-    (False), at least one key stays real."""
+    """``key_mask (batch, n)``: the last ``round(pad_fraction * n)`` keys are padding (one stays real)."""
     real = max(1, n - round(pad_fraction * n))
     mask = torch.zeros(batch, n, dtype=torch.bool, device=device)  # (B, N)
     mask[:, :real] = True
@@ -55,8 +39,7 @@ def padding_mask(n: int, batch: int, pad_fraction: float, device: torch.device |
 
 
 def packing_text(documents: int, one_by_one: bool, pad_fraction: float) -> str:
-    """The row's ``packing`` column and label suffix: ``""`` for an unpacked, unpadded case,
-    else e.g. ``packed 8 docs``, ``8 docs one by one``, ``pad 0.25``."""
+    """The ``packing`` column and label suffix: ``""``, ``packed 8 docs``, ``8 docs one by one``, ``pad 0.25``."""
     parts = []
     if documents:
         parts.append(f"{documents} docs one by one" if one_by_one else f"packed {documents} docs")

@@ -1,13 +1,7 @@
-"""Scaling plots: log-log time and memory against N, one panel per pass, one colour per variant.
+"""Scaling plots: log-log time (median, IQR band) and tensor memory against N, one panel per pass.
 
-One line per variant, requested kernel and kernel that actually ran: ``auto``'s SDPA rows at
-short N and its blocked rows above are two segments, each named in the legend (``window
-[auto: sdpa]``, ``window [auto: blocked]``), as the report fits them. Rows flagged noisy are
-crosses off the lines (:mod:`bench.speed.noise`). Time curves are medians with a band from
-the 25th to the 75th percentile of the repeats; memory is the tensor-level peak. Dashed
-slope-1 and slope-2 guides are anchored at the smallest N of each panel that has two lengths
-or more (the title names them only then). Written as ``scaling.png`` and ``scaling.svg``
-into the run directory.
+One line per variant, requested kernel and kernel that ran (``window [auto: sdpa]``), as the report
+fits them; noisy rows are crosses off the lines. Written as ``scaling.png`` and ``scaling.svg``.
 """
 
 from __future__ import annotations
@@ -41,15 +35,12 @@ NOISY_LEGEND = "noisy (left out of fits)"
 
 
 def segment_name(label: str, requested: str, ran: str) -> str:
-    """A curve segment's legend entry: the variant and the kernel that ran, after the one
-    requested when they differ (``window [auto: sdpa]``, ``window [auto: blocked]``)."""
+    """A segment's legend entry: the variant and the kernel that ran (``window [auto: sdpa]``)."""
     return f"{label} [{ran if ran == requested else f'{requested}: {ran}'}]"
 
 
 def _curves(ax, data: pd.DataFrame, metric: str, palette: dict) -> None:
-    """One line per (variant, requested kernel, kernel that ran), with an IQR band for time,
-    so that ``auto``'s switch from SDPA to blocked is two named segments; noisy rows as
-    crosses, off the lines."""
+    """One line per (variant, requested kernel, kernel that ran), IQR band for time, noisy rows as crosses."""
     quiet, noisy = data[~data.noisy], data[data.noisy]
     groups = sorted(quiet.groupby(["label", "kernel_requested", "ran"]),
                     key=lambda group: (*group[0][:2], group[1].seq_len.min()))
@@ -66,8 +57,7 @@ def _curves(ax, data: pd.DataFrame, metric: str, palette: dict) -> None:
 
 
 def _legend(fig, axes, noisy: bool) -> None:
-    """One legend for the figure: every panel's entries, each once, in order, and a grey
-    cross for the noisy rows when there are any."""
+    """One legend for the figure: every panel's entries once, and a cross for noisy rows."""
     from matplotlib.lines import Line2D
 
     entries: dict[str, object] = {}
@@ -81,8 +71,7 @@ def _legend(fig, axes, noisy: bool) -> None:
 
 
 def _guides(ax, data: pd.DataFrame, column: str) -> bool:
-    """Dashed slope-1 and dotted slope-2 guides from the panel's smallest N; ``False`` (none
-    drawn) when the panel has fewer than two lengths."""
+    """Slope-1 and slope-2 guides from the panel's smallest N; ``False`` under two lengths."""
     values = data[data[column] > 0]
     if values.empty or values.seq_len.nunique() < 2:
         return False

@@ -1,7 +1,5 @@
-"""Markdown report of a speed run: a warning at the top when rows were measured under
-contention (with the command that measures them again), provenance, scaling fits,
-interleaved ratios, times with their spread and repeats, memory, the noisy rows and the rows
-that did not run."""
+"""Markdown report of a speed run: noise warning, provenance, scaling fits, interleaved ratios, times,
+memory, the noisy rows and the rows that did not run."""
 
 from __future__ import annotations
 
@@ -53,7 +51,8 @@ def _time_cells(df: pd.DataFrame) -> pd.Series:
                     axis=1) if len(df) else pd.Series(dtype=str)
 
 
-def _times(text: str) -> np.ndarray:
+def per_round_times(text: str) -> np.ndarray:
+    """A row's ``times_ms`` cell as an array, one time per round."""
     return np.asarray(json.loads(text) if text else [], dtype=float)
 
 
@@ -63,15 +62,14 @@ def _timed_together(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def interleaved_ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """For kernels timed together (one ``interleave_id``), each kernel's time over the
-    fastest one's: the median of the per-round ratios and their quartiles; memory ratio too."""
+    """Each kernel's time (and memory) over the fastest one timed in the same rounds: per-round ratio quartiles."""
     rows = []
     ok = _timed_together(df)
     for (_unit, pass_name), group in ok.groupby(["interleave_id", "pass"], sort=False):
         fastest = group.loc[group.time_ms.idxmin()]
-        base = _times(fastest.times_ms)
+        base = per_round_times(fastest.times_ms)
         for row in group.itertuples():
-            q50, q25, q75, rounds = _round_ratio(_times(row.times_ms), base)
+            q50, q25, q75, rounds = round_ratio(per_round_times(row.times_ms), base)
             mem = (row.peak_mem_bytes / fastest.peak_mem_bytes
                    if fastest.peak_mem_bytes and fastest.peak_mem_bytes > 0 else math.nan)
             rows.append({"label": row.label, "pass": pass_name, "seq_len": row.seq_len,
@@ -84,7 +82,7 @@ def interleaved_ratios(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _round_ratio(times: np.ndarray, base: np.ndarray) -> tuple[float, float, float, int]:
+def round_ratio(times: np.ndarray, base: np.ndarray) -> tuple[float, float, float, int]:
     """Median and quartiles of the per-round ratios ``times / base``, and the rounds."""
     rounds = min(len(times), len(base))
     if not rounds:
@@ -100,11 +98,8 @@ def _ratio_cell(ratio: tuple[float, float, float, int] | None) -> str:
 
 
 def flop_rate_ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """For rows timed in the same rounds as full attention (variant ``full``, the fastest of
-    its kernels there): each other row's FLOP rate (``flops`` per second: the allowed pairs
-    of a pattern, the performed matmuls of an approximation, ``flops_kind``) over full
-    attention's, the median of the per-round ratios and their quartiles. At the same N this
-    is the share of dense attention's efficiency a kernel reaches (``docs/kernels.md``)."""
+    """Each row's FLOP rate over the fastest ``full`` row timed in the same rounds (per-round ratio
+    quartiles): the share of dense attention's efficiency a kernel reaches (docs/kernels.md)."""
     rows = []
     timed = _timed_together(df)
     ok = timed[timed.flops.fillna(0) > 0]
@@ -113,9 +108,10 @@ def flop_rate_ratios(df: pd.DataFrame) -> pd.DataFrame:
         if full.empty:
             continue
         base = full.loc[full.time_ms.idxmin()]
-        base_times = _times(base.times_ms)
+        base_times = per_round_times(base.times_ms)
         for row in group[group.variant != "full"].itertuples():
-            speed, q25, q75, rounds = _round_ratio(base_times, _times(row.times_ms))  # full's time over the row's
+            # full's time over the row's
+            speed, q25, q75, rounds = round_ratio(base_times, per_round_times(row.times_ms))
             work = row.flops / base.flops
             rows.append({"label": row.label, "pass": pass_name, "seq_len": row.seq_len,
                          "kernel": row.kernel_requested, "kernel_ran": row.kernel, "flops_kind": row.flops_kind,
@@ -125,10 +121,8 @@ def flop_rate_ratios(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def packing_ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """For packed / padded rows (``packing`` not empty, :mod:`bench.speed.packing`): the time
-    over the unpacked row timed in the same rounds (same kernel requested, else the fastest
-    unpacked one) and, for a packed row, over its twin that ran the documents one by one:
-    medians of per-round ratios [q25, q75]."""
+    """Packed or padded rows' time over the unpacked row of the same rounds (same kernel, else the fastest)
+    and over the same documents run one by one: per-round ratios, median [q25, q75]."""
     if "packing" not in df.columns:
         return pd.DataFrame()
     ok = _timed_together(df).assign(
@@ -143,24 +137,24 @@ def packing_ratios(df: pd.DataFrame) -> pd.DataFrame:
             twin_text = row.packing.replace("packed ", "").replace(" docs", " docs one by one", 1)
             twins = group[(group.packing == twin_text) & (group.kernel_requested == row.kernel_requested)]
             twin = twins.iloc[0] if row.packing.startswith("packed") and len(twins) else None
-            times = _times(row.times_ms)
+            times = per_round_times(row.times_ms)
             rows.append({
                 "label": row.label, "pass": pass_name, "seq_len": row.seq_len,
                 "kernel_requested": row.kernel_requested, "kernel": row.kernel,
                 "time_ms": row.time_ms,
                 "vs_unpacked": _ratio_cell(None if unpacked is None else
-                                           _round_ratio(times, _times(unpacked.times_ms))),
+                                           round_ratio(times, per_round_times(unpacked.times_ms))),
                 "unpacked_ms": math.nan if unpacked is None else unpacked.time_ms,
-                "vs_one_by_one": _ratio_cell(None if twin is None else _round_ratio(times, _times(twin.times_ms))),
+                "vs_one_by_one": _ratio_cell(None if twin is None else
+                                             round_ratio(times, per_round_times(twin.times_ms))),
                 "density": row.density,
             })
     return pd.DataFrame(rows)
 
 
 def gqa_ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """For each kernel timed in one unit with several key-head counts (a ``kv_heads`` sweep),
-    the time and memory of each ``kv_heads < heads`` row over the same kernel's row with
-    ``kv_heads == heads``: the median of the per-round ratios and their quartiles."""
+    """Time and memory of each ``kv_heads < heads`` row over the same kernel's ``kv_heads == heads`` row
+    of the same rounds: per-round ratio quartiles."""
     rows = []
     ok = _timed_together(df)
     for (_unit, pass_name, _kernel), group in ok.groupby(["interleave_id", "pass", "kernel_requested"],
@@ -169,9 +163,9 @@ def gqa_ratios(df: pd.DataFrame) -> pd.DataFrame:
         if full.empty:
             continue
         base = full.iloc[0]
-        base_times = _times(base.times_ms)
+        base_times = per_round_times(base.times_ms)
         for row in group[group.kv_heads < group.heads].itertuples():
-            q50, q25, q75, rounds = _round_ratio(_times(row.times_ms), base_times)
+            q50, q25, q75, rounds = round_ratio(per_round_times(row.times_ms), base_times)
             mem = (row.peak_mem_bytes / base.peak_mem_bytes
                    if base.peak_mem_bytes and base.peak_mem_bytes > 0 else math.nan)
             rows.append({"label": row.label, "pass": pass_name, "seq_len": row.seq_len,
@@ -203,16 +197,14 @@ def _saved_config(run_dir: Path) -> dict:
 
 
 def retry_noisy_command(run_dir: Path) -> str:
-    """The command that measures the noisy rows of ``run_dir`` again: the sweep's config by
-    its preset name when it is one (``CONFIG`` otherwise: the file the sweep ran)."""
+    """The ``--retry-noisy`` command for ``run_dir`` (its preset's name, else ``CONFIG``)."""
     name = _saved_config(run_dir).get("name")
     config = name if name in list_config_presets() else "CONFIG"
     return f"attn-bench sweep {config} --out {run_dir} --retry-noisy"
 
 
 def _noise_warning(df: pd.DataFrame, run_dir: Path) -> list[str]:
-    """The report's first words when rows were flagged noisy: how many, what fits and
-    crossovers did with them, and the command that measures them again."""
+    """The report's first words when rows were flagged noisy, with the command to measure them again."""
     ok = df[df.status == "ok"]
     noisy = int(ok.noisy.sum())
     if not noisy:
@@ -232,8 +224,7 @@ def _noise_warning(df: pd.DataFrame, run_dir: Path) -> list[str]:
 
 
 def _noisy_section(df: pd.DataFrame) -> list[str]:
-    """The rows flagged noisy, with why (a slow state against the quiet probe of all the
-    run's rows: ``slow state: probe X ms against the run's quiet Y ms``)."""
+    """The rows flagged noisy, with why."""
     noisy = df[(df.status == "ok") & df.noisy]
     if noisy.empty:
         return []
@@ -313,11 +304,8 @@ def _compile_cell(row: pd.Series) -> str:
 
 def build_report(run_dir: str | Path, points: int = 4,
                  fit_ranges: tuple[tuple[int, int], ...] = ()) -> str:
-    """The report of ``run_dir`` as markdown (also written to ``report.md`` there).
-
-    Besides the fit over the ``points`` largest N, exponents are fitted over each ``[lo, hi]``
-    of ``fit_ranges`` and of the run's config (``fit_ranges:`` in the YAML).
-    """
+    """The report of ``run_dir`` as markdown (also written to ``report.md``); exponents also fitted over
+    each ``[lo, hi]`` of ``fit_ranges`` and of the run's config."""
     run_dir = Path(run_dir)
     df = load_results(run_dir)
     if df.empty:

@@ -1,13 +1,7 @@
-"""Whether a committed run's ratios hold on this machine (``attn-bench reproduce``).
+"""Whether a committed run's ratios hold on this machine (``attn-bench reproduce``; docs/measurement.md).
 
-A speed run's figures are ratios of kernels timed in the same interleaved rounds
-(:func:`bench.speed.report.interleaved_ratios`); in a run of one kernel per unit, of rows of
-one length timed one after another. Reproducing one re-measures the same units here,
-interleaved as the original, and reads each ratio beside the committed one: it *holds*
-when the two interquartile ranges of the per-round ratios overlap, or the medians differ by
-at most ``tolerance`` (10%: what a machine's drift between two quiet runs leaves). A
-*headline* figure is a ratio at the largest length each (pattern, kernel, pass) reached in the
-committed run: the number a reader quotes.
+A ratio *holds* when the quartile ranges overlap or the medians differ by at most ``tolerance`` (10%:
+a machine's drift between two quiet runs); a *headline* is at the longest length of its curve.
 """
 
 from __future__ import annotations
@@ -19,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.speed.report import _round_ratio, _times
+from bench.speed.report import per_round_times, round_ratio
 
 KEY = ["label", "pass", "seq_len", "kernel", "vs"]
 DEFAULT_TOLERANCE = 0.10
@@ -38,8 +32,7 @@ def saved_config(run_dir: Path) -> dict[str, Any]:
 
 
 def sampled_lengths(committed: pd.DataFrame, sample: int | None) -> tuple[int, ...]:
-    """The lengths of the committed run's figures, or ``sample`` of them spread
-    evenly from the shortest to the longest (the longest always kept)."""
+    """The lengths of the committed run's figures, or ``sample`` of them spread evenly (longest kept)."""
     lengths = sorted({fig["seq_len"] for fig in _figures(committed)})
     if sample is None or sample >= len(lengths):
         return tuple(int(n) for n in lengths)
@@ -48,9 +41,8 @@ def sampled_lengths(committed: pd.DataFrame, sample: int | None) -> tuple[int, .
 
 
 def _groups(df: pd.DataFrame) -> pd.DataFrame:
-    """The ok rows, grouped by the rounds they were timed in: their unit where kernels were
-    timed together, else (a run of one kernel per unit) every row of one length and shape,
-    whose ratios are then between rows timed one after another."""
+    """The ok rows with ``rounds_of``: their unit where kernels were timed together, else their
+    length and shape (rows timed one after another)."""
     ok = df[df.status == "ok"]
     together = ok.interleaved.fillna(1) > 1
     columns = [c for c in ("seq_len", "batch", "heads", "head_dim", "dtype", "causal") if c in ok]
@@ -59,8 +51,7 @@ def _groups(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _figures(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """Each row against the fastest row of its rounds and pass (:func:`_groups`): the
-    figure's key, its base and the per-round times of both."""
+    """Each row against the fastest of its rounds and pass: key, base and both per-round times."""
     out = []
     for (_unit, pass_name), group in _groups(df).groupby(["rounds_of", "pass"], sort=False):
         base = group.loc[group.time_ms.idxmin()]
@@ -68,32 +59,30 @@ def _figures(df: pd.DataFrame) -> list[dict[str, Any]]:
             if (row.label, row.kernel_requested) != (base.label, base.kernel_requested):
                 out.append({"label": row.label, "kernel": row.kernel_requested, "pass": pass_name,
                             "seq_len": int(row.seq_len), "vs": f"{base.label} [{base.kernel_requested}]",
-                            "times": _times(row.times_ms), "base": _times(base.times_ms)})
+                            "times": per_round_times(row.times_ms), "base": per_round_times(base.times_ms)})
     return out
 
 
 def _times_of(df: pd.DataFrame) -> dict[tuple, np.ndarray]:
     """Per-round times of every ok row timed together, by (label, kernel, pass, N)."""
     ok = df[df.status == "ok"]
-    return {(r.label, r.kernel_requested, r.pass_name, int(r.seq_len)): _times(r.times_ms)
+    return {(r.label, r.kernel_requested, r.pass_name, int(r.seq_len)): per_round_times(r.times_ms)
             for r in ok.rename(columns={"pass": "pass_name"}).itertuples()}
 
 
 def compare_ratios(committed: pd.DataFrame, here: pd.DataFrame,
                    tolerance: float = DEFAULT_TOLERANCE) -> pd.DataFrame:
-    """Each committed ratio (a row over the fastest row of its unit) at the lengths measured
-    here, beside the same two rows' ratio measured here in their rounds, and whether it holds
-    (``holds`` empty where this run lacks either row). ``headline``: at the longest length the
-    (pattern, kernel, pass) reached in the committed run."""
+    """Each committed ratio at the lengths measured here beside the one measured here, with ``holds``
+    (empty where either row is missing here) and ``headline``."""
     measured = _times_of(here)
     lengths = {key[3] for key in measured}
     rows = []
     for fig in _figures(committed):
-        c50, c25, c75, _ = _round_ratio(fig.pop("times"), fig.pop("base"))
+        c50, c25, c75, _ = round_ratio(fig.pop("times"), fig.pop("base"))
         base_label, base_kernel = fig["vs"].rsplit(" [", 1)
         ours = measured.get((fig["label"], fig["kernel"], fig["pass"], fig["seq_len"]))
         base = measured.get((base_label, base_kernel[:-1], fig["pass"], fig["seq_len"]))
-        h50, h25, h75, _ = _round_ratio(ours, base) if ours is not None and base is not None else (np.nan,) * 4
+        h50, h25, h75, _ = round_ratio(ours, base) if ours is not None and base is not None else (np.nan,) * 4
         rows.append({**fig, "time_ratio": c50, "ratio_q25": c25, "ratio_q75": c75,
                      "time_ratio_here": h50, "ratio_q25_here": h25, "ratio_q75_here": h75})
     table = pd.DataFrame(rows, columns=[*KEY, "time_ratio", "ratio_q25", "ratio_q75", "time_ratio_here",

@@ -1,23 +1,10 @@
-"""Timing the cases of one speed unit (:class:`bench.speed.unit.SpeedUnit`: the kernels of a
-variant at one length) in isolated workers, in interleaved rounds (A, B, C, A, B, C, ...) so
-that their ratios share the machine's load; and the matmul peak, in a worker of its own.
+"""Timing the cases of one speed unit in isolated workers, in interleaved rounds (A, B, C, A, B, C, ...)
+so that their ratios share the machine's load; and the matmul peak, in a worker of its own.
 
-For each pass, every case's worker first prepares (warm-up, an estimate call, memory), one
-worker at a time; then the rounds run, one timed call per case per round. All cases of the
-unit get the same number of rounds: as many as the slowest case fits in its time budget,
-never fewer than ``min_repeats``. Each case's worker times a calibration probe (a fixed
-small matmul) right before the first round and right after the last: its change says the
-machine's load changed during the rounds (:mod:`bench.speed.noise`). A case that fails,
-times out or dies becomes a row with its status and the others go on; its worker is
-restarted for its next pass. The timeout is per case and pass, on the case's own calls.
-
-On CUDA the cases of a unit are run one after the other instead (each pass: prepare, time
-and finish one case, then have its worker release what it holds, ``("release",)``, before the
-next case starts): an idle worker would otherwise keep its inputs, its module's cached masks
-and its allocator's cached pool (the reference kernel's N x N scores) on the GPU while
-another kernel is timed, and that kernel's peak and out-of-memory boundary would depend on
-which kernels ran before it. Their rows say ``interleaved`` 1: GPU time is not shared with
-the machine's load the way CPU time is, so nothing is lost there.
+Per pass: each worker prepares in turn, then the rounds (as many as the slowest case fits in its
+budget, at least ``min_repeats``) between two calibration probes; a failure becomes that case's row.
+On CUDA the cases run one after another, each worker releasing its memory before the next case, so a
+kernel's peak does not depend on which ran before (docs/gpu.md); those rows say ``interleaved`` 1.
 """
 
 from __future__ import annotations
@@ -86,9 +73,7 @@ class _Member:
         self.info = message[1]
 
     def warm(self, pass_name: str) -> dict[str, Any]:
-        """The pass's first call and warm-up, before its clock starts, within ``timeout_s``
-        plus, where the kernel may compile (:func:`may_compile`), ``compile_timeout_s``:
-        outliving that is a ``compile_timeout`` row (the next length is still tried)."""
+        """The first call and warm-up within ``timeout_s`` (plus ``compile_timeout_s`` where it may compile)."""
         assert self.worker is not None
         compiles = may_compile(self.case)
         limit = self.case.timeout_s + (self.case.compile_timeout_s if compiles else 0.0)
@@ -128,8 +113,7 @@ class _Member:
         return reply
 
     def release(self) -> None:
-        """Have the worker drop its inputs, module and cached device memory (no-op when it
-        is not running); a worker that does not answer is stopped."""
+        """Have a running worker drop its inputs, module and cached device memory; stop it if it does not answer."""
         if self.worker is None or not self.worker.process.is_alive():
             return
         try:
@@ -144,8 +128,7 @@ class _Member:
 
 
 def may_compile(case: Case) -> bool:
-    """Whether the case's kernel compiles per call shape: a named one that does (``flex``),
-    or ``auto`` on CUDA, where it prefers flex."""
+    """Whether the case's kernel compiles per call shape (``flex``, or ``auto`` on CUDA)."""
     if case.kernel == "auto":
         return case.device == "cuda"
     return case.kernel in kernel_names() and get_kernel(case.kernel).compiles_per_shape
@@ -174,9 +157,7 @@ def _prepare(members: list[_Member], pass_name: str) -> list[tuple[_Member, dict
 
 def _ask_each(alive: list[tuple[_Member, dict[str, Any]]], message: tuple[Any, ...],
               pass_name: str, into: dict[int, list[float]], pause_s: float = 0.0) -> None:
-    """Send ``message`` to each alive member in turn and append its reply's value to
-    ``into``, idle ``pause_s`` after each; a member that fails becomes its failure row and
-    leaves ``alive``."""
+    """Send ``message`` to each alive member, appending replies to ``into``; failures leave ``alive``."""
     for member, info in list(alive):
         try:
             into[id(member)].append(member.ask(message, pass_name)[1])
@@ -189,8 +170,7 @@ def _ask_each(alive: list[tuple[_Member, dict[str, Any]]], message: tuple[Any, .
 
 
 def _run_pass(members: list[_Member], pass_name: str, unit_id: str) -> None:
-    """Prepare, time in rounds (between two calibration probes) and record one pass of every
-    member that runs it."""
+    """Prepare, time in rounds between two probes and record one pass of every member that runs it."""
     ready = _prepare([m for m in members if pass_name in m.passes], pass_name)
     if not ready:
         return
@@ -220,8 +200,7 @@ def _run_pass(members: list[_Member], pass_name: str, unit_id: str) -> None:
 
 def run_rounds(runs: tuple[CaseRun, ...], unit_id: str,
                cuda_visible: str | None = None) -> list[dict[str, Any]]:
-    """Measure every (case, pass) of ``runs``, the unit ``unit_id``
-    (:class:`bench.speed.unit.SpeedUnit`); always one row per (case, pass) they name."""
+    """Measure every (case, pass) of ``runs``, the unit ``unit_id``; always one row per (case, pass)."""
     members = [_Member(run, cuda_visible) for run in runs]
     serial = len(members) > 1 and any(m.case.device == "cuda" for m in members)
     try:
@@ -256,8 +235,7 @@ def _peak_main(device: str, dtype: str, threads: int | None, size: int | None,
 
 def measure_peak(device: str, dtype: str, threads: int | None, size: int | None = None,
                  cuda_visible: str | None = None, timeout_s: float = 300) -> float:
-    """Matmul peak FLOP/s measured in a fresh worker on ``device`` (NaN if it fails);
-    ``cuda_visible``: the worker's ``CUDA_VISIBLE_DEVICES`` (a GPU slot's device)."""
+    """Matmul peak FLOP/s measured in a fresh worker on ``device`` (NaN if it fails)."""
     worker = Worker(_peak_main, (device, dtype, threads, size, cuda_visible))
     try:
         return float(worker.receive(timeout_s))

@@ -1,18 +1,6 @@
-"""A row of a speed sweep's ``results.csv``, built in one place.
+"""A row of a speed sweep's ``results.csv``, built in one place (columns: :data:`bench.engine.row_schema.COLUMNS`).
 
-Its columns, in file order, are :data:`bench.engine.row_schema.COLUMNS`: the results-file
-formats belong to the engine, which reads, repairs and resumes them. What fills them:
-
-- :func:`base_row`: what was measured (the case and the pass), before measuring;
-- :func:`failure_rows`: a pass that produced no measurement (status and reason);
-- :func:`measured_row`: an ``ok`` pass: what the worker reported when the attention was
-  built (flops, density, threads), when it prepared the pass (warm-up, estimate call,
-  memory), what ran (:func:`path_columns`, in the worker) and the timed rounds
-  (:func:`timing_columns`) with their noise columns (spread, calibration probe, ``noisy``);
-- ``peak_fraction``: its share of the matmul peak of the device it ran on, where it ran
-  (:mod:`bench.speed.peak`);
-- the environment of the machine that ran it, stamped by the executor
-  (:mod:`bench.engine.executors.base`).
+``peak_fraction`` is added where the unit ran (:mod:`bench.speed.peak`), the environment by the executor.
 """
 
 from __future__ import annotations
@@ -52,8 +40,7 @@ def tflops(flops: float, time_ms: float) -> float:
 
 
 def timing_columns(times_s: list[float], flops: float) -> Row:
-    """The median, interquartile range and every repeat of a pass's timed calls, in ms, and
-    the TFLOP/s of the median."""
+    """Median, IQR and every repeat of a pass's timed calls in ms, and the median's TFLOP/s."""
     times_ms = np.asarray(times_s) * 1e3
     median = float(np.median(times_ms))
     q25, q75 = np.percentile(times_ms, [25, 75])
@@ -65,9 +52,7 @@ def timing_columns(times_s: list[float], flops: float) -> Row:
 
 
 def kernel_path_text(path: Any) -> str:
-    """The ``kernel_path`` column of a ``KernelPath``: its path, and the backend a dispatching
-    kernel ran (``sdpa(fused, is_causal) [backend: flash]``). Rows written before backends
-    were recorded hold the path alone, and read the same."""
+    """The ``kernel_path`` column: the path, and a dispatching kernel's backend (``... [backend: flash]``)."""
     if path is None:
         return ""
     backend = getattr(path, "backend", None)
@@ -92,14 +77,9 @@ def path_columns(paths: list[Any], case: Case) -> Row:
 def measured_row(case: Case, pass_name: str, built: Row, prepared: Row, finished: Row,
                  times_s: list[float], unit_id: str, interleaved: int,
                  probes_s: tuple[float, ...] = ()) -> Row:
-    """The ``ok`` row of a pass: ``built`` (the worker's ``ready`` info: FLOPs per pass,
-    flops kind, density, threads), ``prepared`` (its warm-up, estimate call and memory),
-    ``finished`` (:func:`path_columns`), the timed calls ``times_s``, the unit they were
-    interleaved in with ``interleaved`` cases, and the calibration probe's seconds before
-    and after the timed rounds (``probes_s``): the noise columns
-    (:func:`bench.speed.noise.noise_columns`, under the case's ``noise_threshold``; the
-    sweep's driver also flags it ``noisy`` when its probe is slow against the run's quiet
-    one, :func:`bench.speed.noise.slow_state_marker`: the worker sees no other row)."""
+    """The ``ok`` row of a pass from the worker's ``built``, ``prepared`` and ``finished`` replies, the timed
+    calls, the unit and the probe's seconds before and after the rounds (``probes_s``). The slow-state
+    flag is the driver's (the worker sees no other row)."""
     flops = built["flops"][pass_name]
     timing = timing_columns(times_s, flops)
     noise = noise_columns(np.asarray(times_s) * 1e3, [p * 1e3 for p in probes_s],

@@ -1,10 +1,5 @@
-"""Scaling analysis: fitted exponents of time and memory against N, crossover against full
-attention of the same kind (causal with causal), and the largest N reached, per curve and
-kernel that actually ran (``auto`` switches kernel with N: a fit never spans the switch).
-
-Memory exponents use the tensor-level peak (``peak_mem_bytes``), not the resident peak. Rows
-flagged noisy (:mod:`bench.speed.noise`) are left out of fits and crossovers, and each curve
-says how many it dropped (``noisy_dropped``)."""
+"""Scaling analysis: exponents of time and memory (``peak_mem_bytes``) against N, crossover against full
+attention of the same kind, and the largest N reached, per curve and kernel that ran; noisy rows left out."""
 
 from __future__ import annotations
 
@@ -41,8 +36,7 @@ def usable(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def spread_interval(times_ms: str, time_ms: float, iqr_ms: float) -> tuple[float, float]:
-    """A row's time as the interval its repeats support: their 25th to 75th percentile
-    (``times_ms``), else the median plus or minus half the recorded IQR, else the median."""
+    """A row's 25th-75th percentile of ``times_ms``, else the median +- half the IQR, else the median."""
     values = json.loads(times_ms) if isinstance(times_ms, str) and times_ms else []
     if values:
         q25, q75 = np.percentile(values, [25, 75])
@@ -58,9 +52,7 @@ def _with_intervals(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def full_baseline(df: pd.DataFrame) -> pd.DataFrame:
-    """Fastest ok, quiet full-attention row per shape and N (over its kernels), with its
-    spread (``low``, ``high``): the crossover baseline, indexed by shape and N. Causal rows
-    (``causal``, or ``full`` run causally) are the causal baseline."""
+    """The crossover baseline: fastest ok, quiet full-attention ``low``/``high`` per shape and N."""
     full = usable(df[df.variant.isin(BASELINES)])
     if full.empty:
         return pd.DataFrame(columns=["low", "high"])
@@ -70,8 +62,7 @@ def full_baseline(df: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass(frozen=True)
 class Side:
-    """How a curve compares with full attention at one length: ``faster`` or ``slower`` when
-    their spreads do not overlap, else ``overlap``."""
+    """A curve against full attention at length ``n``: ``faster``, ``slower`` or ``overlap``."""
 
     n: int
     verdict: str
@@ -92,8 +83,7 @@ def _sides(curve: pd.DataFrame, baseline: pd.DataFrame) -> list[Side]:
 
 
 def _not_two(sides: list[Side], want: str) -> str | None:
-    """Why the neighbouring lengths ``sides`` (one or two) are not two ``want`` ones
-    (``None``: they are)."""
+    """Why ``sides`` are not two ``want`` lengths (``None``: they are)."""
     tied = [str(side.n) for side in sides if side.verdict == "overlap"]
     if tied:
         return f"spreads overlap at N={', '.join(tied)}"
@@ -112,8 +102,7 @@ def noisy_baseline(df: pd.DataFrame) -> pd.Series:
 
 
 def _dropped(curve: pd.DataFrame, noisy_full: pd.Series) -> int:
-    """Noisy rows a crossover of ``curve`` left out: the curve's own, and full attention's
-    at the lengths the curve measured."""
+    """Noisy rows left out of ``curve``'s crossover: its own and full attention's at its lengths."""
     ok = curve[curve.status == "ok"]
     own = int(ok.noisy.astype(bool).sum())
     keys = {(*(row[c] for c in SHAPE), row["seq_len"]) for row in ok.to_dict("records")}
@@ -122,18 +111,13 @@ def _dropped(curve: pd.DataFrame, noisy_full: pd.Series) -> int:
 
 def crossover(curve: pd.DataFrame, baseline: pd.DataFrame,
               noisy_full: pd.Series | None = None) -> str:
-    """From which N the curve stays faster than full attention of the same kind, when the
-    rows show it; ``(left out: K noisy rows)`` added when noisy rows of the curve or of full
-    attention at its lengths (``noisy_full``, :func:`noisy_baseline`) were left out.
+    """From which N the curve stays faster than full attention of the same kind, when the rows show it.
 
-    A causal curve is compared with causal full attention, a non-causal one with non-causal
-    full attention, at the lengths both measured (noisy rows left out). At each length the
-    curve is faster or slower only when the spreads of their repeats (:func:`spread_interval`)
-    do not overlap. A crossover at N needs the two lengths below N slower and N and every
-    length above it faster (at least two). Returns the length as text, ``"< N0 (below the
-    range)"`` when the curve is faster at every common length N0... (two or more), ``"none
-    up to N1"`` when it is slower at the two largest, ``"-"`` without a common length, else
-    ``"not determined: ..."`` saying why.
+    Faster or slower only where the repeats' spreads do not overlap; a crossover at N needs the two
+    lengths below slower and N and every length above faster (two or more). Returns the length as
+    text, ``"< N0 (below the range)"``, ``"none up to N1"``, ``"-"`` (no common length) or
+    ``"not determined: ..."``, plus ``(left out: K noisy rows)`` when ``noisy_full`` or the curve's
+    own noisy rows were dropped.
     """
     said = _crossover_said(_sides(curve, baseline))
     dropped = _dropped(curve, noisy_full if noisy_full is not None else pd.Series(dtype=int))
@@ -174,9 +158,7 @@ def kernel_ran(rows: pd.DataFrame) -> pd.Series:
 
 
 def segments(curve: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """The ok rows of one requested curve split by the kernel that actually ran, in order of
-    their smallest N (``auto`` runs SDPA at short N and blocked or chunked above: two
-    segments, fitted apart). ``[("-", no rows)]`` when the curve has no ok row."""
+    """The curve's ok rows split by the kernel that ran, by smallest N (``[("-", no rows)]``: none)."""
     ok = curve[curve.status == "ok"]
     if ok.empty:
         return [("-", ok)]
@@ -193,8 +175,7 @@ def _fitted(ok: pd.DataFrame, points: int, n_range: tuple[int, int] | None) -> p
 
 def _segment_row(kernel: str, rows: pd.DataFrame, points: int,
                  n_range: tuple[int, int] | None) -> dict:
-    """The fit of one segment (the rows of one kernel that ran): its usable rows' exponents,
-    range and largest N, and how many noisy rows it dropped."""
+    """The fit of one segment: exponents, range, largest N and noisy rows dropped."""
     ok = usable(rows).sort_values("seq_len")
     fitted = _fitted(ok, points, n_range)
     count = max(len(fitted), 1)
@@ -214,13 +195,8 @@ def _segment_row(kernel: str, rows: pd.DataFrame, points: int,
 
 def scaling_table(df: pd.DataFrame, points: int = 4,
                   n_range: tuple[int, int] | None = None) -> pd.DataFrame:
-    """One row per curve and kernel that ran (a fit never spans a kernel switch: ``auto``'s
-    SDPA rows at short N and its blocked rows above are two rows): exponents, fitted range,
-    largest N reached; and the requested curve's first failure and crossover.
-
-    Exponents are fitted over the ``points`` largest ok N of the segment, or, with
-    ``n_range = (lo, hi)``, over every ok N with ``lo <= N <= hi``; rows flagged noisy are
-    left out of both and counted (``noisy_dropped``).
+    """One row per curve and kernel that ran: exponents, fitted range, largest N; the curve's first
+    failure and crossover. Fitted over the ``points`` largest ok N, or every ok N in ``n_range``.
     """
     baseline, noisy_full = full_baseline(df), noisy_baseline(df)
     rows = []

@@ -1,12 +1,7 @@
-"""Running a speed sweep into a run directory: locked, resumable, isolated, one flushed record
-per unit, every row carrying the environment that measured it (:func:`bench.engine.rundir.run_units`
-with the sweep's plan).
+"""Running a speed sweep into a run directory (:func:`bench.engine.rundir.run_units` with the sweep's plan).
 
-Resume: rows already in ``results.csv`` are kept (whole rows only) and their (case, pass)
-is not measured again; ``retry_failed`` measures failed, timed-out and skipped ones again.
-Rows measured under another code version, device, dtype or thread count are never silently
-mixed with new ones: the sweep refuses unless ``allow_mixed``, and the report then lists
-which rows came from where.
+Resume keeps the recorded (case, pass) rows; rows of another code version, device, dtype or thread
+count are never mixed in silently (refused unless ``allow_mixed``).
 """
 
 from __future__ import annotations
@@ -43,9 +38,7 @@ __all__ = ["MixedEnvironmentError", "SweepPlan", "peak_spec", "run_sweep"]
 
 
 def peak_spec(run_dir: Path, config: SweepConfig) -> PeakSpec:
-    """The units' :class:`bench.speed.peak.PeakSpec`: the sweep's dtype, threads and matmul
-    size, and the finite peaks already in the run directory's ``peak.json`` (by device name,
-    :func:`bench.speed.peak.peak_key`), so that a resume measures none again."""
+    """The units' :class:`PeakSpec`, with the finite peaks of ``peak.json`` (a resume measures none again)."""
     cache = read_peaks(run_dir)
     return PeakSpec(config.device, config.dtype, config.threads, config.peak_matmul_size,
                     tuple(sorted((k, float(v)) for k, v in cache.items()
@@ -59,9 +52,7 @@ def read_peaks(run_dir: Path) -> dict[str, Any]:
 
 
 def peak_recorder(run_dir: Path) -> Callable[[Row], None]:
-    """A function that takes the node's peak out of each row it is given
-    (:data:`bench.speed.peak.PEAK_KEY`) and keeps it in ``run_dir``'s ``peak.json`` when it is
-    new and finite (the file is read once, written only when a peak is new)."""
+    """A hook that pops the node's peak off each row and keeps it in ``peak.json`` when new and finite."""
     cache = read_peaks(run_dir)
 
     def record(row: Row) -> None:
@@ -75,8 +66,7 @@ def peak_recorder(run_dir: Path) -> Callable[[Row], None]:
 
 @dataclass(frozen=True)
 class SweepPlan:
-    """The run plan (:class:`bench.engine.rundir.RunPlan`) of a speed sweep: its cases as
-    chains of :class:`bench.speed.unit.SpeedUnit`, into ``results.csv``."""
+    """The :class:`RunPlan` of a speed sweep: its cases as chains of ``SpeedUnit``, into ``results.csv``."""
 
     config: SweepConfig
     cases: tuple[Case, ...]
@@ -130,8 +120,7 @@ class SweepPlan:
         return asdict(self.config)
 
     def chains(self, recorder: RunRecorder) -> list[Chain]:
-        """A chain per group of cases with a (case, pass) not recorded yet; a curve whose pass
-        already failed at a smaller length skips its larger ones (``skip_larger_after_failure``)."""
+        """A chain per group with a (case, pass) still to run; earlier failures skip larger lengths."""
         done = {(r["case_id"], r["pass"]) for r in recorder.kept}
         if not any((c.case_id, p) not in done for c in self.cases for p in c.passes):
             return []
@@ -145,10 +134,8 @@ class SweepPlan:
                 for groups in make_chains(list(self.cases), self.config.interleave)]
 
     def begin(self, run_dir: Path, env: dict[str, Any]) -> Callable[[Row], None]:
-        """Nothing is measured here: each unit divides by the matmul peak of the device it
-        ran on (:mod:`bench.speed.peak`, so a driver without the sweep's device can drive
-        it); each arriving row hands that peak over for ``peak.json`` and is flagged noisy
-        when its probe is slow against the run's quiet one (:func:`bench.speed.noise.slow_state_marker`)."""
+        """Each row hands its node's peak to ``peak.json`` and is flagged noisy in a slow state. Nothing is
+        measured here: a driver without the sweep's device can drive it."""
         record_peak, mark_slow = peak_recorder(run_dir), slow_state_marker(run_dir)
 
         def finish(row: Row) -> None:
@@ -169,12 +156,9 @@ def run_sweep(
     on_start: Callable[[Any], None] | None = None,
     on_done: Callable[[Any, Rows], None] | None = None,
 ) -> Rows:
-    """Measure every unfinished (case, pass) of ``config`` into ``run_dir``; returns new rows.
+    """Measure every unfinished (case, pass) of ``config`` into ``run_dir`` (resumable); returns new rows.
 
-    Finished passes are skipped, so rerunning into the same directory resumes. With
-    ``skip_larger_after_failure``, once a length of a curve times out or runs out of memory
-    in a pass, the larger lengths of that curve and pass become ``skipped`` rows.
-    ``retry_noisy``: rows flagged noisy (:mod:`bench.speed.noise`) are measured again.
+    ``retry_noisy``: measure the noisy rows again; other options as :func:`run_units`.
     """
     return run_units(run_dir, SweepPlan.of(config), executor=executor,
                      allow_mixed=allow_mixed, retry_failed=retry_failed, overwrite=overwrite,

@@ -1,15 +1,4 @@
-"""The unit of a speed sweep, and the chains that yield its units.
-
-A :class:`SpeedUnit` is the cases of one variant and shape at one length (one kernel each),
-timed together in interleaved rounds (:mod:`bench.speed.rounds`), plus the rows of passes
-recorded without running (skipped after a smaller length failed). It is what an executor
-runs (:mod:`bench.engine.executors`): plain, picklable data.
-
-A chain (:func:`speed_chain`) yields the units of one chain of same-length groups
-(:func:`bench.speed.cases.chains`) in increasing length and receives each unit's rows, so
-that a length that timed out or ran out of memory skips the larger lengths of its curve,
-for that pass only (:func:`bench.engine.rundir.drive` runs the chains).
-"""
+"""The unit of a speed sweep (plain, picklable data an executor runs), and the chains that yield its units."""
 
 from __future__ import annotations
 
@@ -29,8 +18,7 @@ FATAL = ("timeout", "oom")
 
 @dataclass(frozen=True)
 class SpeedUnit:
-    """Cases at one length timed together in interleaved rounds (one kernel each), plus rows
-    of passes recorded without running (skipped after a smaller length failed)."""
+    """Cases at one length timed together in interleaved rounds, plus rows skipped without running."""
 
     runs: tuple[CaseRun, ...]
     skipped: tuple[dict[str, Any], ...] = field(default=(), compare=False)
@@ -63,9 +51,7 @@ class SpeedUnit:
                 f"D={first.head_dim} {first.dtype}{causal} {passes}")
 
     def run(self, cuda_visible: str | None = None) -> list[dict[str, Any]]:
-        """Measure the runs (:func:`bench.speed.rounds.run_rounds`), each ok row's share of
-        this device's matmul peak (:func:`bench.speed.peak.add_node_peak`), and add the
-        skipped rows."""
+        """Measure the runs, add each ok row's share of this device's matmul peak, and the skipped rows."""
         if not self.runs:
             return list(self.skipped)
         rows = run_rounds(self.runs, self.unit_id, cuda_visible)
@@ -89,9 +75,8 @@ def speed_chain(groups: list[list[Case]], done: set[tuple[str, str]],
                 peak: PeakSpec | None = None) -> Chain:
     """Units of one chain of same-length groups (increasing length), each carrying ``peak``.
 
-    ``done``: (case_id, pass) already recorded. ``failures``: (curve, pass) -> (smallest
-    failing length, status), updated from each unit's rows; with ``skip_larger`` the passes
-    of a curve longer than its failure are recorded as ``skipped`` without running.
+    ``done``: (case_id, pass) recorded. ``failures``: (curve, pass) -> (smallest failing length, status),
+    updated from each unit's rows; with ``skip_larger`` longer lengths of that pass become ``skipped``.
     """
     for group in groups:
         runs, skipped = [], []

@@ -1,31 +1,21 @@
 """The worker process of one speed case: builds the attention once, then serves commands.
 
-The parent (:mod:`bench.speed.rounds`) drives it pass by pass over a pipe:
+The parent (:mod:`bench.speed.rounds`) sends, pass by pass, and the worker replies:
 
-- ``("warm", pass)``: build the inputs, check support, make the warm-up call(s) (compile
-  and cache building happen there, under the case's ``compile_timeout_s``, before its
-  clock starts). Reply ``("warmed", info)``.
-- ``("prepare", pass)``: one more call (the estimate call) whose time sets the repeats, then the memory
-  readings (one call each, untimed). Reply ``("prepared", info)``.
-- ``("time", pass)``: one timed call (its setup untimed). Reply ``("timed", seconds)``.
-- ``("probe",)``: the calibration probe, a fixed small matmul on the case's device
-  (:func:`bench.engine.measure.calibration_probe`), timed right before and right after a
-  pass's rounds. Reply ``("probed", seconds)``.
-- ``("finish", pass)``: what ran (kernel path, fallbacks, compile and cache-building time
-  and bytes over every call of the pass). Reply ``("finished", info)``.
-- ``("release",)``: drop the pass's inputs and the built module (its cached masks and block
-  masks with it), then, on CUDA, hand the allocator's cached blocks back to the driver
-  (``torch.cuda.empty_cache``), so that the worker holds no GPU memory but its context while
-  another case of the unit runs; the next ``prepare`` builds the module again. Reply
-  ``("released", bytes)``: what the allocator still reserves (0 on the CPU).
+- ``("warm", pass)``: inputs, support check, warm-up calls (compiles happen here, before the clock)
+  -> ``("warmed", info)``;
+- ``("prepare", pass)``: the estimate call that sets the repeats, then the memory readings
+  -> ``("prepared", info)``;
+- ``("time", pass)``: one timed call -> ``("timed", seconds)``;
+- ``("probe",)``: the calibration probe -> ``("probed", seconds)``;
+- ``("finish", pass)``: kernel path, fallbacks, compile and cache cost -> ``("finished", info)``;
+- ``("release",)``: drop inputs and module and empty the CUDA cache, so another case of the unit has
+  the device -> ``("released", bytes still reserved)``;
 - ``("exit",)``.
 
-A failure replies ``("failed", status, reason)`` (``unsupported``, ``oom``, ``nonfinite`` or
-``error``) and the worker keeps serving the next pass. ``nonfinite``: the estimate call of a
-pass gave an output or a gradient (of q, k, v or the module's parameters; of a model-step
-case, the logits or the weights after the update) with NaN or inf values, so its time would
-be the time of a wrong answer. The first message is ``("ready", info)`` or, when
-the attention cannot be built, ``("failed", "error", reason)``.
+A failure replies ``("failed", status, reason)`` and the worker serves the next pass; ``nonfinite``:
+the estimate call gave NaN or inf (output, gradients or updated weights). The first message is
+``("ready", info)`` or ``("failed", "error", reason)``.
 """
 
 from __future__ import annotations
@@ -66,8 +56,7 @@ def nonfinite_problem(what: str, tensor: Any) -> str | None:
 
 
 def failed(err: BaseException, case: Case) -> tuple[str, str, str]:
-    """``("failed", status, reason)`` for an exception raised while measuring ``case``:
-    ``nonfinite``, or what :func:`bench.engine.process.failure` calls it."""
+    """``("failed", status, reason)`` for an exception raised while measuring ``case``."""
     if isinstance(err, NonFiniteOutput):
         return "failed", "nonfinite", str(err)[:500]
     return ("failed", *failure(err, case.device, case.max_memory_gb))
@@ -125,8 +114,7 @@ class PassRunner:
         return out
 
     def nonfinite(self) -> str | None:
-        """What of the last call (the estimate call) was NaN or inf: its output, or a gradient
-        of q, k, v or a parameter after a backward (``None``: all finite)."""
+        """What of the estimate call was NaN or inf: output or a gradient (``None``: all finite)."""
         found = [nonfinite_problem("the output", self._output)]
         if self.grad:
             found += [nonfinite_problem(f"the gradient of {name}", t.grad) for name, t in
@@ -168,8 +156,7 @@ class PassRunner:
         return middle - start, time.perf_counter() - middle
 
     def _call(self) -> tuple[float, float | None]:
-        """Seconds of one call as the pass times it, and of its backward alone (None: a
-        forward pass)."""
+        """Seconds of one call as the pass times it, and of its backward alone (None: forward pass)."""
         if not self.grad:
             return self.timer.time_once(), None
         forward_s, backward_s = self._parts()
@@ -182,8 +169,7 @@ class PassRunner:
                    if p is not None and p.kernel in names)
 
     def warm(self) -> dict[str, Any]:
-        """The first call and the warm-up (compiles and caches are built here, before the
-        pass's clock and timeout start); raises when unsupported."""
+        """The first call and the warm-up, before the pass's clock; raises when unsupported."""
         if self.case.one_by_one:  # the calls of the documents, each alone
             calls = [AttentionCall.from_tensors(self.q[:, :, s:e], self.k[:, :, s:e], self.v[:, :, s:e],
                                                 self.case.causal, self.key_mask, self.grad)
@@ -215,8 +201,7 @@ class PassRunner:
                 "peak_mem_bytes": memory.peak_bytes, "rss_peak_bytes": memory.rss_peak_bytes}
 
     def _backward_compile_ms(self, first_s: float | None, warm_s: float | None) -> float | None:
-        """The first backward's compile time: the first backward less a warm one where a
-        compiling kernel ran (0 where none did; None for a forward pass)."""
+        """First backward less a warm one where a compiling kernel ran (0: none did; None: forward)."""
         if first_s is None or warm_s is None:
             return None
         return max(first_s - warm_s, 0.0) * 1e3 if self._compiles() else 0.0
@@ -227,8 +212,7 @@ class PassRunner:
 
 
 def _build(case: Case) -> tuple[Any, dict[str, Any]]:
-    """The measured object (an attention module, or a model for ``model_step``) and the
-    case's FLOPs per pass."""
+    """The measured module (or model for ``model_step``) and the case's FLOPs per pass."""
     module = create_attention(case.variant, num_heads=case.heads, head_dim=case.head_dim,
                               kernel=case.kernel, **case.params_dict).to(case.device)
     if case.workload == "model_step":
@@ -249,8 +233,7 @@ def _runner(case: Case, module: Any, pass_name: str) -> Any:
 
 
 def _model_step_nonfinite(runner: Any) -> str | None:
-    """A model-step case after its estimate calls: the logits of one more (untimed) forward,
-    and the weights after the updates of a ``train_step`` pass (``None``: all finite)."""
+    """Non-finite logits of one untimed forward, or weights after a ``train_step`` (``None``: finite)."""
     with torch.no_grad():
         found = nonfinite_problem("the model's output", runner.model(runner.ids))
     if found is None and runner.pass_name == "train_step":
@@ -260,8 +243,7 @@ def _model_step_nonfinite(runner: Any) -> str | None:
 
 
 def _prepare(runner: Any) -> dict[str, Any]:
-    """The runner's estimate call and memory readings; :class:`NonFiniteOutput` when the
-    estimate call's values are not finite."""
+    """The runner's estimate call and memory readings; :class:`NonFiniteOutput` when not finite."""
     info = runner.prepare()
     if isinstance(runner, ModelStepRunner):
         problem = _model_step_nonfinite(runner)

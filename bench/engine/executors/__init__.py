@@ -1,11 +1,5 @@
-"""Executors: where units run. One small interface for speed sweeps and training grids alike
-(:mod:`bench.engine.executors.base`: the unit and executor protocols, :func:`execute`).
-
-- ``local`` (default, :mod:`bench.engine.executors.local`): on a CPU machine one unit at a
-  time, so timings stay undisturbed; on a machine with several GPUs one unit per GPU.
-- ``ray`` (:mod:`bench.engine.executors.ray`, optional extra ``.[ray]``): units as Ray tasks
-  on a cluster, or on a Ray started here.
-"""
+"""Executors: where units run. ``local`` (one unit at a time on a CPU, one per GPU) or ``ray`` (a cluster,
+or a Ray started here; the extra ``.[ray]``)."""
 
 from __future__ import annotations
 
@@ -23,9 +17,7 @@ EXECUTORS = ("local", "ray")
 
 def make_executor(name: str, *, device: str, address: str | None = None,
                   connect_timeout_s: float | None = None) -> Executor:
-    """The executor called ``name`` (``local`` or ``ray``); ``ValueError`` names the allowed ones.
-    ``connect_timeout_s``: how long a Ray at ``address`` may take to answer and be joined
-    (default :data:`CONNECT_S`)."""
+    """The executor called ``name`` (``local`` or ``ray``); ``ValueError`` names the allowed ones."""
     if name == "local":
         if address is not None:
             raise ValueError("--address: only the 'ray' executor takes an address")
@@ -38,9 +30,7 @@ def make_executor(name: str, *, device: str, address: str | None = None,
 
 @dataclass(frozen=True)
 class ExecutorSpec:
-    """Where a run's units go, by name (``local`` or ``ray``, with Ray's ``address`` and
-    ``connect_timeout_s``): the executor is made by the run once it has checked its device
-    (:func:`bench.engine.rundir.run_units`), with that device."""
+    """Where a run's units go, by name; the run makes the executor once it has checked its device."""
 
     name: str = "local"
     address: str | None = None

@@ -1,14 +1,7 @@
 """What every executor shares: the unit and executor interfaces, and running a unit here.
 
-An executor has ``slots`` (how many units may run at once), ``submit(unit)`` and
-``wait_any() -> (unit, rows)``. Units are plain data (:class:`bench.speed.unit.SpeedUnit`,
-:class:`bench.quality.units.TrainUnit`, :class:`bench.quality.reference_unit.ReferenceUnit`);
-:func:`execute` runs one in the current process (which starts isolated worker processes of
-its own) and never raises: a unit that cannot run returns rows saying why.
-
-Every row an executor returns carries the environment of the machine that ran it (on a
-cluster: the node's), stamped once, here: by :func:`execute` where the unit ran, or by
-:func:`failed` for a unit an executor could not run or lost (the machine that says so).
+Every row an executor returns carries the environment of the machine that ran it, stamped once, here:
+by :func:`execute` where the unit ran, or by :func:`failed` for a unit not run or lost.
 """
 
 from __future__ import annotations
@@ -38,10 +31,7 @@ class Unit(Protocol):
 
 
 def execute(unit: Any, cuda_visible: str | None = None) -> list[dict[str, Any]]:
-    """Run ``unit`` here (its cases in isolated workers); rows, never an exception, each
-    carrying this machine's environment. The unit's device is checked here, on the machine
-    that runs it (a cluster's driver need not have it): a machine without it gives ``error``
-    rows saying so."""
+    """Run ``unit`` here; rows, never an exception. The device is checked here, not on a cluster's driver."""
     try:
         check_device(unit.device)
     except ConfigError as err:
@@ -55,8 +45,7 @@ def execute(unit: Any, cuda_visible: str | None = None) -> list[dict[str, Any]]:
 
 
 def failed(unit: Any, status: str, reason: str) -> list[dict[str, Any]]:
-    """``unit.failure_rows(status, reason)`` carrying this machine's environment: the rows
-    of a unit that did not run, or whose run was lost (a Ray task that failed)."""
+    """``unit.failure_rows(status, reason)`` stamped with this machine's environment."""
     return _stamped(unit.failure_rows(status, reason), unit.device)
 
 
@@ -70,8 +59,7 @@ def _stamped(rows: list[dict[str, Any]], device: str) -> list[dict[str, Any]]:
 
 
 class Executor(Protocol):
-    """Runs units, ``slots`` at a time; every row it returns carries an environment
-    (:func:`execute`, :func:`failed`)."""
+    """Runs units, ``slots`` at a time: ``submit(unit)``, ``wait_any() -> (unit, rows)``, ``shutdown()``."""
 
     slots: int
 

@@ -1,48 +1,9 @@
-"""The ``ray`` executor: units run as Ray tasks on a cluster (or on a Ray started here).
+"""The ``ray`` executor: one Ray task per unit, on a cluster or on a Ray started here.
 
-One Ray task per unit runs :func:`bench.engine.executors.base.execute` on some node (which
-stamps the rows with the node's environment); the unit starts its isolated case workers
-there as it would locally, and its rows come back to the driver, which alone writes
-results. Ray is the optional extra ``attn-bench[ray]``, imported only when an
-executor is made.
-
-What a task reserves (:func:`reservation_for`):
-
-- ``cuda``: one GPU (``num_gpus=1``, no CPU), so one unit per GPU of the cluster; the GPU Ray
-  assigns reaches the case workers as ``CUDA_VISIBLE_DEVICES``.
-- ``cpu``: a whole node, so that no two timed units ever share one: all the CPUs of a node
-  (``num_cpus`` = the node's CPU count). Nodes of different sizes: a task takes the CPU count
-  of the largest node, so only the largest nodes run units (a warning names the idle ones).
-  To use nodes of every size, start them with the custom resource ``attn_bench_node``
-  (``ray start --resources='{"attn_bench_node": 1}'``): when some nodes have it, a task takes
-  one of it (and the CPU count of the smallest such node), and only those nodes run units.
-
-``slots`` is how many such tasks the cluster holds at once (nodes, or GPUs). Case workers
-choose their threads as in a local run: the ``OMP_NUM_THREADS`` Ray sets for a task (its CPU
-reservation) is dropped unless the node's own environment sets it.
-
-Failures: Ray retries a task once after a system failure (its worker process died, its node
-was lost), on any node that fits; a unit that still fails becomes its failure rows
-(:func:`bench.engine.executors.base.failed`, stamped with the driver's environment), the
-reason naming what Ray reported: ``killed`` for a
-lost worker or node (or a cancelled task), ``oom`` when Ray's memory monitor killed it,
-``error`` otherwise. A unit's case workers are children of its Ray worker and die with it
-(they watch the process that started them). When no live node can run units any more, the
-running units end as ``killed`` rows instead of waiting forever.
-
-Connecting to ``--address`` waits at most ``connect_timeout_s`` (default :data:`CONNECT_S`)
-for the head to answer in Ray's protocol and for the cluster to be joined; anything else
-there is a one-line error saying what was found (:mod:`bench.engine.executors.ray_connect`).
-
-A Ray started here runs on this machine only: no dashboard, quiet logs, a small object store
-(rows are small; the rest of the memory stays with the cases), workers at normal priority
-(Ray nices them to 15 by default), one retry after a kill by Ray's memory monitor (Ray's
-default is to retry those forever), no usage statistics unless ``RAY_USAGE_STATS_ENABLED``
-says otherwise, and Ray's token authentication (which Ray turns on for it, through
-``RAY_AUTH_MODE`` in this process's environment, put back afterwards); it is shut down with
-the executor. A cluster's nodes take these settings from the environment of ``ray start``
-(``RAY_worker_niceness=0 RAY_task_oom_retries=1``). A Ray this process had already joined
-(``ray.init`` before the executor) is used as it is, whatever the address, and left running.
+What a task reserves, how failures become rows and how a local Ray is set up: docs/cluster.md.
+Ray (the extra ``attn-bench[ray]``) is imported only when an executor is made. A Ray this process
+had already joined (``ray.init`` before the executor) is used as it is, whatever the address, and
+left running.
 """
 
 from __future__ import annotations
@@ -78,9 +39,8 @@ MAX_RETRIES = 1
 #: settings of a Ray started here: workers at normal priority, bounded retries after a kill
 #: by Ray's memory monitor (a case that fills the node would fill it again)
 LOCAL_RAY_CONFIG = {"worker_niceness": 0, "task_oom_retries": MAX_RETRIES}
-#: how often ``wait_any`` looks for a finished task: it sleeps in Python between looks, so
-#: that a signal handler's exception (SIGTERM -> KeyboardInterrupt("SIGTERM")) reaches the
-#: caller as raised (a blocking ``ray.wait`` replaces it with a bare KeyboardInterrupt)
+#: ``wait_any`` polls and sleeps in Python: a blocking ``ray.wait`` turns a signal handler's
+#: KeyboardInterrupt("SIGTERM") into a bare KeyboardInterrupt
 POLL_S = 0.05
 #: how often ``wait_any`` checks that some node can still run units
 CHECK_S = 5.0
@@ -157,9 +117,7 @@ def fits(node: dict[str, Any], reservation: Reservation) -> bool:
 
 
 def _thread_env_as_started() -> None:
-    """Drop the ``OMP_NUM_THREADS`` that Ray sets for a task (its CPU reservation) when the
-    worker process was not started with one, so case workers choose their threads as a local
-    run does (torch's default, or the config's ``threads``)."""
+    """Drop the ``OMP_NUM_THREADS`` Ray sets for a task unless the worker started with one."""
     try:
         with open("/proc/self/environ", "rb") as f:
             started = f.read().split(b"\0")
@@ -170,9 +128,7 @@ def _thread_env_as_started() -> None:
 
 
 def _normal_priority() -> None:
-    """Undo the niceness Ray gives its workers (15 by default) where allowed, so the unit's
-    case workers run at normal priority (an unprivileged user cannot lower it: the cluster's
-    nodes should then be started with ``RAY_worker_niceness=0``)."""
+    """Undo Ray's worker niceness (15) where allowed; otherwise start nodes with ``RAY_worker_niceness=0``."""
     with contextlib.suppress(OSError):
         if os.getpriority(os.PRIO_PROCESS, 0) > 0:
             os.setpriority(os.PRIO_PROCESS, 0, 0)
@@ -221,13 +177,11 @@ def _env_default(name: str, value: str) -> Iterator[None]:
 
 
 class RayExecutor:
-    """Units as Ray tasks: one timed unit per node (CPU) or per GPU (CUDA); see the module doc.
+    """Units as Ray tasks: one timed unit per node (CPU) or per GPU (CUDA).
 
-    ``address`` (``HOST:PORT`` of a Ray head): connect to that cluster, waiting at most
-    ``connect_timeout_s`` for it to answer and to be joined, and disconnect at
-    :meth:`shutdown` (the cluster keeps running); ``None``: start a Ray on this machine
-    (``num_cpus`` CPUs, default all; ``object_store_memory`` bytes of object store) and stop it
-    at :meth:`shutdown`. ``ValueError`` names the argument when either cannot be done.
+    ``address`` (``HOST:PORT`` of a Ray head): join that cluster within ``connect_timeout_s``, leave it
+    running at :meth:`shutdown`; ``None``: start a Ray here (``num_cpus``, ``object_store_memory``) and
+    stop it at :meth:`shutdown`. ``ValueError`` names the argument when either cannot be done.
     """
 
     def __init__(self, device: str = "cpu", address: str | None = None, *,
@@ -270,8 +224,7 @@ class RayExecutor:
             return False
         quiet = {"logging_level": logging.ERROR, "log_to_driver": False}
         if address is None:
-            # Ray turns token authentication on for the processes of a Ray it starts (through
-            # this environment variable): put it back when that Ray stops
+            # Ray turns token authentication on through this variable: put it back when Ray stops
             self._auth_mode = os.environ.get(AUTH_MODE)
             with _env_default("RAY_USAGE_STATS_ENABLED", "0"):
                 ray.init(address="local", num_cpus=num_cpus, include_dashboard=False,
@@ -340,8 +293,7 @@ class RayExecutor:
             return unit, failed(unit, *failure_status(err))
 
     def _fail_if_no_node(self) -> tuple[Any, list[dict[str, Any]]] | None:
-        """When no node can run units any more, end every running unit with failure rows
-        (their tasks would wait forever)."""
+        """When no node can run units any more, end the running units as failure rows (not wait forever)."""
         if any(fits(node, self.reservation) for node in self._ray.nodes()):
             return None
         reason = (f"no live Ray node can run the unit any more (each needs {self._needs()}); "

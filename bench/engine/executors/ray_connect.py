@@ -1,13 +1,7 @@
 """Reaching the Ray head at ``--address`` within a time limit, and naming what answers instead.
 
-Connecting waits at most ``timeout_s`` (default :data:`CONNECT_S`, ``attn-bench sweep
---connect-timeout-s``) for each of: the TCP connection, an answer in Ray's protocol (gRPC
-over HTTP/2: the head must answer the HTTP/2 connection preface with its SETTINGS frame,
-RFC 7540 section 3.5) and ``ray.init`` joining the cluster (:func:`init_within`, in a thread
-that does not keep the process alive). Anything else there (nothing, a server that says
-nothing, an HTTP/1 server, a TLS server, a gRPC server that is not Ray) is a one-line error
-saying what was found. With ``RAY_USE_TLS`` set only the connection is checked before
-``ray.init``, since the head then speaks TLS first.
+Each of the TCP connection, an HTTP/2 answer (gRPC, as a Ray head speaks) and ``ray.init`` waits at most
+``timeout_s``; anything else there is a one-line error (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -39,11 +33,9 @@ def first_line(text: str) -> str:
 
 
 def check_reachable(address: str, timeout_s: float = CONNECT_S) -> None:
-    """``ValueError`` naming ``--address`` and what answers there unless a server speaking
-    Ray's protocol (gRPC) answers at ``HOST:PORT`` within ``timeout_s`` (Ray itself keeps
-    retrying for minutes, or forever). ``ray://HOST:PORT`` is checked the same way; ``auto``
-    (a Ray already running on this machine) is left to Ray. With ``RAY_USE_TLS`` set only
-    the connection is checked (the head then speaks TLS first)."""
+    """``ValueError`` naming ``--address`` and what answers there unless gRPC answers within ``timeout_s``
+    (Ray itself retries for minutes, or forever). ``auto`` is left to Ray; with ``RAY_USE_TLS`` only the
+    connection is checked."""
     if address == "auto":
         return
     hostport = address.split("://", 1)[1] if "://" in address else address
