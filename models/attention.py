@@ -18,10 +18,7 @@ ROPE_BASE = 10000.0
 
 
 class RotaryEmbedding(nn.Module):
-    """Rotary position embedding (RoPE; Su et al. 2021, "RoFormer"), no parameters: per-head
-    ``x (B, H, N, D)`` (``D`` even) turns channel pair ``(i, i + D/2)`` by ``pos * base^(-2i/D)``.
-    The half-split pairing of GPT-NeoX (``rotate_half``), not GPT-J's interleaved one: weights
-    do not transfer between them. Angles in float64 (docs/models.md, "RoPE")."""
+    """Rotary position embedding (RoPE), no parameters, half-split pairing (docs/models.md, "RoPE")."""
 
     def __init__(self, head_dim: int, base: float = ROPE_BASE) -> None:
         super().__init__()
@@ -59,11 +56,9 @@ def default_positions(length: int, offset: int, device: torch.device) -> Tensor:
 
 
 def pattern_shift_reason(attention: attn.Attention, probe: int = 48, shift: int = 29) -> str | None:
-    """Why ``attention``'s pattern (mask and score term) is not a function of ``j - i``
-    alone, or None when it is: what left padding needs (a row padded by ``p`` tokens sees
-    its own positions shifted by ``p``). Global positions (``band().num_global > 0``) are
-    refused outright; any other pattern is probed on an ``probe x probe`` grid against the
-    same grid moved by ``shift``, every head."""
+    """Why ``attention``'s pattern is not a function of ``j - i`` alone (what left padding needs), or None.
+
+    Probed on a ``probe x probe`` grid against the same grid moved by ``shift``; global positions are refused."""
     band = attention.band()
     if band is not None and band.num_global > 0:
         return f"its first {band.num_global} position(s) are global, an absolute position"
@@ -92,29 +87,19 @@ def pattern_shift_reason(attention: attn.Attention, probe: int = 48, shift: int 
 
 
 class KVCache:
-    """Keys and values of past positions for one attention layer, ``(B, H_kv, T, D)``: as many
-    heads as the layer's keys have (``num_kv_heads``; fewer than the query heads with
-    grouped-query attention, so the cache holds ``H / H_kv`` times less, :attr:`nbytes`).
+    """Keys and values of past positions for one attention layer, ``(B, H_kv, T, D)``.
 
-    ``keep_first`` / ``keep_last`` bound what is stored: after each update only the first
-    ``keep_first`` and the last ``keep_last`` keys are kept (all keys when ``keep_last`` is
-    None). Because attention positions are bottom-right aligned and the banded patterns
-    depend only on ``i - j`` (plus ``j < num_global``), the trimmed cache gives exactly the
-    same result as the full one (see :func:`cache_policy`). A ``static`` cache (cross
-    attention) is filled once from the encoder memory and never grows.
-
-    A growing cache also keeps the key mask of what it stores, ``mask (B, T)`` (None while
-    every stored key is real): a call that passes ``key_mask`` for its new tokens (left
-    padding of ragged prompts) masks those keys for every later query too; a call without
-    one appends real keys. ``seen`` counts every position appended, trimmed or not (the
-    absolute position of the next token, which RoPE rotates by).
+    Only the first ``keep_first`` and last ``keep_last`` keys are kept (all when ``keep_last`` is None;
+    exact, see :func:`cache_policy`). A ``static`` cache (cross attention) is set once and never grows.
+    ``mask (B, T)`` is the key mask of what is stored (None: all real); ``seen`` counts every position
+    appended, trimmed or not (the offset RoPE rotates by).
     """
 
     def __init__(self, keep_first: int = 0, keep_last: int | None = None, static: bool = False):
         self.keep_first = keep_first
         self.keep_last = keep_last
         self.static = static
-        self.seen = 0  # positions appended so far (not trimmed away from this count)
+        self.seen = 0
         self.k: Tensor | None = None  # (B, H, T, D): a view of the buffer when unbounded
         self.v: Tensor | None = None
         self.mask: Tensor | None = None  # (B, T) bool, True at real keys; None: all real
@@ -123,13 +108,11 @@ class KVCache:
 
     @property
     def length(self) -> int:
-        """Number of keys stored now."""
         return 0 if self.k is None else self.k.shape[2]
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the tensors this cache holds: its key and value storage (the grown
-        buffers, capacity included, when unbounded) and the key mask."""
+        """Bytes held: key and value storage (grown buffers, capacity included) and the key mask."""
         held = (self._k_buf, self._v_buf) if self._k_buf is not None else (self.k, self.v)
         held += (self.mask,)
         return sum(t.numel() * t.element_size() for t in held if t is not None)
@@ -137,11 +120,10 @@ class KVCache:
     def update(
         self, k: Tensor, v: Tensor, key_mask: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Append new ``k, v (B, H_kv, Nnew, D)`` with their ``key_mask (B, Nnew)`` (None: all
-        real); return every key the new queries may need and the mask of those keys (None
-        when all are real). A static cache passes ``key_mask`` through."""
+        """Append ``k, v (B, H_kv, Nnew, D)`` and their ``key_mask (B, Nnew)``; return the keys, values and
+        key mask (None: all real) the new queries need."""
         if self.static:
-            self.k, self.v = k, v  # cross attention: set once from the memory
+            self.k, self.v = k, v
             return k, v, key_mask
         batch, new = k.shape[0], k.shape[2]
         if key_mask is not None and (key_mask.dtype != torch.bool or tuple(key_mask.shape) != (batch, new)):
@@ -180,7 +162,6 @@ class KVCache:
         self.v = self._v_buf[:, :, : old + new]
 
     def _trim(self, x: Tensor, dim: int = 2) -> Tensor:
-        """The first ``keep_first`` and last ``keep_last`` entries of ``x`` along ``dim``."""
         length = x.shape[dim]
         if self.keep_last is None or length <= self.keep_first + self.keep_last:
             return x
@@ -215,10 +196,7 @@ def check_kv_heads(num_heads: int, num_kv_heads: int) -> None:
 
 
 class StateCache:
-    """A layer's decoding state in place of a KV cache: the attention's own
-    ``new_decoding_state()`` (e.g. linear attention's running sums), whose size does not grow
-    with the context. ``seen`` counts the positions fed (the offset RoPE rotates by); a
-    ``key_mask`` given with new tokens (left padding) keeps padded keys out of the state."""
+    """A layer's decoding state (the attention's ``new_decoding_state()``) in place of a KV cache."""
 
     static = False
 
@@ -228,12 +206,10 @@ class StateCache:
 
     @property
     def length(self) -> int:
-        """Number of keys fed so far."""
         return self.seen
 
     def step(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        """Causal attention of the new ``q (B, H, Nnew, Dh)`` over every key fed so far and
-        the new ``k, v``, which are fed: ``(B, H, Nnew, Dh)``."""
+        """Causal attention of ``q (B, H, Nnew, Dh)`` over every key fed so far plus ``k, v``, which are fed."""
         out = self.state.step(q, k, v, key_mask)
         self.seen += k.shape[2]
         return out
@@ -246,11 +222,8 @@ class StateCache:
 def cache_policy(attention: attn.Attention) -> tuple[int, int | None]:
     """``(keep_first, keep_last)`` that keeps cached decoding exact for ``attention``.
 
-    A banded pattern (``band()``: window w, dilation r, g global positions) lets a causal
-    query see at most the last ``r*w + 1`` keys plus the first g: keep those. The kept keys
-    are contiguous at the end, so ``j - i`` (and a relative bias on it) is unchanged; with
-    g > 0 the concatenation [globals, recent] changes ``j - i`` for the globals, so a
-    variant with a score_mod (relative bias) and globals keeps everything.
+    A banded pattern (window w, dilation r, g globals) reaches at most the last ``r*w + 1`` keys plus the
+    first g. Globals with a score_mod keep everything: [globals, recent] would change their ``j - i``.
     """
     band = attention.band()
     if band is None:
@@ -261,14 +234,10 @@ def cache_policy(attention: attn.Attention) -> tuple[int, int | None]:
 
 
 class MultiHeadAttention(nn.Module):
-    """Q/K/V/output projections around any registered attention (self or cross):
-    ``x (B, Nq, D)`` attends over ``context (B, Nk, D)`` (``x`` itself when None).
+    """Q/K/V/output projections around any registered attention (self or cross).
 
-    ``num_kv_heads`` (default ``num_heads``, which it must divide): the key and value heads,
-    shared by groups of query heads (grouped-query attention); the attention reads them as
-    they are and a KV cache stores only them. ``rope=True``: queries and keys rotated by their
-    absolute positions before the attention (:class:`RotaryEmbedding`), keys cached rotated
-    (docs/models.md).
+    ``num_kv_heads`` (default ``num_heads``, which it must divide): grouped-query key/value heads.
+    ``rope=True``: queries and keys rotated by absolute position, keys cached rotated (docs/models.md).
     """
 
     def __init__(
@@ -306,8 +275,7 @@ class MultiHeadAttention(nn.Module):
         )
 
     def new_cache(self, static: bool = False) -> KVCache | StateCache:
-        """An empty cache sized by this layer's attention pattern (all keys for static), or
-        the attention's own decoding state when it has one (``new_decoding_state``)."""
+        """An empty cache sized by this layer's pattern, or the attention's own decoding state when it has one."""
         if static:
             return KVCache(static=True)
         new_state = getattr(self.attention, "new_decoding_state", None)
@@ -333,18 +301,15 @@ class MultiHeadAttention(nn.Module):
         return self.split(self.k_proj(context), kv), self.split(self.v_proj(context), kv)
 
     def rotate(self, x: Tensor, positions: Tensor) -> Tensor:
-        """Per-head ``x (B, H, N, Dh)`` rotated by ``positions (B|1, N)`` with RoPE, or
-        unchanged without it."""
+        """``x (B, H, N, Dh)`` rotated by ``positions (B|1, N)`` with RoPE, or unchanged without it."""
         return x if self.rope is None else self.rope(x, positions)
 
     def project(
         self, x: Tensor, context: Tensor | None = None, *, positions: Tensor | None = None, offset: int = 0
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-head ``q (B, H, Nq, Dh)``, ``k, v (B, H_kv, Nk, Dh)`` (each token independently).
+        """Per-head ``q (B, H, Nq, Dh)``, ``k, v (B, H_kv, Nk, Dh)``.
 
-        With RoPE, ``positions (B|1, Nk)`` are the keys' absolute positions (default
-        ``offset .. offset + Nk-1``) and the queries sit at the last ``Nq`` of them (bottom-right
-        alignment)."""
+        With RoPE, ``positions (B|1, Nk)`` (default ``offset ..``) place the keys; queries take the last ``Nq``."""
         context = x if context is None else context
         q, (k, v) = self.queries(x), self.keys_values(context)
         if self.rope is not None:
@@ -380,9 +345,8 @@ class MultiHeadAttention(nn.Module):
     ) -> Tensor:
         """``x (B, Nq, D)`` attends over ``context`` (default ``x``), through ``cache`` if given.
 
-        With a growing cache, ``key_mask (B, Nnew)`` masks the new keys (it is kept with
-        them); ``positions (B|1, Nnew)`` are the new tokens' absolute positions for RoPE
-        (default: the cache's offset ``cache.seen`` onwards, or ``0 ..`` without a cache)."""
+        ``key_mask (B, Nnew)`` masks the new keys (a growing cache keeps it); ``positions (B|1, Nnew)``: absolute
+        RoPE positions (default ``cache.seen`` onwards, or ``0 ..``)."""
         if cache is not None and cache.static and cache.k is not None:
             q, k, v = self.queries(x), cache.k, cache.v  # cross attention: memory projected once
         else:  # q (B, H, Nq, Dh), k, v (B, H_kv, Nk, Dh)

@@ -30,25 +30,11 @@ class FeedForward(nn.Module):
 class TransformerBlock(nn.Module):
     """Self-attention, optional cross-attention, FFN; each sublayer with a residual.
 
-    ``norm="post"`` (Vaswani et al. 2017): ``x = LayerNorm(x + Sublayer(x))``.
-    ``norm="pre"``: ``x = x + Sublayer(LayerNorm(x))`` (the model adds a final LayerNorm).
-
-    ``mixer="lstm"`` / ``"gru"`` puts a :class:`~models.recurrent.RecurrentMixer` (LSTM:
-    Hochreiter & Schmidhuber 1997; GRU: Cho et al. 2014) where the self-attention would be
-    (``self_attn`` is then None and ``recurrent`` holds the layer); residual, norms and FFN
-    stay as they are. Its direction is fixed by ``causal``: unidirectional for a causal
-    (decoder) block, bidirectional otherwise, and a call must pass the same ``causal``.
-    Cross-attention stays attention: a recurrent encoder-decoder keeps attention over the
-    encoder memory, the arrangement of Bahdanau et al. 2015. ``attention`` and
-    ``attention_params`` are unused by a recurrent block. The step-wise seams
-    (:meth:`self_attention_inputs`, :meth:`finish`, :meth:`forward_last`, which streaming
-    uses) need per-token keys and values, so a recurrent block refuses them.
-
-    ``rope=True`` rotates the self-attention's queries and keys by their absolute positions
-    (RoPE, :class:`~models.attention.RotaryEmbedding`); the cross-attention is never rotated
-    (encoder memory and target are not on one position axis). ``positions (B|1, N)`` in the
-    calls below are the tokens' absolute positions (default ``0 .. N-1``, or the cache's
-    offset onwards); without RoPE they are unused.
+    ``norm="post"``: ``x = LayerNorm(x + Sublayer(x))``; ``"pre"``: ``x = x + Sublayer(LayerNorm(x))``.
+    ``mixer="lstm"`` / ``"gru"``: a :class:`~models.recurrent.RecurrentMixer` replaces the self-attention
+    (unidirectional when ``causal``, which calls must match); cross-attention stays attention, and the
+    step-wise seams (which need per-token keys and values) are refused.
+    ``rope=True`` rotates self-attention only (memory and target share no position axis).
     """
 
     def __init__(
@@ -92,14 +78,12 @@ class TransformerBlock(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def new_cache(self) -> KVCache | StateCache | RecurrentCache:
-        """An empty KV cache for this block's self-attention (sized by its pattern), or the
-        recurrent state cache of a (causal) recurrent block."""
+        """An empty cache for this block's self-attention, or its recurrent state."""
         if self.recurrent is not None:
             return self.recurrent.new_cache()
         return self.self_attn.new_cache()
 
     def _attention_only(self, method: str) -> MultiHeadAttention:
-        """The self-attention, or a ValueError naming ``mixer`` for a recurrent block."""
         if self.self_attn is None:
             raise ValueError(
                 f"mixer: {method}() needs a self-attention block; this block has mixer={self.mixer!r}"
@@ -112,7 +96,6 @@ class TransformerBlock(nn.Module):
             raise ValueError("cross_attention: this block has no cross-attention to cache")
         return self.cross_attn.new_cache(static=True)
 
-    # sublayer plumbing: what goes into a sublayer and how its output is added back
     def sublayer_input(self, norm: nn.LayerNorm, x: Tensor) -> Tensor:
         return norm(x) if self.pre_norm else x
 
@@ -127,11 +110,8 @@ class TransformerBlock(nn.Module):
     def self_attention_inputs(
         self, x: Tensor, query_x: Tensor | None = None, *, positions: Tensor | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-head ``q`` of ``query_x`` (default ``x``) and ``k, v`` of ``x``, block inputs
-        ``(B, N, D)`` -> ``(B, H, N, Dh)``: what the self-attention computes from each token
-        alone, so a caller may cache them per token. With RoPE they are rotated by
-        ``positions (B|1, N)`` of ``x``'s tokens (default ``0 .. N-1``); ``query_x`` holds the
-        last tokens of ``x``. Attention blocks only."""
+        """Per-head ``q`` of ``query_x`` (default ``x``, its last tokens) and ``k, v`` of ``x``: ``(B, H, N, Dh)``,
+        per token so a caller may cache them; rotated by ``positions (B|1, N)`` with RoPE."""
         self_attn = self._attention_only("self_attention_inputs")
         h = self.sublayer_input(self.norm1, x)
         query_h = h if query_x is None else self.sublayer_input(self.norm1, query_x)
@@ -141,10 +121,7 @@ class TransformerBlock(nn.Module):
         self, x: Tensor, q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
         key_mask: Tensor | None = None,
     ) -> Tensor:
-        """The block's output at the queries' positions from per-head ``q (B, H, Nq, Dh)``,
-        ``k, v (B, H, Nk, Dh)`` (see :meth:`self_attention_inputs`) and the block input there,
-        ``x (B, Nq, D)``: self-attention, residual, FFN -> ``(B, Nq, D)``. Blocks without
-        cross-attention and with self-attention only."""
+        """The block's output ``(B, Nq, D)`` from per-head ``q, k, v`` and the block input ``x (B, Nq, D)``."""
         self_attn = self._attention_only("finish")
         if self.cross_attn is not None:
             raise ValueError("cross_attention: finish() runs blocks without cross-attention only")
@@ -152,9 +129,7 @@ class TransformerBlock(nn.Module):
         return self.ffn_sublayer(self.residual(self.norm1, x, out))
 
     def finish_heads(self, x: Tensor, heads: Tensor) -> Tensor:
-        """As :meth:`finish`, from the self-attention's per-head outputs ``heads (B, H, Nq, Dh)``
-        computed elsewhere (streaming's retroactive update): output projection, residual,
-        FFN -> ``(B, Nq, D)``."""
+        """As :meth:`finish`, from per-head attention outputs ``heads (B, H, Nq, Dh)`` computed elsewhere."""
         self_attn = self._attention_only("finish_heads")
         if self.cross_attn is not None:
             raise ValueError("cross_attention: finish_heads() runs blocks without cross-attention only")
@@ -174,10 +149,7 @@ class TransformerBlock(nn.Module):
         document_ids: Tensor | None = None,
     ) -> Tensor:
         """``x (B, N, D)`` -> ``(B, N, D)``; ``context (B, M, D)`` feeds the cross-attention;
-        ``document_ids (B, N)`` packs documents in the self-attention (attention blocks only).
-
-        A recurrent block needs ``causal`` to match its direction (ValueError naming
-        ``mixer`` otherwise) and, with ``cache``, takes only the new tokens."""
+        ``document_ids (B, N)`` packs documents (attention blocks only)."""
         h = self.sublayer_input(self.norm1, x)  # (B, N, D)
         if self.recurrent is not None and document_ids is not None:
             raise ValueError(f"document_ids: packed sequences need self-attention blocks; this block "
@@ -202,12 +174,7 @@ class TransformerBlock(nn.Module):
         self, x: Tensor, *, causal: bool = False, key_mask: Tensor | None = None,
         positions: Tensor | None = None,
     ) -> Tensor:
-        """Single-output block: only the last position's output, ``(B, N, D) -> (B, 1, D)``.
-
-        Keys and values come from every position, the query only from the last one, and
-        the FFN runs on one token (Continual single-output attention, Hedegaard et al.).
-        Attention blocks only.
-        """
+        """Single-output block (Hedegaard et al.): only the last position's output, ``(B, N, D) -> (B, 1, D)``."""
         self._attention_only("forward_last")
         q, k, v = self.self_attention_inputs(x, x[:, -1:], positions=positions)  # q (B, H, 1, Dh)
         return self.finish(x[:, -1:], q, k, v, causal=causal, key_mask=key_mask)
@@ -221,14 +188,8 @@ def make_blocks(
     *,
     causal: bool | None = None,
 ) -> nn.ModuleList:
-    """``num_layers`` blocks of ``config``'s sizes, style and kernel, with self-attention
-    ``attention(**attention_params)`` and, given ``cross_attention``, a cross-attention sublayer.
-    The one builder every model kind uses.
-
-    With a recurrent ``config.mixer`` the blocks' recurrent layer runs causally (one
-    direction) when ``causal`` is True, both directions when False; None means
-    ``config.needs_causal``. Attention blocks take ``causal`` per call and ignore it here.
-    ``config.position == "rope"`` gives every self-attention rotary positions."""
+    """``num_layers`` blocks of ``config``'s sizes and style with self-attention ``attention(**attention_params)``
+    and optionally cross-attention. ``causal`` (None: ``config.needs_causal``) sets a recurrent mixer's direction."""
     causal = config.needs_causal if causal is None else causal
     return nn.ModuleList(
         TransformerBlock(

@@ -1,25 +1,8 @@
-"""Model configs: frozen dataclasses, named sizes, validation at construction.
+"""Model configs: frozen dataclasses, named sizes, validation at construction (errors name the field).
 
-Every config validates itself in ``__post_init__`` and raises ``ValueError`` naming the
-offending field. ``position="auto"`` resolves to ``"none"`` when the attention carries a
-relative position bias (``relative``, or any variant with ``position_bias``), to
-``"learned"`` for ViT and to ``"sinusoidal"`` otherwise.
-
-``position="rope"``: rotary position embeddings (Su et al. 2021) on every self-attention's
-queries and keys, before the attention variant (so with any pattern); nothing is added to
-the token embeddings, and cross-attention is not rotated. The head dim ``d_model /
-num_heads`` must be even. It is refused with an attention that carries a relative position
-bias (``relative``, or ``position_bias``): one position scheme per model, so a comparison of
-schemes (learned absolute, RoPE, ALiBi, a learned bias) credits each result to one of them.
-It is refused with a recurrent ``mixer`` too (no self-attention to rotate).
-
-``mixer`` picks what mixes tokens in every self-attention sublayer: ``"attention"`` (the
-default) or a recurrent layer, ``"lstm"`` (Hochreiter & Schmidhuber 1997) or ``"gru"``
-(Cho et al. 2014), of the model's width (see :mod:`models.recurrent`). With a recurrent
-mixer the self-attention settings (``attention``, ``attention_params`` and an encoder-decoder's
-``decoder_attention`` / ``decoder_attention_params``) are unused: they are still checked as
-names and parameters, but need no causal form. ``attention_kernel`` and ``num_heads`` still
-serve the encoder-decoder's cross-attention, and ``position`` resolves as above.
+``position`` and ``mixer`` rules: docs/models.md. With a recurrent mixer the self-attention settings are
+still checked as names and parameters but need no causal form; ``attention_kernel`` and ``num_heads``
+still serve an encoder-decoder's cross-attention.
 """
 
 from __future__ import annotations
@@ -36,19 +19,14 @@ POSITIONS = ("auto", "sinusoidal", "learned", "none", "rope")
 POOLINGS = ("cls", "mean", "last")  # one vector per sequence (every model kind with a head)
 ENCODER_POOLINGS = (*POOLINGS, "tokens")  # "tokens": logits at every position (encoder only)
 PAIR_HEADS = ("concat", "cosine")
-#: what mixes tokens in a block's self-attention sublayer (see models/recurrent.py)
 MIXERS = ("attention", "lstm", "gru")
 
-#: named model sizes (``create_model(kind, size)``), a model's starting point before its
-#: overrides; kind-specific extras live on each config class (``kind_sizes``). Sizes of a
-#: model only: a quality task's data, model and training come from a *task preset*
-#: (``tiny``, ``small``, ``lra``: bench/configs/tasks), which starts from ``mini``.
+#: named model sizes (``create_model(kind, size)``) before overrides; kind extras: ``kind_sizes``
 SIZES: dict[str, dict[str, Any]] = {
     # well under a second per training step on CPU (tests, the model-step sweep)
     "mini": dict(d_model=32, num_heads=2, num_layers=2, d_ff=64, max_len=256, vocab_size=32),
     "medium": dict(d_model=128, num_heads=4, num_layers=4, d_ff=512, max_len=1024, vocab_size=256),
-    # the Long Range Arena's base size (Tay et al. 2021): the text / retrieval models as we
-    # recall them (4 layers, 4 heads, 256 dims, MLP 1024); the decoding benchmark's models
+    # the Long Range Arena's base size (Tay et al. 2021) as we recall it; the decoding benchmark's models
     "lra_base": dict(d_model=256, num_heads=4, num_layers=4, d_ff=1024, max_len=4096, vocab_size=256),
 }
 
@@ -70,12 +48,8 @@ class ModelConfig:
     attention: str = "full"
     attention_params: dict[str, Any] = field(default_factory=dict)
     attention_kernel: str = "auto"
-    # "attention": self-attention; "lstm" / "gru": a recurrent layer in its place (bidirectional
-    # in an encoder, unidirectional in a decoder); attention / attention_params are then unused
-    mixer: str = "attention"
-    # key/value heads of every attention layer (grouped-query attention: each serves
-    # num_heads / num_kv_heads query heads; 1 is multi-query); None: num_heads
-    num_kv_heads: int | None = None
+    mixer: str = "attention"  # "lstm" / "gru": a recurrent layer replaces self-attention
+    num_kv_heads: int | None = None  # grouped-query key/value heads (1: multi-query); None: num_heads
 
     #: whether the model's self-attention runs causally (decoders)
     needs_causal: ClassVar[bool] = False
@@ -156,8 +130,7 @@ class ModelConfig:
     def _check_attention(
         self, name: str, params: dict[str, Any], field_name: str, causal: bool | None = None
     ) -> None:
-        """Check ``name(**params)`` from the registry's parameter rules (no module is built),
-        and that it has a causal form where the model needs one; errors name ``field_name``."""
+        """Check ``name(**params)`` (no module built) and its causal form where needed; errors name ``field_name``."""
         causal = self.needs_causal if causal is None else causal
         try:
             attn.check_attention_params(
@@ -178,15 +151,13 @@ class EncoderClassifierConfig(ModelConfig):
     """BERT-style encoder with a classification head; ``dual=True`` encodes two inputs (retrieval)."""
 
     num_classes: int = 2
-    # "cls": a learned CLS vector at position 0; "mean": mean over real tokens; "last": the
-    # last real token (what a query at the end of the sequence gathered); "tokens": no pooling,
-    # logits at every real token (B, N, C), e.g. per-position labels (MQAR)
+    # "cls": learned CLS at position 0; "mean": over real tokens; "last": the last real token;
+    # "tokens": logits at every real token (B, N, C), e.g. per-position labels (MQAR)
     pooling: str = "cls"
     num_extra_global: int = 0  # learned global tokens prepended after CLS (for global_tokens)
     dual: bool = False
     head_hidden: int = 0  # 0: a linear head; > 0: an MLP head with this hidden width (LRA's dual head)
-    # dual only: "concat" classifies [u, v, u*v, u-v] with the head (LRA); "cosine" scores a
-    # pair by a learned scale and bias on cos(u, v) (two classes: different, same)
+    # dual only: "concat" classifies [u, v, u*v, u-v] (LRA); "cosine": learned scale and bias on cos(u, v)
     pair_head: str = "concat"
 
     def __post_init__(self) -> None:
@@ -214,8 +185,7 @@ class DecoderLMConfig(ModelConfig):
 
 @dataclass(frozen=True)
 class EncoderDecoderConfig(ModelConfig):
-    """Translation-style encoder-decoder; ``attention`` is used by the encoder and, unless
-    ``decoder_attention`` is given, by the decoder's causal self-attention too."""
+    """Translation-style encoder-decoder; ``attention`` also serves the decoder unless ``decoder_attention``."""
 
     num_decoder_layers: int | None = None  # None: num_layers
     decoder_attention: str | None = None  # None: same as attention (and attention_params)
@@ -301,8 +271,7 @@ class ViTConfig(ModelConfig):
 
 
 def build_config(config_cls: type[ModelConfig], size: str, **overrides: Any) -> ModelConfig:
-    """``config_cls`` filled from model size ``size`` and then ``overrides`` (unknown fields:
-    ValueError)."""
+    """``config_cls`` filled from model size ``size``, then ``overrides`` (unknown fields: ValueError)."""
     if size not in SIZES:
         raise ValueError(f"size: unknown model size {size!r}; sizes are {', '.join(SIZES)}")
     names = {f.name for f in fields(config_cls)}

@@ -20,9 +20,7 @@ from models.registration import place_causal_self_attention, register_model
 
 @dataclass
 class DecoderCache:
-    """Per-layer self-attention caches (recurrent state caches with a recurrent ``mixer``),
-    cross-attention caches, the tokens seen so far and, after a first call with a left-padded
-    ``key_mask``, each row's first real column (``start``: positions count from there)."""
+    """Per-layer self- and cross-attention caches, the tokens seen, and each row's first real column."""
 
     layers: list[KVCache | StateCache | RecurrentCache]
     cross: list[KVCache] = field(default_factory=list)
@@ -30,15 +28,14 @@ class DecoderCache:
     start: Tensor | None = None  # (B,) each row's first real column; None: 0 for every row
 
     def reorder(self, index: Tensor) -> None:
-        """Select / repeat batch rows of every layer's cache (beam search)."""
+        """Select / repeat batch rows (beam search)."""
         for cache in (*self.layers, *self.cross):
             cache.reorder(index)
         if self.start is not None:
             self.start = self.start.index_select(0, index)
 
     def positions(self, length: int, key_mask: Tensor | None, device: torch.device) -> Tensor:
-        """Absolute positions ``(B|1, N)`` of the next ``length`` tokens; a first call's
-        ``key_mask`` fixes each row's start (its left padding) for every later call."""
+        """Absolute positions ``(B|1, N)`` of the next tokens; a first call's ``key_mask`` fixes each row's start."""
         if self.length == 0 and key_mask is not None:
             start = first_real(key_mask)  # (B,)
             self.start = start if bool(start.any()) else None
@@ -47,10 +44,7 @@ class DecoderCache:
 
 def row_positions(length: int, key_mask: Tensor | None, cache: DecoderCache | None,
                   device: torch.device) -> Tensor:
-    """Absolute positions ``(B|1, N)`` of a decoder call's tokens: ``0 ..`` (or the cache's
-    offset onwards), each row counted from its first real token. Left padding thus leaves a
-    row's tokens where they are alone; without padding, or with right padding, they are the
-    columns."""
+    """Absolute positions ``(B|1, N)`` of a decoder call's tokens, each row counted from its first real token."""
     if cache is not None:
         return cache.positions(length, key_mask, device)
     start = None if key_mask is None else first_real(key_mask)  # (B,)
@@ -60,8 +54,7 @@ def row_positions(length: int, key_mask: Tensor | None, cache: DecoderCache | No
 
 
 def document_positions(ids: Tensor, document_ids: Tensor) -> Tensor:
-    """Positions ``(B, N)`` counted from each token's document start, for validated-here
-    ``document_ids`` of the tokens ``ids (B, N)`` (:func:`attn.documents.check_document_ids`)."""
+    """Positions ``(B, N)`` from each token's document start; ``document_ids`` are validated here."""
     check_document_ids("decoder_lm", document_ids, batch=ids.shape[0], q_len=ids.shape[1],
                        k_len=ids.shape[1], device=ids.device)
     starts = Documents.from_ids(document_ids).starts  # (B, N)
@@ -70,13 +63,8 @@ def document_positions(ids: Tensor, document_ids: Tensor) -> Tensor:
 
 @register_model("decoder_lm", DecoderLMConfig, place=place_causal_self_attention)
 class DecoderLM(GenerationMixin, nn.Module):
-    """Causal LM: ``model(ids, key_mask=None) -> logits (B, N, V)``; ``generate`` decodes.
-
-    Positions count from each row's first real token (``key_mask``), so a left-padded row
-    gets the positions, and so the logits, it gets alone; a cache keeps that start, and the
-    key mask of its keys, for every later step. ``generate(ids, n, key_mask=mask)`` decodes a
-    batch of prompts of different lengths, left-padded (:func:`models.generation.left_pad`).
-    """
+    """Causal LM: ``model(ids, key_mask=None) -> logits (B, N, V)``; ``generate`` decodes (left-padded prompts:
+    docs/models.md)."""
 
     def __init__(self, config: DecoderLMConfig) -> None:
         super().__init__()
@@ -99,13 +87,9 @@ class DecoderLM(GenerationMixin, nn.Module):
         self, ids: Tensor, key_mask: Tensor | None = None, *, cache: DecoderCache | None = None,
         document_ids: Tensor | None = None,
     ) -> Tensor:
-        """``ids (B, N)`` -> ``logits (B, N, V)``; with ``cache``, ids are the new tokens only
-        and ``key_mask (B, N)`` (None: all real) masks them for this and every later call.
-
-        ``document_ids (B, N)`` packs documents in each row (docs/contract.md, "Packed
-        sequences"): attention stays inside each document and positions restart at 0 at each
-        document's start, so a packed row gives the logits of its documents run alone. Not with
-        a cache or with ``key_mask`` (a packed row's padding is a document of its own)."""
+        """``ids (B, N)`` -> ``logits (B, N, V)``; with ``cache``, ids are the new tokens only and ``key_mask``
+        masks them for every later call. ``document_ids (B, N)``: packed rows, without cache or ``key_mask``
+        (docs/models.md, "Packed rows")."""
         if document_ids is not None and (cache is not None or key_mask is not None):
             raise ValueError("document_ids: packed rows take no cache and no key_mask (allowed: "
                              "document_ids alone, in a full forward)")
@@ -124,9 +108,7 @@ class DecoderLM(GenerationMixin, nn.Module):
     def start_decoding(
         self, ids: Tensor, use_cache: bool = True, key_mask: Tensor | None = None, **unused
     ) -> tuple[_LMSession, Tensor]:
-        """A decoding session over prompts ``ids (B, T)``; ``key_mask (B, T)`` marks each
-        row's real tokens when the prompts have different lengths (left padding: see
-        :func:`models.generation.left_pad`)."""
+        """A decoding session over prompts ``ids (B, T)``; ``key_mask`` for left-padded prompts."""
         if unused:
             raise ValueError(f"{next(iter(unused))}: not an argument of decoder_lm.generate")
         if key_mask is not None:
@@ -146,8 +128,7 @@ class DecoderLM(GenerationMixin, nn.Module):
 
 
 class _LMSession:
-    """Next-token logits for a growing token sequence, through the KV cache or not; with a
-    prompt ``key_mask (B, T)`` (left padding) every call masks the padding."""
+    """Next-token logits for a growing sequence, through the KV cache or not, masking prompt padding."""
 
     def __init__(self, model: DecoderLM, use_cache: bool, key_mask: Tensor | None = None) -> None:
         self.model = model
@@ -156,7 +137,7 @@ class _LMSession:
 
     @torch.no_grad()
     def next_logits(self, tokens: Tensor) -> Tensor:
-        """``tokens (B, T)`` (the whole sequence so far) -> logits of token T+1 ``(B, V)``."""
+        """``tokens (B, T)``, the whole sequence so far -> next-token logits ``(B, V)``."""
         if self.cache is None:
             mask = self.key_mask
             if mask is not None:  # the prompt's padding, then every generated token is real

@@ -33,16 +33,14 @@ def sinusoidal_table(positions: Tensor, d_model: int) -> Tensor:
 
 
 def first_real(key_mask: Tensor) -> Tensor:
-    """The column of each row's first real token, ``key_mask (B, N)`` -> ``(B,)`` (0 for a
-    row with none): the left padding of a row, 0 for right padding or none."""
+    """The column of each row's first real token, ``key_mask (B, N)`` -> ``(B,)`` (0 for none)."""
     return key_mask.to(torch.int8).argmax(dim=1)  # the first maximum: the first True
 
 
 def token_positions(length: int, offset: int = 0, start: Tensor | None = None,
                     device: torch.device | None = None) -> Tensor:
-    """Absolute positions of ``length`` tokens at columns ``offset ..``: ``(1, N)``, or with
-    each row's first real column ``start (B,)`` (left padding), ``(B, N)`` counted from there
-    (so a left-padded row's tokens get the positions they have alone; padding gets 0)."""
+    """Positions of ``length`` tokens at columns ``offset ..``: ``(1, N)``, or ``(B, N)`` counted from each row's
+    first real column ``start (B,)`` (padding gets 0)."""
     columns = torch.arange(offset, offset + length, device=device)[None, :]  # (1, N)
     if start is None:
         return columns
@@ -50,13 +48,8 @@ def token_positions(length: int, offset: int = 0, start: Tensor | None = None,
 
 
 class PositionEmbedding(nn.Module):
-    """Absolute positions added to ``x (B, N, D)``: ``offset ..`` (the KV-cache length), or
-    per row ``positions (B|1, N)``.
-
-    ``sinusoidal`` works at any position; ``learned`` has ``max_len`` rows; ``none`` adds
-    nothing (position comes from a relative bias in the attention), nor does ``rope`` (the
-    attention rotates its queries and keys).
-    """
+    """Absolute positions added to ``x (B, N, D)``: ``offset ..`` or ``positions (B|1, N)``; ``none`` and
+    ``rope`` add nothing."""
 
     def __init__(self, kind: str, d_model: int, max_len: int) -> None:
         super().__init__()
@@ -116,11 +109,7 @@ class PatchEmbedding(nn.Module):
 
 
 class PrefixTokens(nn.Module):
-    """Learned vectors prepended to a sequence: a CLS token and/or extra global tokens.
-
-    The prefix is ``[CLS]`` (if ``cls``) followed by ``num_global`` learned tokens, so with
-    ``global_tokens`` attention and ``num_global >= 1`` the CLS is a selected global token.
-    """
+    """Learned ``[CLS]`` (if ``cls``) then ``num_global`` tokens, prepended; under ``global_tokens`` CLS is global."""
 
     def __init__(self, d_model: int, cls: bool, num_global: int) -> None:
         super().__init__()

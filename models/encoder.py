@@ -16,26 +16,19 @@ from models.streaming import StreamingEncoder
 
 
 class TransformerEncoder(nn.Module):
-    """A stack of non-causal blocks (+ final LayerNorm under pre-LN): ``(B, N, D) -> (B, N, D)``.
-
-    With ``config.mixer`` "lstm" / "gru" each block's self-attention is a bidirectional
-    recurrent layer; CLS and extra global tokens are then read as ordinary leading tokens."""
+    """A stack of non-causal blocks (+ final LayerNorm under pre-LN): ``(B, N, D) -> (B, N, D)``."""
 
     def __init__(self, config: ModelConfig, num_layers: int | None = None, attention: str | None = None,
                  attention_params: dict[str, Any] | None = None) -> None:
-        """``num_layers`` blocks (default ``config.num_layers``) of self-attention ``attention``
-        (default ``config.attention``, with ``config.attention_params``)."""
         super().__init__()
         layers = config.num_layers if num_layers is None else num_layers
         if attention is None:
             attention, attention_params = config.attention, config.attention_params
-        # non-causal: a recurrent mixer reads both directions
         self.blocks = make_blocks(config, layers, attention, dict(attention_params or {}), causal=False)
         self.norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
 
     def forward(self, x: Tensor, key_mask: Tensor | None = None, document_ids: Tensor | None = None) -> Tensor:
-        """``x (B, N, D)`` -> ``(B, N, D)``; ``document_ids (B, N)`` packs documents in every
-        block's self-attention (positions are the caller's: an embedding added before)."""
+        """``x (B, N, D)`` -> ``(B, N, D)``; ``document_ids (B, N)`` packs documents (positions are the caller's)."""
         for block in self.blocks:
             x = block(x, key_mask=key_mask, document_ids=document_ids)
         return self.norm(x)
@@ -74,20 +67,10 @@ class CosineHead(nn.Module):
 class EncoderClassifier(nn.Module):
     """Encoder + pooling + classifier head: ``model(ids, key_mask) -> logits (B, C)``.
 
-    The input is ``[CLS?][extra global tokens][tokens]``; CLS and global tokens are learned
-    vectors (no vocabulary id needed). ``pooling="cls"`` reads position 0, ``"mean"``
-    averages the real tokens only, ``"last"`` reads the last real token (right padding).
-    ``pooling="tokens"`` pools nothing: the head classifies every input position and the
-    model returns ``(B, N, C)``, one row per token of ``ids`` (no CLS is added, and extra
-    global tokens are dropped from the output; padded positions get logits too, which the
-    caller ignores). It cannot be combined with ``dual``.
-    With ``dual=True`` the model is a dual encoder for retrieval: both inputs are encoded by
-    the same weights and :meth:`pair_logits` scores the pooled vectors ``u, v`` (:meth:`embed`):
-    with ``pair_head="concat"`` the head sees ``[u, v, u * v, u - v]`` (LRA retrieval), with
-    ``"cosine"`` the logit of "same" is a learned scale times ``cos(u, v)`` plus a learned bias.
-    The head is linear, or an MLP with ``head_hidden`` hidden units.
-    With an attention that forces causal (``causal``) CLS at position 0 sees only itself:
-    use ``pooling="mean"`` there.
+    Input ``[CLS?][extra global tokens][tokens]`` (learned vectors, no vocabulary ids). ``pooling="tokens"``
+    returns ``(B, N, C)`` for the tokens of ``ids`` (padding included). ``dual=True``: both inputs share the
+    weights and :meth:`pair_logits` scores the pooled pair. Under a causal attention, CLS sees only itself:
+    use ``pooling="mean"``.
     """
 
     def __init__(self, config: EncoderClassifierConfig) -> None:
@@ -150,6 +133,5 @@ class EncoderClassifier(nn.Module):
         return self.head(torch.cat([u, v, u * v, u - v], dim=-1))
 
     def stream(self, window: int, update: str = "auto"):
-        """A :class:`~models.streaming.StreamingEncoder` over the last ``window`` tokens
-        (``update="recompute"`` forces its first block's O(n^2 d) path)."""
+        """A :class:`~models.streaming.StreamingEncoder` over the last ``window`` tokens."""
         return StreamingEncoder(self, window, update=update)

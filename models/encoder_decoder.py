@@ -23,10 +23,8 @@ CROSS_ATTENTION = "full"
 
 def place_encoder_decoder(variant: str, params: dict[str, Any], label: str, *, causal: bool,
                           mixer: str) -> Placement:
-    """The variant in the encoder and in the decoder's causal self-attention, full
-    cross-attention. A variant without a causal form keeps the encoder; the decoder then
-    uses causal full attention (:data:`DECODER_FALLBACK`), which the description records.
-    With a recurrent mixer only the cross-attention attends."""
+    """The variant in the encoder and the decoder's self-attention (:data:`DECODER_FALLBACK` without a causal
+    form, said in the description), full cross-attention."""
     parts = {"attention": variant, "attention_params": params, "cross_attention": CROSS_ATTENTION}
     if mixer != "attention":
         return Placement(parts, f"no self-attention ({mixer} layers); "
@@ -43,15 +41,8 @@ def place_encoder_decoder(variant: str, params: dict[str, Any], label: str, *, c
 class EncoderDecoder(GenerationMixin, nn.Module):
     """``model(src, tgt, src_key_mask=None, tgt_key_mask=None) -> logits (B, Nt, V)``.
 
-    One shared token embedding (source and target vocabularies are the same). The
-    decoder's self-attention is causal with ``decoder_attention`` (default: ``attention``);
-    the cross-attention uses ``cross_attention`` (default ``full``) over the encoder memory.
-    ``generate(src, ...)`` starts every target with ``bos_id``.
-
-    With ``mixer`` "lstm" / "gru" the encoder is a stack of bidirectional recurrent layers
-    and the decoder of unidirectional ones, each followed by attention over the encoder
-    memory (the RNN encoder-decoder with attention of Bahdanau et al. 2015, in this block
-    layout); cached decoding carries the recurrent state.
+    One shared token embedding; ``generate(src, ...)`` starts every target with ``bos_id``. With a recurrent
+    ``mixer`` it is Bahdanau et al. 2015's RNN encoder-decoder with attention, in this block layout.
     """
 
     def __init__(self, config: EncoderDecoderConfig) -> None:
@@ -72,7 +63,6 @@ class EncoderDecoder(GenerationMixin, nn.Module):
             self.lm_head.weight = self.token_emb.weight
 
     def encode(self, src: Tensor, src_key_mask: Tensor | None = None) -> Tensor:
-        """Encoder memory ``(B, Ns, D)``."""
         x = self.drop(self.pos_emb(self.token_emb(src)))
         return self.encoder(x, src_key_mask)
 

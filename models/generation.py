@@ -1,25 +1,10 @@
 """Decoding: greedy, beam search and sampling over a "session" that yields next-token logits.
 
-A session has ``next_logits(tokens (B, T)) -> (B, V)`` (``tokens`` is the whole sequence so
-far; a cached session feeds only the tokens it has not seen) and ``reorder(index)`` (select
-/ repeat batch rows, for beams). Models build one in ``start_decoding``; tests can pass a
-hand-made session to :func:`greedy_search` / :func:`beam_search` directly.
-
-Beam score: the sum of token log-probabilities divided by the GNMT length penalty
-``lp(len) = ((5 + len) / 6) ** alpha`` (Wu et al. 2016), where ``len`` counts generated
-tokens up to and including EOS. ``alpha = 0`` (the default) ranks by plain log-probability.
-
-**Prompts of different lengths** in one batch (``decoder_lm``): left padding with a key
-mask through the cache, and per-row positions. :func:`left_pad` right-aligns the prompts,
-``ids (B, T)`` with ``key_mask (B, T)`` True at real tokens, and ``generate(ids, n,
-key_mask=key_mask)`` decodes them together, greedy, beam or sampling. Every row's newest
-token is then the last column, so one cached step serves the whole batch; the padding is
-masked as keys (the cache keeps the mask of its keys), and each row's positions count from
-its first real token (absolute embeddings and RoPE alike), so a row computes what its prompt
-computes alone. The relative patterns see the same offsets ``j - i`` as alone; a pattern
-with absolute positions (global tokens) would not, and is refused (``key_mask: ...``), as
-is a recurrent ``mixer``. The output keeps the padding: ``(B, T + new)``, row ``b``'s
-generated tokens after its prompt at the right.
+A session has ``next_logits(tokens (B, T)) -> (B, V)`` (``tokens``: the whole sequence so far) and
+``reorder(index)`` (select / repeat batch rows, for beams); models build one in ``start_decoding``.
+Beam score: log-probability sum over the GNMT length penalty ``((5 + len) / 6) ** alpha`` (Wu et al.
+2016), ``len`` counting generated tokens through EOS. Left-padded prompts of different lengths:
+docs/models.md.
 """
 
 from __future__ import annotations
@@ -40,9 +25,8 @@ class DecodeSession(Protocol):
 
 
 def left_pad(prompts: Sequence[Tensor], pad_id: int = 0) -> tuple[Tensor, Tensor]:
-    """Prompts of different lengths, each ``(T_b,)`` token ids, as one left-padded batch:
-    ``ids (B, max T_b)`` (``pad_id`` before each prompt) and ``key_mask (B, max T_b)``, True
-    at real tokens; what ``generate(ids, n, key_mask=key_mask)`` takes."""
+    """Prompts ``(T_b,)`` as one left-padded batch ``ids (B, max T_b)`` and ``key_mask`` (True at real tokens),
+    what ``generate(ids, n, key_mask=key_mask)`` takes."""
     if not prompts:
         raise invalid("prompts", "must be a non-empty list of 1-D token id tensors; got none")
     for b, prompt in enumerate(prompts):
@@ -59,8 +43,7 @@ def left_pad(prompts: Sequence[Tensor], pad_id: int = 0) -> tuple[Tensor, Tensor
 
 
 def check_left_padded(key_mask: Tensor, ids: Tensor) -> None:
-    """Raise a one-line ``ValueError`` naming ``key_mask`` unless it is a bool ``(B, T)``
-    mask of ``ids (B, T)`` with each row's real tokens (True) last and at least one of them."""
+    """``ValueError`` unless ``key_mask`` is a bool mask of ``ids``' shape, each row False then True (>= 1)."""
     if not isinstance(key_mask, Tensor) or key_mask.dtype != torch.bool or key_mask.shape != ids.shape:
         got = f"{key_mask.dtype} of shape {tuple(key_mask.shape)}" if isinstance(key_mask, Tensor) \
             else type(key_mask).__name__
@@ -91,8 +74,7 @@ def _extend(
     eos_id: int | None,
     pick: Callable[[Tensor], Tensor],
 ) -> Tensor:
-    """Append ``pick(next_logits) -> (B,)`` tokens ``max_new_tokens`` times; after EOS a row
-    repeats EOS, and decoding stops once every row has ended."""
+    """Append ``pick(next_logits) -> (B,)`` up to ``max_new_tokens`` times; after EOS a row repeats EOS."""
     done = torch.zeros(tokens.shape[0], dtype=torch.bool, device=tokens.device)
     for _ in range(max_new_tokens):
         nxt = pick(session.next_logits(tokens))  # (B,)
@@ -148,10 +130,7 @@ def beam_search(
 ) -> tuple[Tensor, Tensor]:
     """Beam search; returns the best sequence per row ``(B, T')`` and its score ``(B,)``.
 
-    Each step extends every beam by every token, ranks the ``k * V`` candidates by
-    ``logprob_sum / lp(len)`` and keeps the top ``k``; a finished beam (ended in EOS) can
-    only be extended by EOS at no cost, so it keeps its score and length. With ``k = 1``
-    this is exactly greedy search.
+    A finished beam is extended only by EOS at no cost, keeping score and length; ``k = 1`` is greedy search.
     """
     if beam_width < 1:
         raise ValueError(f"beam_width: must be >= 1; got {beam_width}")
@@ -211,11 +190,9 @@ class GenerationMixin:
     ) -> Tensor:
         """Decode ``max_new_tokens`` tokens after ``ids`` (decoder) or for source ``ids``.
 
-        Returns the prefix followed by the new tokens, ``(B, T + new)`` (shorter if every
-        row ended in ``eos_id``). ``length_penalty`` is the GNMT alpha for beam search.
-        ``inputs`` go to the model's ``start_decoding``: ``key_mask (B, T)`` for a decoder's
-        prompts of different lengths, left-padded (:func:`left_pad`; the module docstring),
-        ``src_key_mask`` for an encoder-decoder's source.
+        Returns the prefix then the new tokens, ``(B, T + new)`` (shorter if every row ended in ``eos_id``).
+        ``length_penalty``: the GNMT alpha for beam search. ``inputs`` go to ``start_decoding``: ``key_mask``
+        for left-padded prompts (:func:`left_pad`), ``src_key_mask`` for an encoder-decoder's source.
         """
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens: must be >= 0; got {max_new_tokens}")

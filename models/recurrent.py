@@ -1,17 +1,7 @@
 """A recurrent layer in place of self-attention: LSTM or GRU, with a state cache for decoding.
 
-The reference rows "the classic sequence model without attention": an LSTM (Hochreiter &
-Schmidhuber 1997) or a GRU (Cho et al. 2014) of the model's width, placed where a block's
-self-attention would be (residual, norm and FFN unchanged). In an encoder (non-causal) block
-the layer is bidirectional with ``d_model // 2`` units per direction, so its output is
-``d_model`` wide; in a decoder (causal) block it is unidirectional with ``d_model`` units,
-so position ``t`` sees only positions ``<= t``.
-
-Padding (``key_mask``, True at real tokens, padding on the right) is packed away with
-``pack_padded_sequence``, so no padded position reaches a real one in either direction,
-and the output at padded positions is zero. Step-wise decoding keeps the recurrent state
-in a :class:`RecurrentCache` (the interface ``DecoderCache`` needs from a layer cache:
-``reorder`` for beam search, ``length``).
+Bidirectional (``d_model // 2`` units a direction) in encoder blocks, unidirectional in causal ones.
+Right padding is packed away (``pack_padded_sequence``), so it reaches no real position.
 """
 
 from __future__ import annotations
@@ -20,17 +10,11 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-#: the recurrent mixers, by config name
 RECURRENT_MIXERS = ("lstm", "gru")
 
 
 class RecurrentCache:
-    """The recurrent state of one layer after the tokens fed so far.
-
-    ``h (L, B, H)`` is the hidden state and ``c (L, B, H)`` the LSTM cell state (None for a
-    GRU), where ``L`` counts layers times directions (1 for a decoder block). Both are None
-    before the first token.
-    """
+    """The recurrent state ``h`` (and LSTM ``c``), ``(L, B, H)``, of one layer after the tokens fed so far."""
 
     def __init__(self) -> None:
         self.h: Tensor | None = None  # (L, B, H)
@@ -39,7 +23,6 @@ class RecurrentCache:
 
     @property
     def length(self) -> int:
-        """Number of tokens fed through this cache so far."""
         return self.tokens
 
     @property
@@ -50,7 +33,6 @@ class RecurrentCache:
         return self.h if self.c is None else (self.h, self.c)
 
     def update(self, state: Tensor | tuple[Tensor, Tensor], new_tokens: int) -> None:
-        """Store the state returned by the layer after ``new_tokens`` more tokens."""
         if isinstance(state, tuple):
             self.h, self.c = state
         else:
@@ -58,7 +40,7 @@ class RecurrentCache:
         self.tokens += new_tokens
 
     def reorder(self, index: Tensor) -> None:
-        """Select / repeat batch rows (beam search): ``index (B',)`` into the batch."""
+        """Select / repeat batch rows (beam search)."""
         if self.h is None:
             return
         self.h = self.h.index_select(1, index)  # (L, B', H)
@@ -67,8 +49,7 @@ class RecurrentCache:
 
 
 def check_right_padded(key_mask: Tensor, batch: int, length: int) -> Tensor:
-    """The real lengths ``(B,)`` of ``key_mask (B, N)`` (True = real token), which must
-    be ``(batch, length)`` and hold its real tokens first (padding on the right)."""
+    """The real lengths ``(B,)`` of a right-padded bool ``key_mask (batch, length)``; ``ValueError`` otherwise."""
     if key_mask.dtype != torch.bool or tuple(key_mask.shape) != (batch, length):
         raise ValueError(
             f"key_mask: must be a bool tensor of shape ({batch}, {length}); "
@@ -84,12 +65,7 @@ def check_right_padded(key_mask: Tensor, batch: int, length: int) -> Tensor:
 
 
 class RecurrentMixer(nn.Module):
-    """An ``nn.LSTM`` / ``nn.GRU`` (batch first) mixing tokens: ``(B, N, D) -> (B, N, D)``.
-
-    ``causal=False``: bidirectional, ``d_model // 2`` units per direction (``d_model`` must
-    be even); ``causal=True``: unidirectional, ``d_model`` units. The direction is fixed
-    here, so a call must ask for the same ``causal`` the layer was built with.
-    """
+    """An ``nn.LSTM`` / ``nn.GRU`` mixing tokens, ``(B, N, D) -> (B, N, D)``; calls must match its ``causal``."""
 
     def __init__(self, d_model: int, kind: str = "lstm", *, causal: bool = False) -> None:
         super().__init__()
@@ -113,7 +89,6 @@ class RecurrentMixer(nn.Module):
         return f"kind={self.kind!r}, causal={self.causal}"
 
     def new_cache(self) -> RecurrentCache:
-        """An empty state cache for step-wise decoding (causal layers only)."""
         if not self.causal:
             raise ValueError(
                 f"mixer: a bidirectional (encoder) {self.kind} reads the whole sequence at "
@@ -129,11 +104,7 @@ class RecurrentMixer(nn.Module):
         key_mask: Tensor | None = None,
         cache: RecurrentCache | None = None,
     ) -> Tensor:
-        """``x (B, N, D)`` -> ``(B, N, D)``, zero at padded positions of ``key_mask (B, N)``.
-
-        With ``cache`` (causal layers), ``x`` holds only the new tokens: the layer starts
-        from the cached state and stores its final state there.
-        """
+        """``x (B, N, D)`` -> ``(B, N, D)``, zero at padding; with ``cache``, ``x`` holds only the new tokens."""
         if causal != self.causal:
             built = "unidirectional (causal)" if self.causal else "bidirectional (non-causal)"
             raise ValueError(

@@ -1,10 +1,6 @@
-"""The table of model kinds (an :class:`attn.table.Table`) and the decorator that fills it
-(:func:`register_model`): a kind's builder, config class and :class:`Placement` of a variant.
-The two placements most kinds share are here; a kind with other parts writes its own beside
-its class (``models/encoder_decoder.py``).
+"""The table of model kinds and :func:`register_model`; the two placements most kinds share.
 
-The bottom of the model layers above the configs: model modules import this to register
-themselves, and :mod:`models.registry` imports the model modules, so imports run one way.
+Model modules import this to register themselves and :mod:`models.registry` imports them: imports run one way.
 """
 
 from __future__ import annotations
@@ -24,10 +20,8 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Placement:
-    """A variant placed into a model: the model keyword arguments that put it there, every
-    part described (``self-attention=sliding_window(window=16)``), and the reason the kind
-    cannot take the variant at all (``None``: it can). A part a variant cannot serve is never
-    silently given another attention: the kind either says so here or refuses."""
+    """A variant placed into a model: its keyword arguments, every part described, and why the kind cannot
+    take it (``None``: it can). A part is never silently given another attention."""
 
     kwargs: dict[str, Any]
     description: str
@@ -35,9 +29,7 @@ class Placement:
 
 
 class Place(Protocol):
-    """How a kind places ``variant(params)`` (shown as ``label``); ``causal``: the task needs
-    causal self-attention; ``mixer``: ``attention``, or a recurrent layer (``lstm``, ``gru``)
-    in place of every self-attention."""
+    """How a kind places ``variant(params)`` (shown as ``label``) for a task (``causal``) and ``mixer``."""
 
     def __call__(self, variant: str, params: dict[str, Any], label: str, *, causal: bool,
                  mixer: str) -> Placement: ...
@@ -45,8 +37,7 @@ class Place(Protocol):
 
 def place_self_attention(variant: str, params: dict[str, Any], label: str, *, causal: bool,
                          mixer: str) -> Placement:
-    """One self-attention in every block, the variant's (an encoder, a ViT); with a recurrent
-    mixer no part attends."""
+    """The variant as every block's self-attention (an encoder, a ViT)."""
     base = {"attention": variant, "attention_params": params}
     if mixer != "attention":
         return Placement(base, f"no attention ({mixer} layers)")
@@ -55,8 +46,7 @@ def place_self_attention(variant: str, params: dict[str, Any], label: str, *, ca
 
 def place_causal_self_attention(variant: str, params: dict[str, Any], label: str, *,
                                 causal: bool, mixer: str) -> Placement:
-    """A decoder: the variant is every block's causal self-attention; a variant without a
-    causal form cannot be one (unsupported, with the reason)."""
+    """The variant as every block's causal self-attention (unsupported without a causal form)."""
     base = {"attention": variant, "attention_params": params}
     if mixer != "attention":
         return Placement(base, f"no attention ({mixer} layers)")
@@ -80,8 +70,7 @@ MODELS: Table[ModelEntry] = Table("register_model", arg="kind")
 
 def register_model(kind: str, config_cls: type[ModelConfig], *, place: Place = place_self_attention,
                    overwrite: bool = False) -> Callable[[T], T]:
-    """Decorator registering a model class built as ``cls(config)`` under ``kind``, with how a
-    variant's attention is placed into it (default: it is every block's self-attention)."""
+    """Decorator registering a model class built as ``cls(config)`` under ``kind``, with its placement."""
 
     def decorator(cls: T) -> T:
         MODELS.add(kind, ModelEntry(cls, config_cls, place), source=source_of(cls),  # type: ignore[arg-type]

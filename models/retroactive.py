@@ -1,25 +1,6 @@
-"""Retroactive softmax attention over a sliding window, updated in O(n * d) per step.
-
-After Hedegaard et al. 2023, "Continual Transformers" (their Retroactive Continual
-Attention): every query of the window keeps its softmax numerator ``sum_j e^(s_ij) v_j``
-(the paper's ``AV_mem``) and denominator ``sum_j e^(s_ij)`` (``d_mem``); a step adds the
-new key's term to every row, removes the leaving key's term, drops the leaving query's row
-and computes the new query's row, so all ``n`` outputs of the window are updated with
-O(n * d) work instead of O(n^2 * d).
-
-This is exact only for plain softmax attention: every key of the window allowed for every
-query (no ``mask_mod``, not causal) and no score term (no ``score_mod``, e.g. no position
-bias); :func:`retroactive_reason` says why another attention cannot use it.
-
-Numerics: the paper keeps the unnormalised sums ``e^(s_ij)``, which overflow float32 for
-scores past ~88. Here each row keeps a running maximum ``m_i`` and the sums relative to it,
-``e^(s_ij - m_i)``, in float64 (the rescaling of online softmax, Milakov & Gimelshein 2018).
-Removing a key subtracts its term, which loses precision when that key carried most of the
-row's weight (cancellation); each row therefore tracks the largest denominator it has had
-since it was last computed exactly, and a row whose denominator falls below
-:data:`REFRESH_BELOW` of that is recomputed from the window's keys (O(n * d) for that row,
-and it resets a stale maximum). A row lives at most ``n`` steps, so its rounding error
-stays below ~``2 n * 2^-52 / REFRESH_BELOW`` relative (5e-7 at n = 1024).
+"""Retroactive softmax attention over a sliding window, updated in O(n * d) per step (Hedegaard et al.
+2023, "Continual Transformers"), exact for plain softmax only (:func:`retroactive_reason`).
+Sums, running maxima, float64 and the refresh of cancelled rows: docs/models.md, "Streaming".
 """
 
 from __future__ import annotations
@@ -32,14 +13,14 @@ from torch import Tensor
 
 import attn
 
-#: a row whose denominator falls below this fraction of its largest since its last exact
-#: computation is recomputed exactly (float64 keeps ~16 digits; this spends at most 6)
+#: a row whose denominator falls below this fraction of its peak is recomputed exactly (float64 keeps
+#: ~16 digits; this spends at most 6). A row lives <= n steps: relative error < ~2n * 2^-52 / REFRESH_BELOW
+#: (5e-7 at n = 1024).
 REFRESH_BELOW = 2.0**-20
 
 
 def retroactive_reason(attention: attn.Attention, causal: bool = False) -> str | None:
-    """Why the O(n * d) retroactive update is not exact for ``attention`` (one line), or
-    None when it is: plain softmax over every key of the window, no score term."""
+    """Why the retroactive update is not exact for ``attention`` (one line), or None."""
     pattern = attention.pattern()
     if not pattern.exact:
         return f"{pattern.name} is an approximation, not a softmax over the window's keys"
@@ -55,9 +36,7 @@ def retroactive_reason(attention: attn.Attention, causal: bool = False) -> str |
 
 
 def exact_rows(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Softmax sums of queries ``q (..., T, D)`` over keys ``k (..., N, D)``, values
-    ``v (..., N, Dv)``, from scratch, float64: row maxima ``m (..., T)``, denominators
-    ``den (..., T)`` and numerators ``num (..., T, Dv)`` relative to ``m`` (O(T * N * D))."""
+    """Softmax sums from scratch, float64: row maxima ``m (..., T)``, ``den (..., T)``, ``num (..., T, Dv)``."""
     scores = torch.matmul(q.double(), k.double().transpose(-2, -1)) * scale  # (..., T, N)
     m = scores.amax(dim=-1)  # (..., T)
     weights = torch.exp(scores - m[..., None])  # (..., T, N)
@@ -65,17 +44,8 @@ def exact_rows(q: Tensor, k: Tensor, v: Tensor, scale: float) -> tuple[Tensor, T
 
 
 class RetroactiveSoftmax:
-    """The softmax sums of every query of a FIFO window of ``window`` tokens.
-
-    Per-head queries, keys and values are kept in float64 ring buffers of ``window`` slots
-    (the token pushed ``c``-th since :meth:`fill` sits in slot ``c % window``), with each
-    query's sums relative to its running maximum: ``m (B, H, n)`` an upper bound of the
-    row's scores, ``den (B, H, n)`` ``sum_j e^(s_ij - m_i)``, ``num (B, H, n, Dv)`` ``sum_j
-    e^(s_ij - m_i) v_j``, ``peak (B, H, n)`` the largest ``den`` since the row was computed
-    exactly (same scale). Every update is in place. :meth:`fill` starts from a window
-    (O(n^2 * d), once); each :meth:`step` pushes one token and returns the outputs of all
-    queries of the window (O(n * d), plus the rows it refreshes).
-    """
+    """The softmax sums of every query of a FIFO window of ``window`` tokens, in float64 ring buffers
+    (the ``c``-th token pushed sits in slot ``c % window``); ``peak``: the largest ``den`` since exact."""
 
     def __init__(self, window: int, head_dim: int) -> None:
         self.window = window
@@ -85,11 +55,9 @@ class RetroactiveSoftmax:
 
     @property
     def length(self) -> int:
-        """Tokens in the window now."""
         return min(self.count, self.window)
 
     def clear(self) -> None:
-        """Forget the window."""
         self.count = 0
         self.refreshed = 0
 
@@ -111,9 +79,7 @@ class RetroactiveSoftmax:
         self.count, self.refreshed = length, 0
 
     def step(self, q_new: Tensor, k_new: Tensor, v_new: Tensor) -> Tensor:
-        """Push one token's ``q_new, k_new, v_new (B, H, 1, D)``; the oldest token leaves a
-        full window. Returns the outputs of the window's queries, oldest first,
-        ``(B, H, T, Dv)`` in ``q_new``'s dtype."""
+        """Push one token's ``q_new, k_new, v_new (B, H, 1, D)``; return all outputs oldest first, ``(B, H, T, Dv)``."""
         if self.count == 0:
             self.fill(q_new, k_new, v_new)
             return self.outputs(q_new.dtype)
@@ -148,11 +114,10 @@ class RetroactiveSoftmax:
         return torch.roll(out, -(self.count % self.window), dims=2)  # oldest first
 
     def _scores(self, q: Tensor, key: Tensor) -> Tensor:
-        """Scores of queries ``q (B, H, T, D)`` against one key ``(B, H, D)``: ``(B, H, T)``."""
         return torch.matmul(q, key[..., None])[..., 0] * self.scale
 
     def _set_rows(self, rows: Any, m: Tensor, den: Tensor, num: Tensor) -> None:
-        """Overwrite the sums of ``rows`` (an index of the slot axis, or ``(b, h, t)``)."""
+        """``rows``: a slot index, or ``(b, h, t)``."""
         index = (slice(None), slice(None), rows) if isinstance(rows, int) else rows
         squeeze = isinstance(rows, int)
         self.m[index] = m[..., 0] if squeeze else m
@@ -161,8 +126,6 @@ class RetroactiveSoftmax:
         self.num[index] = num[..., 0, :] if squeeze else num
 
     def _refresh(self) -> None:
-        """Recompute exactly the rows whose denominator cancelled below :data:`REFRESH_BELOW`
-        of its peak (which also resets a stale maximum)."""
         live = slice(0, self.length)
         stale = self.den[:, :, live] < self.peak[:, :, live] * REFRESH_BELOW  # (B, H, T)
         self.refreshed = int(stale.sum())

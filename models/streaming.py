@@ -1,49 +1,8 @@
-"""Streaming (continual) inference for an encoder over a sliding window of the last n tokens.
+"""Streaming (continual) inference for an encoder over a sliding window of the last n tokens
+(Hedegaard et al. 2023, "Continual Transformers"): each :meth:`StreamingEncoder.step` takes one token
+and returns the newest position's output, equal to the batch forward's on the same window.
 
-After Hedegaard et al. 2023, "Continual Transformers" (their Continual Transformer
-Encoder). Each :meth:`StreamingEncoder.step` takes one new token and returns the encoder
-output of the newest position; it equals the batch forward's last position on the same
-window (the last ``n`` tokens, fewer while warming up).
-
-- one block: Continual *single-output* attention. The key and value of every token are
-  computed once and kept in a FIFO buffer of ``n``; each step projects only the new token
-  and attends with one query: O(n * d) per step instead of O(n^2 * d + n * d^2).
-- b >= 2 blocks: the first block is *retroactive*: it updates the outputs of all ``n``
-  window positions each step (they change when the new token arrives and the oldest
-  leaves). Regular blocks follow; the last block is single-output (query and FFN for the
-  newest position only). This is the paper's multi-block layout. The first block's
-  attention runs one of two paths, reported in :attr:`StreamingEncoder.last_path`:
-
-  - ``retroactive-update`` (plain softmax attention over the whole window: ``full``
-    without a position bias, not causal): the paper's O(n * d) update of each query's
-    softmax sums (their d_mem / AV_mem; :mod:`models.retroactive`, with a running maximum
-    per query in float64 and exact recomputation of rows whose sum cancelled).
-  - ``retroactive-recompute`` (every other attention: a mask, a score term, an
-    approximation): the outputs of all ``n`` positions are recomputed from the cached
-    per-token q / k / v, O(n^2 * d); the path names why the update does not apply.
-
-Per-step cost of the 2-block layout (d the width, d_ff the FFN width): first block
-O(n * d) attention (update path) or O(n^2 * d) (recompute path), then its output
-projection, LayerNorms and FFN on all ``n`` updated outputs, O(n * d * (d + d_ff)), as in
-the paper; the last block's keys and values of all ``n`` positions, O(n * d^2) (they are
-the first block's outputs, which all changed), and one query, O(n * d). Recomputing the
-window costs O(n^2 * d + n * d * (d + d_ff)) per block, so the step saves the attention's
-n^2 terms and the last block's per-position work, not the first block's FFN: by FLOPs the
-2-block gain is about (48 d + 8 n) / (22 d) with d_ff = 4 d, 3.6x at n = 1024, d = 256.
-
-A third block cannot be incremental: it needs the second block's outputs at all ``n``
-positions, and every one of them changes each step (its keys and values are the first
-block's outputs, all updated), so every block between the first and the last runs in full,
-O(n^2 * d + n * d * (d + d_ff)) each: a b-block step costs the 2-block step plus b - 2
-full blocks, so its gain over recomputing falls towards 1 as b grows (docs/models.md).
-
-Exactness needs token keys and values that do not depend on where the token sits in the
-window, so the encoder must not add absolute positions (``position="none"``, e.g. with
-``relative`` attention or a ``position_bias``), or must use rotary positions
-(``position="rope"``): a token's query and key are rotated once, by its absolute position
-in the stream (the count of tokens stepped before it), and a rotated score depends only on
-the offset between query and key, so it equals the batch forward's on the window (where
-the oldest token sits at 0). CLS / extra global tokens are not used.
+Layout, first-block paths, costs and the position rule: docs/models.md, "Streaming".
 """
 
 from __future__ import annotations
@@ -65,13 +24,8 @@ UPDATES = ("auto", "recompute")
 
 @dataclass(frozen=True)
 class StreamPath:
-    """What the last :meth:`StreamingEncoder.step` ran in its first block.
-
-    ``first_layer``: ``single-output`` (one block), ``retroactive-update`` (O(n * d) update
-    of the softmax sums) or ``retroactive-recompute`` (all ``n`` outputs recomputed,
-    O(n^2 * d)); ``fallback``: why the update does not apply (recompute only);
-    ``refreshed_rows``: rows of the update recomputed exactly after cancellation.
-    """
+    """What the last :meth:`StreamingEncoder.step` ran in its first block: ``first_layer`` (a path name),
+    ``fallback`` (why the update does not apply) and ``refreshed_rows`` (rows recomputed after cancellation)."""
 
     first_layer: str
     fallback: str | None = None
@@ -79,17 +33,14 @@ class StreamPath:
 
 
 def _push(buffer: Tensor | None, new: Tensor, dim: int, size: int) -> Tensor:
-    """Append ``new`` along ``dim`` and keep the last ``size`` entries (FIFO)."""
     out = new if buffer is None else torch.cat([buffer, new], dim=dim)
     return out.narrow(dim, max(out.shape[dim] - size, 0), min(out.shape[dim], size))
 
 
 class StreamingEncoder:
-    """Step-wise encoder over the last ``window`` tokens of a model with ``token_emb`` and
-    ``encoder`` (e.g. :class:`~models.encoder.EncoderClassifier`).
+    """Step-wise encoder over the last ``window`` tokens of a model with ``token_emb`` and ``encoder``.
 
-    ``update="auto"`` runs the first block's O(n * d) retroactive update where it is exact
-    and the recompute path elsewhere; ``"recompute"`` always recomputes (a baseline)."""
+    ``update="auto"``: the O(n * d) retroactive update where exact; ``"recompute"``: always recompute."""
 
     def __init__(self, model: nn.Module, window: int, update: str = "auto") -> None:
         if not isinstance(window, int) or window < 1:
@@ -122,7 +73,6 @@ class StreamingEncoder:
         self.reset()
 
     def reset(self) -> None:
-        """Forget every past token."""
         self.x: Tensor | None = None  # (B, T, D) first-block inputs (b >= 2 only)
         # first-block per-head q / k / v (B, H, T, Dh); q for b >= 2 only, none of them on
         # the retroactive-update path (its RetroactiveSoftmax keeps them)
@@ -135,17 +85,13 @@ class StreamingEncoder:
 
     @property
     def length(self) -> int:
-        """Tokens in the window now."""
         if self.x is not None:  # b >= 2
             return self.x.shape[1]
         return 0 if self.k is None else self.k.shape[2]
 
     @torch.no_grad()
     def prefill(self, ids: Tensor) -> None:
-        """Start over with the tokens ``ids (B, T)`` in the window, without computing outputs.
-
-        Projects the tokens in one batch (the same per-token values :meth:`step` caches).
-        """
+        """Start over with ``ids (B, T)`` in the window, projected in one batch, computing no outputs."""
         self.reset()
         ids = ids[:, -self.window :]
         x = self.embed(ids)  # (B, T, D)

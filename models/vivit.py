@@ -1,36 +1,15 @@
 """ViViT: a video transformer (Arnab et al. 2021) built from the shared blocks, any attention.
 
-A video ``(B, T, C, H, W)`` is cut into tubelets of ``tubelet_frames x patch_size x
-patch_size`` pixels, each mapped to ``d_model`` by one linear map (a strided 3-D
-convolution), giving ``T' = T / tubelet_frames`` token frames of ``S = (H / patch_size)^2``
-tokens each, ``N = T' * S`` tokens in frame-major order (token ``i`` is position ``i % S``
-of frame ``i // S``, the grid of :mod:`attn.grid`). Learned or sinusoidal positions over
-the ``N`` space-time tokens are added; the head classifies the mean of the final tokens
-(global average pooling: no CLS token, so every token stays on the grid).
+Tubelets of ``tubelet_frames x patch_size x patch_size`` pixels become ``N = T' * S`` tokens in
+frame-major order (the grid of :mod:`attn.grid`), plus space-time positions; the head classifies
+their mean (no CLS token, so every token stays on the grid). ``structure``:
 
-``structure`` picks ViViT's model:
+- ``joint``: ViViT model 1, all N tokens attend (model 4 with ``attention: factorised``, ``axis: split``);
+- ``factorised_encoder``: model 2, a spatial encoder per frame, its mean token, then a temporal encoder
+  (``temporal_layers``, ``temporal_attention``) over the T' frame tokens;
+- ``factorised_self_attention``: model 3, each block attends within frames then across them.
 
-==============================  =========  ==================================================
-structure                       ViViT      what attends
-==============================  =========  ==================================================
-``joint``                       model 1    every block's self-attention over all N tokens
-                                           (``attention``, any registered variant)
-``joint`` + ``factorised``      model 4    the same with ``attention: factorised``,
- (``axis: split``)                         ``axis: split``: half the heads within frames,
-                                           half across them (factorised dot-product)
-``factorised_encoder``          model 2    a spatial encoder (``num_layers``, ``attention``)
-                                           on each frame's S tokens, the frame's mean token,
-                                           then a temporal encoder (``temporal_layers``,
-                                           ``temporal_attention``) over the T' frame tokens
-``factorised_self_attention``   model 3    every block: self-attention within each frame
-                                           (``attention``), then across frames at each
-                                           position (``temporal_attention``), then the FFN
-==============================  =========  ==================================================
-
-``temporal_attention`` (default: ``attention`` and its parameters) is any registered variant
-too. A ``factorised`` attention runs on the grid of the joint structure only; its
-``positions_per_frame`` is filled in as ``S`` (a different value is refused), and its
-``frames``, when given, must be ``T'``.
+A ``factorised`` attention runs on the joint grid only; its ``positions_per_frame`` is filled in as ``S``.
 """
 
 from __future__ import annotations
@@ -49,9 +28,7 @@ from models.embeddings import PositionEmbedding
 from models.encoder import TransformerEncoder
 from models.registration import register_model
 
-#: ViViT's models as structures (model 4 is ``joint`` with the ``factorised`` split attention)
 STRUCTURES = ("joint", "factorised_encoder", "factorised_self_attention")
-#: the grid variant, which runs on the joint structure's N tokens only
 GRID_VARIANT = "factorised"
 
 
@@ -106,7 +83,6 @@ class ViViTConfig(ModelConfig):
             self._check_attention(name, params, "temporal_attention")
 
     def _grid_params(self, params: dict[str, Any]) -> dict[str, Any]:
-        """``factorised``'s parameters with ``positions_per_frame`` filled in (or checked)."""
         if self.structure != "joint":
             raise invalid("attention", f"{GRID_VARIANT!r} attends on the grid of all N tokens, so it "
                                        f"needs structure 'joint'; got structure={self.structure!r}")
@@ -124,31 +100,26 @@ class ViViTConfig(ModelConfig):
         return "learned"
 
     @property
-    def token_frames(self) -> int:
-        """``T'``: frames of tokens (``frames / tubelet_frames``)."""
+    def token_frames(self) -> int:  # T'
         return self.frames // self.tubelet_frames
 
     @property
-    def positions(self) -> int:
-        """``S``: tokens per frame (``(image_size / patch_size)^2``)."""
+    def positions(self) -> int:  # S
         return (self.image_size // self.patch_size) ** 2
 
     @property
-    def num_tokens(self) -> int:
-        """``N = T' * S``."""
+    def num_tokens(self) -> int:  # N = T' * S
         return self.token_frames * self.positions
 
     @property
     def temporal_self_attention(self) -> tuple[str, dict[str, Any]]:
-        """The factorised structures' temporal attention and its parameters."""
         if self.temporal_attention is None:
             return self.attention, self.attention_params
         return self.temporal_attention, self.temporal_attention_params
 
 
 class TubeletEmbedding(nn.Module):
-    """Videos ``(B, T, C, H, W)`` -> tubelet tokens ``(B, T' * S, D)``, frame-major, by one linear
-    map of each ``t x p x p`` tubelet (a strided 3-D convolution)."""
+    """Videos ``(B, T, C, H, W)`` -> tubelet tokens ``(B, T' * S, D)``, frame-major (a strided 3-D conv)."""
 
     def __init__(self, config: ViViTConfig) -> None:
         super().__init__()
@@ -165,9 +136,7 @@ class TubeletEmbedding(nn.Module):
 
 
 class FactorisedSelfAttention(nn.Module):
-    """ViViT's model 3 encoder: each layer attends within frames (``attention``), then across
-    frames at each position (a shared :class:`~models.blocks.TransformerBlock` with
-    ``temporal_attention`` and the FFN); ``(B, T', S, D) -> (B, T', S, D)``."""
+    """ViViT's model 3 encoder, ``(B, T', S, D) -> (B, T', S, D)``: within frames, then across them and the FFN."""
 
     def __init__(self, config: ViViTConfig) -> None:
         super().__init__()

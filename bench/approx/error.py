@@ -1,21 +1,7 @@
-"""The error of approximate attentions against exact full attention, by length and size.
-
-For each approximate variant and each value of its size parameter (Nystrom's landmarks,
-Performer's features, Linformer's projected length; linear attention has none, so one row per
-length), on seeded inputs ``q, k, v ~ N(0, 1)`` of shape ``(B, H, N, D)``, non-causal and
-unpadded, the output is compared with exact full attention computed by the suite's
-memory-efficient kernel (``full``, kernel ``auto``: SDPA's O(N)-memory path on CPU):
-
-- ``rel_fro``: ``||out - exact||_F / ||exact||_F`` over the whole batch;
-- ``max_abs``: ``max |out - exact|``.
-
-Each length also has the row ``uniform (mean of v)``: every key weighted ``1/N``, the
-error of no attention at all, which an approximation has to beat to be useful.
-
-A variant with a ``max_len`` parameter (Linformer's projections) is built with
-``max_len = N``. Learned parameters keep their initialisation (seeded): an untrained
-Linformer's projections are random, so its error measures the architecture at initialisation,
-not a trained model. Writes ``errors.csv``, ``report.md``, ``errors.png`` and ``env.json``.
+"""The error of approximate attentions against exact full attention, by length and size parameter
+(``attn-bench approx-error``): ``rel_fro`` (``||out - exact||_F / ||exact||_F``) and ``max_abs`` on seeded
+``N(0, 1)`` inputs, beside the ``uniform (mean of v)`` baseline. Learned parameters stay at their seeded
+initialisation. Writes ``errors.csv``, ``report.md``, ``errors.png`` and ``env.json``.
 """
 
 from __future__ import annotations
@@ -44,11 +30,9 @@ class SizeSweep:
     sizes: tuple[int, ...] = ()
 
     def settings(self) -> list[dict[str, int]]:
-        """The parameter sets to measure: one per size (one empty set without a parameter)."""
         return [{self.param: s} for s in self.sizes] if self.param else [{}]
 
 
-#: the approximations measured by default and their size parameters
 DEFAULT_SWEEPS = (
     SizeSweep("nystrom", "num_landmarks", (16, 64, 256)),
     SizeSweep("performer", "num_features", (16, 64, 256)),
@@ -60,8 +44,6 @@ DEFAULT_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 
 @dataclass(frozen=True)
 class ApproxOptions:
-    """What ``attn-bench approx-error`` measures."""
-
     sweeps: tuple[SizeSweep, ...] = DEFAULT_SWEEPS
     lengths: tuple[int, ...] = DEFAULT_LENGTHS
     batch: int = 1
@@ -143,7 +125,6 @@ def error_rows(options: ApproxOptions, on_row=print) -> list[dict[str, Any]]:
 
 def _row(options: ApproxOptions, variant: str, param: str, size: Any, length: int, diff: torch.Tensor,
          exact: torch.Tensor, path: str, exact_path: str, on_row) -> dict[str, Any]:
-    """One result row from ``diff = out - exact`` (both ``(B, H, N, D)``), announced by ``on_row``."""
     row = {
         "variant": variant, "param": param, "size": size, "seq_len": length,
         "rel_fro": float(diff.norm() / exact.norm()), "max_abs": float(diff.abs().max()),
@@ -156,8 +137,7 @@ def _row(options: ApproxOptions, variant: str, param: str, size: Any, length: in
 
 
 def report_markdown(df: pd.DataFrame, env: dict[str, Any]) -> str:
-    """The report: a table of relative Frobenius errors (rows: variant and size; columns: N),
-    then every row with both errors."""
+    """A table of relative errors (variant and size x N), then every row with both errors."""
     table = df.assign(setting=[f"{v} ({p}={s})" if p else v if v.startswith("uniform") else
                                f"{v} (no size parameter)" for v, p, s in zip(df.variant, df.param, df["size"])])
     wide = table.pivot_table(index="setting", columns="seq_len", values="rel_fro", sort=False)
@@ -183,7 +163,7 @@ def report_markdown(df: pd.DataFrame, env: dict[str, Any]) -> str:
 
 def plot_errors(df: pd.DataFrame, path: Path) -> None:
     """One panel per variant: relative Frobenius error against N (log-log), a line per size."""
-    import matplotlib  # plotting stack: heavy, imported only to draw
+    import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -209,7 +189,6 @@ def plot_errors(df: pd.DataFrame, path: Path) -> None:
 
 
 def run_approx_error(options: ApproxOptions, out: Path) -> pd.DataFrame:
-    """Measure every (variant, size, length), write the CSV, report, figure and environment."""
     check_sweeps(options.sweeps)
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out: {out} is a file; give a directory (it is created if missing)")

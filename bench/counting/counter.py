@@ -1,14 +1,5 @@
-"""Which instruction counter works on this machine, and how to run a script under it.
-
-Two counters were considered. ``perf stat -e instructions`` reads the CPU's hardware
-counter: it needs a performance-monitoring unit the kernel exposes (``/sys/bus/
-event_source/devices/cpu``; virtual machines often have none) and a
-``kernel.perf_event_paranoid`` that lets the user count its own process (<= 2). Valgrind's
-callgrind counts the instructions it executes (on its own synthetic CPU, so the count does
-not depend on the host's counters or load); it needs the ``valgrind`` program and torch's
-callgrind bindings (``torch._C._valgrind_toggle``), which turn counting on and off around
-the counted calls. This module uses callgrind, and says what is missing where it cannot.
-"""
+"""Which instruction counter works on this machine, and how to run a script under it: callgrind, which
+counts on a synthetic CPU (why not ``perf stat``: docs/measurement.md, "Instructions")."""
 
 from __future__ import annotations
 
@@ -18,7 +9,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-#: where Linux lists the CPU's hardware performance-monitoring unit, when it exposes one
 PMU_DIR = Path("/sys/bus/event_source/devices/cpu")
 PARANOID = Path("/proc/sys/kernel/perf_event_paranoid")
 #: the total a callgrind dump reports for its counted region
@@ -54,8 +44,7 @@ def callgrind_problem() -> str | None:
 
 
 def no_counter_message() -> str | None:
-    """The one-line refusal when no counter works here, naming what each one lacks; None
-    when callgrind works."""
+    """The one-line refusal naming what each counter lacks, or None when callgrind works."""
     problem = callgrind_problem()
     if problem is None:
         return None
@@ -64,15 +53,13 @@ def no_counter_message() -> str | None:
 
 
 def valgrind_version() -> str:
-    """``valgrind --version`` (e.g. ``valgrind-3.19.0``)."""
     return subprocess.run(["valgrind", "--version"], capture_output=True, text=True,
                           check=False).stdout.strip()
 
 
 def run_callgrind(args: list[str], workdir: Path, timeout_s: float, env: dict[str, str]) -> list[int]:
-    """Run ``args`` (a Python script that toggles counting with torch's bindings) under
-    callgrind, counting only the regions it toggles on; returns each region's instruction
-    count, in order. ``RuntimeError`` with the tail of its output when it fails."""
+    """Run the script ``args`` under callgrind; each region it toggles on, its instruction count, in order.
+    ``RuntimeError`` with the tail of its output when it fails."""
     out = workdir / "callgrind.out"
     command = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--instr-atstart=yes",
                f"--callgrind-out-file={out}", *args]

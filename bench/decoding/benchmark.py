@@ -1,19 +1,11 @@
 """Decoding and streaming benchmarks for the shared models (``attn-bench decoding``).
 
-1. Decoding: ``decoder_lm.generate`` tokens/s with and without the KV cache at long
-   contexts (default 1K and 4K), greedy, ``--new-tokens`` new tokens after a random prompt.
-   ``tokens_per_s`` counts the whole call (prompt prefill included); ``decode_tokens_per_s``
-   leaves out the time to the first token. Per ``--num-kv-heads`` (grouped-query attention;
-   default ``--num-heads``); ``cache_bytes`` is the memory the KV cache holds once the prompt
-   and the new tokens are in it (every layer's key and value storage,
-   :attr:`models.attention.KVCache.nbytes`), measured on the cache itself.
-2. Streaming: :class:`models.StreamingEncoder` step time against recomputing the encoder
-   on the whole window each step (the batch forward), per window size and depth, timed in
-   interleaved rounds; with 2+ layers both first-block paths of the stream (the O(n d)
-   retroactive update and the recompute baseline), each row naming the path that ran.
+1. Decoding: ``decoder_lm.generate`` tokens/s with and without the KV cache, greedy, per context
+   and ``--num-kv-heads``, with the bytes the cache holds (measured on the cache).
+2. Streaming: :class:`models.StreamingEncoder` step time against recomputing the window, timed in
+   interleaved rounds, per window size, depth and first-block path.
 
-Writes ``results.csv`` (one row per measurement, column ``benchmark``), ``summary.md``
-and ``env.json`` into ``--out``. Run: ``attn-bench decoding --out results/decoding``.
+Writes ``results.csv`` (column ``benchmark``), ``summary.md`` and ``env.json`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -44,7 +36,6 @@ SPEEDUP_GOAL = 5.0  # the cache must be at least this much faster at the longest
 
 
 def _median_time(fn: Callable[[], Any], repeats: int, device: torch.device | None = None) -> float:
-    """Median seconds of ``repeats`` calls of ``fn``, each timed from and to an idle device."""
     device = torch.device("cpu") if device is None else device
     times = []
     for _ in range(repeats):
@@ -77,8 +68,7 @@ def bench_decoding(
     device: str | torch.device = "cpu",
     num_kv_heads: int | None = None,
 ) -> list[dict[str, Any]]:
-    """Rows for cached and uncached greedy decoding of ``new_tokens`` after ``context`` tokens,
-    the model (``num_kv_heads`` key/value heads; None: ``num_heads``) and prompt on ``device``."""
+    """Rows for cached and uncached greedy decoding of ``new_tokens`` after ``context`` tokens on ``device``."""
     device = torch.device(device)
     torch.manual_seed(seed)
     model = create_model(
@@ -107,9 +97,7 @@ def bench_decoding(
 
 
 def cache_bytes(model: Any, prompt: Tensor, new_tokens: int) -> int:
-    """Bytes the KV cache of ``model`` holds after ``prompt (1, N)`` and ``new_tokens`` greedy
-    tokens (the last one is returned, never cached): the sum of every layer's
-    :attr:`~models.attention.KVCache.nbytes`."""
+    """Bytes ``model``'s KV cache holds after ``prompt (1, N)`` and ``new_tokens`` (the last one never cached)."""
     cache = model.new_cache()
     logits = model(prompt, cache=cache)  # (1, N, V)
     for _ in range(new_tokens - 1):
@@ -118,7 +106,6 @@ def cache_bytes(model: Any, prompt: Tensor, new_tokens: int) -> int:
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
-    """25th, 50th and 75th percentiles of ``values``."""
     q25, q50, q75 = np.percentile(np.asarray(values, dtype=float), [25, 50, 75])
     return float(q25), float(q50), float(q75)
 
@@ -127,11 +114,8 @@ def bench_streaming(
     window: int, num_layers: int, steps: int, sizes: dict[str, int], repeats: int, seed: int = 0,
     device: str | torch.device = "cpu",
 ) -> list[dict[str, Any]]:
-    """Per-step time of the streaming encoder and of recomputing the window, on ``device``,
-    timed in ``repeats`` interleaved rounds: one row per first-block path of the stream
-    (``retroactive-update`` and the ``retroactive-recompute`` baseline for 2+ layers of
-    full attention; ``single-output`` for one layer), with the median per-round ratio to
-    recomputing and its quartiles."""
+    """Per-step time of the streaming encoder against recomputing the window, in ``repeats`` interleaved
+    rounds: one row per first-block path, with the median per-round ratio and its quartiles."""
     device = torch.device(device)
     torch.manual_seed(seed)
     model = create_model(
@@ -244,8 +228,7 @@ def summary_markdown(decoding: pd.DataFrame, streaming: pd.DataFrame, env: dict[
 
 def check_decoder_attention(spec: str, window: int, max_len: int, sizes: dict[str, int],
                             num_kv_heads: int | None = None) -> None:
-    """``--attention spec`` can run in ``decoder_lm`` (registered, causal, buildable, with
-    ``num_kv_heads`` key/value heads)."""
+    """``ValueError`` unless ``--attention spec`` can run in ``decoder_lm`` with ``num_kv_heads``."""
     known = attn.list_attention()
     causal = [n for n in known if attn.attention_info(n).supports_causal]
     if spec not in known:

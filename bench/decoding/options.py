@@ -1,11 +1,5 @@
-"""The options of ``attn-bench decoding``, written once: defaults and checks on one frozen
-dataclass that the CLI and :func:`bench.decoding.run_decoding_benchmark` share.
-
-Kept free of torch and the model packages so the CLI can read the defaults at start-up
-(:mod:`attn.validation`, whose checks it uses, loads no torch);
-whether each ``attention`` can run in a decoder is checked by
-:func:`bench.decoding.check_attentions` (it needs the registry).
-"""
+"""The options of ``attn-bench decoding`` (defaults and checks), shared by the CLI and
+:func:`bench.decoding.run_decoding_benchmark`; free of torch so the CLI reads them at start-up."""
 
 from __future__ import annotations
 
@@ -14,19 +8,15 @@ from typing import Any
 
 from attn.validation import require_choice, require_choices, require_int
 
-#: smallest allowed value of the integer options that are not counts (those start at 1)
 _MINIMUM = {"window": 0, "vocab_size": 2}
 #: the devices ``--device`` takes (as :data:`bench.engine.config.DEVICES`)
 DEVICES = ("cpu", "cuda")
-#: the benchmarks ``--benchmark`` selects
 BENCHMARKS = ("decoding", "streaming")
-#: options that are not integers
 _NOT_INTEGERS = ("attention", "device", "benchmark")
 
 
 def _at_least(option: str, values: Any, minimum: int) -> None:
-    """Each of ``values`` (one value or a sequence; None: not given) is an integer >= minimum
-    (:func:`attn.validation.require_int`, which loads no torch)."""
+    """Each of ``values`` (one value, a sequence, or None) is an integer >= ``minimum``."""
     if values is None:
         return
     for value in values if isinstance(values, (list, tuple)) else [values]:
@@ -35,8 +25,6 @@ def _at_least(option: str, values: Any, minimum: int) -> None:
 
 @dataclass(frozen=True)
 class DecodingOptions:
-    """What the decoding and streaming benchmarks measure, at which model size."""
-
     benchmark: tuple[str, ...] = BENCHMARKS  # which benchmarks run
     context: tuple[int, ...] = (1024, 4096)  # prompt lengths
     new_tokens: int = 32  # tokens generated per call
@@ -44,8 +32,7 @@ class DecodingOptions:
     window: int = 256  # window of banded attentions
     d_model: int = 256
     num_heads: int = 4
-    # key/value heads of the decoder (grouped-query attention), each measured; None: num_heads
-    num_kv_heads: tuple[int, ...] | None = None
+    num_kv_heads: tuple[int, ...] | None = None  # grouped-query heads, each measured; None: num_heads
     num_layers: int = 4
     d_ff: int = 1024
     vocab_size: int = 256
@@ -75,26 +62,22 @@ class DecodingOptions:
 
     @classmethod
     def from_given(cls, **given: Any) -> DecodingOptions:
-        """Options from the CLI: arguments left ``None`` take the default; lists become tuples."""
+        """Options from the CLI: ``None`` takes the default; lists become tuples."""
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in given.items() if v is not None})
 
     @staticmethod
     def option(name: str) -> str:
-        """The command-line spelling of field ``name`` (``--new-tokens``)."""
         return "--" + name.replace("_", "-")
 
     @property
     def sizes(self) -> dict[str, int]:
-        """The model sizes, as ``create_model`` keywords."""
         return dict(d_model=self.d_model, num_heads=self.num_heads, num_layers=self.num_layers,
                     d_ff=self.d_ff, vocab_size=self.vocab_size)
 
     @property
     def kv_heads(self) -> tuple[int, ...]:
-        """The decoder's key/value head counts to measure (``--num-kv-heads``; default ``num_heads``)."""
         return (self.num_heads,) if not self.num_kv_heads else tuple(self.num_kv_heads)
 
     @property
     def max_len(self) -> int:
-        """The longest sequence a decoder sees: the longest prompt plus the new tokens."""
         return max(self.context) + self.new_tokens

@@ -1,13 +1,8 @@
 """Time per generated token against the context length (``attn-bench decoding-step``).
 
-For each decoder attention, a ``decoder_lm`` reads a random prompt of each context length
-through its cache (a KV cache, or the attention's own decoding state where it has one:
-``Attention.new_decoding_state``), then single-token steps are timed. The contexts are
-measured interleaved: every repeat times ``steps`` tokens at each context in turn, so a
-change in the machine's load hits every context alike. Reported per (attention, context):
-the median, min and max of the repeats' time per token, and its ratio to the shortest
-context's (median of the per-repeat ratios, with their min and max): a flat ratio is O(1)
-per token, a ratio that grows with the context is the KV cache's O(context).
+Each decoder attention reads a random prompt of each context through its cache, then single-token steps are
+timed with the contexts interleaved; per context: median, min and max per token and the per-repeat ratio to
+the shortest context's (flat: O(1) per token; growing: the KV cache's O(context)).
 """
 
 from __future__ import annotations
@@ -31,8 +26,6 @@ from models import create_model
 
 @dataclass(frozen=True)
 class StepOptions:
-    """What ``attn-bench decoding-step`` measures, at which model size."""
-
     attention: tuple[str, ...] = ("full",)
     context: tuple[int, ...] = (1024, 4096, 16384, 32768)
     steps: int = 16  # tokens timed per context per repeat
@@ -68,7 +61,7 @@ def _model(options: StepOptions, attention: str) -> torch.nn.Module:
 
 
 def step_times(options: StepOptions, attention: str) -> dict[int, list[float]]:
-    """Seconds per token at each context, one value per repeat (contexts interleaved)."""
+    """Seconds per token at each context, one value per repeat."""
     model = _model(options, attention)
     gen = torch.Generator().manual_seed(options.seed)
     caches, tokens = {}, {}
@@ -89,7 +82,6 @@ def step_times(options: StepOptions, attention: str) -> dict[int, list[float]]:
 
 
 def step_rows(options: StepOptions, attention: str, times: dict[int, list[float]]) -> list[dict[str, Any]]:
-    """Rows with the spread of each context's time per token and its ratio to the shortest's."""
     first = times[options.context[0]]
     rows = []
     for ctx, per_repeat in times.items():
@@ -105,7 +97,6 @@ def step_rows(options: StepOptions, attention: str, times: dict[int, list[float]
 
 
 def summary_markdown(df: pd.DataFrame, options: StepOptions, env: dict[str, Any]) -> str:
-    """The report: time per token by context, with spread and the ratio to the shortest context."""
     lines = [
         "# Time per generated token against the context length", "",
         f"decoder_lm d_model={options.d_model} heads={options.num_heads} layers={options.num_layers} "
@@ -124,8 +115,7 @@ def summary_markdown(df: pd.DataFrame, options: StepOptions, env: dict[str, Any]
 
 
 def run_decoding_step(options: StepOptions, out: Path) -> pd.DataFrame:
-    """Measure every attention's time per token at every context; write ``steps.csv``, ``summary.md``
-    and ``env.json`` (its own format, not a sweep's ``results.csv``, so no report page reads it)."""
+    """Write ``steps.csv`` (not a sweep's ``results.csv``: no report page reads it), ``summary.md``, ``env.json``."""
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out: {out} is a file; give a directory (it is created if missing)")
     out.mkdir(parents=True, exist_ok=True)

@@ -1,12 +1,5 @@
-"""The history store: every run's history rows in one SQLite file, read again only for the
-runs whose results changed.
-
-SQLite (Python's own ``sqlite3``) and not Parquet with DuckDB: no new dependency, one file
-that is updated in place run by run (a run whose results file is unchanged is not read
-again, so gathering hundreds of runs costs only the new ones), and an index on (figure,
-case, machine) that keeps a query of one series fast however many runs there are.
-docs/history.md says more.
-"""
+"""The history store: every run's history rows in one SQLite file, read again only for the runs whose
+results changed (why SQLite: docs/history.md)."""
 
 from __future__ import annotations
 
@@ -22,7 +15,6 @@ import pandas as pd
 from bench.html.history_rows import COLUMNS, find_runs, history_rows
 
 STORE_FILE = "history.sqlite"
-#: bump when the rows or tables change: a store of another version is rebuilt
 SCHEMA_VERSION = "3"
 _RESULTS = ("results.csv", "quality.csv")
 #: the columns of the cases table, quoted (``case`` is an SQL keyword)
@@ -30,7 +22,7 @@ _QUOTED = ", ".join(f'"{c}"' for c in COLUMNS)
 
 
 def _signature(run_dir: Path) -> str:
-    """What changes when a run's results change: its results files' sizes and times."""
+    """The results files' sizes and times."""
     parts = []
     for name in (*_RESULTS, "env.json"):
         path = run_dir / name
@@ -41,7 +33,7 @@ def _signature(run_dir: Path) -> str:
 
 
 def connect(path: Path) -> sqlite3.Connection:
-    """The store at ``path``, its tables made (emptied when of another schema version)."""
+    """The store at ``path``, its tables made (emptied when of another :data:`SCHEMA_VERSION`)."""
     db = sqlite3.connect(path)
     db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
     found = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
@@ -57,7 +49,6 @@ def connect(path: Path) -> sqlite3.Connection:
 
 
 def _is_ours(db: sqlite3.Connection) -> bool:
-    """Whether an opened store is intact and has this version's tables and columns."""
     if db.execute("PRAGMA quick_check").fetchone() != ("ok",):
         return False
     columns = {table: [row[1] for row in db.execute(f"PRAGMA table_info({table})")]
@@ -67,8 +58,7 @@ def _is_ours(db: sqlite3.Connection) -> bool:
 
 
 def open_store(path: Path) -> sqlite3.Connection:
-    """The store at ``path``; a damaged or foreign file there is replaced by an empty store
-    (rebuilt from the run folders by :func:`update_store`) with a one-line warning."""
+    """The store at ``path``; a damaged or foreign file is replaced by an empty store, with a warning."""
     try:
         db = connect(path)
         if _is_ours(db):
@@ -84,9 +74,8 @@ def open_store(path: Path) -> sqlite3.Connection:
 
 
 def update_store(db: sqlite3.Connection, runs: Iterable[Path], base: Path) -> tuple[int, int]:
-    """Read the runs whose results changed since the store last saw them, drop the runs no
-    longer found; ``(read, kept)``: how many runs were read and how many were unchanged.
-    A run is named by its path relative to ``base`` (where the page is written)."""
+    """Read the runs whose results changed, drop those no longer found; return ``(read, kept)``.
+    A run is named by its path relative to ``base``."""
     names = {}
     for run in runs:
         names[Path(_relative(run, base)).as_posix()] = run
@@ -113,14 +102,11 @@ def update_store(db: sqlite3.Connection, runs: Iterable[Path], base: Path) -> tu
 
 
 def _relative(path: Path, base: Path) -> str:
-    """``path`` relative to ``base`` (with ``..`` where needed)."""
     return os.path.relpath(path.resolve(), base.resolve())
 
 
 def commit_times(db: sqlite3.Connection, repo: Path) -> None:
-    """Record the commit time of every commit in the store not yet timed: from git in
-    ``repo`` (source ``git``), else the earliest row of that commit (source ``first row``:
-    the commit is not in this repository)."""
+    """Record untimed commits' times: from git in ``repo``, else the commit's earliest row (``first row``)."""
     shas = [r[0] for r in db.execute(
         "SELECT DISTINCT commit_sha FROM cases WHERE commit_sha NOT IN (SELECT sha FROM commits)")]
     if not shas:
@@ -144,9 +130,8 @@ def commit_times(db: sqlite3.Connection, repo: Path) -> None:
 
 
 def gather(roots: list[Path], out: Path) -> tuple[pd.DataFrame, dict[str, int]]:
-    """Every run under ``roots`` in the store ``out/history.sqlite`` (updated), and the whole
-    table with each row's ``commit_time`` and ``commit_time_source``; and counts
-    (``runs``, ``read``, ``kept``)."""
+    """Update ``out/history.sqlite`` from the runs under ``roots``; return the table with commit times, and
+    counts (``runs``, ``read``, ``kept``)."""
     runs = find_runs(roots)
     db = open_store(out / STORE_FILE)
     try:

@@ -1,15 +1,5 @@
-"""One self-contained HTML page: Plotly's script, the table script, styles and data inline,
-so that the page opens offline and no request leaves it.
-
-Pages are shared with result folders, so nothing a row, a label or a folder name carries may
-run or fetch anything (``docs/reliability.md``, "Pages"): element ids are slugs, every string
-of a figure reaches Plotly with its markup escaped (:func:`plain_text`), links are relative
-paths with every segment percent-encoded (:func:`safe_link`), and a Content-Security-Policy allows
-only the page's own scripts, by hash, and no network (:func:`content_security_policy`).
-
-The building blocks every page uses: :func:`figure_div` (a Plotly figure), :func:`table_html`
-(a sortable table with filters and marked rows), :func:`provenance_html` and
-:func:`render_page` (the whole document).
+"""One self-contained HTML page (Plotly, scripts, styles and data inline): it opens offline and no request
+leaves it. Nothing a row, label or folder name carries may run or fetch anything (docs/reliability.md, "Pages").
 """
 
 from __future__ import annotations
@@ -50,7 +40,6 @@ dl.provenance dt { font-weight: bold; } .note { color: #555; max-width: 60em; }
 
 
 def _script(name: str) -> str:
-    """One of this package's scripts (``table.js``, ``plots.js``)."""
     return resources.files("bench.html").joinpath(name).read_text(encoding="utf-8")
 
 
@@ -61,17 +50,13 @@ BASIC_BUNDLE = "vendor/plotly-basic.min.js.gz"
 
 
 def trace_types(fig: go.Figure | dict) -> set[str]:
-    """The trace types of a figure (Plotly's default type is ``scatter``)."""
     traces = (fig.get("data") or []) if isinstance(fig, dict) else fig.data
     return {(trace.get("type") if isinstance(trace, dict) else trace.type) or "scatter" for trace in traces}
 
 
 def packed_plotly(types: Iterable[str] = ("scatter",)) -> str:
-    """The Plotly bundle that draws traces of ``types``, gzip-compressed and base64-encoded
-    (``plots.js`` unpacks it in the browser): Plotly's partial "basic" bundle (1.2 MB,
-    0.39 MB packed) where it has every type, else ``plotly.min.js`` of the installed
-    ``plotly`` (4.8 MB, 1.9 MB packed). The browser compiles a quarter of the code, which
-    is most of the time a page takes to draw (``docs/history.md``)."""
+    """The Plotly bundle that draws ``types``, gzipped and base64-encoded: the "basic" bundle where it has
+    every type (0.39 MB packed), else the installed full one (1.9 MB packed; docs/history.md)."""
     if set(types) <= BASIC_TRACES:
         packed = resources.files("bench.html").joinpath(BASIC_BUNDLE).read_bytes()
     else:
@@ -85,8 +70,7 @@ _UNSAFE_ID = re.compile(r"[^A-Za-z0-9_-]")
 
 
 def safe_id(text: str) -> str:
-    """An element id made of ``[A-Za-z0-9_-]`` only; text with other characters gets them
-    replaced and a short hash of the original appended (ids stay distinct)."""
+    """An element id of ``[A-Za-z0-9_-]`` only; other text gets a short hash appended (ids stay distinct)."""
     slug = _UNSAFE_ID.sub("-", text)
     if slug == text and slug:
         return slug
@@ -94,9 +78,8 @@ def safe_id(text: str) -> str:
 
 
 def safe_link(link: str) -> str | None:
-    """``link`` as a relative path (from a page to a run folder; ``..`` where the page lies
-    beside the results), every segment percent-encoded so that no scheme such as
-    ``javascript:`` survives; None for an empty or absolute path."""
+    """``link`` as a relative path, every segment percent-encoded (no ``javascript:`` survives); None for an
+    empty or absolute path."""
     parts = str(link).replace("\\", "/").split("/")
     if not link or not parts[0]:
         return None
@@ -104,9 +87,8 @@ def safe_link(link: str) -> str | None:
 
 
 def plain_text(value: Any, key: str = "") -> Any:
-    """A figure's JSON structure with the markup of every string escaped (Plotly renders
-    ``<span style>``, ``<a href>`` and others in names, titles, hover text and menu labels,
-    and shows ``&lt;`` as ``<``), except the page's own templates (:data:`TEMPLATE_KEYS`)."""
+    """A figure's JSON with every string's markup escaped (Plotly renders ``<a href>`` and others in text),
+    except the page's own templates (:data:`TEMPLATE_KEYS`)."""
     if isinstance(value, str):
         return value if key in TEMPLATE_KEYS else html.escape(value, quote=False)
     if isinstance(value, dict):
@@ -117,10 +99,8 @@ def plain_text(value: Any, key: str = "") -> Any:
 
 
 def figure_div(fig: go.Figure | dict, div_id: str, *, links: bool = False) -> str:
-    """``fig`` (a figure, or its JSON structure as a dict) as a ``<div class="plot">`` and
-    its figure JSON with every string's markup escaped, drawn by the page's ``plots.js``;
-    ``links``: a click on a point opens the link that is the last field of its
-    ``customdata`` (made with :func:`safe_link`)."""
+    """``fig`` (a figure or its JSON dict) as a ``<div class="plot">`` plus its escaped JSON, drawn by ``plots.js``;
+    ``links``: a click opens the link in the last field of a point's ``customdata`` (:func:`safe_link`)."""
     plain = plain_text(json.loads(pio.to_json(fig, validate=False)))
     data = json.dumps(plain, separators=(",", ":")).replace("</", "<\\/")  # no "</script>" inside
     div_id = safe_id(div_id)
@@ -131,12 +111,11 @@ def figure_div(fig: go.Figure | dict, div_id: str, *, links: bool = False) -> st
 
 
 def _text(value: Any) -> str:
-    """A table cell's text: numbers short (:func:`bench.engine.markdown.cell`)."""
     return cell(value.item() if hasattr(value, "item") else value)
 
 
 def _sort_key(value: Any) -> str:
-    """What a cell sorts by: a number's full value (so ``-`` and rounding do not reorder)."""
+    """A number's full value, so ``-`` and rounding do not reorder."""
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return repr(float(value))
     return ""
@@ -144,11 +123,9 @@ def _sort_key(value: Any) -> str:
 
 def table_html(df: pd.DataFrame, table_id: str, *, filters: Mapping[str, str] | None = None,
                marks: Sequence[str] | None = None, links: Mapping[str, str] | None = None) -> str:
-    """``df`` as a sortable table (a header click sorts by its column) with one ``<select>``
-    per ``filters`` entry (``{name: column}``: show only the rows whose ``column`` has the
-    chosen value). ``marks``: one word per row (``failed``, ``noisy``, ``regression`` or
-    ``""``), its row's class and the text of a first column ``mark``; ``links``: ``{column:
-    link column}``, the cell of ``column`` a link to that row's value of the other."""
+    """``df`` as a sortable table. ``filters``: ``{name: column}``, one ``<select>`` each; ``marks``: one word per
+    row (``failed``, ``noisy``, ``regression`` or ``""``), its class and a first column; ``links``: ``{column:
+    link column}``, the cell a link to the other column's value."""
     table_id = safe_id(table_id)
     filters = dict(filters or {})
     links = dict(links or {})
@@ -186,36 +163,30 @@ def table_html(df: pd.DataFrame, table_id: str, *, filters: Mapping[str, str] | 
 
 
 def provenance_html(items: Mapping[str, str]) -> str:
-    """The run's provenance as a definition list (``{what: value}``)."""
     rows = "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in items.items())
     return f'<dl class="provenance" id="provenance">{rows}</dl>'
 
 
 def section(title: str, *blocks: str, note: str = "") -> str:
-    """A titled section of a page: a note paragraph, then the blocks (HTML)."""
     intro = f'<p class="note">{html.escape(note)}</p>' if note else ""
     return f"<section><h2>{html.escape(title)}</h2>{intro}{''.join(blocks)}</section>"
 
 
 def script_hash(code: str) -> str:
-    """A CSP source that allows exactly the inline script ``code``."""
     digest = base64.b64encode(hashlib.sha256(code.encode("utf-8")).digest()).decode("ascii")
     return f"'sha256-{digest}'"
 
 
 def content_security_policy(scripts: Sequence[str]) -> str:
-    """The page's policy: no network at all, the inline ``scripts`` by hash (and what they
-    load themselves: Plotly's unpacked bundle, ``'strict-dynamic'``), styles inline only,
-    images and fonts from ``data:`` only, no forms, no ``<base>``."""
+    """No network; the inline ``scripts`` by hash (``'strict-dynamic'``: what they load, Plotly's unpacked
+    bundle); styles inline; images and fonts from ``data:``; no forms, no ``<base>``."""
     allowed = " ".join(script_hash(code) for code in scripts)
     return (f"default-src 'none'; script-src {allowed} 'strict-dynamic'; style-src 'unsafe-inline'; "
             "img-src data:; font-src data:; base-uri 'none'; form-action 'none'")
 
 
 def render_page(title: str, provenance: Mapping[str, str], sections: Sequence[str]) -> str:
-    """The whole document: ``title``, the provenance at the top, then ``sections``; Plotly's
-    library (packed: :func:`packed_plotly`, the bundle that draws the figures' trace types),
-    the page's scripts and the styles inline, under :func:`content_security_policy`."""
+    """The whole document: ``title``, provenance, ``sections``, Plotly, scripts and styles inline, under a CSP."""
     types = {kind for found in re.findall(r'<div class="plot"[^>]* data-traces="([^"]*)"', "".join(sections))
              for kind in found.split()}
     scripts = [_script("plots.js"), _script("table.js")]
@@ -232,7 +203,6 @@ def render_page(title: str, provenance: Mapping[str, str], sections: Sequence[st
 
 
 def write_page(path: str | Path, text: str) -> Path:
-    """Write a page atomically; its path."""
     path = Path(path)
     atomic_write_text(path, text)
     return path

@@ -1,8 +1,5 @@
-"""The page of a training grid: per headline metric, one small panel per task with every
-variant a coloured point (mean over seeds, their standard deviation as an error bar) and
-the references, controls and floors (uniform chance, the majority class) as labelled grey
-dashed lines; a task x variant table coloured by the margin over the task's strongest
-reference; and every run's headline row in one table, failed runs marked."""
+"""The page of a training grid: per headline metric, one panel per task (variants as points, references
+and floors as grey lines), a task x variant margin table, and every run's headline row."""
 
 from __future__ import annotations
 
@@ -27,16 +24,13 @@ HOVER = ("<b>%{customdata[0]}</b><br>task %{customdata[1]}<br>%{customdata[2]}: 
 TABLE_COLUMNS = ["task", "label", "role", "seed", "metric", "value", "status", "reason", "kernel", "steps",
                  "train_time_s", "peak_mem_mib", "commit"]
 _FAILED = ("ok", "unsupported")
-#: panels per row of a metric's figure
 PANEL_COLUMNS = 4
-#: the margin table's cell colours: clears its reference beyond seed noise, past it within
-#: noise or with one seed, below it
 MARGIN_COLOURS = {CLEARS: "#c7e9c0", BELOW: "#fcbba1"}
 MARGIN_OTHER = "#fff3c4"
 
 
 def scale(metric: str) -> float:
-    """What a metric is shown times: accuracy in %, the others as recorded."""
+    """Accuracy in %, the others as recorded."""
     return 100.0 if metric == "accuracy" else 1.0
 
 
@@ -46,8 +40,7 @@ def kernels(paths: pd.Series) -> pd.Series:
 
 
 def floors(df: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """``{task: {name: accuracy}}``: uniform chance and the majority class, where known (the
-    majority class as the trained rows recorded it; no data is loaded for a page)."""
+    """``{task: {name: accuracy}}``: uniform chance and the majority class as the rows recorded it."""
     found: dict[str, dict[str, float]] = {}
     for task, level in uniform_chance(df).items():
         found.setdefault(task, {})[UNIFORM] = level
@@ -58,8 +51,7 @@ def floors(df: pd.DataFrame) -> dict[str, dict[str, float]]:
 
 
 def _lines(top: pd.DataFrame, task: str, metric: str, levels: dict[str, dict[str, float]]) -> list[tuple[str, float]]:
-    """The grey lines of one panel: its reference and control rows (mean over seeds), then
-    its floors when the metric is accuracy."""
+    """One panel's grey lines: reference and control means, then floors for accuracy."""
     rows = top[(top.task == task) & top.role.isin(["reference", "control"])]
     lines = [(str(label), float(part.value.mean())) for label, part in rows.groupby("label", sort=True)]
     if metric == "accuracy":
@@ -68,8 +60,6 @@ def _lines(top: pd.DataFrame, task: str, metric: str, levels: dict[str, dict[str
 
 
 def _figure(top: pd.DataFrame, metric: str, tasks: list[str], levels: dict[str, dict[str, float]]) -> go.Figure:
-    """One panel per task: a point per variant (mean over seeds, std as error bar), each
-    variant one colour across panels; references, controls and floors as grey dashed lines."""
     title = headline_titles().get(metric, metric)
     factor = scale(metric)
     tasks = [t for t in tasks if t in set(top.task)]
@@ -112,8 +102,7 @@ def _figure(top: pd.DataFrame, metric: str, tasks: list[str], levels: dict[str, 
 
 
 def margin_table(top: pd.DataFrame) -> str:
-    """Task x variant: the variant's mean and its margin over the task's strongest reference
-    (in the metric's better direction), coloured by the verdict; "" without references."""
+    """Task x variant: mean and margin over the strongest reference, coloured by verdict; "" without references."""
     found = margins(top)
     if not found:
         return ""

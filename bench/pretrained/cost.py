@@ -1,13 +1,5 @@
-"""What a pattern costs inside the pretrained model: prefill time and peak memory at N tokens,
-the patterns timed in interleaved rounds (every pattern once per round, so a drift of the
-machine reaches all of them alike), and a decoding step's time and KV cache at a context.
-
-A decoding step is timed against a cache that holds what the pattern still needs (the keys
-any later query can read: all of them for full attention, the last ``window`` for a sliding
-window, ``window * dilation`` for a dilated one, the first ``num_global`` and the last
-``window`` for global tokens), filled with random keys and values: a step's time does not
-depend on the values, and a 32K-token prefill per pattern would cost minutes each.
-"""
+"""What a pattern costs inside the pretrained model: prefill time and peak memory (patterns timed in
+interleaved rounds), and a decoding step's time against the KV cache it needs (docs/pretrained.md)."""
 
 from __future__ import annotations
 
@@ -25,8 +17,7 @@ from models.pretrained import attention_layers, place_attention
 
 
 def kv_tokens(variant: str, params: dict[str, Any], context: int) -> int | None:
-    """Tokens of KV cache a pattern needs at ``context`` tokens (``None``: the pattern has no
-    known rule, for example an approximation whose decoding state is not a KV cache)."""
+    """Tokens of KV cache a pattern needs at ``context`` tokens (``None``: no known rule)."""
     if variant in ("full", "causal"):
         return context
     if variant == "sliding_window":
@@ -41,7 +32,6 @@ def kv_tokens(variant: str, params: dict[str, Any], context: int) -> int | None:
 
 
 def kv_cache_bytes(model: nn.Module, tokens: int) -> int:
-    """Bytes of keys and values that ``tokens`` cached tokens take in every layer."""
     layers = attention_layers(model)
     config = layers[0].config
     size = next(model.parameters()).element_size()
@@ -60,8 +50,7 @@ Pattern = tuple[str, dict[str, Any], tuple[int, ...] | None]
 @torch.no_grad()
 def timed_prefill(model: nn.Module, ids: torch.Tensor, patterns: Sequence[Pattern], repeats: int,
                   kernel: str = "auto") -> list[dict[str, Any]]:
-    """Per pattern: its peak tensor memory (one call, which also warms it up), then its
-    prefill time over ``repeats`` interleaved rounds (median, IQR, every time)."""
+    """Per pattern: peak tensor memory (one call, also the warm-up), then prefill times over interleaved rounds."""
     peaks = []
     for variant, params, layers in patterns:
         place_attention(model, variant, params, layers=layers, kernel=kernel)
@@ -90,8 +79,7 @@ def _iqr(values: list[float]) -> float:
 @torch.no_grad()
 def timed_decode_step(model: nn.Module, context: int, kept: int, steps: int,
                       seed: int = 0) -> list[float]:
-    """Milliseconds of ``steps`` one-token decoding steps at position ``context`` against a
-    cache of ``kept`` random tokens per layer (trimmed back after every step)."""
+    """Milliseconds of ``steps`` one-token steps at position ``context`` against ``kept`` random cached tokens."""
     from transformers import DynamicCache
 
     layers = attention_layers(model)
@@ -105,7 +93,7 @@ def timed_decode_step(model: nn.Module, context: int, kept: int, steps: int,
         cache.update(keys, torch.randn(shape, generator=generator, dtype=dtype), layer.layer_idx)
     token = torch.tensor([[config.bos_token_id or 0]])
     times = []
-    for _ in range(steps + 1):  # the first step is a warm-up
+    for _ in range(steps + 1):  # the first is a warm-up
         started = time.perf_counter()
         model(input_ids=token, cache=cache, position_ids=torch.tensor([[context]]),
               use_cache=True, logits_to_keep=1)

@@ -1,7 +1,4 @@
-"""The report of a pretrained-model run: perplexity against length beside its floor and full
-attention, passkey accuracy with intervals, the stream past the trained context (and the
-StreamingLLM comparison in numbers), prefill and decoding costs, and the figure that puts
-quality against prefill time per length."""
+"""The report of a pretrained-model run (``report.md``) and its quality-against-prefill-time figure."""
 
 from __future__ import annotations
 
@@ -25,12 +22,10 @@ PAPER = {"window alone": 5158.0, "window + 4 sinks": 5.40, "recomputed window": 
 
 
 def is_pretrained_run(run_dir: str | Path) -> bool:
-    """True when ``run_dir`` holds a pretrained-model run's results."""
     return (Path(run_dir) / RESULTS_FILE).exists()
 
 
 def load_pretrained(run_dir: str | Path) -> pd.DataFrame:
-    """The run's rows, typed."""
     df = pd.DataFrame(read_rows(run_dir, RESULTS_FILE, PRETRAINED_COLUMNS), columns=PRETRAINED_COLUMNS)
     for column in ("seq_len", "depth", "value", "ci_low", "ci_high", "count", "time_ms",
                    "time_iqr_ms", "peak_mem_bytes", "kv_cache_bytes"):
@@ -43,9 +38,8 @@ def _ok(df: pd.DataFrame, task: str, metric: str) -> pd.DataFrame:
 
 
 def perplexity_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Pattern x N: the perplexity over every document's scored tokens (the exponential of
-    the mean log perplexity: the documents score equally many tokens), then its ratio to full
-    attention's; the unigram floor last."""
+    """Pattern x N: perplexity over every document (geometric mean: each scores equally many tokens), then
+    its ratio to full attention's; the unigram floor last."""
     rows = _ok(df, "perplexity", "perplexity").copy()
     if rows.empty:
         return pd.DataFrame()
@@ -100,33 +94,40 @@ def streaming_table(df: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
-def round_ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """Pattern x N: prefill time, its ratio to full attention's taken round by round (median
-    [q25, q75]) and the peak tensor memory."""
+def _prefill_table(df: pd.DataFrame) -> pd.DataFrame:
+    """:func:`round_ratios` plus its numeric median ratio (column ``median``, NaN without full attention)."""
     rows = _ok(df, "prefill", "prefill_ms")
     out = []
     for n, unit in rows.groupby("seq_len"):
         times = {r.label: np.array(json.loads(r.times_ms)) for r in unit.itertuples()}
         full = times.get(FULL)
         for r in unit.itertuples():
-            ratio = "-"
+            ratio, median = "-", math.nan
             if full is not None and len(full) == len(times[r.label]):
                 q = np.quantile(times[r.label] / full, [0.25, 0.5, 0.75])
-                ratio = f"{q[1]:.2f} [{q[0]:.2f}, {q[2]:.2f}]"
+                ratio, median = f"{q[1]:.2f} [{q[0]:.2f}, {q[2]:.2f}]", q[1]
             out.append({"pattern": r.label, "N": int(n), "prefill ms": r.value,
                         "IQR ms": r.time_iqr_ms, "repeats": len(times[r.label]),
                         "time / full (per round)": ratio,
-                        "peak MiB": r.peak_mem_bytes / 2**20 if r.peak_mem_bytes == r.peak_mem_bytes else None})
+                        "peak MiB": r.peak_mem_bytes / 2**20 if r.peak_mem_bytes == r.peak_mem_bytes else None,
+                        "median": median})
     return pd.DataFrame(out)
+
+
+def round_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """Pattern x N: prefill time, its ratio to full attention's taken round by round (median
+    [q25, q75]) and the peak tensor memory."""
+    return _prefill_table(df).drop(columns="median", errors="ignore")
 
 
 def tradeoff_table(df: pd.DataFrame) -> pd.DataFrame:
     """Pattern x N, the question in one cell: perplexity as a multiple of full attention's,
     passkey keys retrieved, and prefill time as a multiple of full attention's (median of
     the per-round ratios); ``-`` where a task did not run at that N."""
-    ppl = perplexity_table(df)
-    keys = passkey_table(df)
-    times = round_ratios(df)
+    return _tradeoff(perplexity_table(df), passkey_table(df), _prefill_table(df))
+
+
+def _tradeoff(ppl: pd.DataFrame, keys: pd.DataFrame, times: pd.DataFrame) -> pd.DataFrame:
     if ppl.empty:
         return pd.DataFrame()
     lengths = sorted({int(c) for c in ppl.columns if c.isdigit()})
@@ -142,10 +143,14 @@ def tradeoff_table(df: pd.DataFrame) -> pd.DataFrame:
             parts = [f"ppl {float(ratio.iloc[0]):.2f}x" if len(ratio) and ratio.notna().all() else "ppl -",
                      f"keys {round(key.accuracy.iloc[0] * key['keys'].iloc[0])}/{int(key['keys'].iloc[0])}"
                      if len(key) else "keys -",
-                     f"time {str(time['time / full (per round)'].iloc[0]).split(' ')[0]}x" if len(time) else "time -"]
+                     _time_cell(time["median"].iloc[0]) if len(time) else "time -"]
             row[f"N={n}"] = ", ".join(parts)
         out.append(row)
     return pd.DataFrame(out)
+
+
+def _time_cell(median: float) -> str:
+    return f"time {'-' if math.isnan(median) else f'{median:.2f}'}x"
 
 
 def decode_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -160,8 +165,7 @@ def decode_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def streaming_comparison(df: pd.DataFrame) -> str:
-    """The StreamingLLM comparison in one paragraph: the last bin's perplexity under each
-    policy, beside the paper's."""
+    """The last bin's perplexity under each policy, beside StreamingLLM's, in one paragraph."""
     rows = _ok(df, "streaming", "perplexity")
     if rows.empty:
         return ""
@@ -184,26 +188,27 @@ def build_pretrained_report(run_dir: str | Path) -> str:
     machines = sorted({str(e.get("device_name", "?")) for e in env})
     counts = df.drop_duplicates("cell_id").groupby("status").size().to_dict()
     failed = df[df.status != "ok"].drop_duplicates(["cell_id", "reason"])
+    ppl, keys, prefill = perplexity_table(df), passkey_table(df), _prefill_table(df)
     parts = [f"# Pretrained-model report: {run_dir.name}", "",
              f"Model: {', '.join(sorted(set(df.model)))}. Measured on: {'; '.join(machines)}. "
              f"Units by status: {', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}. "
              "Every pattern replaces the model's attention untrained (docs/pretrained.md).", ""]
     sections = [
-        ("The trade-off at a glance", tradeoff_table(df),
+        ("The trade-off at a glance", _tradeoff(ppl, keys, prefill),
          "Per pattern and N: perplexity of tokens N/2..N-1 as a multiple of full attention's "
          "(geometric mean over the documents), passkey keys retrieved (every depth), prefill "
          "time as a multiple of full attention's (median of the per-round ratios). The tables "
          "below give each with its spread."),
-        ("Perplexity of tokens N/2..N-1 against N", perplexity_table(df),
+        ("Perplexity of tokens N/2..N-1 against N", ppl,
          "Over every document (geometric mean), then the ratio to full attention. The floor: a "
          "unigram model of the first N/2 tokens (add-0.5), which knows the text's words and "
          "nothing of their order."),
         ("Perplexity per document", per_document_table(df), ""),
-        ("Passkey retrieval", passkey_table(df),
+        ("Passkey retrieval", keys,
          "Greedy answer equal to the 5-digit key; Wilson 95% interval over every depth's keys."),
         ("Streaming past the trained context", streaming_table(df),
          "Perplexity per bin of the stream (`..T`: the bin ending at token T)."),
-        ("Prefill: time and memory", round_ratios(df),
+        ("Prefill: time and memory", prefill.drop(columns="median", errors="ignore"),
          "Patterns timed in interleaved rounds in one process; the ratio is taken per round."),
         ("Decoding: time per token and KV cache", decode_table(df),
          "One token against the cache the pattern needs at that context."),
@@ -224,8 +229,8 @@ def build_pretrained_report(run_dir: str | Path) -> str:
 
 
 def plot_pretrained_run(run_dir: str | Path) -> list[Path]:
-    """Per N: perplexity and passkey accuracy against prefill time, marker size the peak
-    memory (``quality_vs_time.png``); no figure before prefill and quality rows exist."""
+    """Per N: perplexity and passkey accuracy against prefill time, marker size the peak memory
+    (``quality_vs_time.png``); none before prefill and quality rows exist."""
     import matplotlib
 
     matplotlib.use("Agg")

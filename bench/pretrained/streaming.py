@@ -1,18 +1,5 @@
-"""Streaming past the trained context with a rolling KV cache (StreamingLLM, Xiao et al. 2023).
-
-The stream is read in chunks of ``chunk`` tokens. The cache keeps the first ``sinks`` tokens
-and the ``recent`` tokens before the chunk; in the chunk, query ``i`` sees the sinks and the
-``recent`` tokens before it (``global_tokens(num_global=sinks, window=recent)``, bottom-right
-aligned against the cache; ``sliding_window`` without sinks), which is what a token-by-token
-stream with that cache sees, computed a chunk at a time. A policy without eviction is full
-attention, run as far as ``max_tokens``.
-
-Positions are either ``original`` (the token's place in the stream, past the trained context
-after 8K) or ``cache`` (its place in the cache, re-indexed as StreamingLLM does: the kept
-keys are rotated back by the number of tokens evicted, so every distance stays within the
-cache). With ``cache`` positions, query ``i`` of a chunk sits at the cache length plus ``i``,
-so its distance to a sink is up to ``chunk`` larger than one token at a time would give.
-"""
+"""Streaming past the trained context with a rolling KV cache (StreamingLLM, Xiao et al. 2023), a chunk
+at a time; policies and ``original`` / ``cache`` positions: docs/pretrained.md."""
 
 from __future__ import annotations
 
@@ -30,8 +17,7 @@ POSITIONS = ("original", "cache")
 
 @dataclass(frozen=True)
 class CachePolicy:
-    """What the cache keeps: ``sinks`` first tokens and ``recent`` latest ones (``recent``
-    ``None``: everything, full attention, up to ``max_tokens``)."""
+    """What the cache keeps: ``sinks`` first and ``recent`` latest tokens (``recent`` None: all, to ``max_tokens``)."""
 
     label: str
     sinks: int = 0
@@ -43,7 +29,6 @@ class CachePolicy:
         return self.recent is not None
 
     def attention(self) -> tuple[str, dict[str, int]]:
-        """The variant a chunk's queries attend with."""
         if not self.evicts:
             return "causal", {}
         if self.sinks:
@@ -51,7 +36,6 @@ class CachePolicy:
         return "sliding_window", {"window": self.recent}
 
     def cache_tokens(self, seen: int) -> int:
-        """Tokens the cache holds after ``seen`` tokens of the stream."""
         return seen if not self.evicts else min(seen, self.sinks + self.recent)
 
 
@@ -65,8 +49,7 @@ def _rotate_back(model: nn.Module, keys: torch.Tensor, shift: int) -> torch.Tens
 
 
 def _evict(model: nn.Module, cache: object, policy: CachePolicy, reindex: bool) -> None:
-    """Keep the sinks and the ``recent`` latest tokens of every layer's cache; with cache
-    positions, rotate the kept recent keys back by the number of tokens dropped."""
+    """Keep the sinks and ``recent`` latest tokens of each layer; ``reindex``: rotate kept keys back by the drop."""
     for layer in cache.layers:  # transformers' DynamicCache
         length = layer.keys.shape[-2]
         drop = length - policy.sinks - policy.recent
@@ -83,9 +66,7 @@ def _evict(model: nn.Module, cache: object, policy: CachePolicy, reindex: bool) 
 @torch.no_grad()
 def stream_nll(model: nn.Module, ids: torch.Tensor, policy: CachePolicy, positions: str,
                chunk: int, kernel: str = "auto") -> tuple[torch.Tensor, float]:
-    """Per-token negative log-likelihoods ``(N - 1,)`` of the stream ``ids`` ``(1, N)`` under
-    ``policy`` (targets 1..N-1; full attention stops at ``max_tokens``), and the seconds
-    taken."""
+    """Per-token NLLs ``(N - 1,)`` of the stream ``ids (1, N)`` under ``policy``, and the seconds taken."""
     from transformers import DynamicCache  # the pretrained extra; models.pretrained checked it
 
     if positions not in POSITIONS:

@@ -1,12 +1,5 @@
-"""The long texts the training-free tasks read, each pinned by the sha256 of its text.
-
-Three sources, all offline: a book of the King James Bible (Debian ``sword-text-kjv``,
-public domain), the longest article of the Wikipedia excerpt in gensim's test data
-(CC BY-SA), and this repository's own documentation at a pinned commit (MIT; written in
-2026, after the model's training data was collected, so it cannot have been memorised).
-A user's own file is one more document (:func:`user_document`). A text whose hash differs
-from the manifest's is refused in one line: a figure is only comparable on the same text.
-"""
+"""The long texts the training-free tasks read, each pinned by the sha256 of its text (sources and
+licences: docs/pretrained.md); a text whose hash differs is refused: a figure is only comparable on the same text."""
 
 from __future__ import annotations
 
@@ -22,15 +15,13 @@ from pathlib import Path
 from bench.quality.data import bible, enwiki
 from bench.quality.data.errors import DataMissingError
 
-#: the commit whose ``docs/*.md`` make the ``attn-bench-docs`` document
 DOCS_COMMIT = "4760ab7ca62e7ee971297b37c70d6b0886984314"
 _PAGE = re.compile(r"<page>.*?<title>(.*?)</title>.*?<text[^>]*>(.*?)</text>", re.S)
 
 
 @dataclass(frozen=True)
 class Document:
-    """One long text: its name, where it comes from, its licence and its pinned sha256
-    (``None``: a user's file, hashed as read)."""
+    """One long text with its source, licence and pinned sha256 (``None``: a user's file)."""
 
     name: str
     source: str
@@ -39,7 +30,7 @@ class Document:
     read: Callable[[], str]
 
     def text(self) -> str:
-        """The text, checked against the pinned hash (``ValueError`` naming the document)."""
+        """The text, checked against the pinned hash."""
         text = self.read()
         digest = text_sha256(text)
         if self.sha256 is not None and digest != self.sha256:
@@ -54,8 +45,7 @@ def text_sha256(text: str) -> str:
 
 
 def kjv_book(abbreviation: str) -> str:
-    """One book of the KJV (``gen``, ``john``), its verses cleaned as the translation task
-    cleans them (``bench.quality.data.bible.clean``) and joined by spaces."""
+    """One book of the KJV (``gen``, ``john``), verses cleaned as the translation task cleans them."""
     prefix = f"{abbreviation} "
     verses = [bible.clean(en, "en") for ref, en, _ in bible.load_parallel() if ref.startswith(prefix)]
     if not verses:
@@ -64,16 +54,14 @@ def kjv_book(abbreviation: str) -> str:
 
 
 def longest_wikipedia_article() -> str:
-    """The longest article of gensim's Wikipedia excerpt: its title, then its wikitext (XML
-    entities unescaped)."""
+    """The longest article of gensim's Wikipedia excerpt: title, then wikitext (entities unescaped)."""
     raw = bz2.decompress(enwiki.data_path().read_bytes()).decode("utf-8")
     title, body = max(((t, b) for t, b in _PAGE.findall(raw)), key=lambda page: len(page[1]))
     return f"{html.unescape(title)}\n\n{html.unescape(body)}"
 
 
 def repository_docs(commit: str = DOCS_COMMIT) -> str:
-    """``docs/*.md`` of this repository at ``commit``, in name order, read with ``git show``
-    (``DataMissingError`` outside a clone that has the commit)."""
+    """``docs/*.md`` of this repository at ``commit``, in name order (``DataMissingError`` without the commit)."""
     root = Path(__file__).resolve().parents[2]
     what = f"attn-bench-docs: this repository's docs at commit {commit[:12]}"
     try:
@@ -88,7 +76,6 @@ def repository_docs(commit: str = DOCS_COMMIT) -> str:
     return "\n\n".join(parts)
 
 
-#: the pinned documents, by name
 DOCUMENTS: dict[str, Document] = {
     doc.name: doc for doc in (
         Document("kjv-genesis", "Debian sword-text-kjv (engKJV2006eb), the book of Genesis",
@@ -107,8 +94,7 @@ DOCUMENTS: dict[str, Document] = {
 
 
 def user_document(path: Path) -> Document:
-    """A user's own text file as a document (UTF-8; ``ValueError`` naming the file when it
-    cannot be read)."""
+    """A user's own UTF-8 text file as a document."""
     path = Path(path)
 
     def read() -> str:
@@ -121,7 +107,6 @@ def user_document(path: Path) -> Document:
 
 
 def document(name: str) -> Document:
-    """The pinned document ``name`` (``ValueError`` listing the names)."""
     if name not in DOCUMENTS:
         raise ValueError(f"documents: unknown document {name!r}; known: {sorted(DOCUMENTS)} "
                          "(or a file with --text)")
