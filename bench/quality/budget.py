@@ -1,19 +1,6 @@
 """Quality at matched compute: training FLOPs per step, step counts from a FLOP budget, and
-the budget figure and table (docs/quality.md, "Quality at matched compute").
-
-The FLOPs of one training step are counted from the shapes a training batch takes through
-the model, never timed: every ``nn.Linear`` / ``nn.Conv2d`` outside an attention module costs
-``2 * rows * in * out`` forward (weights only: biases, norms, softmax and element-wise work
-are not counted) and twice that backward (Kaplan et al. 2020, "Scaling Laws for Neural
-Language Models": ``6ND`` a step); every attention call costs what its module's
-:meth:`attn.base.Attention.cost` says for that call's shape (useful FLOPs of its allowed pairs
-by the FlashAttention convention, backward 2.5x forward; approximations count their own
-matmuls). The count is a pure function of (model, batch shape), so a budget reproduces on any
-machine: wall-clock on a shared CPU drifts 2-3x between runs, a FLOP count does not.
-
-A budget is ``train.budget_x``: a multiple of what full attention's model spends in
-``train.steps`` steps of the same task, so ``budget_x: 1`` gives full attention exactly the
-preset's steps and every other variant as many steps as the same FLOPs buy.
+the budget figure and table. What is counted, and why FLOPs and not seconds: docs/quality.md,
+"Quality at matched compute".
 """
 
 from __future__ import annotations
@@ -88,9 +75,8 @@ class _Tally:
 
 
 def count_step_flops(model: nn.Module, forward: Callable[[], Any]) -> StepFlops:
-    """FLOPs of one training step of ``model``, where ``forward()`` runs the step's forward
-    pass (e.g. ``lambda: task.loss(model, batch)``). The pass runs once, without gradients,
-    in eval mode, and leaves the random number generator where it was."""
+    """FLOPs of one training step of ``model``, from one ``forward()`` pass (no gradients, eval
+    mode, random state untouched)."""
     tally = _Tally(model)
     handles = []
     for module in model.modules():
@@ -117,8 +103,7 @@ def count_step_flops(model: nn.Module, forward: Callable[[], Any]) -> StepFlops:
 
 
 def task_step_flops(model: nn.Module, task: Any, batch_size: int, device: str = "cpu") -> StepFlops:
-    """FLOPs of one training step of ``model`` on ``task``'s training batches of ``batch_size``
-    (the shapes of step 0's batch; every task's training batches share one shape)."""
+    """FLOPs of one training step of ``model`` on ``task`` (step 0's batch: all share one shape)."""
     batch = {k: v.to(device) for k, v in task.train_batch(0, batch_size).items()}
     return count_step_flops(model, lambda: task.loss(model, batch))
 
@@ -146,10 +131,8 @@ def flop_budget(budget_x: float, reference_flops_per_step: int, reference_steps:
 
 
 def stretched(train: TrainSettings, steps: int) -> TrainSettings:
-    """``train`` run for ``steps`` steps: warm-up and validation interval scaled with the step
-    count (the same schedule shape and the same number of best-checkpoint candidates as at
-    ``train.steps``; the cosine already spans ``steps``). ``checkpoint_every`` stays: it only
-    bounds the work a kill loses, and the last step always checkpoints."""
+    """``train`` run for ``steps`` steps, warm-up and validation interval scaled with them
+    (``checkpoint_every`` stays: it only bounds what a kill loses)."""
     scale = Fraction(steps, train.steps)
     warmup = min(round(train.warmup_steps * scale), steps - 1)
     return dataclasses.replace(train, steps=steps, warmup_steps=max(warmup, 0),
@@ -173,8 +156,7 @@ def matched_budget(train: TrainSettings, flops_per_step: int, reference_flops_pe
 
 
 def parse_budgets(raw: Any, tasks: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[float, ...]]:
-    """A grid's ``budgets: {tasks: [...], x: [...]}``: the tasks (of the grid) to train again
-    at each multiple ``x`` (> 0) of full attention's FLOPs at the preset's steps."""
+    """A grid's ``budgets: {tasks: [...], x: [...]}``, checked: ``(tasks, multiples)``."""
     if raw is None:
         return (), ()
     if not isinstance(raw, dict) or set(raw) != {"tasks", "x"}:
@@ -205,8 +187,7 @@ def budget_of(overrides: dict[str, Any] | None) -> float | None:
 
 
 def strip_budget(overrides: dict[str, Any], allowed: Collection[float]) -> dict[str, Any] | None:
-    """``overrides`` less their budget (what the unit trains apart from its compute), or None
-    when the budget is not one of ``allowed`` (a grid no longer asks for it)."""
+    """``overrides`` less their budget, or None when the budget is not one of ``allowed``."""
     budget = budget_of(overrides)
     if budget is None:
         return overrides
@@ -218,15 +199,13 @@ def strip_budget(overrides: dict[str, Any], allowed: Collection[float]) -> dict[
 
 
 def base_label(label: str) -> str:
-    """A row's label less its ``train.budget_x=...`` override (labels name every override,
-    bench/engine/labels.py): one line per variant across budgets."""
+    """A row's label less its ``train.budget_x=...`` override: one line per variant across budgets."""
     text = re.sub(r"train\.budget_x=[^,\]]*(, )?", "", label)
     return text.replace(", ]", "]").replace(" []", "")
 
 
 def split_budget(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(equal-steps rows, matched-compute rows)`` of a quality DataFrame: a row belongs to a
-    budget unit when its ``budget_x`` is set (the main table never mixes the two)."""
+    """``(equal-steps rows, matched-compute rows)`` of a quality DataFrame, by ``budget_x``."""
     if "budget_x" not in df:
         return df, df.iloc[0:0]
     marked = pd.to_numeric(df["budget_x"], errors="coerce").notna()
@@ -251,10 +230,8 @@ def _cell(values: pd.Series, metric: str) -> str:
 
 
 def budget_table(df: pd.DataFrame) -> str:
-    """The markdown section of the budget units: per task and variant, the FLOPs of a step,
-    then at each budget the test metric (mean ± std over seeds; accuracy in %) and the steps
-    the budget bought. ``df``: the test headline rows of the budget units
-    (``bench.quality.tables.headline`` of :func:`split_budget`'s second part)."""
+    """The markdown section of the budget units (``df``: their test headline rows): per task and
+    variant the GFLOPs of a step, and at each budget the test metric and the steps it bought."""
     if df.empty:
         return ""
     df = _numeric(df)
@@ -282,9 +259,8 @@ def budget_table(df: pd.DataFrame) -> str:
 
 
 def plot_budget(df: pd.DataFrame, run_dir: Path) -> list[Path]:
-    """Test quality against training FLOPs (log x), one line per variant, one panel per task
-    (mean ± std over seeds), as ``budget.png`` and ``budget.svg`` in ``run_dir``. ``df``: the
-    test headline rows of the budget units, as for :func:`budget_table`."""
+    """``budget.png`` and ``.svg``: test quality against training FLOPs, a panel per task (``df`` as
+    for :func:`budget_table`)."""
     import matplotlib  # plotting stack: heavy, imported only to draw
 
     matplotlib.use("Agg")

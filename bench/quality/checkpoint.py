@@ -1,18 +1,8 @@
 """Checkpoints as ``safetensors`` files (no pickle), written atomically, verified on load.
 
-A checkpoint holds named tensors and a JSON metadata record. Tensors that share storage
-(tied embeddings) are stored once and their other names listed in the metadata, so loading
-restores the sharing. The file is written to a temporary name, fsynced and renamed: a run
-killed while saving leaves the previous checkpoint intact.
-
-Every checkpoint carries, in its safetensors header, a SHA-256 digest of its metadata record
-and of every tensor (name, dtype, shape and bytes). :func:`load_checkpoint` checks that the
-file parses, that the digest matches and that every floating-point tensor is finite, and
-raises a :class:`CheckpointError` naming the file and what is wrong otherwise: a checkpoint
-with random bytes written into it, cut short or with a broken header is never loaded.
-(A checkpoint written before digests existed is loaded with the other checks only.)
-:func:`move_aside` renames a bad one to ``<name>.corrupt`` so that it is kept for a look but
-never read again.
+Tensors that share storage (tied embeddings) are stored once and aliased in the JSON metadata.
+The header carries a SHA-256 digest of the metadata and every tensor; a checkpoint from before
+digests is loaded with the other checks only.
 """
 
 from __future__ import annotations
@@ -42,8 +32,7 @@ class CheckpointError(ValueError):
 
 
 def checkpoint_digest(record: str, tensors: dict[str, Tensor]) -> str:
-    """SHA-256 of a checkpoint's metadata record and of its stored tensors (name, dtype,
-    shape and bytes, in name order)."""
+    """SHA-256 of a checkpoint's metadata record and its tensors (name, dtype, shape, bytes)."""
     digest = hashlib.sha256(record.encode())
     for name in sorted(tensors):
         tensor = tensors[name].detach().to("cpu").contiguous()
@@ -81,9 +70,8 @@ def save_checkpoint(path: str | Path, tensors: dict[str, Tensor], meta: dict[str
 
 
 def load_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """Tensors (with shared names restored) and the metadata of a verified checkpoint;
-    :class:`CheckpointError` naming the file when it does not parse, its digest does not
-    match or a tensor holds NaN or inf (``FileNotFoundError`` when there is none)."""
+    """Tensors (shared names restored) and metadata of a verified checkpoint; :class:`CheckpointError`
+    when it does not parse, its digest does not match or a tensor is not finite."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no checkpoint there")
@@ -117,8 +105,7 @@ def load_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]
 
 
 def move_aside(path: str | Path) -> Path:
-    """Rename a checkpoint that failed verification to ``<name>.corrupt`` (or ``.corrupt.2``,
-    ... when that exists) and return the new path: it is kept, never loaded again."""
+    """Rename a checkpoint that failed verification to ``<name>.corrupt`` (``.corrupt.2``, ...); the new path."""
     path = Path(path)
     target = path.with_name(path.name + CORRUPT_SUFFIX)
     for index in range(2, 1000):

@@ -1,15 +1,6 @@
-"""Training grids run into a run directory by ``attn-bench sweep``: the same engine as speed
-sweeps (:func:`bench.engine.rundir.run_units`: executors, worker isolation, resume, failure
-rows), with a grid's plan (:class:`GridPlan`).
-
-The config is :mod:`bench.quality.grid_config`, the units :mod:`bench.quality.units`. Each
-unit's rows are appended to ``quality.csv``. A unit whose rows were trained with other task
-settings than the preset (with the entry's overrides) gives now is not done: its rows move to
-``superseded.csv`` and it trains again (the checkpoint of other settings is not resumed).
-Rows of a (variant, params, overrides) the config no longer lists move to
-``superseded.csv`` too, so the report only shows what the config asks for. The resolved
-settings of every task are written beside the results (``grid.json``), with the config
-itself (``grid.yaml``).
+"""Training grids run into a run directory by ``attn-bench sweep``: the speed sweeps' engine
+(:func:`bench.engine.rundir.run_units`) with a grid's plan (:class:`GridPlan`). Rows go to
+``quality.csv``; stale and foreign rows to ``superseded.csv`` (docs/quality.md, "Grids").
 """
 
 from __future__ import annotations
@@ -44,9 +35,8 @@ def _row_json(row: dict[str, Any], column: str) -> Any:
 
 
 def superseded_units(rows: list[dict[str, Any]], config: GridConfig) -> set[str]:
-    """Units whose recorded rows were trained with other task settings than the grid's preset
-    gives now, with the unit's own overrides (the preset was edited since): they are not
-    done, they run again."""
+    """Units whose rows were trained with other task settings than the preset (with their
+    overrides) gives now: they run again."""
     now = SettingsCache(config.preset)
     stale = set()
     for row in rows:
@@ -69,10 +59,8 @@ def superseded_units(rows: list[dict[str, Any]], config: GridConfig) -> set[str]
 
 
 def foreign_units(rows: list[dict[str, Any]], config: GridConfig) -> set[str]:
-    """Units of the grid's tasks whose (variant, parameters, overrides) no entry of the config
-    gives any more (the entry was edited or removed): their rows would mix into the report
-    as if the config still asked for them. Variants a command line left out (``only``) and
-    tasks the config does not list are left alone."""
+    """Units of the grid's tasks whose (variant, parameters, overrides) no entry gives any more;
+    variants left out by ``only`` and unlisted tasks are left alone."""
     wanted: dict[str, set[tuple[str, str, str]]] = {}
     settings_of = SettingsCache(config.preset)
     for task in config.tasks:
@@ -114,8 +102,7 @@ def resolved_settings(config: GridConfig) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class GridPlan:
-    """The run plan (:class:`bench.engine.rundir.RunPlan`) of a training grid: its units
-    (:func:`units`), each a chain of its own, into ``quality.csv``."""
+    """The run plan (:class:`bench.engine.rundir.RunPlan`) of a training grid, one chain per unit."""
 
     config: GridConfig
 
@@ -129,8 +116,7 @@ class GridPlan:
         return self.config.plugins
 
     def size(self) -> str:
-        """The training runs and the computed references (no training: not counted as
-        runs), said apart: ``24 training runs and 9 computed references``."""
+        """E.g. ``24 training runs and 9 computed references``."""
         found = units(self.config, Path("."))  # (where the units would write is no matter)
         references = sum(isinstance(u, ReferenceUnit) for u in found)
         said = counted(len(found) - references, "training run", "training runs")
@@ -139,8 +125,7 @@ class GridPlan:
         return said
 
     def dry_run_items(self, kept: list[dict[str, Any]], run_dir: Path) -> list[DryRunItem]:
-        """Every unit: ``done`` when its rows are kept, ``todo (settings changed)`` when they
-        were trained with other task settings than the preset gives now, else ``todo``."""
+        """Every unit: ``done``, ``todo (settings changed)`` or ``todo``."""
         stale = superseded_units(kept, self.config)
         done = {r["unit_id"] for r in kept} - stale
         return [DryRunItem(u.unit_id, "done" if u.unit_id in done else
@@ -173,8 +158,7 @@ class GridPlan:
         return resolved_settings(self.config)
 
     def chains(self, recorder: RunRecorder) -> list[Chain]:
-        """The units not recorded yet; rows trained with other settings, or of entries the
-        config no longer gives, move to ``superseded.csv`` first (their units run again)."""
+        """The units not recorded yet, after moving stale and foreign rows to ``superseded.csv``."""
         stale = (superseded_units(recorder.kept, self.config)
                  | foreign_units(recorder.kept, self.config))
         recorder.supersede(lambda row: row["unit_id"] in stale, SUPERSEDED_FILE)

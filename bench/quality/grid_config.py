@@ -1,21 +1,6 @@
 """Training-grid configs: tasks x variants x seeds from a YAML mapping, validated into frozen
-dataclasses (errors name the key and the allowed values, :class:`bench.engine.config.ConfigError`).
-
-Config keys: ``name``, ``kind: quality``, ``preset`` (a task preset, ``small`` or ``lra``),
-``tasks`` (names), ``variants`` (``{name, <params>}``; task presets add their shared
-attention settings such as the window), ``seeds`` (a list, or ``{default: [...], <task>:
-[...]}``), ``device``, ``threads``, ``timeout_s`` (per training run), ``kernel``,
-``references`` (``all`` or names: the reference rows without attention computed on each task
-they apply to, one unit per (task, reference): bench/quality/reference_unit.py; with them
-``variants`` may be empty).
-
-A variant entry may also carry ``tasks`` (the grid tasks it trains on, default all),
-``model`` (model settings overriding the preset's for this
-entry only, e.g. ``{position: none}``), ``role`` (``variant``, the default; ``control``: an
-ablation such as an order-blind model; ``reference``: a model without attention such as
-``model: {mixer: lstm}``; both shown apart in the report) and ``title`` (a
-short description, e.g. ``order-blind``). The overrides are part of the unit's identity, its
-run directory and its label: ``full [position=none]``.
+dataclasses (errors name the key and the allowed values). The keys: docs/quality.md, "Grids";
+a variant entry may also carry ``tasks``, the grid tasks it trains on (default all).
 """
 
 from __future__ import annotations
@@ -58,8 +43,7 @@ _KEYS = {"name", "kind", "description", "preset", "tasks", "variants", "seeds", 
 
 @dataclass(frozen=True)
 class GridVariant:
-    """One variant entry of a grid: the attention, its explicit parameters, model-setting
-    overrides, and whether it is a variant or a control (a reference row)."""
+    """One variant entry of a grid: the attention, its parameters, model overrides, role and title."""
 
     name: str
     params: tuple[tuple[str, Any], ...] = ()
@@ -108,9 +92,7 @@ class GridConfig:
 
 
 def only_tasks(config: GridConfig, tasks: Collection[str]) -> GridConfig:
-    """``config`` restricted to ``tasks`` (a command line's ``--task``): a grid run in pieces.
-    The rows of the grid's other tasks are neither trained nor judged (superseded or foreign
-    units are looked for among the kept tasks only)."""
+    """``config`` restricted to ``tasks`` (``--task``); the other tasks' rows are neither trained nor judged."""
     unknown = [t for t in tasks if t not in config.tasks]
     if unknown:
         raise ConfigError(f"--task: unknown value {unknown[0]!r}; allowed values are the grid's "
@@ -152,8 +134,7 @@ def _seeds(raw: Any, tasks: tuple[str, ...]) -> tuple[tuple[str, tuple[int, ...]
 
 def _check_model(where: str, name: str, params: dict[str, Any], model: Any, preset: str,
                  tasks: list[str]) -> None:
-    """Model overrides of a variant entry: a mapping of fields every task's model has, with
-    values its model config accepts."""
+    """Check a variant entry's model overrides against every task's model config."""
     if not isinstance(model, dict):
         raise ConfigError(f"config key {where!r}: must be a mapping of model settings like "
                           f"{{position: none}}; got {model!r}", where)
@@ -178,7 +159,7 @@ def _check_model(where: str, name: str, params: dict[str, Any], model: Any, pres
 
 
 def _variant(index: int, item: Any, preset: str, tasks: list[str]) -> GridVariant:
-    """One validated variant entry (see the module docstring)."""
+    """One validated variant entry."""
     where = f"variants[{index}]"
     item = {"name": item} if isinstance(item, str) else item
     if not isinstance(item, dict) or item.get("name") not in list_attention():
@@ -214,12 +195,9 @@ def _variant(index: int, item: Any, preset: str, tasks: list[str]) -> GridVarian
 
 
 def parse_grid(raw: dict[str, Any], only: Collection[str] | None = None) -> GridConfig:
-    """Validate a training-grid mapping; errors name the key and the allowed values. Pure:
-    the tasks and variants it names must be registered already (a plug-in's are once
-    :func:`bench.runner.load_run` imported the grid's ``plugins``).
-
-    ``only``: the variant names to run (a command line's ``--variant``); every entry is still
-    validated, and the rows of the other variants are left alone when the grid runs."""
+    """Validate a training-grid mapping (its tasks and variants registered already: plug-ins are
+    imported by :func:`bench.runner.load_run`). ``only``: the ``--variant`` names to run; every
+    entry is still validated."""
     unknown = sorted(set(raw) - _KEYS)
     if unknown:
         raise ConfigError(f"config key {unknown[0]!r}: unknown key; allowed keys are {sorted(_KEYS)}",

@@ -1,12 +1,6 @@
-"""Does a variant beat what needs no attention? Per task, the strongest reference row (the
-best of the grid's rows with role ``reference``: naive Bayes, n-gram models, compressors,
-nearest neighbours, a recurrent network trained by the same recipe, ...) against every
-variant's mean over seeds.
-
-A variant *clears* its task when its mean is past the strongest reference by at least two
-standard deviations of its own seeds (the bar a finding about attention has to pass: a
-model below what no attention reaches has not learned what the task measures). With one
-seed the spread is unknown and the verdict says so."""
+"""Does a variant beat what needs no attention? Per task, the strongest ``reference`` row against
+every variant's mean over seeds: a variant *clears* its task when its mean is past it by at
+least :data:`SD_MARGIN` standard deviations of its own seeds."""
 
 from __future__ import annotations
 

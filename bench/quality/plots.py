@@ -1,7 +1,5 @@
-"""Quality figures: the quality/speed Pareto front per task, each task's metrics by condition
-as the task declares them (recall accuracy against distance with each variant's reach,
-computed from its mask, marked; bits per byte against evaluation length), and the
-attention-pattern figure of every registered variant."""
+"""Quality figures: the quality/speed Pareto front per task, each task's metrics by condition,
+and the attention-pattern figure of every registered variant."""
 
 from __future__ import annotations
 
@@ -58,8 +56,7 @@ def _front(points: pd.DataFrame, higher: bool) -> pd.DataFrame:
 
 
 def _controls(top: pd.DataFrame) -> set[str]:
-    """Labels of the grid's trained rows that are not attention variants: controls (e.g. an
-    order-blind model) and trained references (a recurrent model)."""
+    """Labels of the trained rows that are not attention variants (controls, trained references)."""
     if "role" not in top:
         return set()
     return set(top[top.role.isin(["control", "reference"])].label)
@@ -72,8 +69,7 @@ def _colours(labels: list[str]) -> dict[str, Any]:
 
 
 def plot_pareto(df: pd.DataFrame, run_dir: Path) -> list[Path]:
-    """Test quality against training throughput, one panel per task (mean +- std over seeds);
-    control rows hollow and left out of the front, uniform chance dotted on accuracy tasks."""
+    """Test quality against training throughput, one panel per task; controls hollow and off the front."""
     plt = _pyplot()
     top, tasks = headline(df), task_order(headline(df))
     strongest = strongest_references(top).set_index("task")
@@ -125,9 +121,8 @@ def plot_pareto(df: pd.DataFrame, run_dir: Path) -> list[Path]:
 
 
 def _reach(row: pd.Series) -> int | bool | None:
-    """The largest recall distance the row's variant can answer by its mask, with the row's
-    task settings (layers, length, pair layout): :mod:`bench.quality.reach`. ``None`` if it
-    can answer none; ``False`` for a row with no attention mask (a reference)."""
+    """The row's variant's reach by its mask (:mod:`bench.quality.reach`); ``None`` if none, ``False``
+    without a mask."""
     if is_reference_row(row) or "mixer" in (row.get("overrides") or ""):
         return False
     params = json.loads(row.params or "{}")  # the variant's defaults fill what it leaves out
@@ -137,11 +132,9 @@ def _reach(row: pd.Series) -> int | bool | None:
 
 def plot_condition(df: pd.DataFrame, run_dir: Path, task: str,
                    view: ConditionView | None = None) -> list[Path]:
-    """``task``'s metric against its condition, one line per variant, as the task declares
-    it (``view``: its :class:`bench.quality.tasks.ConditionView` with a figure; default the
-    first it registered). A figure with ``training_length`` marks the first condition; one
-    with ``reach`` dots each variant's reach by its mask (:func:`_reach`), dashes the rows
-    without a mask, and draws uniform chance and the majority class."""
+    """``task``'s metric against its condition, one line per variant, as ``view`` (default the task's
+    first with a figure) declares it: the training length marked, or each variant's reach dotted
+    with the floors."""
     view = view or next(v for v in task_info(task).conditions if v.figure is not None)
     figure = view.figure
     assert figure is not None, f"{task}: {view.prefix} has no figure"
@@ -175,8 +168,7 @@ def plot_condition(df: pd.DataFrame, run_dir: Path, task: str,
 
 
 def _floors(ax: Any, df: pd.DataFrame, task: str) -> None:
-    """Uniform chance (1 / classes, from the rows' settings) dashed and the majority class
-    dash-dotted across a figure of ``task``."""
+    """Uniform chance dashed and the majority class dash-dotted across a figure of ``task``."""
     chance = uniform_chance(df).get(task)
     if chance is not None:
         ax.axhline(chance, color="grey", linestyle="--", linewidth=1,
@@ -188,8 +180,7 @@ def _floors(ax: Any, df: pd.DataFrame, task: str) -> None:
 
 
 def plot_quality_run(run_dir: str | Path) -> list[Path]:
-    """Every quality figure the run's data allows: the Pareto front, each task's figures by
-    condition (as the task declares them), the matched-compute figure."""
+    """Every quality figure the run's data allows."""
     run_dir = Path(run_dir)
     df, budget = split_budget(load_quality(run_dir))  # matched-compute rows apart: budget.py
     if headline(df).empty:
@@ -213,8 +204,7 @@ def _pattern(name: str, params: dict[str, Any], n: int) -> np.ndarray:
 
 def _illustrative_pattern(name: str, examples: tuple[dict[str, Any], ...], n: int
                           ) -> tuple[dict[str, Any], np.ndarray]:
-    """Of the variant's example parameter sets (position biases left out), the one whose
-    pattern is closest to a third of the pairs: sparse enough to show its shape."""
+    """The variant's example parameters whose pattern is nearest a third of the pairs (shows its shape)."""
     candidates = [{k: v for k, v in p.items() if k != "position_bias"} for p in examples or ({},)]
     patterns = []
     for params in candidates:
@@ -226,8 +216,7 @@ def _illustrative_pattern(name: str, examples: tuple[dict[str, Any], ...], n: in
 
 
 def plot_patterns(out_dir: str | Path, n: int = 24) -> list[Path]:
-    """Allowed (query, key) pairs of every registered variant at length ``n`` (non-causal;
-    approximations show the pairs they approximate), the figure attention papers open with."""
+    """Allowed (query, key) pairs of every registered variant at length ``n`` (non-causal)."""
     plt = _pyplot()
     names = [name for name in list_attention() if not name.startswith("bench_")]
     cols = min(4, len(names))

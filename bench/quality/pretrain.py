@@ -1,18 +1,7 @@
-"""Self-pretraining (Amos et al. 2023, "Never Train from Scratch"): before it learns a
-classification task, the very model learns to denoise the task's own training inputs, and
-only then is fine-tuned on the labels. No other data is read, so a variant's figure still
-measures what it learns from the task alone.
-
-With ``train.pretrain_steps: P`` the run's first ``P`` of its ``train.steps`` steps are
-pretraining: in each training input a ``train.pretrain_mask_rate`` share of the real tokens
-(padding never) is replaced by tokens drawn uniformly from the vocabulary, and the model
-predicts the original token at those positions from its encoder's last hidden states through
-the transposed token embedding (the weights are tied, as in BERT, Devlin et al. 2019). The
-classifier head is not used. Each phase has its own warm-up and decay (the schedule of
-``train`` over ``P`` steps, then over ``steps - P``), and the optimizer starts afresh at
-step ``P``, as a fine-tuning run would; validation and model selection start with
-fine-tuning. The masked positions and replacement tokens are a pure function of the run's
-seed and the step, so a resumed run sees what an uninterrupted one would."""
+"""Self-pretraining (Amos et al. 2023, "Never Train from Scratch"): the first
+``train.pretrain_steps`` steps denoise the task's own training inputs, then the model is
+fine-tuned on the labels (docs/quality.md, "Training and evaluation"). The output layer is the
+transposed token embedding, as in BERT (Devlin et al. 2019)."""
 
 from __future__ import annotations
 
@@ -42,8 +31,7 @@ def check_pretraining(task: Task, train: TrainSettings) -> None:
 
 
 def phase_settings(step: int, train: TrainSettings) -> tuple[int, TrainSettings]:
-    """``(step within its phase, the phase's schedule)``: pretraining is ``train`` over
-    ``pretrain_steps`` steps, fine-tuning ``train`` over the rest."""
+    """``(step within its phase, the phase's schedule)``: each phase has its own warm-up and decay."""
     pretrain = train.pretrain_steps
     if not pretrain:
         return step, train
@@ -54,9 +42,8 @@ def phase_settings(step: int, train: TrainSettings) -> tuple[int, TrainSettings]
 
 def corrupt(ids: Tensor, key_mask: Tensor | None, vocab_size: int, rate: float,
             seed: int, step: int) -> tuple[Tensor, Tensor]:
-    """``ids (B, N)`` with a ``rate`` share of the real tokens replaced by uniform draws from
-    ``[0, vocab_size)``, and the bool ``(B, N)`` mask of the replaced positions (at least one
-    per row that has a real token)."""
+    """``ids`` with a ``rate`` share of the real tokens (at least one a row) replaced by uniform
+    draws, and the mask of those positions; a pure function of (seed, step)."""
     gen = np.random.default_rng([seed, step, 0x5E1F])
     real = np.ones(ids.shape, bool) if key_mask is None else key_mask.cpu().numpy().astype(bool)
     chosen = (gen.random(ids.shape) < rate) & real
@@ -69,8 +56,7 @@ def corrupt(ids: Tensor, key_mask: Tensor | None, vocab_size: int, rate: float,
 
 def denoising_loss(model: nn.Module, batch: dict[str, Tensor], rate: float, seed: int,
                    step: int) -> tuple[Tensor, int]:
-    """Cross-entropy of the original tokens at the corrupted positions (see the module
-    docstring) and the number of input tokens read."""
+    """Cross-entropy of the original tokens at the corrupted positions, and the input tokens read."""
     ids, key_mask = batch["ids"], batch.get("key_mask")
     weight = model.token_emb.weight  # (V, D), tied output projection
     noisy, where = corrupt(ids, key_mask, weight.shape[0], rate, seed, step)

@@ -1,28 +1,9 @@
 """Which recall distances an attention pattern can answer at all, from its mask alone.
 
-A layer's *information-flow matrix* is ``A[i, j] = (some head lets position i attend to j)
-or i == j`` (the residual stream keeps what a position already holds; position-wise FFNs move
-nothing between positions). ``R^l = A^l``, the boolean l-fold product, says what position
-``i`` can have gathered from ``j`` after ``l`` layers.
-
-The recall answer needs two things at the last position (the query): the queried key and the
-value stored with it, *bound together*. Binding takes a layer: key and value must meet at some
-position ``p`` after ``l >= 1`` layers, and what ``p`` holds must then travel to the query in
-the remaining ``L - l`` layers. So, for ``L`` layers, the answer is **reachable** iff there are
-``l`` in ``1 .. L - 1`` and a position ``p`` with
-
-    key in R^l(p),  value in R^l(p)  and  p in R^(L - l)(query),
-
-where ``R^l(p)`` is row ``p`` of ``A^l``. With ``L == 1`` the answer is never reachable: the
-pair cannot be bound before the one layer that has to read it into the query. This is a
-necessary condition read off the mask (a model may still fail to learn what the mask allows);
-where it does not hold no weights can do better than chance.
-
-Examples (``L = 2``, the query at ``N - 1``, key at distance ``d``, value ``gap`` before it):
-a sliding window of half-width ``w`` reaches ``d <= L * w - gap``; a dilation-2 window links
-only positions of equal parity, so with ``gap = 1`` it reaches no distance at all, and with
-``gap = 2`` every even ``d`` up to ``2 * (L * w - 1)``; global tokens meet every pair at a
-global position that every position sees, so they reach every distance.
+One layer's flow is ``A[i, j] = (some head lets i attend to j) or i == j``; with ``L`` layers the
+answer is reachable iff for some ``l`` in ``1 .. L - 1`` and position ``p``, key and value are in
+``R^l(p)`` and ``p`` is in ``R^(L-l)(query)``, ``R^l = A^l`` (docs/quality.md, "Recall"). A
+necessary condition: where it fails no weights beat chance.
 """
 
 from __future__ import annotations
@@ -44,13 +25,8 @@ from models.config import SIZES
 
 def flow_matrix(attention: Attention | MaskMod | None, seq_len: int, *, heads: int = 1,
                 causal: bool = False) -> Tensor:
-    """One layer's information flow ``A (N, N)`` bool: some head lets ``i`` attend to ``j``,
-    or ``i == j``.
-
-    ``attention`` is a module (its ``mask_mod``, its heads and whether it forces causal are
-    read from it; an approximation without a mask counts as all pairs), a mask_mod taking
-    ``(b, h, i, j)`` index grids (evaluated for ``heads`` heads), or ``None`` (all pairs).
-    """
+    """One layer's flow ``A (N, N)`` bool, from a module (no mask: all pairs), a mask_mod over
+    ``heads`` heads, or ``None`` (all pairs)."""
     require_int("seq_len", seq_len, minimum=1)
     if isinstance(attention, Attention):
         heads = attention.num_heads or 1
@@ -66,8 +42,7 @@ def flow_matrix(attention: Attention | MaskMod | None, seq_len: int, *, heads: i
 
 
 def power_rows(flow: Tensor, rows: Tensor, power: int) -> Tensor:
-    """Rows ``rows`` of ``A^power`` (``power >= 1``) of a flow matrix ``A (N, N)``: bool
-    ``(len(rows), N)``, computed from the rows alone (cheap for a narrow pattern)."""
+    """Rows ``rows`` of ``A^power`` (``power >= 1``), computed from the rows alone."""
     gathered, as_float = flow[rows], flow.float()  # (R, N)
     for _ in range(power - 1):
         if bool(gathered.all()):
@@ -78,11 +53,8 @@ def power_rows(flow: Tensor, rows: Tensor, power: int) -> Tensor:
 
 def pair_reachable(flow: Tensor, layers: int, *, keys: Tensor, values: Tensor,
                    query: int | None = None) -> Tensor:
-    """For each pair ``(keys[m], values[m])``, whether ``layers`` layers of ``flow`` bring it,
-    bound, to ``query`` (default the last position): the definition in the module docstring.
-
-    ``keys`` and ``values`` are int tensors of one shape; returns bool of that shape.
-    """
+    """For each pair ``(keys[m], values[m])``, whether ``layers`` layers of ``flow`` bring it, bound,
+    to ``query`` (default the last position)."""
     require_int("layers", layers, minimum=1)
     n = flow.shape[-1]
     query = n - 1 if query is None else query
@@ -102,8 +74,7 @@ def pair_reachable(flow: Tensor, layers: int, *, keys: Tensor, values: Tensor,
 
 def answer_reachable(attention: Attention | MaskMod | None, *, layers: int, seq_len: int,
                      key: int, value: int, query: int | None = None, heads: int = 1) -> bool:
-    """Whether ``layers`` layers of ``attention`` can bring the pair at ``key`` and ``value``,
-    bound, to ``query`` (default ``seq_len - 1``) of a ``seq_len`` sequence."""
+    """Whether ``layers`` layers of ``attention`` bring the pair at ``key``, ``value`` bound to ``query``."""
     for name, position in (("key", key), ("value", value), ("query", query)):
         if position is not None and not 0 <= position < seq_len:
             raise invalid(name, f"must be a position in [0, {seq_len - 1}]; got {position!r}")
@@ -125,10 +96,8 @@ class RecallReach:
 def recall_reach(attention: Attention | MaskMod | None, *, seq_len: int, layers: int,
                  distances: Sequence[int] = (), pair_gap: int | Sequence[int] = 1,
                  heads: int = 1) -> RecallReach:
-    """The distances at which ``layers`` layers of ``attention`` can answer the recall task
-    (:mod:`bench.quality.data.recall`: query at ``seq_len - 1``, key at ``seq_len - 1 - d``, value
-    ``pair_gap`` before it). With several gaps a distance counts only if every gap is
-    reachable there (a drawn gap the pattern cannot bind is answered at chance)."""
+    """The recall distances ``layers`` layers of ``attention`` can answer; with several gaps, only
+    where every gap is reachable (a drawn gap the pattern cannot bind is answered at chance)."""
     gaps = recall.pair_gaps(pair_gap)
     largest = recall.max_distance(seq_len, gaps)
     flow = flow_matrix(attention, seq_len, heads=heads)
@@ -144,11 +113,7 @@ def recall_reach(attention: Attention | MaskMod | None, *, seq_len: int, layers:
 
 def variant_recall_reach(variant: str, params: Mapping[str, Any],
                          settings: Mapping[str, Any]) -> RecallReach:
-    """:func:`recall_reach` of ``variant(params)`` under a recall task's settings: ``settings``
-    is :meth:`TaskSettings.to_dict` (a quality row's ``settings`` JSON), with ``data``
-    (``seq_len``, ``distances``, ``pair_gap``), ``model`` (``num_layers``, ``num_heads``,
-    ``d_model``; the values of the model size tasks start from where absent) and ``attention`` (shared
-    parameters, applied where the variant has them, under ``params``)."""
+    """:func:`recall_reach` of ``variant(params)`` under a row's ``settings`` (:meth:`TaskSettings.to_dict`)."""
     data, model = settings.get("data", {}), {**SIZES[MODEL_SIZE], **settings.get("model", {})}
     allowed = attention_info(variant).params
     shared = {k: v for k, v in settings.get("attention", {}).items() if k in allowed}

@@ -1,14 +1,6 @@
-"""Is a variant's difference from full attention beyond seed noise?
-
-Per task and variant, the difference from ``full`` is paired by seed: seed ``s`` of both
-runs drew the same data and the same initial weights (``torch.manual_seed(seed)`` before the
-model is built), so ``d_s = variant_s - full_s`` removes what the seed does to both. Over the
-``n`` seeds both have, the mean difference gets the 95% t-interval
-``mean(d) +- t(0.975, n - 1) * sd(d) / sqrt(n)`` (Student's t, 1908). An interval that excludes 0 is a
-difference beyond seed noise: ``better`` or ``worse`` by the metric's direction (bits per
-byte: lower is better); one that contains 0 is ``within seed noise``; fewer than two shared
-seeds cannot tell (``n/a (one seed)``). Each test is at the 5% level on its own: among many
-(task, variant) pairs some intervals exclude 0 by chance.
+"""Is a variant's difference from full attention beyond seed noise? Seed ``s`` of both runs drew
+the same data and initial weights, so the per-seed differences get a 95% t-interval (Student
+1908); verdicts as in docs/quality.md, "Report and figures".
 """
 
 from __future__ import annotations

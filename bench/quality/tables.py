@@ -1,10 +1,6 @@
-"""The tables of a training grid's quality report, each from the rows of ``quality.csv`` as a
-DataFrame (:func:`bench.quality.report.load_quality`): the LRA-style table (mean +- std over
-seeds, one column per task, an average over the accuracy tasks) with its floors (uniform
-chance, the majority class, and the grid's control rows), every variant's paired difference
-from full attention against seed noise, the margin past the strongest reference without
-attention, parameters and cost per run, and metrics by condition (recall by distance, bits per
-byte by evaluation length, greedy against beam BLEU)."""
+"""The tables of a grid's quality report, each from ``quality.csv`` as a DataFrame
+(:func:`bench.quality.report.load_quality`). A ``top`` argument is :func:`headline` of ``df``,
+passed when the caller has it already."""
 
 from __future__ import annotations
 
@@ -33,8 +29,7 @@ def task_order(df: pd.DataFrame) -> list[str]:
 
 
 def headline(df: pd.DataFrame) -> pd.DataFrame:
-    """Test rows of each task's headline metric (no condition): the metrics the registered
-    tasks headline (:func:`bench.quality.tasks.headline_titles`)."""
+    """Test rows of each task's headline metric (no condition)."""
     test = df[(df.split == "test") & (df.condition == "") & (df.status == "ok")]
     return test[test.metric.isin(list(headline_titles()))]
 
@@ -50,8 +45,7 @@ def _cell(values: pd.Series, scale: float) -> str:
 
 
 def display_name(df: pd.DataFrame, name: str) -> str:
-    """A label as the table shows it: a control with its title, ``full [position=none]
-    (control: order-blind)``."""
+    """A label as the table shows it: ``full [position=none] (control: order-blind)``."""
     rows = df[df.label == name]
     if rows.empty or rows.role.iloc[0] == "variant":
         return name
@@ -63,8 +57,7 @@ def display_name(df: pd.DataFrame, name: str) -> str:
 
 def _table_row(df: pd.DataFrame, top: pd.DataFrame, name: str, tasks: list[str],
                verdicts: dict[tuple[str, str], str], accuracy_tasks: int) -> dict[str, str]:
-    """One row of the quality table; the average only over a row that has every accuracy task
-    of the table (an average over fewer tasks would not compare with the others')."""
+    """One row of the quality table; averaged only over a row with every accuracy task (else it would not compare)."""
     row = {"variant": display_name(df, name)}
     accuracies = []
     for task in tasks:
@@ -95,20 +88,14 @@ def _table_row(df: pd.DataFrame, top: pd.DataFrame, name: str, tasks: list[str],
 
 
 def _one_decoder_model(df: pd.DataFrame, name: str, task: str) -> bool:
-    """``causal`` on a decoder-only task: the same model as ``full``. A grid with both trains
-    it once, as ``full`` (bench/quality/units.py ``same_model_as_full``); a grid or a
-    selection (``--variant causal``) without ``full`` trains it as ``causal``, and the cell
-    says it is full attention's model (:data:`SAME_AS_FULL`)."""
+    """``causal`` on a decoder-only task: the same model as ``full`` (units.py ``same_model_as_full``)."""
     kinds = set(df[df.task == task].model_kind.dropna())
     return name == "causal" and bool(kinds) and all(always_causal(k) for k in kinds)
 
 
 def quality_table(df: pd.DataFrame, top: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Variants x tasks: mean +- std over seeds (accuracy in %), the average accuracy, a mark
-    on each cell beyond seed noise from full attention (▲ better, ▼ worse); then, below a
-    separator row, the floors: the control rows, the references without attention (trained
-    ones first, then in bench/quality/reference's order), uniform chance and the majority
-    class. ``top``: :func:`headline` of ``df`` when the caller has it already."""
+    """Variants x tasks, mean +- std over seeds, cells beyond seed noise marked ▲/▼; then, below a
+    separator, the controls, the references, uniform chance and the majority class."""
     top, tasks = headline(df) if top is None else top, task_order(df)
     found = differences_from_reference(trained(top))
     verdicts = {(r.task, r.label): r.verdict for r in found.itertuples()}
@@ -135,8 +122,7 @@ def trained(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def uniform_chance(df: pd.DataFrame) -> dict[str, float]:
-    """1 / number of classes of each classification task, from its data settings (the task
-    is built, its data not loaded)."""
+    """1 / number of classes of each classification task, from its data settings (no data loaded)."""
     found = {}
     for task, part in df[df.settings.fillna("") != ""].groupby("task", sort=False):
         try:
@@ -150,10 +136,7 @@ def uniform_chance(df: pd.DataFrame) -> dict[str, float]:
 
 
 def majority_class(df: pd.DataFrame) -> dict[str, float]:
-    """The test accuracy of always answering the training set's most frequent label: what
-    the trained rows recorded (``majority_accuracy``), else, for a task no trained row
-    carries it for (a grid of computed references only), from the task's data
-    (:func:`majority_from_data`)."""
+    """Each task's majority-class test accuracy: as the trained rows recorded it, else from its data."""
     rows = df[(df.split == "test") & (df.metric == "majority_accuracy") & (df.status == "ok")]
     found = rows.groupby("task").value.first().to_dict()
     for task, part in df[df.settings.fillna("") != ""].groupby("task", sort=False):
@@ -167,12 +150,8 @@ def majority_class(df: pd.DataFrame) -> dict[str, float]:
 
 
 def majority_from_data(task: str, settings: str, seed: int = 0) -> float | None:
-    """The majority class of ``task`` from its data, the task built from the data settings
-    of a row's ``settings`` (JSON) as :func:`uniform_chance` builds it, then its splits
-    loaded (from the cache when generated before): the test accuracy of the most frequent
-    training label, over the whole test split as a trained model's final evaluation counts
-    it. ``None`` for a task without classes, settings this version cannot read, or data
-    that is not installed."""
+    """The test accuracy of ``task``'s most frequent training label, its data loaded with a row's
+    ``settings`` (JSON); ``None`` without classes, readable settings or installed data."""
     try:
         built = get_task(task, json.loads(settings).get("data", {}), seed)
     except (ValueError, TypeError, KeyError, AttributeError):
@@ -196,9 +175,7 @@ def floor_row(df: pd.DataFrame, name: str, levels: dict[str, float]) -> dict[str
 
 
 def significance_table(df: pd.DataFrame, top: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per task and variant, the paired difference from full attention over shared seeds:
-    means, the difference with its 95% t-interval (accuracy in points), and the verdict.
-    ``top``: :func:`headline` of ``df`` when the caller has it already."""
+    """Per task and variant, the paired difference from full attention, its 95% t-interval and verdict."""
     found = differences_from_reference(trained(headline(df) if top is None else top))
     order = {t: i for i, t in enumerate(task_order(df))}
     found = found.sort_values(["task", "label"], key=lambda s: s.map(order) if s.name == "task" else s)
@@ -223,12 +200,8 @@ MARGIN_MARKS = {"clears": "✓", "within 2 sd": "~", "below": "✗", "one seed":
 def margin_table(df: pd.DataFrame, top: pd.DataFrame | None = None, *,
                  strongest: pd.DataFrame | None = None,
                  found: list[Margin] | None = None) -> pd.DataFrame:
-    """Tasks x variants: each variant's mean past its task's strongest reference row (accuracy
-    in points; bits per byte: positive is fewer bits), marked ✓ beyond two seed standard
-    deviations, ~ past it by less, ✗ not past it, ? past it with one seed. ``top``
-    (:func:`headline`), ``strongest`` (:func:`bench.quality.margins.strongest_references`)
-    and ``found`` (:func:`bench.quality.margins.margins`): of ``df``, when the caller has
-    them already."""
+    """Tasks x variants: each variant's margin past its task's strongest reference, marked as
+    :data:`MARGIN_MARKS`; ``strongest`` and ``found`` are precomputed, as ``top``."""
     top = headline(df) if top is None else top
     strongest = strongest_references(top) if strongest is None else strongest
     found = margins(top, strongest) if found is None else found
@@ -256,9 +229,7 @@ def signed_margin(m: Margin) -> str:
 
 
 def parameter_table(df: pd.DataFrame, top: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Trained models x tasks: parameter count, and how many more or fewer than full
-    attention's model on the same task (a relative bias's tables, a recurrent layer).
-    ``top``: :func:`headline` of ``df`` when the caller has it already."""
+    """Trained models x tasks: parameter count, and its difference from full attention's model."""
     top = trained(headline(df) if top is None else top)
     counts = top.groupby(["label", "task"]).param_count.median().unstack("task")
     tasks = [t for t in task_order(df) if t in counts.columns]
@@ -277,8 +248,7 @@ def parameter_table(df: pd.DataFrame, top: pd.DataFrame | None = None) -> pd.Dat
 
 
 def cost_table(df: pd.DataFrame, top: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per task and variant: training throughput, train time, peak memory, parameters.
-    ``top``: :func:`headline` of ``df`` when the caller has it already."""
+    """Per task and variant: training throughput, train time, peak memory, parameters."""
     top = trained(headline(df) if top is None else top)
     grouped = top.groupby(["task", "label"], sort=False).agg(
         seeds=("seed", "nunique"), train_tokens_per_s=("train_tokens_per_s", "median"),
@@ -293,8 +263,7 @@ def cost_table(df: pd.DataFrame, top: pd.DataFrame | None = None) -> pd.DataFram
 
 def condition_table(df: pd.DataFrame, task: str, metric: str, prefix: str, *,
                     numeric: bool = True) -> pd.DataFrame:
-    """Mean test value per variant and condition (``distance=``, ``length=``, ``decoding=``);
-    the conditions sorted by their value when ``numeric``."""
+    """Mean test value per variant and condition (``prefix``, e.g. ``distance=``), sorted when ``numeric``."""
     part = df[(df.task == task) & (df.split == "test") & (df.metric == metric)
               & df.condition.str.startswith(prefix) & (df.status == "ok")]
     if part.empty:

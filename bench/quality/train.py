@@ -1,13 +1,6 @@
-"""One training run: a variant on a task with a preset and a seed, resumable after a kill.
-
-The run is built (settings, the task, the variant's parameters, which attention serves which
-part of the model), trained by :class:`bench.quality.trainer.Trainer` (AdamW, warm-up and
-decay, validation with the best weights kept, resumable checkpoints), and its best
-checkpoint evaluated once on the test split at the end. A matched-compute run
-(``train.budget_x``) first works out the steps its budget buys (bench/quality/budget.py).
-
-The run directory holds ``settings.json`` (the full configuration), the checkpoints and
-``metrics.json`` (the result rows); :func:`train_run` returns the rows.
+"""One training run: a variant on a task with a preset and a seed, resumable after a kill,
+trained by :class:`bench.quality.trainer.Trainer` and its best checkpoint evaluated once on
+test. The run directory holds ``settings.json``, the checkpoints and ``metrics.json`` (the rows).
 """
 
 from __future__ import annotations
@@ -117,8 +110,7 @@ def unsupported_rows(spec: RunSpec, settings: TaskSettings, task: Task, params: 
 def diverged_rows(spec: RunSpec, settings: TaskSettings, task: Task, params: dict[str, Any],
                   parts: Any, trainer: Trainer, model: nn.Module,
                   budget: dict[str, Any]) -> list[dict[str, Any]]:
-    """The one row of a run whose training loss became NaN or inf: status ``diverged``, never
-    ``ok``, and no metric (the weights are not evaluated)."""
+    """The one row of a run that diverged: status ``diverged``, no metric (weights not evaluated)."""
     assert trainer.diverged is not None
     step, what = trainer.diverged
     progress = trainer.progress
@@ -143,9 +135,8 @@ def _model(spec: RunSpec, settings: TaskSettings, task: Task, parts: Any) -> nn.
 
 def _budget(spec: RunSpec, settings: TaskSettings, task: Task, model: nn.Module
             ) -> tuple[TrainSettings, dict[str, Any]]:
-    """The schedule to run and the budget columns of the rows: ``settings.train`` and the
-    step's FLOPs for an equal-steps run; for ``train.budget_x``, the steps the budget buys
-    (``bench.quality.budget``), counted against full attention's model on the same task."""
+    """The schedule to run and the rows' budget columns; under ``train.budget_x``, the steps the
+    budget buys against full attention's model on the same task."""
     train = settings.train
     flops: StepFlops = task_step_flops(model, task, train.batch_size, spec.device)
     if train.budget_x is None:

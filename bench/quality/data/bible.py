@@ -3,16 +3,6 @@
 Both texts are public domain SWORD modules packaged by Debian (``sword-text-kjv`` installs
 ``engKJV2006eb``, ``sword-text-sparv`` installs ``spaRV1909eb``) and read with ``pysword``.
 Both use the KJV versification, so verses align by reference (book, chapter, verse).
-
-Typical use::
-
-    pairs = load_parallel()
-    refs = [r for r, _, _ in pairs]
-    src = [clean(en, "en") for _, en, _ in pairs]
-    tgt = [clean(es, "es") for _, _, es in pairs]
-    split = split_indices(len(pairs), seed=0, groups=chapter_groups(refs))
-    tokenizer = train_bpe([src[i] for i in split["train"]] + [tgt[i] for i in split["train"]], 8000)
-    batch = encode_pairs(tokenizer, src, tgt, src_len=128, tgt_len=128)
 """
 
 from __future__ import annotations
@@ -54,13 +44,8 @@ _UNACCENT = {"á": "a", "é": "e", "ó": "o", "ú": "u", "Á": "A", "É": "E", "
 
 
 def strip_markup(text: str) -> str:
-    """Remove OSIS markup from one raw SWORD verse and normalise whitespace.
-
-    ``<note>`` elements are removed with their content (translators' footnotes); every other
-    tag is removed keeping its content (so KJV Psalm superscriptions, which the Spanish text
-    has inline, stay); stray USFM character markers (``\\nd``, ``\\+nd*``) are removed; runs
-    of whitespace become one space; leading/trailing space is dropped.
-    """
+    """One raw SWORD verse without OSIS markup: ``<note>`` footnotes dropped, other tags unwrapped
+    (so KJV Psalm superscriptions, inline in the Spanish, stay), USFM markers removed, whitespace collapsed."""
     text = _NOTE.sub(" ", text)
     text = _TAG.sub("", text)
     text = _USFM.sub("", text)
@@ -68,22 +53,11 @@ def strip_markup(text: str) -> str:
 
 
 def clean(text: str, language: str) -> str:
-    """Normalise one verse (raw or markup-stripped) for training and for evaluation alike.
+    """Normalise one verse (``language`` ``"en"`` or ``"es"``), the same for training and evaluation.
 
-    Steps, in order:
-
-    1. remove OSIS markup as :func:`strip_markup` does (footnotes dropped, tags unwrapped);
-    2. remove stray USFM markers (backslash codes such as ``\\nd`` or ``\\+nd*``);
-    3. Unicode NFC normalisation;
-    4. remove pilcrows (``¶``) and square brackets (KJV marks of supplied words), map curly
-       quotes to straight ones (``’`` and ``‘`` to ``'``; ``“`` and ``”`` to ``"``);
-    5. for ``language="es"`` only: a one-letter word written with an acute accent in the 1909
-       orthography becomes unaccented (``á`` -> ``a``, ``é`` -> ``e``, ``ó`` -> ``o``,
-       ``ú`` -> ``u``, same for capitals); accents inside longer words are kept;
-    6. collapse whitespace runs to one space and strip both ends.
-
-    Case and all other punctuation are kept. The function is idempotent.
-    ``language`` is ``"en"`` or ``"es"``.
+    Markup removed as :func:`strip_markup` does, NFC, pilcrows and square brackets (KJV marks of
+    supplied words) removed, curly quotes straightened; in Spanish a lone accented one-letter word
+    of the 1909 orthography (``á``, ``é``, ``ó``, ``ú``) loses its accent. Idempotent.
     """
     require_choice("language", language, LANGUAGES)
     text = _NOTE.sub(" ", text)
@@ -113,8 +87,7 @@ def _open_modules(sword_path: Path) -> tuple[object, object]:
     bibles = []
     for name in (ENGLISH_MODULE, SPANISH_MODULE):
         bible = modules.get_bible_from_module(name)
-        # pysword decompresses a whole book block for every verse it reads; caching the last
-        # blocks makes reading the Bible take well under a second instead of about a minute.
+        # pysword decompresses a whole book block per verse: caching cuts reading from ~1 min to <1 s
         if hasattr(bible, "_decompressed_text"):
             bible._decompressed_text = functools.lru_cache(maxsize=4)(bible._decompressed_text)
         bibles.append(bible)
@@ -134,14 +107,10 @@ def _book_layout(bible: object) -> list[tuple[str, str, tuple[int, ...]]]:
 def load_parallel(
     max_verses: int | None = None, *, sword_path: str | Path = SWORD_PATH
 ) -> list[tuple[str, str, str]]:
-    """Aligned verses ``(reference, english, spanish)`` in canon order (Genesis 1:1 first).
+    """Aligned verses ``(reference, english, spanish)`` in canon order, e.g. ``("gen 1:1", ...)``.
 
-    ``reference`` is ``"<book> <chapter>:<verse>"`` with the lower-case OSIS book abbreviation,
-    e.g. ``"gen 1:1"``, ``"1sam 3:4"``, ``"rev 22:21"``. Texts have their markup removed by
-    :func:`strip_markup` but are otherwise as in the modules (apply :func:`clean` before use).
-    A verse is kept only when it is non-empty after :func:`clean` in both languages (31,084 of
-    the 31,102 KJV-versification verses). ``max_verses`` keeps only the first verses.
-    Raises DataMissingError when pysword or the SWORD modules are missing.
+    Texts are markup-stripped only (apply :func:`clean`). A verse is kept when non-empty after
+    :func:`clean` in both languages (31,084 of 31,102). ``max_verses`` keeps the first verses.
     """
     require_optional_int("max_verses", max_verses, minimum=0)
     english, spanish = _open_modules(Path(sword_path))
@@ -168,12 +137,7 @@ def load_parallel(
 
 
 def chapter_groups(refs: Sequence[str]) -> np.ndarray:
-    """One group id per reference, shared by all verses of the same book and chapter.
-
-    ``refs`` are references as returned by :func:`load_parallel` (``"gen 1:1"``); the result
-    is an int64 array of shape ``(len(refs),)`` numbering chapters in order of first
-    appearance, meant for ``split_indices(..., groups=chapter_groups(refs))``.
-    """
+    """One int64 group id per reference (``"gen 1:1"``), shared by the verses of one chapter."""
     ids: dict[str, int] = {}
     out = np.empty(len(refs), dtype=np.int64)
     for i, ref in enumerate(refs):
@@ -193,14 +157,10 @@ def _tokenizers():
 
 
 def train_bpe(texts: Sequence[str], vocab_size: int, *, min_frequency: int = 2) -> Tokenizer:
-    """Train a shared byte-level BPE tokenizer (``tokenizers`` package) on ``texts``.
+    """A shared byte-level BPE tokenizer trained on ``texts`` (the training split, both languages).
 
-    Pass the training split only, English and Spanish together. The tokenizer normalises with
-    NFC, splits GPT-2 style with a byte-level pre-tokenizer (a space is prefixed to each text,
-    so a word has one form wherever it stands) and covers every byte, so ``<unk>`` never occurs.
-    Special tokens ``<pad>``, ``<bos>``, ``<eos>``, ``<unk>`` have ids 0, 1, 2, 3. No special
-    tokens are added when encoding. Deterministic for the same texts and arguments.
-    ``vocab_size`` must be at least 260 (4 special tokens + 256 bytes).
+    A space is prefixed to each text, so a word has one form wherever it stands; every byte is
+    covered, so ``<unk>`` never occurs; no special tokens are added when encoding.
     """
     tk = _tokenizers()
     minimum = len(SPECIAL_TOKENS) + 256
@@ -227,20 +187,9 @@ def train_bpe(texts: Sequence[str], vocab_size: int, *, min_frequency: int = 2) 
 def encode_pairs(
     tokenizer: Tokenizer, sources: Sequence[str], targets: Sequence[str], src_len: int, tgt_len: int
 ) -> dict[str, np.ndarray]:
-    """Encode aligned sources and targets into padded id arrays (n = ``len(sources)``).
-
-    Returns a dict of arrays:
-
-    - ``"src_ids"`` int64 ``(n, src_len)`` and ``"src_mask"`` bool: source pieces (no special
-      tokens), right-padded with ``<pad>`` (0), cut to ``src_len``;
-    - ``"tgt_ids"`` int64 ``(n, tgt_len)`` and ``"tgt_mask"`` bool: ``<bos>`` pieces ``<eos>``,
-      right-padded; a target longer than ``tgt_len`` keeps its first ``tgt_len`` ids and so has
-      no ``<eos>`` (teacher forcing: inputs ``tgt_ids[:, :-1]``, labels ``tgt_ids[:, 1:]``);
-    - ``"truncated"`` bool ``(n,)``: True where the source or the target was cut;
-    - ``"num_truncated"`` int64 scalar (0-d): how many examples were cut.
-
-    Truncated examples are kept; drop them with ``~out["truncated"]`` if wanted.
-    """
+    """Right-padded ``src_ids``/``src_mask`` (pieces) and ``tgt_ids``/``tgt_mask`` (``<bos>`` pieces
+    ``<eos>``), cut to length (a cut target has no ``<eos>``), with ``truncated`` per example and
+    ``num_truncated``; cut examples are kept."""
     if len(sources) != len(targets):
         raise ValueError(f"sources and targets must have the same length, got {len(sources)} and {len(targets)}")
     for name, value, minimum in (("src_len", src_len, 1), ("tgt_len", tgt_len, 2)):
@@ -269,9 +218,7 @@ def encode_pairs(
 
 
 def decode(tokenizer: Tokenizer, ids: Sequence[int] | np.ndarray) -> str:
-    """Text of one id sequence: a leading ``<bos>`` is skipped, decoding stops at the first
-    ``<eos>``, and other special tokens (``<pad>``, ``<unk>``) are dropped. Leading and trailing
-    whitespace is stripped (the tokenizer prefixes a space)."""
+    """Text of one id sequence: after a leading ``<bos>``, up to the first ``<eos>``, specials dropped, stripped."""
     sequence = [int(i) for i in np.asarray(ids).reshape(-1)]
     if sequence and sequence[0] == BOS_ID:
         sequence = sequence[1:]

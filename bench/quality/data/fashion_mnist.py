@@ -1,10 +1,8 @@
 """Fashion-MNIST (Xiao et al. 2017) read from the Debian package ``dataset-fashion-mnist``.
 
 The package installs the original gzip-compressed IDX files under
-``/usr/share/datasets/fashion-mnist``. They are parsed here with ``gzip`` and ``struct``:
-an IDX file is a big-endian header (magic ``0x00000800 | dtype << 8 | ndim``, then one uint32
-per dimension) followed by the raw array. 60,000 training and 10,000 test images, 28x28
-grey levels, 10 classes.
+``/usr/share/datasets/fashion-mnist``, parsed here with ``gzip`` and ``struct``. 60,000 training
+and 10,000 test images, 28x28 grey levels, 10 classes.
 """
 
 from __future__ import annotations
@@ -31,12 +29,7 @@ LABEL_MAGIC = 0x00000801  # unsigned byte, 1 dimension
 
 
 def parse_idx(raw: bytes, *, expected_magic: int, name: str = "IDX data") -> np.ndarray:
-    """Parse an uncompressed IDX byte string of unsigned bytes into a uint8 array.
-
-    Checks the magic number (``expected_magic``: 0x801 for labels, 0x803 for images) and that
-    the payload size matches the header's dimensions; raises ValueError (naming ``name``)
-    otherwise.
-    """
+    """An uncompressed IDX byte string of unsigned bytes as a uint8 array, magic and size checked."""
     if len(raw) < 4:
         raise ValueError(f"{name}: corrupt IDX file (only {len(raw)} bytes)")
     (magic,) = struct.unpack(">I", raw[:4])
@@ -64,13 +57,7 @@ def _read_gz(path: Path) -> bytes:
 
 
 def load(split: str, *, directory: str | Path | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Images and labels of one split: ``"train"`` (60,000) or ``"test"`` (10,000).
-
-    Returns ``(images, labels)``: uint8 array of shape ``(n, 28, 28)`` (0 = background) and
-    int64 array of shape ``(n,)`` with values 0..9 (see :data:`CLASSES`). ``directory``
-    overrides the default ``/usr/share/datasets/fashion-mnist``. Raises ValueError for an
-    unknown split or a corrupt file, DataMissingError when the files are absent.
-    """
+    """``(images (n, 28, 28) uint8, labels (n,) int64)`` of ``"train"`` or ``"test"``."""
     require_choice("split", split, SPLITS)
     root = DEFAULT_DIR if directory is None else Path(directory)
     prefix = SPLITS[split]
@@ -93,11 +80,7 @@ def load(split: str, *, directory: str | Path | None = None) -> tuple[np.ndarray
 
 
 def to_sequences(images: np.ndarray) -> np.ndarray:
-    """Flatten images ``(n, h, w)`` row-major into pixel-token sequences ``(n, h*w)`` (int64).
-
-    The token id is the grey level (0..255, vocabulary 256); no padding is needed because every
-    sequence has the same length, so no key mask is returned.
-    """
+    """Images ``(n, h, w)`` flattened row-major into grey-level token sequences ``(n, h*w)`` (no mask)."""
     images = np.asarray(images)
     if images.ndim != 3:
         raise invalid("images", f"must have shape (n, height, width); got {images.shape}")

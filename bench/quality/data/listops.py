@@ -1,17 +1,9 @@
 """ListOps: nested list operations over digits, generated with the Long Range Arena algorithm.
 
-Each example is an expression tree such as ``[MAX 2 9 [MIN 4 7 ] 0 ]`` whose label is its
-value (0..9). Operators: ``[MAX`` (maximum), ``[MIN`` (minimum), ``[MED`` (median, LRA's
-integer rule ``int(np.median(args))``, i.e. the mean of the two middle values rounded down for
-an even count) and ``[SM`` (sum modulo 10). ``]`` closes an operator.
-
-The tree sampler follows the ListOps generator of the Long Range Arena (Tay et al., 2021),
-itself after Nangia and Bowman (2018): at depth < ``max_depth`` a node is an operator with
-probability 0.25 (else a digit), an operator takes 2..``max_args`` arguments, and the node at
-``max_depth`` is always a digit. Like LRA, duplicates are dropped and samples outside the length
-range are rejected. LRA's string form wraps every application in parentheses; the parentheses
-carry no information and LRA's own input pipeline drops them, so token lists leave them out by
-default (``parens=True`` keeps them; both are in :data:`VOCAB`).
+Each example is an expression tree such as ``[MAX 2 9 [MIN 4 7 ] 0 ]`` labelled with its value
+(0..9); ``[MED`` is LRA's ``int(np.median(args))``, ``[SM`` the sum modulo 10. The sampler follows
+LRA's (Tay et al., 2021, after Nangia and Bowman 2018), draw for draw. LRA's parentheses carry
+nothing and its input pipeline drops them, so they are left out unless ``parens=True``.
 """
 
 from __future__ import annotations
@@ -53,17 +45,8 @@ def generate(
     unique: bool = True,
     max_attempts: int | None = None,
 ) -> tuple[list[list[str]], np.ndarray]:
-    """Sample ``num_examples`` ListOps expressions and their values.
-
-    Returns ``(token_lists, labels)``: a list of token lists (strings from :data:`VOCAB`) and an
-    int64 array of shape ``(num_examples,)`` with values 0..9. An expression is kept only if its
-    token count (as emitted, i.e. with parentheses when ``parens=True``) lies in
-    ``[min_length, max_length]`` (inclusive). With ``unique=True`` (LRA's behaviour) no
-    expression appears twice. Deterministic for a given ``seed`` and arguments.
-
-    ``max_attempts`` bounds the number of sampled trees (default ``max(100_000, 1000 * num_examples)``);
-    a ValueError is raised when the length range (or uniqueness) cannot be met within it.
-    """
+    """``(token_lists, labels)`` of ``num_examples`` expressions whose token count lies in
+    ``[min_length, max_length]``, distinct with ``unique`` (as LRA); ``max_attempts`` bounds the trees tried."""
     require_int("num_examples", num_examples, minimum=0)
     require_int("max_depth", max_depth, minimum=1)
     require_int("max_args", max_args, minimum=2)
@@ -104,11 +87,7 @@ def generate(
 def _sample_tree(
     rng: random.Random, depth: int, max_depth: int, max_args: int, parens: bool, out: list[str], limit: int
 ) -> int | None:
-    """Append one sampled subtree's tokens to ``out``; return its value (None once over ``limit``).
-
-    Uses the random draws in LRA's order: the node-type draw, then the argument count, then the
-    arguments, then the operator.
-    """
+    """Append one subtree's tokens to ``out`` (random draws in LRA's order); its value, None over ``limit``."""
     r = rng.random() if depth < max_depth else 1.0
     if r > _VALUE_P:
         value = rng.choice(range(10))
@@ -157,11 +136,7 @@ def _apply(op: str, args: Sequence[int]) -> int:
 
 
 def evaluate_tokens(tokens: Sequence[str]) -> int:
-    """Value (0..9) of one expression given as tokens, with or without LRA's parentheses.
-
-    Parentheses are ignored; a ValueError is raised for an unknown token or a malformed
-    expression (unbalanced ``]``, an operator with fewer than one argument, trailing tokens).
-    """
+    """Value (0..9) of one expression given as tokens (parentheses ignored); ValueError if malformed."""
     stack: list[tuple[str, list[int]]] = []
     result: int | None = None
     for position, tok in enumerate(tokens):
@@ -193,12 +168,8 @@ def evaluate_tokens(tokens: Sequence[str]) -> int:
 
 
 def encode(token_lists: Sequence[Sequence[str]], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids (index in :data:`VOCAB`) right-padded with 0 to ``seq_len``, and the key mask.
-
-    Returns ``(ids, key_mask)``: int64 and bool arrays of shape ``(len(token_lists), seq_len)``;
-    ``key_mask`` is True on real tokens. Raises ValueError naming ``seq_len`` if an example is
-    longer (no silent truncation: a truncated expression has a different value).
-    """
+    """``(ids, key_mask)`` right-padded to ``seq_len``; a longer example is an error, since a
+    truncated expression has a different value."""
     require_int("seq_len", seq_len, minimum=1)
     ids = np.zeros((len(token_lists), seq_len), dtype=np.int64)
     mask = np.zeros((len(token_lists), seq_len), dtype=bool)
@@ -213,16 +184,11 @@ def encode(token_lists: Sequence[Sequence[str]], seq_len: int) -> tuple[np.ndarr
     return ids, mask
 
 
-
 def load_or_generate(
     num_examples: int, *, seed: int, seq_len: int, **params: Any
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`generate` then :func:`encode`, cached as ``.npz`` under :func:`bench.quality.data.cache.cache_dir`.
-
-    ``params`` are :func:`generate`'s keyword arguments (``max_length`` defaults to ``seq_len``).
-    Returns ``(ids, key_mask, labels)`` with shapes ``(n, seq_len)``, ``(n, seq_len)``, ``(n,)``.
-    Generation takes a few milliseconds per accepted example, so large sets are worth caching.
-    """
+    """``(ids, key_mask, labels)``: :func:`generate` then :func:`encode`, cached as ``.npz``
+    (``max_length`` defaults to ``seq_len``; a few ms per accepted example)."""
     params = {"max_length": seq_len, **params}
     key = {"num_examples": num_examples, "seed": seed, "seq_len": seq_len, **params}
 

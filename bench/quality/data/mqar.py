@@ -1,30 +1,9 @@
-"""Synthetic multi-query associative recall (MQAR): many key-value pairs, then many queries.
+"""Synthetic multi-query associative recall (MQAR; Arora et al. 2023, "Zoology").
 
-After Arora et al. 2023, "Zoology: Measuring and Improving Recall in Efficient Language
-Models". Each sequence of ``seq_len`` tokens holds ``P`` (key, value) pairs and then queries
-every one of their keys once more; the label at a query position is the value bound to that
-key, and every other position is ignored (label ``-100``). ``P`` varies per example over the
-``num_pairs`` tuple (balanced over examples).
-
-Layout of one sequence (an encoder reads it, so nothing depends on a causal order):
-
-- positions ``0 .. 2P - 1``: the pairs, **key then value**, adjacent (pair ``i``: key at
-  ``2i``, value at ``2i + 1``); the ``P`` keys are distinct, the values are drawn with
-  replacement;
-- positions ``2P .. seq_len - 1``: random filler tokens, among which the ``P`` queries sit
-  (each pair's key once, in random order).
-
-Query positions. A query's distance is its position minus its pair's key position. The
-positions are drawn without replacement from ``[2P, seq_len)`` with probability proportional
-to ``1 / (g + 1)``, ``g`` the gap after the last pair: a power-law (log-uniform) spacing, as
-Zoology's power-law placement of queries, so each octave of gaps gets about the same number
-of queries and distances run from 1 (the last pair's key queried right after its value) to
-``seq_len - 1``. A sliding window of width ``w`` stacked ``L`` times reaches about ``L * w``
-tokens: queries farther than that from their pair can only be answered at chance
-(``1 / num_values``), and the distance buckets of the task show where that happens.
-
-Token ids (see :class:`Layout`): 0 padding (unused: sequences are full), then ``num_keys``
-key ids, ``num_values`` value ids, ``num_fillers`` filler ids.
+Positions ``0 .. 2P - 1`` hold ``P`` pairs, key then value (keys distinct); the rest are fillers
+among which every key is queried once more, at positions drawn with probability ``∝ 1 / (gap + 1)``
+after the pairs (power-law spacing, as Zoology). Labels are the bound value at a query, ``-100``
+elsewhere. Layout and readers: docs/quality.md, "MQAR".
 """
 
 from __future__ import annotations
@@ -68,11 +47,7 @@ def _check_pairs(num_pairs: int | Sequence[int], *, seq_len: int, num_keys: int)
 
 
 def _query_positions(rng: np.random.Generator, pairs: np.ndarray, seq_len: int) -> np.ndarray:
-    """Sorted query positions ``(n, max P)`` (row ``r``: ``pairs[r]`` of them, the rest -1).
-
-    Sampling without replacement with probability ``∝ 1 / (gap + 1)``: the ``P`` largest of
-    ``log w + Gumbel`` noise (the Gumbel top-k trick), over the positions ``>= 2P``.
-    """
+    """Sorted query positions ``(n, max P)``, -1 padded: the Gumbel top-k of ``log(1 / (gap + 1))``."""
     n, most = len(pairs), int(pairs.max(initial=1))
     out = np.full((n, most), -1, dtype=np.int64)
     pos = np.arange(seq_len)  # (N,)
@@ -99,21 +74,9 @@ def generate(
     num_fillers: int = 16,
     seed: int,
 ) -> dict[str, np.ndarray]:
-    """Generate ``num_examples`` MQAR sequences (layout in the module docstring).
-
-    Returns a dict of int64 arrays:
-
-    - ``"ids"`` ``(n, seq_len)``: token ids (no padding; every position is real);
-    - ``"labels"`` ``(n, seq_len)``: at a query position the value index in
-      ``[0, num_values)`` bound to the queried key, ``-100`` everywhere else;
-    - ``"num_pairs"`` ``(n,)``: ``P`` of each example, each entry of ``num_pairs`` used
-      ``n // len(num_pairs)`` or one more times, in random order;
-    - ``"distance"`` ``(n, seq_len)``: at a query position, the query position minus the
-      position of its pair's key (``>= 1``); ``-1`` everywhere else.
-
-    Every count of ``num_pairs`` must be at most ``num_keys`` (distinct keys) and at most
-    ``seq_len / 3`` (two tokens per pair, one per query). Deterministic for a ``seed``.
-    """
+    """``num_examples`` MQAR sequences: int64 ``ids``, ``labels`` (value index at a query, else
+    -100), ``num_pairs`` per example (balanced over ``num_pairs``) and ``distance`` (query minus key
+    position at a query, else -1)."""
     require_int("num_examples", num_examples, minimum=0)
     require_int("seq_len", seq_len, minimum=3)
     require_int("num_keys", num_keys, minimum=1)
@@ -135,7 +98,6 @@ def generate(
     ids[rows, 2 * slot] = layout.key_base + keys[rows, slot]
     ids[rows, 2 * slot + 1] = layout.value_base + values[rows, slot]
 
-    # Queries: pair slots in random order per row, at the sorted sampled positions.
     positions = _query_positions(rng, pairs, seq_len)  # (n, most), -1 past P
     order = np.argsort(np.where(used, rng.random((n, most)), np.inf), axis=1)  # (n, most)
     labels = np.full((n, seq_len), IGNORE, dtype=np.int64)

@@ -1,54 +1,9 @@
 """Near-duplicate documents: groups of texts that tell the same story in slightly different words.
 
-Two texts are near-duplicates when either
-
-- the *resemblance* of their normalised contents is at least ``threshold``: the Jaccard
-  similarity ``|S(a) ∩ S(b)| / |S(a) ∪ S(b)|`` of their sets of word shingles (``w``
-  consecutive words, here ``w = 3``), after Broder 1997, "On the resemblance and containment
-  of documents"; or
-- their title lines (the first non-empty line) are equal after normalisation.
-
-Normalisation: Unicode NFKC, case folding, every run of punctuation, symbols and whitespace
-collapsed to one space (so ``"Labour's  'EU propaganda'"`` reads ``"labour s eu propaganda"``).
-A text shorter than ``w`` words has one shingle, all of its words. Groups are the connected
-components of the near-duplicate graph, so a chain ``a ~ b ~ c`` is one group even when ``a``
-and ``c`` are not similar themselves. Resemblance is computed exactly (no min-hash sketch, no
-hashed features): one binary text-by-shingle sparse matrix multiplied by its transpose gives
-every pair's shared-shingle count at once, under two seconds for the 2,225 BBC News articles;
-the components come from scipy's ``connected_components``.
-
-The threshold (:data:`DEFAULT_THRESHOLD` = 0.3) was chosen by reading the BBC News corpus
-(:mod:`bench.quality.data.bbc`). Among pairs of articles that are not byte-identical (a pair with an
-exactly duplicated article counts once per copy), the 3-shingle resemblance has no clean gap: 56
-pairs lie at 0.9 or above (the same article with a few words, the title or a sentence edited),
-16 in [0.5, 0.9) (the same article updated, a paragraph added or cut), 13 in [0.3, 0.5) and 28
-in [0.2, 0.3). Just above 0.3 the pairs are the same story written again, usually hours apart,
-with a reworded lead and shared paragraphs: "UK needs tax cuts, Tories insist" / "Tories urge
-'change at the top'" (0.32, one speech at the Tory spring forum), "Bush website blocked outside
-US" / "Attack prompts Bush site block" (0.32), "Levy tipped for Whitbread prize" / "Levy takes
-Whitbread novel prize" (0.32), "Stars gear up for Bafta ceremony" / "Bafta to hand out movie
-honours" (0.33), two "Chancellor rallies Labour voters" and two "Wolves appoint Hoddle as
-manager" (0.33, before and after the announcement), "Winter freeze keeps oil above $50" / "Crude
-oil prices back above $50" (0.38). Just below 0.3 most pairs are different stories of one
-running news thread that repeat a background paragraph: "Blair rejects Iraq advice calls" /
-"Goldsmith denies war advice claim" (0.29), "WorldCom director admits lying" / "Worldcom
-director ends evidence" (0.28, two days of one trial), "Civil servants in strike ballot" /
-"Stalemate in pension strike talks" (0.28), "Lords wrong on detainees - Straw" / "Terror
-detainees win Lords appeal" (0.28), "Tory backing for ID cards" / "Howard denies split over ID
-cards" (0.26), "Reboot ordered for EU patent law" / "'No re-draft' for EU patent law" (0.24).
-The cut is not perfect either way: "Kennedy begins pre-election tour" / "Lib Dems highlight
-problem debt" (0.33) are different stories sharing one paragraph, while "US top of
-supercomputing charts" / "Supercomputer breaks speed record" (0.27) and the two tobacco-ruling
-articles (0.23) are one story told twice. Every pair of articles with equal normalised titles
-(32 pairs that are not byte-identical) has resemblance 0.33 or more, so the title rule adds no
-link at this threshold; it keeps same-titled rewrites together at a stricter one.
-
-Counts at the defaults: over all 2,225 articles, 181 groups hold more than one article (363
-articles, exact duplicates included; at most 3 per group). After a task's exact deduplication of
-its inputs (:func:`bench.quality.data.bbc.distinct_rows`), 63 groups of 2 remain among the 2,106
-distinct articles at ``seq_len`` 256, and 83 groups of 2 among 2,126 at ``seq_len`` 4,000. Split
-article by article (data seed 0, ``seq_len`` 256), 11 of the 210 ``text`` test articles and 9 of
-the 210 validation articles had a near-duplicate in training (11 and 17 at ``seq_len`` 4,000).
+Two texts are linked when the Jaccard resemblance of their 3-word-shingle sets (Broder 1997) is at
+least ``threshold``, or their normalised title lines are equal; groups are the connected components
+(a chain ``a ~ b ~ c`` is one group). Resemblance is exact: a sparse text-by-shingle matrix times its
+transpose, under two seconds for the 2,225 BBC articles (181 groups of 2-3, exact copies included).
 """
 
 from __future__ import annotations
@@ -65,7 +20,12 @@ from attn.validation import invalid, require_int
 if TYPE_CHECKING:
     import scipy.sparse
 
-#: Resemblance (3-word-shingle Jaccard similarity) at or above which two texts are one story.
+#: Resemblance at or above which two texts are one story, chosen by reading BBC pairs: no clean gap
+#: (56 pairs >= 0.9, 16 in [0.5, 0.9), 13 in [0.3, 0.5), 28 in [0.2, 0.3)). Just above 0.3: the same
+#: story filed again ("Bush website blocked outside US" / "Attack prompts Bush site block", 0.32);
+#: just below: one news thread repeating a background paragraph ("Blair rejects Iraq advice calls" /
+#: "Goldsmith denies war advice claim", 0.29). Misses both ways exist ("US top of supercomputing
+#: charts" / "Supercomputer breaks speed record", 0.27, is one story). Equal titles all resemble >= 0.33.
 DEFAULT_THRESHOLD = 0.3
 #: Words per shingle.
 DEFAULT_SHINGLE_SIZE = 3
@@ -74,8 +34,7 @@ _SEPARATORS = re.compile(r"[\W_]+")
 
 
 def normalise(text: str) -> str:
-    """``text`` NFKC-normalised, case-folded, with every run of non-alphanumeric characters
-    (punctuation, symbols, whitespace) replaced by one space and no space at either end."""
+    """``text`` NFKC-normalised, case-folded, each run of non-alphanumerics one space, stripped."""
     return _SEPARATORS.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
 
 
@@ -88,11 +47,7 @@ def title_of(text: str) -> str:
 
 
 def word_shingles(text: str, size: int = DEFAULT_SHINGLE_SIZE) -> list[str]:
-    """The ``size``-word shingles of the normalised ``text``, in order (with repeats).
-
-    A text of fewer than ``size`` words gives one shingle, all its words (``""`` for a text
-    without any word), so that short texts still compare by their content.
-    """
+    """The ``size``-word shingles of the normalised ``text``, in order; a shorter text is one shingle."""
     require_int("shingle_size", size, minimum=1)
     words = normalise(text).split()
     if len(words) <= size:
@@ -101,11 +56,7 @@ def word_shingles(text: str, size: int = DEFAULT_SHINGLE_SIZE) -> list[str]:
 
 
 def shingle_matrix(texts: Sequence[str], size: int = DEFAULT_SHINGLE_SIZE) -> scipy.sparse.csr_matrix:
-    """The binary text-by-shingle matrix of ``texts``: a ``scipy.sparse.csr_matrix`` of shape
-    ``(len(texts), distinct shingles)`` and dtype int32, 1 where the text holds the shingle.
-
-    Columns are numbered in order of first appearance; the vocabulary is exact (no hashing).
-    """
+    """The binary int32 text-by-shingle CSR matrix, columns in order of first appearance (no hashing)."""
     import scipy.sparse as sp
 
     require_int("shingle_size", size, minimum=1)
@@ -123,13 +74,8 @@ def shingle_matrix(texts: Sequence[str], size: int = DEFAULT_SHINGLE_SIZE) -> sc
 def resemblance_pairs(
     texts: Sequence[str], min_resemblance: float, *, shingle_size: int = DEFAULT_SHINGLE_SIZE
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Every pair of ``texts`` whose shingle resemblance is at least ``min_resemblance``.
-
-    Returns ``(first, second, resemblance)``: int64, int64 and float64 arrays of one shape
-    ``(pairs,)``, with ``first < second`` (positions in ``texts``), ordered by ``(first,
-    second)``. Resemblance is the Jaccard similarity of the two sets of ``shingle_size``-word
-    shingles (module docstring). ``min_resemblance`` must lie in ``(0, 1]``.
-    """
+    """``(first, second, resemblance)`` of every pair at or above ``min_resemblance``, ``first <
+    second``, ordered by ``(first, second)``."""
     import scipy.sparse as sp
 
     _check_threshold("min_resemblance", min_resemblance)
@@ -153,13 +99,7 @@ def near_duplicate_groups(
     shingle_size: int = DEFAULT_SHINGLE_SIZE,
     match_titles: bool = True,
 ) -> np.ndarray:
-    """A group id per text: near-duplicates (module docstring) share one, transitively.
-
-    Returns an int64 array of shape ``(len(texts),)``; ids run ``0, 1, ...`` in order of each
-    group's first text, so a text without near-duplicates has a group of its own. Texts whose
-    shingle resemblance is at least ``threshold`` (in ``(0, 1]``) are linked, and, with
-    ``match_titles``, texts whose normalised title lines are equal and not empty.
-    """
+    """An int64 group id per text, numbered by each group's first text; near-duplicates share one."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
@@ -177,7 +117,6 @@ def near_duplicate_groups(
     graph = coo_matrix((np.ones(len(rows), dtype=np.int8), (np.asarray(rows, dtype=np.int64),
                                                            np.asarray(cols, dtype=np.int64))), shape=(n, n))
     _, labels = connected_components(graph, directed=False)
-    # Number the groups by their first text (whatever order scipy labelled them in).
     _, first_seen, inverse = np.unique(labels, return_index=True, return_inverse=True)
     rank = np.empty(first_seen.size, dtype=np.int64)
     rank[np.argsort(first_seen)] = np.arange(first_seen.size)

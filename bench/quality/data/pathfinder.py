@@ -1,26 +1,11 @@
 """Pathfinder images (Linsley et al., 2018; used by the Long Range Arena), generated with numpy.
 
-Each image is black (0) with white (255) curved, dashed paths and two dots (small discs). The
-label is 1 when both dots sit at the two ends of the same path, 0 when they sit on two
-different paths. Every image has ``num_distractors + 2`` paths, so the path count gives
-nothing away: a positive image has one dotted path and ``num_distractors + 1`` undotted ones,
-a negative image two dotted paths (one dot each) and ``num_distractors`` undotted ones.
-
-Paths are smooth random walks of unit steps whose heading turns by a clipped Gaussian angle
-per step. A path never comes within one pixel (8-neighbourhood) of another path or of a dot,
-and never runs back into itself, so the undashed paths are separate 8-connected components:
-in a negative image no chain of paths joins the two dots. The rendered paths are dashed
-(``dash`` pixels on, ``gap`` off), so connectivity has to be followed along the contour.
-
-In a negative image the second dot is put at the end of an undrawn random walk from the first
-dot with the same dynamics as a positive's dotted path (and path 1 starts there), so the
-distance between the dots and where they sit follow the same distribution in both classes.
-
-All images are generated together, one path index at a time, with vectorised numpy
-(:mod:`bench.quality.data.pathfinder_canvas`); failed walks (stuck against other paths) are
-retried. ``generate(..., return_meta=True)`` also
-returns the generator's bookkeeping (undashed path map and dot positions) that
-:func:`dots_connected` uses to check the labels.
+Black images with white curved, dashed paths and two dots; label 1 when both dots end the same
+path. Every image has ``num_distractors + 2`` paths, so the count gives nothing away. Paths are
+smooth random walks that never come within one pixel of another path or a dot, so in a negative
+no chain of paths joins the dots; a negative's second dot ends an undrawn walk from the first
+with the same dynamics, so dot distances follow one distribution in both classes. Drawing:
+:mod:`bench.quality.data.pathfinder_canvas`.
 """
 
 from __future__ import annotations
@@ -68,18 +53,11 @@ def generate(
     max_turn: float | None = None,
     return_meta: bool = False,
 ) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """Generate ``num_examples`` Pathfinder images and labels.
+    """``(images, labels)``: uint8 ``(n, size, size)``, exactly ``n // 2`` positives in random order.
 
-    Returns ``(images, labels)``: uint8 ``(n, size, size)`` and int64 ``(n,)`` with exactly
-    ``n // 2`` ones (positives) in random order. Arguments left as None take
-    :func:`default_params` for the size (at 32: 4 distractors, path length 14..22 steps of one
-    pixel, dashes of 3 pixels with 1-pixel gaps, dot radius 1.5, heading noise 0.3 rad per step
-    clipped to 0.7 rad). ``path_length`` is the inclusive range of steps per path (all paths,
-    dotted or not, use it). Deterministic for the same arguments.
-
-    With ``return_meta=True`` a third item holds ``"paths"``: int8 ``(n, size, size)`` map of
-    the undashed paths and dots (path index, -1 for background; path 0 always carries the first
-    dot) and ``"dots"``: int64 ``(n, 2, 2)`` dot centres as (row, column).
+    Arguments left None take :func:`default_params`; ``path_length`` is the inclusive range of
+    steps of every path. ``return_meta`` adds ``{"paths": int8 map of the undashed paths (index,
+    -1 background; path 0 carries the first dot), "dots": (n, 2, 2) centres (row, column)}``.
     """
     params = _resolve(size, num_distractors, path_length, dash, gap, dot_radius, curvature, max_turn)
     require_int("num_examples", num_examples, minimum=0)
@@ -136,13 +114,8 @@ def _resolve(
 
 
 def dots_connected(paths: np.ndarray, dots: np.ndarray) -> np.ndarray:
-    """Whether the two dots of each image are joined through path pixels (8-connectivity).
-
-    ``paths`` is either the ``(n, h, w)`` int map from ``generate(..., return_meta=True)["paths"]``
-    (values >= 0 are undashed path or dot pixels, -1 background) or a bool mask of the same
-    shape; ``dots`` is ``(n, 2, 2)`` (row, column). A flood fill from the first dot over those
-    pixels; returns a bool array of shape ``(n,)``, True where it reaches the second dot.
-    """
+    """Whether the two dots of each image are joined through path pixels (8-connected flood fill);
+    ``paths`` is :func:`generate`'s meta map (>= 0 is path) or a bool mask."""
     paths = np.asarray(paths)
     mask = paths if paths.dtype == bool else paths >= 0
     n, h, w = mask.shape
@@ -163,12 +136,7 @@ def dots_connected(paths: np.ndarray, dots: np.ndarray) -> np.ndarray:
 
 
 def load_or_generate(num_examples: int, *, seed: int, **params: Any) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`generate` cached as ``.npz`` under :func:`bench.quality.data.cache.cache_dir`.
-
-    ``params`` are :func:`generate`'s keyword arguments (except ``return_meta``). The cache key
-    covers every resolved parameter and :data:`VERSION`, so changing either regenerates.
-    Returns ``(images, labels)`` as :func:`generate` does.
-    """
+    """:func:`generate` cached as ``.npz``, keyed by every resolved parameter and :data:`VERSION`."""
     if "return_meta" in params:
         raise ValueError("load_or_generate does not take return_meta; call generate for the bookkeeping")
     size = params.pop("size", 32)

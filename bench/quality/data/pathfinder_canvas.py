@@ -1,12 +1,6 @@
-"""Drawing one chunk of Pathfinder images (:mod:`bench.quality.data.pathfinder`) with
-vectorised numpy: every image of the chunk gets its paths one path index at a time.
-
-Paths are smooth random walks of unit steps whose heading turns by a clipped Gaussian angle
-per step. A path never comes within one pixel (8-neighbourhood) of another path or of a dot,
-and never runs back into itself (:data:`LAG`), so the undashed paths are separate
-8-connected components. Rendered paths are dashed (``dash`` pixels on, ``gap`` off). Failed
-walks (stuck against other paths) are retried; an image whose paths cannot all be placed is
-drawn again from scratch, so every image has the same number of paths.
+"""Drawing one chunk of Pathfinder images (:mod:`bench.quality.data.pathfinder`) with vectorised
+numpy, one path index at a time. Stuck walks are retried; an image whose paths cannot all be
+placed is drawn again from scratch, so every image has the same number of paths.
 """
 
 from __future__ import annotations
@@ -33,9 +27,8 @@ def _disc(radius: float) -> np.ndarray:
 
 
 class Canvas:
-    """Generation state for one chunk of images (all arrays have the chunk as first axis):
-    :meth:`run` draws them, leaving the images in ``image``, the undashed path map in
-    ``owner`` and the dot centres in ``dots``."""
+    """One chunk of images: :meth:`run` leaves them in ``image``, the undashed path map in ``owner``
+    and the dot centres in ``dots``."""
 
     def __init__(self, labels: np.ndarray, params: dict[str, Any], rng: np.random.Generator) -> None:
         self.labels = labels
@@ -64,8 +57,7 @@ class Canvas:
             positive = self.labels[pending] == 1
             # Path 0 carries the first dot at its start; positives get the second dot at its end.
             failed = ~self._add_path(pending, 0, dot_start=np.ones(pending.size, bool), dot_end=positive)
-            # Negatives: the second dot starts path 1, placed where a positive's second dot could
-            # be (see _place_second_dot), so dot positions and distances give nothing away.
+            # negatives: the second dot starts path 1, where a positive's second dot could be
             neg = np.flatnonzero(~failed & ~positive)
             starts = np.zeros((pending.size, 2), dtype=np.int64)
             placed_b = self._place_second_dot(pending[neg])
@@ -78,8 +70,6 @@ class Canvas:
             )
             ok = ~failed
             for k in range(2, self.p["num_distractors"] + 2):
-                # A distractor that cannot be placed is retried from fresh starts; if it still fails
-                # the whole image is regenerated, so every image has the same number of paths.
                 idx = pending[ok]
                 placed = self._add_path(idx, k, dot_start=np.zeros(idx.size, bool), dot_end=np.zeros(idx.size, bool))
                 sub = np.flatnonzero(ok)
@@ -92,13 +82,8 @@ class Canvas:
         )
 
     def _place_second_dot(self, neg_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Second-dot centres for negatives: (ok (w,), centre (w, 2)).
-
-        The centre is the end of a "ghost" walk from the first dot with the same dynamics as a
-        positive's dotted path (on an otherwise empty canvas, never drawn), so its distance to
-        the first dot and its position in the image follow the positives' distribution. It must
-        be far enough from path 0 to take a dot.
-        """
+        """Second-dot centres for negatives, ``(ok, centre)``: the end of an undrawn walk from the first
+        dot on an empty canvas, as a positive's dotted path, far enough from path 0 to take a dot."""
         w = neg_rows.size
         centre = np.zeros((w, 2), dtype=np.int64)
         ok = np.zeros(w, dtype=bool)
@@ -122,11 +107,8 @@ class Canvas:
     def _add_path(
         self, rows: np.ndarray, k: int, *, dot_start: np.ndarray, dot_end: np.ndarray, start: np.ndarray | None = None
     ) -> np.ndarray:
-        """Draw path ``k`` in images ``rows``; returns a bool array (True where it was placed).
-
-        ``start`` optionally fixes the first pixel per image (rows with a negative entry start
-        anywhere).
-        """
+        """Draw path ``k`` in images ``rows`` (``start``: a fixed first pixel, negative for anywhere);
+        True where placed."""
         placed = np.zeros(rows.size, dtype=bool)
         todo = np.arange(rows.size)
         if start is None:
@@ -150,10 +132,7 @@ class Canvas:
         *,
         ghost: bool = False,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Random walks for images ``rows``: (ok, trace (w, L, 2), on (w, L), length (w,)).
-
-        A ``ghost`` walk ignores the paths already drawn (only its end is checked against them).
-        """
+        """Random walks ``(ok, trace (w, L, 2), on (w, L), length (w,))``; a ``ghost`` ignores drawn paths."""
         p, rng, s, m = self.p, self.rng, self.s, self.margin
         w = rows.size
         lo, hi = p["path_length"]

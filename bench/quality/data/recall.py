@@ -1,25 +1,8 @@
 """Synthetic associative recall at controlled distances: which attention patterns reach far?
 
-Each sequence of ``seq_len`` tokens holds ``num_pairs`` (key, value) pairs among random filler
-tokens and ends with a query: a query marker at position ``seq_len - 2`` and a key at the last
-position ``seq_len - 1``. The label is the value paired with that key. Exactly one pair uses the
-query key (the target); the other pairs use other, distinct keys (distractors).
-
-A pair is written **value then key**, ``pair_gap`` positions apart (fillers between them), with
-the target key at position ``seq_len - 1 - d`` for a chosen distance ``d`` and its value at
-distance ``d + pair_gap``. ``pair_gap`` is one integer >= 1 (``1``, the default, writes the two
-tokens adjacently) or a list of them, one drawn per pair. The gap decides which patterns can
-bind a value to its key: with ``pair_gap=1`` the two tokens have opposite parity, and a
-dilation-2 pattern only ever links positions of equal parity, so it can never bind them at any
-depth; with ``pair_gap=2`` and even ``d`` it can, and then the task measures its reach, not
-the parity of its positions (``bench/quality/reach.py`` computes which distances a mask can
-answer). Pair spans ``[value, key]`` never overlap or interleave. Every token that tells the
-answer is at least ``d`` positions before the last token: a model whose last position cannot
-gather the pair from there can do no better than chance (``1 / num_values``). Distances are
-balanced over the ``distances`` tuple.
-
-Token ids (see :class:`Layout`): 0 padding (unused: sequences are full), 1 query marker, then
-``num_keys`` key ids, ``num_values`` value ids, ``num_fillers`` filler ids.
+``num_pairs`` (value, key) pairs, each value ``pair_gap`` before its key, among fillers; the
+sequence ends with a query marker and the target key, whose key sits ``d`` tokens earlier. Why
+the gap matters and what a mask can reach: docs/quality.md, "Recall".
 """
 
 from __future__ import annotations
@@ -74,22 +57,10 @@ def generate(
     pair_gap: int | Sequence[int] = 1,
     seed: int,
 ) -> dict[str, np.ndarray]:
-    """Generate ``num_examples`` recall sequences.
+    """``num_examples`` recall sequences: int64 ``ids``, ``labels`` (value index), ``distance``
+    (balanced over ``distances``), ``key_position``, ``value_position`` and ``query_key``.
 
-    Returns a dict of int64 arrays:
-
-    - ``"ids"`` ``(n, seq_len)``: token ids (no padding; every position is real);
-    - ``"labels"`` ``(n,)`` in ``[0, num_values)``: the value index paired with the query key;
-    - ``"distance"`` ``(n,)``: ``d`` for each example, each entry of ``distances`` used
-      ``n // len(distances)`` or one more times, in random order;
-    - ``"key_position"`` ``(n,)``: ``seq_len - 1 - distance``, where the target key sits;
-    - ``"value_position"`` ``(n,)``: ``key_position - gap``, where the target's value sits;
-    - ``"query_key"`` ``(n,)`` in ``[0, num_keys)``: the queried key index.
-
-    Each distance must satisfy ``2 <= d <= seq_len - 1 - max(pair_gap)`` (the key before the
-    query marker, the value at position 0 or later) and ``seq_len`` must leave room for all
-    pairs. An integer ``pair_gap`` draws nothing, so ``pair_gap=1`` gives exactly the
-    sequences of the adjacent layout. Deterministic for a ``seed``.
+    An integer ``pair_gap`` draws nothing, so ``pair_gap=1`` gives exactly the adjacent layout.
     """
     require_int("num_examples", num_examples, minimum=0)
     require_int("seq_len", seq_len, minimum=4)
@@ -125,7 +96,7 @@ def generate(
     key_pos = seq_len - 1 - distance
 
     ids = layout.filler_base + rng.integers(0, num_fillers, size=(n, seq_len))
-    # Keys: the target's key first, then distinct distractor keys (a random permutation per row).
+    # the target's key first, then distinct distractors
     keys = np.argsort(rng.random((n, num_keys)), axis=1)[:, :num_pairs]
     values = rng.integers(0, num_values, size=(n, num_pairs))
     if len(gaps_allowed) == 1:  # no draw: an integer gap keeps the random stream of gap 1

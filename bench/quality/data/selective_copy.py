@@ -1,22 +1,7 @@
-"""Synthetic selective copying: write out, in order, the few data tokens scattered in a long
-source of filler tokens.
-
-After the selective copying task of Gu and Dao 2023 ("Mamba", Section 4.1.1; a variant of
-the copying-memory task of Arjovsky et al. 2016 whose data sit at random positions). Each
-source of ``src_len`` tokens holds ``num_tokens`` data tokens at random, distinct positions
-among filler tokens; the target is those data tokens in source order. No position of the
-target can be found from its index alone: the ``t``-th output is the data token with ``t``
-data tokens before it, wherever it sits, so the model must rank the data tokens across the
-whole source (or find, from the token it wrote last, the next data token to its right).
-
-Token ids (see :class:`Layout`, shared by source and target): 0 padding, 1 begin, 2 end,
-then ``num_data`` data ids and ``num_fillers`` filler ids. The target is ``begin``, the data
-tokens, ``end``: ``num_tokens + 2`` ids.
-
-``gap`` of a data token: its source position minus that of the data token before it (the
-first one's: its position plus one, counted from a begin position before the source). It is
-how far the copy of that token must look back from the token before it, and the task reports
-accuracy by gap bucket: a pattern that cannot link tokens that far apart shows it there.
+"""Synthetic selective copying (Gu and Dao 2023, "Mamba", Section 4.1.1): write out, in order,
+the ``num_tokens`` distinct data tokens scattered among fillers in a source of ``src_len`` tokens
+(docs/quality.md, "Selective copying"). A data token's ``gap`` is its source position minus the
+previous data token's (the first one's from position -1): how far its copy must look back.
 """
 
 from __future__ import annotations
@@ -59,13 +44,8 @@ def generate(
     num_fillers: int = 4,
     seed: int,
 ) -> dict[str, np.ndarray]:
-    """Generate ``num_examples`` selective-copying examples (layout in the module docstring).
-
-    Returns int64 arrays ``src_ids (n, src_len)``, ``tgt_ids (n, num_tokens + 2)`` (begin,
-    the data tokens in source order, end), ``positions (n, num_tokens)`` (sorted source
-    positions of the data tokens) and ``gap (n, num_tokens)`` (see the module docstring), and bool
-    masks ``src_mask``, ``tgt_mask`` (all True: no padding). Deterministic for a ``seed``.
-    """
+    """``num_examples`` examples: ``src_ids``, ``tgt_ids`` (begin, data tokens in source order,
+    end), sorted ``positions`` and ``gap`` of the data tokens, and all-True masks."""
     require_int("num_examples", num_examples, minimum=0)
     require_int("src_len", src_len, minimum=2)
     require_int("num_data", num_data, minimum=1)

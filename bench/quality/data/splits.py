@@ -19,20 +19,10 @@ def split_indices(
     groups: Sequence[int] | np.ndarray | None = None,
     stratify: Sequence[int] | np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
-    """Split ``range(n)`` into disjoint, sorted int64 index arrays ``"train"``, ``"val"``, ``"test"``.
+    """Split ``range(n)`` into disjoint, sorted int64 ``"train"``, ``"val"``, ``"test"`` indices.
 
-    The three arrays cover all ``n`` items and depend only on the arguments (same seed, same
-    split). ``fractions`` are the target shares (three non-negative numbers summing to 1).
-
-    - Plain: a random permutation is cut at the rounded fractions (largest-remainder rounding,
-      so the sizes sum to ``n``).
-    - ``groups`` (length ``n``, any hashable integer ids): whole groups go to one split, e.g.
-      all verses of one Bible chapter. Groups are shuffled and assigned in turn by where their
-      cumulative item count falls, so split sizes match the fractions up to one group.
-    - ``stratify`` (length ``n``, class labels): each class is split separately with the same
-      fractions, so every split keeps the class proportions (up to rounding).
-
-    ``groups`` and ``stratify`` cannot be combined.
+    ``groups`` (one id per item) keeps each group in one split, sizes right up to one group;
+    ``stratify`` (one label per item) splits each class alone; not both.
     """
     n = _check_n(n)
     shares = _check_fractions(fractions)
@@ -61,21 +51,11 @@ def split_groups_stratified(
     seed: int,
     fractions: Sequence[float] = (0.8, 0.1, 0.1),
 ) -> dict[str, np.ndarray]:
-    """Split items so that whole groups go to one split, stratified by class as far as that allows.
+    """Whole groups to one split, stratified by class up to one group per class and split.
 
-    ``groups`` and ``stratify`` have one entry per item (``n = len(groups)``): a group id (e.g.
-    near-duplicate articles, :func:`bench.quality.data.near_duplicates.near_duplicate_groups`) and a
-    class label. Returns disjoint, sorted int64 index arrays ``"train"``, ``"val"``, ``"test"``
-    covering ``range(n)``, a pure function of the arguments. Each group is filed under the most
-    common class among its members (the smallest label on a tie), and each class's groups are
-    split like ``split_indices(groups=...)``: shuffled, and each given to the split in which the
-    midpoint of its item range falls. So every split keeps the class proportions up to one group
-    per class and split, and no group straddles two splits.
-
-    This keeps every item, where keeping one member per group and dropping the rest would lose
-    one item per extra member (63 of the 2,106 distinct BBC articles at 256 bytes). With only
-    singleton groups it is a stratified split, though not the same one as
-    ``split_indices(stratify=...)`` for the same seed.
+    Each group is filed under its members' most common class (smallest label on a tie), and each
+    class's groups are split as ``split_indices(groups=...)``. Every item is kept. With singleton
+    groups it is a stratified split, not the same one as ``split_indices(stratify=...)``.
     """
     group_array = np.asarray(groups)
     if group_array.ndim != 1:
@@ -138,7 +118,7 @@ def _assign_groups(groups: np.ndarray, shares: np.ndarray, rng: np.random.Genera
     """Split id per item such that every group lands in exactly one split."""
     unique, inverse, sizes = np.unique(groups, return_inverse=True, return_counts=True)
     order = rng.permutation(len(unique))
-    # A group goes to the split in which the midpoint of its item range falls.
+    # a group goes to the split in which the midpoint of its item range falls
     ends = np.cumsum(sizes[order])
     mids = ends - sizes[order] / 2.0
     bounds = np.cumsum(shares)[:2] * len(groups)

@@ -1,22 +1,10 @@
 """Moving objects on a canvas: the ``video`` task's clips, generated offline from images (the
 Fashion-MNIST of ``bench.quality.data.fashion_mnist``), seeded.
 
-A clip is ``frames`` grey frames of ``canvas x canvas`` pixels on a torus (what leaves one
-edge enters at the other). It holds a *mover*, an image shrunk to ``object_size`` pixels
-that travels along one axis (horizontal or vertical, at random) by ``speed`` pixels a frame
-(``min_speed`` .. ``max_speed``), and ``still_objects`` (0 or 1) other images that stay put. The mover
-steps every ``hold`` frames (1: every frame; ``hold = 2`` shows each position for two frames, a
-stop-motion clip, so a tubelet of two frames holds a still picture and sees no motion). The
-label is the direction of the motion: 1 ("forward": right or down) or 0 ("backward": left or up).
-
-Why no single frame decides it, and why a classifier of single frames stays at chance
-whatever it is: every start position is uniform on the torus, so a backward clip is
-distributed exactly as a forward clip played in reverse (its start is the forward clip's
-last position, uniform too; ``frames`` is a multiple of ``hold``, so the reversed clip holds
-each position for ``hold`` frames too). The two classes therefore hold the same frames in the
-same distribution (as unordered sets), and only their order tells them apart: a per-frame
-classifier averaged over time cannot beat chance in expectation. ``max_speed`` stays below
-``canvas / 2`` so that the direction of a step is unambiguous on the torus.
+A mover steps ``speed`` pixels every ``hold`` frames along one axis of a torus, beside
+``still_objects`` still images; the label is its direction (1: right or down). Starts are
+uniform, so a backward clip is distributed as a forward one reversed and no frame decides the
+label (docs/quality.md, "Video"); ``max_speed < canvas / 2`` keeps a step's direction unambiguous.
 """
 
 from __future__ import annotations
@@ -40,8 +28,7 @@ class Clips:
 
 
 def shrink(images: np.ndarray, size: int) -> np.ndarray:
-    """``images (n, h, w)`` uint8 resized to ``(n, size, size)`` by averaging (area) over a
-    grid of ``size`` cells."""
+    """``images (n, h, w)`` uint8 resized to ``(n, size, size)`` by area averaging."""
     n, h, w = images.shape
     rows = np.linspace(0, h, size + 1).astype(int)
     cols = np.linspace(0, w, size + 1).astype(int)
@@ -75,8 +62,7 @@ def check_settings(*, frames: int, canvas: int, object_size: int, min_speed: int
 
 def moving_clips(images: np.ndarray, count: int, *, frames: int, canvas: int, object_size: int,
                  min_speed: int, max_speed: int, still_objects: int, seed: int, hold: int = 1) -> Clips:
-    """``count`` clips of objects drawn from ``images (n, h, w)`` (see the module docstring),
-    a pure function of its arguments."""
+    """``count`` clips of objects drawn from ``images (n, h, w)``, a pure function of its arguments."""
     check_settings(frames=frames, canvas=canvas, object_size=object_size, min_speed=min_speed,
                    max_speed=max_speed, still_objects=still_objects, hold=hold)
     require_int("count", count, minimum=0)
@@ -100,8 +86,7 @@ def moving_clips(images: np.ndarray, count: int, *, frames: int, canvas: int, ob
 
 
 def _placed(tile: np.ndarray, obj: np.ndarray, where: np.ndarray) -> np.ndarray:
-    """``obj`` drawn on a blank torus of ``tile``'s shape with its top-left corner at
-    ``where (y, x)`` (modulo the canvas)."""
+    """``obj`` on a blank torus of ``tile``'s shape, its top-left corner at ``where (y, x)``."""
     canvas = tile.copy()
     size = obj.shape[0]
     canvas[:size, :size] = obj

@@ -1,11 +1,8 @@
 """Byte-level references for language modelling that use no attention: interpolated n-gram
 models fitted on the training bytes, and general-purpose compressors.
 
-Both score exactly the bytes a model's ``bits_per_byte`` scores (:func:`scored_windows`):
-non-overlapping windows of ``length`` bytes from the start of the split, each window
-predicting its bytes from the ones before them *in the window*. The n-gram model therefore
-never reads context across a window's start either: the first byte a window predicts has one
-byte of context, the next two, and so on up to the model's order.
+Both score exactly the bytes a model's ``bits_per_byte`` scores (:func:`scored_windows`), and
+the n-gram model, like the model, never reads context across a window's start.
 """
 
 from __future__ import annotations
@@ -20,10 +17,8 @@ UNIFORM_BITS = 8.0  # log2(256): a byte with no model at all
 
 
 def scored_windows(stream: np.ndarray, length: int, budget: int) -> np.ndarray:
-    """``(W, length + 1)`` windows of ``stream`` the way the language-model task reads them:
-    ``W = max(1, min(budget, len(stream) - 1) // length)`` windows stepping by ``length``, so
-    consecutive windows share one byte (the last target of one is the first input of the
-    next)."""
+    """``(W, length + 1)`` windows of ``stream`` as the language-model task reads them, stepping by
+    ``length`` (one shared byte) over at most ``budget`` bytes."""
     count = max(1, min(budget, len(stream) - 1) // length)
     stream = np.asarray(stream[: count * length + 1], dtype=np.int64)
     index = np.arange(count)[:, None] * length + np.arange(length + 1)[None, :]
@@ -31,8 +26,7 @@ def scored_windows(stream: np.ndarray, length: int, budget: int) -> np.ndarray:
 
 
 def _context_keys(data: np.ndarray, order: int) -> np.ndarray:
-    """For every position i >= order of ``data``, the ``order`` bytes before it packed into
-    one integer (most recent byte lowest): ``(len(data) - order,)``."""
+    """For every position i >= order, the ``order`` bytes before it packed in one integer (newest lowest)."""
     data = data.astype(np.int64)
     keys = np.zeros(len(data) - order, dtype=np.int64)
     for back in range(1, order + 1):
@@ -42,8 +36,7 @@ def _context_keys(data: np.ndarray, order: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _OrderTable:
-    """Counts of one context length: sorted ``(context, byte)`` keys with their counts, and per
-    context the total count and the number of distinct bytes that followed it."""
+    """Counts of one context length: ``(context, byte)`` pairs, and per context its total and distinct followers."""
 
     pair_keys: np.ndarray
     pair_counts: np.ndarray
@@ -76,12 +69,8 @@ def _find(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarr
 
 
 class NGramModel:
-    """An interpolated Witten-Bell n-gram model of bytes (Witten and Bell 1991; the smoothing
-    of PPM-style byte models): with ``c`` the count of byte ``s`` after context ``h``, ``C``
-    the count of ``h`` and ``T`` the number of distinct bytes seen after it,
-    ``P(s | h) = (c + T * P(s | h')) / (C + T)`` where ``h'`` drops the oldest byte of ``h``;
-    an unseen context passes ``P(s | h')`` on unchanged, and below the empty context is the
-    uniform 1 / 256. ``order`` is the number of context bytes (0: byte frequencies)."""
+    """An interpolated Witten-Bell byte n-gram model (Witten and Bell 1991) of ``order`` context bytes:
+    ``P(s | h) = (c + T * P(s | h')) / (C + T)``, ``h'`` without the oldest byte, uniform at the bottom."""
 
     def __init__(self, order: int) -> None:
         if isinstance(order, bool) or not isinstance(order, int) or not 0 <= order <= 7:
@@ -98,8 +87,7 @@ class NGramModel:
         return self
 
     def window_bits(self, windows: np.ndarray) -> float:
-        """Total bits of predicting ``windows[:, 1:]`` from the bytes before them in each
-        window (:func:`scored_windows`), ``windows (W, L + 1)``."""
+        """Total bits of predicting ``windows[:, 1:]`` from the bytes before them in each window."""
         if not self.tables:
             raise ValueError("fit() the model before scoring")
         windows = np.asarray(windows, dtype=np.int64)
@@ -130,9 +118,7 @@ def ngram_bits_per_byte(train: np.ndarray, windows: np.ndarray, order: int) -> f
 
 
 def compressed_bits_per_byte(windows: np.ndarray, compressor: str) -> float:
-    """Bits per byte of the scored bytes compressed as one file: ``gzip`` (``gzip -9``) or
-    ``xz`` (``xz -9e``). The compressor learns only from the bytes it compresses (no training
-    data) and its header is counted: the figure ``ls -l`` of the compressed file gives."""
+    """Bits per byte of the scored bytes compressed as one file by ``gzip -9`` or ``xz -9e``, header included."""
     raw = np.asarray(windows)[:, 1:].astype(np.uint8).tobytes()  # the scored bytes, in order
     if compressor == "gzip":
         packed = gzip.compress(raw, compresslevel=9, mtime=0)
