@@ -13,6 +13,7 @@ A CPU machine cannot hold tensors on two device types, so the check is in two pa
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from typing import Any
 
@@ -114,7 +115,7 @@ def test_every_tensor_a_task_gives_its_model_went_to_the_model_device(name, monk
     assert torch.isfinite(loss.as_subclass(Tensor))
     inner.eval()
     if name == "translate":
-        task.data = {**task.data, "bleu_examples": 2}
+        task.data = dataclasses.replace(task.data, bleu_examples=2)
     with torch.no_grad():
         metrics = task.evaluate(model, "test", limit=4, batch_size=2, final=True)
     assert metrics and model.calls, "the model was never called"

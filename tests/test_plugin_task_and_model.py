@@ -26,7 +26,7 @@ import numpy as np
 from attn import register_kernel
 from attn.kernels.reference import ReferenceKernel
 from bench.quality.tasks import ClassificationTask, ConditionView, Metric, register_task
-from bench.quality.tasks.base import as_tensors
+from bench.quality.tasks.base import DataSettings, as_tensors
 from models import EncoderClassifier, EncoderClassifierConfig, Placement, register_model
 
 
@@ -62,12 +62,17 @@ class ToyEncoder(EncoderClassifier):
 class ToyFirst(ClassificationTask):
     """Is the first token a 2? Read by the toy model kind."""
 
+    @dataclass(frozen=True)
+    class Data(DataSettings):
+        seq_len: int = 16
+        examples: int = 96
+
     model_kind = "toy_encoder"
     num_classes = 2
     vocab_size = 4
 
     def prepare(self):
-        n, length = int(self.data["examples"]), int(self.data["seq_len"])
+        n, length = self.data.examples, self.data.seq_len
         ids = np.random.default_rng(0).integers(1, 3, size=(n, length))
         arrays = {"ids": ids, "labels": (ids[:, 0] == 2).astype(np.int64)}
         third = n // 3

@@ -3,13 +3,17 @@ binary patch codes and in-batch retrieval training, each against a direct refere
 
 from __future__ import annotations
 
+import dataclasses
+import re
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from bench.engine.config import ConfigError
 from bench.quality.settings import task_settings
-from bench.quality.tasks import get_task
+from bench.quality.tasks import get_task, list_tasks, task_info
 from bench.quality.tasks.image import downsample
 from bench.quality.tasks.pathfinder import patch_codes
 from models import create_model
@@ -141,3 +145,45 @@ def test_cosine_pair_head_scores_same_by_scaled_cosine_and_needs_two_classes():
         create_model("encoder_classifier", "mini", dual=True, pair_head="cosine", num_classes=3)
     with pytest.raises(ValueError, match="pair_head"):
         create_model("encoder_classifier", "mini", dual=True, pair_head="dot")
+
+
+@pytest.mark.parametrize("name", list_tasks())
+def test_every_task_names_an_unknown_or_mistyped_data_setting_and_its_allowed_keys(name):
+    allowed = [f.name for f in dataclasses.fields(task_info(name).cls.Data)]
+    for preset in task_info(name).presets:  # every registered preset resolves
+        task_settings(name, preset)
+    with pytest.raises(ValueError, match=re.escape(f"{name}: unknown data setting 'sizes'; allowed keys are "
+                                                   f"{allowed}")):
+        get_task(name, {"sizes": 3}, seed=0)
+    with pytest.raises(ConfigError, match=f"{name}: unknown data setting 'sizes'"):
+        task_settings(name, "tiny", {"data": {"sizes": 3}})
+    key = "data_seed" if "data_seed" in allowed else "seq_len"
+    with pytest.raises(ValueError, match=f"{name}: data setting '{key}' must be int; got '0'"):
+        get_task(name, {key: "0"}, seed=0)
+
+
+@pytest.mark.parametrize(("name", "preset", "expected"), [
+    ("listops", "lra", {"seq_len": 2000, "examples": 100000, "max_depth": 10, "max_args": 10,
+                        "min_length": 500, "data_seed": 0, "fractions": (0.96, 0.02, 0.02)}),
+    ("recall", "small", {"train_examples": 6000, "val_examples": 600, "test_examples": 1200, "data_seed": 0,
+                         "seq_len": 256, "distances": (8, 16, 32, 64, 128, 192), "num_keys": 16,
+                         "num_values": 8, "num_pairs": 4, "num_fillers": 16, "pair_gap": 2}),
+    ("pathfinder", "small", {"size": 24, "examples": 12000, "data_seed": 0, "fractions": (0.8, 0.1, 0.1),
+                             "input": "pixels", "patch": 2, "patch_size": 4, "num_distractors": 0,
+                             "path_length": (6, 9), "dash": None, "gap": 0, "dot_radius": None,
+                             "curvature": None, "max_turn": None}),
+])
+def test_a_preset_resolves_to_its_data_settings_over_the_defaults(name, preset, expected):
+    assert dataclasses.asdict(get_task(name, task_settings(name, preset).data, seed=0).data) == expected
+
+
+def test_generated_splits_are_the_generator_at_seeds_3s_plus_the_split():
+    from bench.quality.data import mqar
+
+    data = {**task_settings("mqar", "tiny").data, "data_seed": 2}
+    task = get_task("mqar", data, seed=0)
+    task.prepare()
+    for offset, split in enumerate(("train", "val", "test")):
+        arrays = mqar.generate(data[f"{split}_examples"], seq_len=data["seq_len"], num_pairs=data["num_pairs"],
+                               num_keys=8, num_values=8, num_fillers=4, seed=6 + offset)
+        assert all(torch.equal(task.splits[split][k], torch.from_numpy(v)) for k, v in arrays.items())

@@ -193,6 +193,10 @@ def task_settings(task: str, preset: str, overrides: dict[str, Any] | None = Non
         for section in sections:
             value = _merged(value, section.get(part), f"tasks.{task}.{part}")
         merged[part] = _merged(value, overrides.get(part), f"overrides.{part}")
+    try:
+        task_info(task).cls.Data.of(task, merged["data"])  # an unknown key or a wrong type, named now
+    except ValueError as error:
+        raise ConfigError(str(error), "data") from None
     train_keys = {f.name for f in fields(TrainSettings)}
     unknown = sorted(set(merged["train"]) - train_keys)
     if unknown:

@@ -1,15 +1,8 @@
 """Reference rows: what a task's test split gives without attention, computed by the suite
 from the very splits the attention variants are trained and scored on.
 
-A reference is a name, a display title, a test of which tasks it applies to, and a function
-from a prepared task to its test metrics (the task's headline metric with no condition,
-plus the task's per-condition metrics where it has them, e.g. recall by distance). Each
-reference that chooses a setting (naive Bayes's smoothing, the number of neighbours) chooses
-it on the validation split, as a trained model's checkpoint is chosen, and records it.
-
-The trained reference without attention, a recurrent network of the same width and recipe,
-is not here: it is a grid entry with the model setting ``mixer: lstm`` (role ``reference``),
-trained like every variant (docs/quality.md)."""
+A setting a reference chooses (smoothing, neighbours) is chosen on the validation split and
+recorded. The trained LSTM reference is a grid entry instead (``mixer: lstm``, docs/quality.md)."""
 
 from __future__ import annotations
 
@@ -43,8 +36,7 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Reference:
-    """One reference row: ``name`` (its id in configs and results), ``title`` (its row in the
-    report), which tasks it applies to, and how it scores a prepared task."""
+    """One reference row: its id, its report title, which tasks it applies to, how it scores one."""
 
     name: str
     title: str
@@ -64,8 +56,7 @@ def _token_task(task: Task) -> bool:
 
 
 def classification_outcome(task: ClassificationTask, fitted: counts.Fitted) -> Outcome:
-    """Test predictions scored the way the task scores a model's (its headline accuracy and
-    its per-condition metrics)."""
+    """Test predictions scored as the task scores a model's (headline and per-condition metrics)."""
     labels = task.splits["test"]["labels"]
     preds = torch.as_tensor(np.asarray(fitted.predictions), dtype=labels.dtype)
     accuracy = float((preds == labels).float().mean())
@@ -142,7 +133,7 @@ def _nearest(kind: str) -> Callable[[Task], Outcome]:
 def _bytes_reference(score: Callable[[ByteLM, np.ndarray], float]) -> Callable[[Task], Outcome]:
     def compute(task: Task) -> Outcome:
         assert isinstance(task, ByteLM)
-        budget = int(task.data.get("eval_bytes", 65536))
+        budget = task.data.eval_bytes
         windows = scored_windows(task.splits["test"]["bytes"].numpy(), task.seq_len, budget)
         return Outcome([Metric("bits_per_byte", score(task, windows), "", windows[:, 1:].size)])
     return compute

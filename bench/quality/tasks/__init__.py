@@ -1,12 +1,5 @@
 """The quality tasks, one module each, and their registry: :func:`register_task`,
-:func:`list_tasks`, :func:`task_info`, :func:`get_task`.
-
-Each task module registers its class with its settings per task preset and how the report
-shows it (:mod:`bench.quality.tasks.registration`). To add a task: copy the smallest module
-that is like it (``text.py`` for a classification of sequences, ``bytelm.py`` for a language
-model) and import it below; a plug-in module registers the same way from its own file
-(``--plugin`` or a config's ``plugins:``), with no file here.
-"""
+:func:`list_tasks`, :func:`task_info`, :func:`get_task`. Adding a task: docs/extending.md."""
 
 from __future__ import annotations
 
@@ -52,7 +45,8 @@ def task_info(name: str) -> TaskInfo:
 
 
 def get_task(name: str, data: dict[str, Any], seed: int) -> Task:
-    """The task ``name`` with its data settings; ``ValueError`` lists the known tasks."""
+    """The task ``name`` with its data settings; ``ValueError`` lists the known tasks, or names a
+    data setting the task's ``Data`` does not take."""
     return task_info(name).cls(data, seed)
 
 

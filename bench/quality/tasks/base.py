@@ -9,12 +9,15 @@ selection uses ``val`` only; ``test`` is evaluated once, at the end, on the best
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
+import types
+import typing
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Self
 
 import numpy as np
 import torch
@@ -22,17 +25,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attn.devices import module_device
+from attn.validation import invalid, require_int_list
 
 Split = dict[str, Tensor]
 SPLITS = ("train", "val", "test")
 
 
 def to_model_device(data: Any, model: nn.Module) -> Any:
-    """``data`` (a tensor, or a dict of tensors such as a :data:`Split`) on ``model``'s device.
-
-    Every tensor a task hands the model goes through here, so evaluation batches (which the
-    tasks cut from CPU splits) reach a CUDA model on CUDA; a no-op where they already match.
-    """
+    """``data`` (a tensor, or a dict of tensors such as a :data:`Split`) on ``model``'s device:
+    every tensor a task hands the model goes through here."""
     device = module_device(model)
     if isinstance(data, Tensor):
         return data.to(device)
@@ -51,10 +52,41 @@ class Metric:
     seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class DataSettings:
+    """A task's data settings (its ``Data``): a field per key of its ``data`` section, with its
+    type and its one default; the task presets set fields, lists become tuples."""
+
+    @classmethod
+    def of(cls, task: str, data: Mapping[str, Any]) -> Self:
+        """``data`` typed; ``ValueError`` names the task and an unknown key or a wrong type."""
+        hints, allowed = typing.get_type_hints(cls), [f.name for f in fields(cls)]
+        for key, value in data.items():
+            if key not in allowed:
+                raise ValueError(f"{task}: unknown data setting {key!r}; allowed keys are {allowed}")
+            if not _fits(value, hints[key]):
+                kind = str(hints[key]) if typing.get_args(hints[key]) else hints[key].__name__
+                raise ValueError(f"{task}: data setting {key!r} must be {kind}; got {value!r}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+def _fits(value: Any, kind: Any) -> bool:
+    """Whether ``value`` is a ``kind`` (a list is a tuple, an int a float, a bool neither)."""
+    if isinstance(kind, types.UnionType):
+        return any(_fits(value, k) for k in typing.get_args(kind))
+    if typing.get_origin(kind) is tuple:
+        return isinstance(value, (list, tuple)) and all(_fits(v, typing.get_args(kind)[0]) for v in value)
+    if isinstance(value, bool) and kind is not bool:
+        return False
+    return isinstance(value, (int, float) if kind is float else kind)
+
+
 class Task(ABC):
     """A quality task (see the module docstring)."""
 
     name: ClassVar[str] = ""
+    #: the task's data settings (a :class:`DataSettings` subclass)
+    Data: ClassVar[type[DataSettings]] = DataSettings
     model_kind: ClassVar[str] = "encoder_classifier"
     #: the headline metric and whether larger is better
     metric: ClassVar[str] = "accuracy"
@@ -64,8 +96,8 @@ class Task(ABC):
     #: True when the model's self-attention must be causal (a decoder)
     causal_self_attention: ClassVar[bool] = False
 
-    def __init__(self, data: dict[str, Any], seed: int) -> None:
-        self.data = dict(data)
+    def __init__(self, data: Mapping[str, Any], seed: int) -> None:
+        self.data: Any = self.Data.of(self.name or type(self).__name__, data)
         self.seed = seed
         self.splits: dict[str, Split] = {}
 
@@ -116,6 +148,31 @@ class Task(ABC):
         """Metrics on ``split`` (``limit`` examples; ``final``: the one test evaluation,
         which may add per-condition metrics and slower decodes)."""
 
+    @staticmethod
+    def accuracy_by(prefix: str, values: Tensor, hit: Tensor) -> list[Metric]:
+        """Mean ``hit`` (per item: 1/0, or a probability of being right) at each distinct value
+        ``v`` of ``values``: condition ``prefix + v``."""
+        return [Metric("accuracy", float(hit[values == v].mean()), f"{prefix}{v}") for v in values.unique().tolist()]
+
+    @staticmethod
+    def accuracy_by_bucket(prefix: str, values: Tensor, hit: Tensor, edges: Sequence[int]) -> list[Metric]:
+        """Mean ``hit`` where ``values`` lie in ``(previous edge, edge]``: condition ``prefix + edge``
+        (empty buckets left out)."""
+        found, low = [], 0
+        for edge in edges:
+            sel = (values > low) & (values <= edge)
+            if bool(sel.any()):
+                found.append(Metric("accuracy", float(hit[sel].mean()), f"{prefix}{edge}"))
+            low = edge
+        return found
+
+    def bucket_edges(self, name: str, top: int) -> tuple[int, ...]:
+        """Upper edges of buckets: data setting ``name``'s increasing edges below ``top``, then ``top``."""
+        edges = require_int_list(name, getattr(self.data, name))
+        if any(b <= a for a, b in itertools.pairwise(edges)):
+            raise invalid(name, f"must be increasing; got {list(edges)}")
+        return (*(e for e in edges if e < top), top)
+
 
 def tokens_of(batch: Split, key: str = "ids", mask: str = "key_mask") -> int:
     """Real input tokens in a batch (padding excluded)."""
@@ -126,9 +183,7 @@ def tokens_of(batch: Split, key: str = "ids", mask: str = "key_mask") -> int:
 
 class ClassificationTask(Task):
     """Splits with ``ids`` (and ``key_mask``) and ``labels``; ``encoder_classifier``; accuracy.
-
-    A subclass fills ``self.splits`` in :meth:`prepare` and says its vocabulary and classes.
-    """
+    A subclass fills ``self.splits`` in :meth:`prepare` and says its vocabulary and classes."""
 
     vocab_size: int = 0
     num_classes: int = 2
@@ -174,9 +229,8 @@ class ClassificationTask(Task):
         return Metric("majority_accuracy", float((labels == common).float().mean()))
 
     def condition_metrics(self, split: str, preds: Tensor, labels: Tensor) -> list[Metric]:
-        """Accuracy per condition of the first ``len(labels)`` examples of ``split`` (e.g. per
-        distance), from predicted and true labels; none by default. The final evaluation of a
-        model and the reference rows (bench/quality/reference) both report these."""
+        """Accuracy per condition (e.g. per distance) of the first ``len(labels)`` examples of
+        ``split``, for a model's final evaluation and the reference rows; none by default."""
         return []
 
     def evaluate(self, model: nn.Module, split: str, *, limit: int | None, batch_size: int,
@@ -202,7 +256,7 @@ class PatchedImageTask(ClassificationTask):
 
     @property
     def patch_size(self) -> int:
-        return int(self.data.get("patch_size", 4))
+        return self.data.patch_size
 
     def model_overrides(self) -> dict[str, Any]:
         return {"image_size": self.image_size, "patch_size": self.patch_size, "in_channels": 1,
@@ -218,6 +272,7 @@ class PatchedImageTask(ClassificationTask):
     def batch_tokens(self, batch: Split) -> int:
         return int(batch["labels"].numel()) * self.seq_len
 
+
 def as_tensors(arrays: dict[str, np.ndarray], index: np.ndarray) -> Split:
     """Rows ``index`` of each array, as torch tensors (int64 ids, bool masks)."""
     out = {}
@@ -230,3 +285,29 @@ def as_tensors(arrays: dict[str, np.ndarray], index: np.ndarray) -> Split:
         else:
             out[key] = torch.from_numpy(np.ascontiguousarray(part).astype(np.float32))
     return out
+
+
+@dataclass(frozen=True)
+class SplitSizes(DataSettings):
+    """Data settings of a task whose three splits are drawn apart: their sizes and seed."""
+
+    train_examples: int = 1000
+    val_examples: int = 100
+    test_examples: int = 100
+    data_seed: int = 0
+
+
+class GeneratedTask(Task):
+    """A task whose splits a seeded generator draws: split ``i`` (train, val, test) of
+    ``data_seed`` ``s`` with seed ``3 s + i``."""
+
+    Data = SplitSizes
+
+    @abstractmethod
+    def generate(self, count: int, seed: int) -> dict[str, np.ndarray]:
+        """``count`` examples drawn with ``seed``: arrays of one first dimension."""
+
+    def prepare(self) -> None:
+        for offset, split in enumerate(SPLITS):
+            arrays = self.generate(getattr(self.data, f"{split}_examples"), self.data.data_seed * 3 + offset)
+            self.splits[split] = as_tensors(arrays, np.arange(len(next(iter(arrays.values())))))

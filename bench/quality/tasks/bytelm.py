@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,13 +15,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bench.quality.data import enwiki
-from bench.quality.tasks.base import Metric, Split, Task, to_model_device
+from bench.quality.tasks.base import DataSettings, Metric, Split, Task, to_model_device
 from bench.quality.tasks.registration import ConditionFigure, ConditionView, register_task
 
 LN2 = math.log(2.0)
 
 
-#: the task's settings in each task preset (over the preset file's defaults)
 PRESETS = {
     "tiny": {
         "data": {"seq_len": 32, "eval_bytes": 1024, "extrapolation": [1, 2, 4]},
@@ -51,9 +51,12 @@ PRESETS = {
                                training_length=True)),),
 )
 class ByteLM(Task):
-    """Data settings: ``seq_len`` (training length), ``eval_bytes`` (bytes of a split read per
-    evaluation length), ``extrapolation`` (multipliers of ``seq_len`` for the final test
-    evaluation, e.g. ``[1, 2, 4, 8]``), ``fractions`` (train/val/test by position)."""
+    @dataclass(frozen=True)
+    class Data(DataSettings):
+        seq_len: int = 256  # training length
+        eval_bytes: int = 65536  # bytes of a split read per evaluation length
+        extrapolation: tuple[int, ...] = (1, 2, 4, 8)  # multipliers of seq_len, final test evaluation
+        fractions: tuple[float, ...] = (0.9, 0.05, 0.05)  # train/val/test by position
 
     model_kind = "decoder_lm"
     metric = "bits_per_byte"
@@ -62,16 +65,16 @@ class ByteLM(Task):
 
     def prepare(self) -> None:
         data = enwiki.load_bytes()
-        parts = enwiki.split_by_position(data, tuple(self.data.get("fractions", (0.9, 0.05, 0.05))))
+        parts = enwiki.split_by_position(data, self.data.fractions)
         self.splits = {k: {"bytes": torch.from_numpy(np.ascontiguousarray(v).astype(np.int64))}
                        for k, v in parts.items()}
 
     @property
     def seq_len(self) -> int:
-        return int(self.data["seq_len"])
+        return self.data.seq_len
 
     def model_overrides(self) -> dict[str, Any]:
-        longest = self.seq_len * max(self.data.get("extrapolation", [1]))
+        longest = self.seq_len * max(self.data.extrapolation)
         return {"vocab_size": 256, "max_len": longest + 8}
 
     def train_batch(self, step: int, batch_size: int) -> Split:
@@ -90,9 +93,8 @@ class ByteLM(Task):
     @torch.no_grad()
     def bits_per_byte(self, model: nn.Module, split: str, length: int, budget: int,
                       batch_size: int) -> Metric:
-        """Mean bits per predicted byte over non-overlapping windows of ``length`` bytes
-        covering the first ``budget`` bytes of ``split`` (each window predicts its own bytes
-        from the ones before it in the window)."""
+        """Mean bits per predicted byte over non-overlapping ``length``-byte windows covering the
+        first ``budget`` bytes of ``split``, each predicted from within its window."""
         stream = self.splits[split]["bytes"]
         count = max(1, min(budget, len(stream) - 1) // length)
         windows = stream[: count * length + 1].unfold(0, length + 1, length)  # (W, length + 1)
@@ -109,11 +111,11 @@ class ByteLM(Task):
 
     def evaluate(self, model: nn.Module, split: str, *, limit: int | None, batch_size: int,
                  final: bool) -> list[Metric]:
-        budget = int(self.data.get("eval_bytes", 65536))
+        budget = self.data.eval_bytes
         metrics = [self.bits_per_byte(model, split, self.seq_len, budget, batch_size)]
         if final:
-            for factor in self.data.get("extrapolation", [1, 2, 4, 8]):
-                length = self.seq_len * int(factor)
+            for factor in self.data.extrapolation:
+                length = self.seq_len * factor
                 m = self.bits_per_byte(model, split, length, budget, max(1, batch_size // factor))
                 metrics.append(Metric(m.name, m.value, f"length={length}", m.tokens, m.seconds))
         return metrics

@@ -1,30 +1,27 @@
-"""``image`` and ``image_vit``: Fashion-MNIST (10 classes of 28x28 grey images).
-
-``image`` reads the pixels as a sequence of 784 tokens (grey level = token id), the LRA
-"Image" protocol; ``image_vit`` cuts the image into patches for the ``vit`` model. Training
-and validation come from the 60,000 training images (a seeded subset and a disjoint held-out
-part); the test split comes from the 10,000 test images only."""
+"""``image`` and ``image_vit``: Fashion-MNIST (10 classes of 28x28 grey images), read as 784
+pixel tokens (LRA's "Image") or as the ``vit``'s patches; training and validation from the
+60,000 training images, the test split from the 10,000 test images only."""
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
 from bench.quality.data import fashion_mnist
-from bench.quality.tasks.base import ClassificationTask, PatchedImageTask, as_tensors
+from bench.quality.tasks.base import ClassificationTask, PatchedImageTask, SplitSizes, as_tensors
 from bench.quality.tasks.registration import register_task
 
 
-def _subsets(data: dict[str, Any]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _subsets(data: SplitSizes) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Seeded, disjoint train / val subsets of the training images and a test subset."""
-    rng = np.random.default_rng(int(data.get("data_seed", 0)))
+    rng = np.random.default_rng(data.data_seed)
     images, labels = fashion_mnist.load("train")
     order = rng.permutation(len(labels))
-    n_train, n_val = int(data["train_examples"]), int(data["val_examples"])
+    n_train, n_val = data.train_examples, data.val_examples
     train, val = order[:n_train], order[n_train:n_train + n_val]
     test_images, test_labels = fashion_mnist.load("test")
-    test = rng.permutation(len(test_labels))[: int(data["test_examples"])]
+    test = rng.permutation(len(test_labels))[: data.test_examples]
     return {"train": (images[train], labels[train]), "val": (images[val], labels[val]),
             "test": (test_images[test], test_labels[test])}
 
@@ -38,7 +35,6 @@ def downsample(images: np.ndarray, factor: int) -> np.ndarray:
     return np.rint(blocks.mean(axis=(2, 4))).astype(np.uint8)
 
 
-#: the task's settings in each task preset (over the preset file's defaults)
 PIXEL_PRESETS = {
     "tiny": {
         "data": {"train_examples": 64, "val_examples": 16, "test_examples": 32, "data_seed": 0},
@@ -63,22 +59,22 @@ PIXEL_PRESETS = {
 
 @register_task("image", order=4, presets=PIXEL_PRESETS)
 class ImagePixels(ClassificationTask):
-    """Data settings: ``train_examples``, ``val_examples``, ``test_examples``, ``data_seed``,
-    ``downsample`` (average-pool factor, default 1). Each pixel is a token (grey level 0..255);
-    ``seq_len`` is 784, or (28 / downsample)^2."""
+    """Each pixel is a token (grey level 0..255); ``seq_len`` is 784, or (28 / downsample)^2."""
+
+    @dataclass(frozen=True)
+    class Data(SplitSizes):
+        downsample: int = 1  # average-pool factor
 
     num_classes = 10
     vocab_size = 256
 
     def prepare(self) -> None:
-        factor = int(self.data.get("downsample", 1))
         for split, (images, labels) in _subsets(self.data).items():
-            pixels = downsample(images, factor)
+            pixels = downsample(images, self.data.downsample)
             arrays = {"ids": pixels.reshape(len(pixels), -1), "labels": labels}
             self.splits[split] = as_tensors(arrays, np.arange(len(labels)))
 
 
-#: the task's settings in each task preset (over the preset file's defaults)
 PATCH_PRESETS = {
     "tiny": {
         "data": {"train_examples": 64, "val_examples": 16, "test_examples": 32, "data_seed": 0,
@@ -105,8 +101,11 @@ PATCH_PRESETS = {
 
 @register_task("image_vit", order=5, presets=PATCH_PRESETS)
 class ImagePatches(PatchedImageTask):
-    """Data settings as ``image`` plus the model's ``patch_size`` (model settings). The
-    ``vit`` model reads ``images (B, 1, 28, 28)`` scaled to [0, 1]."""
+    """The ``vit`` model reads ``images (B, 1, 28, 28)`` scaled to [0, 1]."""
+
+    @dataclass(frozen=True)
+    class Data(SplitSizes):
+        patch_size: int = 4
 
     model_kind = "vit"
     num_classes = 10

@@ -3,14 +3,15 @@ Arena algorithm; 10-way classification of the expression's value."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from bench.quality.data import listops
 from bench.quality.data.splits import split_indices
-from bench.quality.tasks.base import ClassificationTask, as_tensors
+from bench.quality.tasks.base import ClassificationTask, DataSettings, as_tensors
 from bench.quality.tasks.registration import register_task
 
-#: the task's settings in each task preset (over the preset file's defaults)
 PRESETS = {
     "tiny": {
         "data": {"seq_len": 64, "examples": 200, "max_depth": 3, "max_args": 4, "min_length": 8,
@@ -31,26 +32,26 @@ PRESETS = {
 }
 
 
-@register_task(
-    "listops",
-    order=1,
-    presets=PRESETS,
-)
+@register_task("listops", order=1, presets=PRESETS)
 class ListOps(ClassificationTask):
-    """Data settings: ``seq_len``, ``examples`` (train + val + test, split 80/10/10 unless
-    ``fractions`` is given), ``max_depth``, ``max_args``, ``min_length``, ``data_seed``."""
+    @dataclass(frozen=True)
+    class Data(DataSettings):
+        seq_len: int = 2000
+        examples: int = 100000  # train + val + test, split by fractions
+        max_depth: int = 10
+        max_args: int = 10
+        min_length: int = 0
+        data_seed: int = 0
+        fractions: tuple[float, ...] = (0.8, 0.1, 0.1)
 
     num_classes = 10
     vocab_size = len(listops.VOCAB)
 
     def prepare(self) -> None:
         d = self.data
-        seq_len = int(d["seq_len"])
         ids, key_mask, labels = listops.load_or_generate(
-            int(d["examples"]), seed=int(d.get("data_seed", 0)), seq_len=seq_len,
-            max_depth=int(d.get("max_depth", 10)), max_args=int(d.get("max_args", 10)),
-            min_length=int(d.get("min_length", 0)), max_length=seq_len)
+            d.examples, seed=d.data_seed, seq_len=d.seq_len, max_depth=d.max_depth, max_args=d.max_args,
+            min_length=d.min_length, max_length=d.seq_len)
         arrays = {"ids": ids, "key_mask": key_mask, "labels": labels}
-        parts = split_indices(len(labels), seed=int(d.get("data_seed", 0)),
-                              fractions=tuple(d.get("fractions", (0.8, 0.1, 0.1))))
+        parts = split_indices(len(labels), seed=d.data_seed, fractions=d.fractions)
         self.splits = {name: as_tensors(arrays, np.asarray(index)) for name, index in parts.items()}

@@ -1,13 +1,10 @@
-"""``mqar``: multi-query associative recall (Arora et al. 2023, "Zoology"). Each sequence
-writes ``P`` key-value pairs and then queries every key once more; the model answers at each
-query position with the value bound to that key. Accuracy is over all queries, and per number
-of pairs and per query-to-key distance bucket, so a window that cannot reach a pair, or a
-low-rank approximation that blurs many pairs together, shows where it fails."""
+"""``mqar``: multi-query associative recall (Arora et al. 2023, "Zoology"): ``P`` key-value
+pairs, then every key queried once more (docs/quality.md, "MQAR")."""
 
 from __future__ import annotations
 
-import itertools
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -15,17 +12,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attn.validation import invalid, require_int_list
+from attn.validation import require_choice
 from bench.quality.data import mqar
-from bench.quality.tasks.base import ClassificationTask, Metric, Split, as_tensors, to_model_device
+from bench.quality.tasks.base import ClassificationTask, GeneratedTask, Metric, Split, SplitSizes, to_model_device
 from bench.quality.tasks.registration import register_task
 
-DEFAULT_BUCKETS = (16, 32, 64, 128)
 #: what reads a sequence: its model kind (``reader`` setting; see :class:`MQAR`)
 READERS = {"encoder": "encoder_classifier", "decoder": "decoder_lm"}
 
 
-#: the task's settings in each task preset (over the preset file's defaults)
 PRESETS = {
     "tiny": {
         "note": "2 or 4 pairs on 48 tokens; checks the pipeline (per-token logits, conditions).",
@@ -54,42 +49,33 @@ PRESETS = {
 }
 
 
-@register_task(
-    "mqar",
-    order=10,
-    presets=PRESETS,
-)
-class MQAR(ClassificationTask):
-    """Data settings: ``seq_len``, ``num_pairs`` (list, balanced over examples), ``num_keys``,
-    ``num_values``, ``num_fillers``, ``distance_buckets`` (list of increasing upper edges,
-    default ``[16, 32, 64, 128]``), ``train_examples``, ``val_examples``, ``test_examples``,
-    ``data_seed``, ``reader``. The loss and the metrics count query positions only (labels
-    ``-100`` elsewhere).
+@register_task("mqar", order=10, presets=PRESETS)
+class MQAR(GeneratedTask, ClassificationTask):
+    """Loss and metrics on query positions only (labels ``-100`` elsewhere), read by the encoder
+    classifier (``pooling="tokens"``) or Zoology's causal ``decoder_lm`` (its logits over the
+    value tokens); accuracy per ``num_pairs=P`` and per distance bucket ``distance<=E``."""
 
-    ``reader``: ``encoder`` (default) is the encoder classifier reading every position
-    (``pooling="tokens"``), bidirectional; ``decoder`` is the causal language model of Zoology
-    (``decoder_lm``), whose logits at a query position, over the value tokens, are its answer.
-    Nothing after a query tells its answer, so both readers solve the same task; on a decoder
-    every self-attention is causal, so ``full`` and ``causal`` are one model and a variant with
-    no causal form (Nystrom) is unsupported.
-
-    Final metrics: ``accuracy`` over all queries (the headline), ``majority_accuracy`` (always
-    the most frequent training value: about ``1 / num_values``), ``accuracy`` per
-    ``num_pairs=P`` and per distance bucket ``distance<=E``: the queries whose distance lies in
-    ``(previous edge, E]``, the last bucket ending at ``seq_len - 1``."""
+    @dataclass(frozen=True)
+    class Data(SplitSizes):
+        seq_len: int = 256
+        num_pairs: int | tuple[int, ...] = (4, 8, 16)  # balanced over examples
+        num_keys: int = 64
+        num_values: int = 64
+        num_fillers: int = 16
+        distance_buckets: tuple[int, ...] = (16, 32, 64, 128)  # increasing upper edges
+        reader: str = "encoder"
 
     pooling = "tokens"
 
     def __init__(self, data: dict[str, object], seed: int) -> None:
         super().__init__(data, seed)
-        self.num_classes = self._layout()["num_values"]  # known before prepare: uniform chance
+        d = self.data  # classes known before prepare: uniform chance
+        self.layout = mqar.Layout(d.num_keys, d.num_values, d.num_fillers)
+        self.num_classes, self.vocab_size = d.num_values, self.layout.vocab_size
 
     @property
     def reader(self) -> str:
-        reader = self.data.get("reader", "encoder")
-        if reader not in READERS:
-            raise invalid("reader", f"unknown value {reader!r}; allowed values are {list(READERS)}")
-        return str(reader)
+        return require_choice("reader", self.data.reader, READERS)
 
     @property
     def model_kind(self) -> str:  # type: ignore[override]
@@ -108,30 +94,20 @@ class MQAR(ClassificationTask):
         if self.reader == "encoder":
             return super().logits(model, batch)  # (B, N, C)
         ids = to_model_device(batch["ids"], model)
-        base = mqar.Layout(**self._layout()).value_base
+        base = self.layout.value_base
         return model(ids)[..., base:base + self.num_classes]  # (B, N, C): the value tokens
-
-    def _layout(self) -> dict[str, int]:
-        d = self.data
-        return {"num_keys": int(d.get("num_keys", 64)), "num_values": int(d.get("num_values", 64)),
-                "num_fillers": int(d.get("num_fillers", 16))}
 
     def buckets(self) -> tuple[int, ...]:
         """Upper edges of the distance buckets, the last one ``seq_len - 1``."""
-        edges = require_int_list("distance_buckets", self.data.get("distance_buckets", DEFAULT_BUCKETS))
-        if any(b <= a for a, b in itertools.pairwise(edges)):
-            raise invalid("distance_buckets", f"must be increasing; got {list(edges)}")
-        top = self.seq_len - 1
-        return (*(e for e in edges if e < top), top)
+        return self.bucket_edges("distance_buckets", self.seq_len - 1)
+
+    def generate(self, count: int, seed: int) -> dict[str, np.ndarray]:
+        d = self.data
+        return mqar.generate(count, seq_len=d.seq_len, num_pairs=d.num_pairs, seed=seed,
+                             num_keys=d.num_keys, num_values=d.num_values, num_fillers=d.num_fillers)
 
     def prepare(self) -> None:
-        d, layout = self.data, self._layout()
-        self.vocab_size = mqar.vocab_size(**layout)
-        base = int(d.get("data_seed", 0))
-        for offset, split in enumerate(("train", "val", "test")):
-            arrays = mqar.generate(int(d[f"{split}_examples"]), seq_len=int(d["seq_len"]),
-                                   num_pairs=d["num_pairs"], seed=base * 3 + offset, **layout)
-            self.splits[split] = as_tensors(arrays, np.arange(len(arrays["ids"])))
+        super().prepare()
         self.buckets()  # check the edges before training starts
 
     def loss(self, model: nn.Module, batch: Split) -> tuple[Tensor, int]:
@@ -179,20 +155,10 @@ class MQAR(ClassificationTask):
         return [*metrics, self.majority_accuracy(split, count), *self.query_condition_metrics(q, hit)]
 
     def query_condition_metrics(self, q: dict[str, Tensor], hit: Tensor) -> list[Metric]:
-        """Accuracy per ``num_pairs=P`` and per distance bucket, from per-query ``hit``
-        (1/0, or a probability of being right) and the queries' ``num_pairs`` and
-        ``distance`` (as :meth:`query_predictions` gives them)."""
-        metrics = []
-        for pairs in torch.unique(q["num_pairs"]).tolist():
-            sel = q["num_pairs"] == pairs
-            metrics.append(Metric("accuracy", float(hit[sel].mean()), f"num_pairs={pairs}"))
-        low = 0
-        for edge in self.buckets():
-            sel = (q["distance"] > low) & (q["distance"] <= edge)
-            if bool(sel.any()):
-                metrics.append(Metric("accuracy", float(hit[sel].mean()), f"distance<={edge}"))
-            low = edge
-        return metrics
+        """Accuracy per ``num_pairs=P`` and per distance bucket from per-query ``hit`` (1/0 or a
+        probability) and the queries' ``num_pairs`` and ``distance`` (:meth:`query_predictions`)."""
+        return [*self.accuracy_by("num_pairs=", q["num_pairs"], hit),
+                *self.accuracy_by_bucket("distance<=", q["distance"], hit, self.buckets())]
 
     def present_value_guess(self, split: str) -> list[Metric]:
         """What answering each query with one of the values its sequence holds, drawn
@@ -203,7 +169,7 @@ class MQAR(ClassificationTask):
         query = data["labels"] != mqar.IGNORE  # (n, N)
         rows = torch.nonzero(query)[:, 0]  # (Q,): each query's example
         pairs = data["num_pairs"]  # (n,)
-        base = mqar.Layout(**self._layout()).value_base
+        base = self.layout.value_base
         values = data["ids"][:, 1:2 * int(pairs.max()):2] - base  # (n, max P): value slots
         written = torch.arange(values.shape[1])[None, :] < pairs[:, None]  # (n, max P)
         same = (values[rows] == data["labels"][query][:, None]) & written[rows]  # (Q, max P)

@@ -3,6 +3,7 @@ curved dashed paths, distractor paths), read as a sequence of pixel tokens."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ from torch import Tensor, nn
 from attn.validation import require_choice
 from bench.quality.data import pathfinder
 from bench.quality.data.splits import split_indices
-from bench.quality.tasks.base import ClassificationTask, PatchedImageTask, Split, as_tensors
+from bench.quality.tasks.base import ClassificationTask, DataSettings, PatchedImageTask, Split, as_tensors
 from bench.quality.tasks.registration import register_task
 
 INPUTS = ("pixels", "patches")
@@ -28,7 +29,6 @@ def patch_codes(images: np.ndarray, patch: int) -> np.ndarray:
     return (bits * (1 << np.arange(patch * patch))).sum(axis=-1).astype(np.int64)
 
 
-#: the task's settings in each task preset (over the preset file's defaults)
 PRESETS = {
     "tiny": {
         "data": {"size": 16, "examples": 120, "data_seed": 0},
@@ -54,77 +54,76 @@ PRESETS = {
 }
 
 
-@register_task(
-    "pathfinder",
-    order=6,
-    presets=PRESETS,
-)
+@register_task("pathfinder", order=6, presets=PRESETS)
 class Pathfinder(PatchedImageTask):
-    """Data settings: ``size`` (image side), ``input`` (how the model reads an image),
-    ``examples`` (split 80/10/10), ``data_seed``, and any generator parameter
-    (``num_distractors``, ``path_length``, ``dash``, ``gap``, ...). Images are cached outside git.
+    """``input``: ``pixels`` (``encoder_classifier``): a token per pixel (grey level = id), or with
+    ``patch: 2`` per binary 2x2 block (16 ids); ``patches`` (``vit``): the image in [0, 1] cut
+    into ``patch_size`` patches, as ``image_vit`` reads Fashion-MNIST. Images are cached outside git."""
 
-    ``input``: ``pixels`` (default; ``encoder_classifier``): each pixel is a token, grey level =
-    id, ``seq_len = size**2``, or with ``patch: 2`` each binary 2x2 block is a token (16 ids,
-    ``seq_len = (size/2)**2``); ``patches`` (``vit``): the image scaled to [0, 1] is cut into
-    ``patch_size`` x ``patch_size`` patches (default 4), each linearly embedded, as the
-    ``image_vit`` task reads Fashion-MNIST; ``seq_len = (size/patch_size)**2``."""
+    @dataclass(frozen=True)
+    class Data(DataSettings):
+        size: int = 32  # image side
+        examples: int = 200000  # split 80/10/10 (fractions), stratified by label
+        data_seed: int = 0
+        fractions: tuple[float, ...] = (0.8, 0.1, 0.1)
+        input: str = "pixels"  # or "patches": how the model reads an image
+        patch: int = 1
+        patch_size: int = 4
+        # the generator's parameters (bench/quality/data/pathfinder.py; None: its default at size)
+        num_distractors: int | None = None
+        path_length: tuple[int, ...] | None = None
+        dash: float | None = None
+        gap: float | None = None
+        dot_radius: float | None = None
+        curvature: float | None = None
+        max_turn: float | None = None
 
     num_classes = 2
     vocab_size = 256
 
     @property
     def input(self) -> str:
-        kind = self.data.get("input", "pixels")
-        return str(require_choice("pathfinder: data setting 'input'", kind, INPUTS))
+        return str(require_choice("pathfinder: data setting 'input'", self.data.input, INPUTS))
 
     @property
     def model_kind(self) -> str:  # type: ignore[override]
         return "vit" if self.input == "patches" else "encoder_classifier"
 
-    @property
-    def size(self) -> int:
-        return int(self.data["size"])
-
     def prepare(self) -> None:
-        params = {k: (tuple(v) if isinstance(v, list) else v) for k, v in self.data.items()
-                  if k not in ("examples", "data_seed", "fractions", "patch", "input", "patch_size")}
-        seed = int(self.data.get("data_seed", 0))
-        images, labels = pathfinder.load_or_generate(int(self.data["examples"]), seed=seed, **params)
-        patch = int(self.data.get("patch", 1))
+        d = self.data
+        images, labels = pathfinder.load_or_generate(
+            d.examples, seed=d.data_seed, size=d.size, num_distractors=d.num_distractors, path_length=d.path_length,
+            dash=d.dash, gap=d.gap, dot_radius=d.dot_radius, curvature=d.curvature, max_turn=d.max_turn)
         if self.input == "patches":
             arrays = {"images": images[:, None].astype(np.float32) / 255.0}  # (n, 1, S, S)
-        elif patch > 1:
-            self.vocab_size = 1 << (patch * patch)
-            arrays = {"ids": patch_codes(images, patch)}
+        elif d.patch > 1:
+            self.vocab_size = 1 << (d.patch * d.patch)
+            arrays = {"ids": patch_codes(images, d.patch)}
         else:
             arrays = {"ids": images.reshape(len(images), -1)}
         arrays["labels"] = labels
-        parts = split_indices(len(labels), seed=seed, stratify=labels)
+        parts = split_indices(len(labels), seed=d.data_seed, fractions=d.fractions, stratify=labels)
         self.splits = {name: as_tensors(arrays, np.asarray(index)) for name, index in parts.items()}
 
     # pixels: a sequence of pixel tokens (ClassificationTask); patches: the vit input
     @property
     def image_size(self) -> int:
-        return self.size
+        return self.data.size
+
+    @property
+    def reads(self) -> type[ClassificationTask]:
+        """The class whose model input the task gives: pixel tokens or the ``vit``'s patches."""
+        return ClassificationTask if self.input == "pixels" else PatchedImageTask
 
     def model_overrides(self) -> dict[str, Any]:
-        if self.input == "pixels":
-            return ClassificationTask.model_overrides(self)
-        return super().model_overrides()
+        return self.reads.model_overrides(self)
 
     @property
     def seq_len(self) -> int:
-        if self.input == "pixels":
-            return ClassificationTask.seq_len.fget(self)
-        return super().seq_len
+        return self.reads.seq_len.fget(self)
 
     def logits(self, model: nn.Module, batch: Split) -> Tensor:
-        if self.input == "pixels":
-            return ClassificationTask.logits(self, model, batch)
-        return super().logits(model, batch)
+        return self.reads.logits(self, model, batch)
 
     def batch_tokens(self, batch: Split) -> int:
-        if self.input == "pixels":
-            return ClassificationTask.batch_tokens(self, batch)
-        return super().batch_tokens(batch)
+        return self.reads.batch_tokens(self, batch)

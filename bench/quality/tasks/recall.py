@@ -5,15 +5,15 @@ last position (``bench/quality/reach.py``) shows as chance there."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
-import torch
 from torch import Tensor
 
 from bench.quality.data import recall
-from bench.quality.tasks.base import ClassificationTask, Metric, as_tensors
+from bench.quality.tasks.base import ClassificationTask, GeneratedTask, Metric, SplitSizes
 from bench.quality.tasks.registration import ConditionFigure, ConditionView, register_task
 
-#: the task's settings in each task preset (over the preset file's defaults)
 PRESETS = {
     "tiny": {
         "data": {"seq_len": 32, "distances": [4, 8, 16], "num_keys": 8, "num_values": 4,
@@ -51,44 +51,33 @@ PRESETS = {
             "(key, value) pair reach the query in the model's layers (no line: all shown)",
             reach=True)),),
 )
-class Recall(ClassificationTask):
-    """Data settings: ``seq_len``, ``distances`` (list), ``num_keys``, ``num_values``,
-    ``num_pairs``, ``num_fillers``, ``pair_gap`` (an integer >= 1 or a list to draw from per
-    pair; default 1, the value right before its key), ``train_examples``, ``val_examples``,
-    ``test_examples``, ``data_seed``. The classifier reads the last position
-    (``pooling="last"``)."""
+class Recall(GeneratedTask, ClassificationTask):
+    """The classifier reads the last position (``pooling="last"``)."""
+
+    @dataclass(frozen=True)
+    class Data(SplitSizes):
+        seq_len: int = 256
+        distances: tuple[int, ...] = (8, 16, 32, 64, 128, 192)
+        num_keys: int = 16
+        num_values: int = 8
+        num_pairs: int = 4
+        num_fillers: int = 16
+        pair_gap: int | tuple[int, ...] = 1  # tokens from a value to its key (a list: drawn per pair)
 
     pooling = "last"
 
     def __init__(self, data: dict[str, object], seed: int) -> None:
         super().__init__(data, seed)
-        self.num_classes = self._layout()["num_values"]  # known before prepare: uniform chance
+        d = self.data  # classes known before prepare: uniform chance
+        self.num_classes, self.vocab_size = d.num_values, recall.vocab_size(d.num_keys, d.num_values, d.num_fillers)
 
-    def _layout(self) -> dict[str, int]:
+    def generate(self, count: int, seed: int) -> dict[str, np.ndarray]:
         d = self.data
-        return {"num_keys": int(d.get("num_keys", 16)), "num_values": int(d.get("num_values", 8)),
-                "num_pairs": int(d.get("num_pairs", 4)), "num_fillers": int(d.get("num_fillers", 16))}
-
-    def prepare(self) -> None:
-        d, layout = self.data, self._layout()
-        self.vocab_size = recall.vocab_size(layout["num_keys"], layout["num_values"],
-                                            layout["num_fillers"])
-        base = int(d.get("data_seed", 0))
-        gap = d.get("pair_gap", 1)
-        gap = tuple(gap) if isinstance(gap, (list, tuple)) else gap
-        for offset, split in enumerate(("train", "val", "test")):
-            arrays = recall.generate(int(d[f"{split}_examples"]), seq_len=int(d["seq_len"]),
-                                     distances=tuple(d["distances"]), seed=base * 3 + offset,
-                                     pair_gap=gap, **layout)
-            keep = {"ids": arrays["ids"], "labels": arrays["labels"], "distance": arrays["distance"]}
-            self.splits[split] = as_tensors(keep, np.arange(len(arrays["labels"])))
+        arrays = recall.generate(count, seq_len=d.seq_len, distances=d.distances, seed=seed,
+                                 pair_gap=d.pair_gap, num_keys=d.num_keys, num_values=d.num_values,
+                                 num_pairs=d.num_pairs, num_fillers=d.num_fillers)
+        return {k: arrays[k] for k in ("ids", "labels", "distance")}
 
     def condition_metrics(self, split: str, preds: Tensor, labels: Tensor) -> list[Metric]:
         """Accuracy at each key-query distance (``distance=d``)."""
-        distance = self.splits[split]["distance"][: len(labels)]
-        found = []
-        for d in torch.unique(distance).tolist():
-            hit = distance == d
-            found.append(Metric("accuracy", float((preds[hit] == labels[hit]).float().mean()),
-                                f"distance={d}"))
-        return found
+        return self.accuracy_by("distance=", self.splits[split]["distance"][: len(labels)], (preds == labels).float())

@@ -1,20 +1,8 @@
 """The table of quality tasks (an :class:`attn.table.Table`, like the attentions, kernels and
-model kinds) and the decorator that fills it (:func:`register_task`).
-
-A task registers, beside its class:
-
-- its settings in each task preset (``presets={"tiny": {"data": {...}}, "small": {...}}``:
-  the sections ``data``, ``model``, ``attention``, ``train`` and a ``note``), merged over the
-  preset file's ``defaults`` (``bench/configs/tasks/<preset>.yaml``, which may still override
-  a task in its ``tasks`` section): a new task needs no edit of the preset files;
-- how the report and the figures show it: the title of its headline metric, where its column
-  goes (``order``; the Long Range Arena's tasks first), and its metrics by condition
-  (:class:`ConditionView`: a report table each, and a figure where one is declared);
-- its model kind, which is its class's ``model_kind`` (a registered ``models`` kind).
-
-The bottom of the tasks package beside :mod:`bench.quality.tasks.base`: every task module
-imports this to register itself, and :mod:`bench.quality.tasks` imports the task modules, so
-imports run one way.
+model kinds) and the decorator that fills it (:func:`register_task`): a task registers its
+settings per task preset (its ``data`` the fields of its class's ``Data``), its headline
+metric's title, its column's ``order`` and its metrics by condition (docs/extending.md).
+The bottom of the tasks package beside :mod:`bench.quality.tasks.base`, so imports run one way.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
-"""``retrieval``: do two BBC News articles share a category? A dual encoder reads both
-(byte level, ``seq_len`` bytes each) and classifies the pair from ``[u, v, u*v, u-v]``, as in
-LRA's document retrieval, or by their cosine (model setting ``pair_head: cosine``). Pairs are
-drawn inside one split only: no test article is ever seen in training. Validation and test
-use fixed pairs, half of them positive.
-
-Training (``train_pairing``): ``in_batch`` (default) encodes ``batch_size`` training articles
-once and classifies every pair among them, each class weighted to half of the loss, the
-usual way to train a dual encoder (``batch_size * (batch_size - 1) / 2`` pairs for
-``batch_size`` encodings); ``fixed`` trains on ``train_pairs`` fixed pairs like evaluation.
-
-With ``train_crop_from: L`` (``in_batch`` only), a training article is read as a window of
-``seq_len`` bytes at a random offset inside its first ``L`` bytes (a fresh offset per step,
-a pure function of seed and step), not always its first bytes: the same articles give many
-more distinct training inputs. Validation and test always read the first ``seq_len`` bytes."""
+"""``retrieval``: do two BBC News articles share a category? A dual encoder reads both and
+classifies the pair from ``[u, v, u*v, u-v]`` (LRA's document retrieval) or by their cosine
+(``pair_head: cosine``). Pairs are drawn inside one split; validation and test use fixed pairs,
+half positive. Training (``train_pairing``): ``in_batch`` classifies every pair of a batch's
+articles, each class half of the loss; ``fixed`` trains on ``train_pairs`` fixed pairs. With
+``train_crop_from: L`` (``in_batch``), a training article is a ``seq_len``-byte window at a
+per-step offset inside its first ``L`` bytes."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,10 +18,10 @@ from torch import Tensor, nn
 
 from attn.validation import require_choice, require_int
 from bench.quality.data import bbc
-from bench.quality.tasks.base import ClassificationTask, Split, to_model_device
+from bench.quality.tasks.base import Split, to_model_device
 from bench.quality.tasks.registration import register_task
+from bench.quality.tasks.text import ArticleTask
 
-#: the task's settings in each task preset (over the preset file's defaults)
 PRESETS = {
     "tiny": {
         "data": {"seq_len": 32, "train_pairs": 64, "val_pairs": 16, "test_pairs": 32,
@@ -54,29 +47,24 @@ PRESETS = {
 }
 
 
-@register_task(
-    "retrieval",
-    order=3,
-    presets=PRESETS,
-)
-class Retrieval(ClassificationTask):
-    """Data settings: ``seq_len`` (bytes per article), ``train_pairing`` (``in_batch`` or
-    ``fixed``), ``train_pairs`` (``fixed`` only), ``val_pairs``, ``test_pairs``, ``data_seed``,
-    ``dedupe`` (``exact``, the default, or ``near``: near-duplicate articles go to one split
-    together, :func:`bench.quality.data.bbc.split_articles`). Labels are balanced (same category or
-    not)."""
+@register_task("retrieval", order=3, presets=PRESETS)
+class Retrieval(ArticleTask):
+    """Labels are balanced (same category or not)."""
+
+    @dataclass(frozen=True)
+    class Data(ArticleTask.Data):
+        train_pairing: str = "in_batch"  # or "fixed"
+        train_pairs: int = 10000  # fixed only
+        val_pairs: int = 400
+        test_pairs: int = 800
+        train_crop_from: int | None = None  # in_batch only (module docstring)
 
     num_classes = 2
-    vocab_size = 257
 
     def prepare(self) -> None:
-        dedupe = self.dedupe
-        texts, labels = bbc.load_articles()
-        ids, key_mask = bbc.encode_bytes(texts, int(self.data["seq_len"]))
-        seed = int(self.data.get("data_seed", 0))
-        # duplicate inputs (and, with dedupe: near, reworded stories) would straddle the splits
-        keep, parts = bbc.split_articles(texts, labels, ids, seed=seed, dedupe=dedupe)
-        ids, key_mask, labels = ids[keep], key_mask[keep], labels[keep]
+        texts, keep, arrays, parts = self.article_splits()
+        ids, key_mask, labels = arrays["ids"], arrays["key_mask"], arrays["labels"]
+        seed = self.data.data_seed
         articles = np.asarray(parts["train"])
         self.articles = {"ids": torch.from_numpy(ids[articles]),
                          "key_mask": torch.from_numpy(key_mask[articles]),
@@ -89,7 +77,7 @@ class Retrieval(ClassificationTask):
             if split == "train" and self.in_batch:
                 self.splits[split] = {"labels": torch.zeros(1, dtype=torch.int64)}  # unused
                 continue
-            a, b, same = bbc.make_pairs(labels, np.asarray(index), int(self.data[f"{split}_pairs"]),
+            a, b, same = bbc.make_pairs(labels, np.asarray(index), getattr(self.data, f"{split}_pairs"),
                                         seed=seed * 3 + offset)
             self.splits[split] = {
                 "ids": torch.from_numpy(ids[a]), "key_mask": torch.from_numpy(key_mask[a]),
@@ -98,19 +86,14 @@ class Retrieval(ClassificationTask):
             }
 
     @property
-    def dedupe(self) -> str:
-        """The ``dedupe`` data setting (``exact`` when unset, as before it existed)."""
-        return bbc.check_dedupe("retrieval: data setting 'dedupe'", self.data.get("dedupe", "exact"))
-
-    @property
     def in_batch(self) -> bool:
-        pairing = self.data.get("train_pairing", "in_batch")
+        pairing = self.data.train_pairing
         require_choice("retrieval: data setting 'train_pairing'", pairing, ("in_batch", "fixed"))
         return pairing == "in_batch"
 
     @property
     def crop_from(self) -> int:
-        value = self.data.get("train_crop_from")
+        value = self.data.train_crop_from
         if value is None:
             return 0
         require_int("retrieval: data setting 'train_crop_from'", value, minimum=self.seq_len)
@@ -120,7 +103,7 @@ class Retrieval(ClassificationTask):
 
     @property
     def seq_len(self) -> int:
-        return int(self.data["seq_len"])
+        return self.data.seq_len
 
     def model_overrides(self) -> dict[str, Any]:
         return {**super().model_overrides(), "dual": True}

@@ -1,14 +1,11 @@
-"""``selective_copy``: sequence to sequence, write out in order the data tokens scattered in a
-long source of fillers (Gu and Dao 2023, "Mamba", Section 4.1.1). An encoder reads the
-source, a decoder writes the data tokens; the variant is the encoder's and the decoder's
-self-attention, cross-attention is full. Scored on greedy decoding: token accuracy (the
-headline), whole sequences right, and token accuracy by the gap between a data token and
-the one before it (bench/quality/data/selective_copy.py)."""
+"""``selective_copy``: write out in order the data tokens scattered in a long source of fillers
+(Gu and Dao 2023, "Mamba", Section 4.1.1; docs/quality.md), an encoder-decoder whose
+self-attentions are the variant, its cross-attention full; scored on greedy decoding."""
 
 from __future__ import annotations
 
-import itertools
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -16,15 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attn.validation import invalid, require_int_list
 from bench.quality.data import selective_copy
 from bench.quality.data.selective_copy import BOS_ID, EOS_ID
-from bench.quality.tasks.base import Metric, Split, Task, as_tensors, to_model_device
+from bench.quality.tasks.base import GeneratedTask, Metric, Split, SplitSizes, to_model_device
 from bench.quality.tasks.registration import ConditionFigure, ConditionView, register_task
 
-DEFAULT_GAP_BUCKETS = (4, 8, 16, 32, 64)
-
-#: the task's settings in each task preset (over the preset file's defaults)
 PRESETS = {
     "tiny": {
         "note": "4 data tokens in 32; checks the pipeline (decoding, conditions).",
@@ -66,51 +59,44 @@ PRESETS = {
                                "test token accuracy", "selective_copy: how far back each copy "
                                "reaches")),),
 )
-class SelectiveCopy(Task):
-    """Data settings: ``src_len``, ``num_tokens`` (data tokens per source), ``num_data``
-    (data token ids), ``num_fillers``, ``gap_buckets`` (increasing upper edges),
-    ``train_examples``, ``val_examples``, ``test_examples``, ``data_seed``.
+class SelectiveCopy(GeneratedTask):
+    """Token accuracy (the headline), ``sequence_accuracy`` (every token right), and token
+    accuracy per bucket ``gap<=E`` of the gap to the data token before."""
 
-    Final metrics: ``accuracy`` (share of the ``num_tokens`` output positions whose greedy
-    token is right: the headline), ``sequence_accuracy`` (every token right),
-    ``majority_accuracy`` (always the most frequent training data token: about
-    ``1 / num_data``) and ``accuracy`` per gap bucket ``gap<=E`` (gaps in ``(previous edge,
-    E]``, the last bucket ending at ``src_len``)."""
+    @dataclass(frozen=True)
+    class Data(SplitSizes):
+        src_len: int = 128
+        num_tokens: int = 8  # data tokens per source
+        num_data: int = 16  # data token ids
+        num_fillers: int = 4
+        gap_buckets: tuple[int, ...] = (4, 8, 16, 32, 64)  # increasing upper edges
 
     model_kind = "encoder_decoder"
     causal_self_attention = True
 
-    def _layout(self) -> dict[str, int]:
-        return {"num_data": int(self.data.get("num_data", 16)),
-                "num_fillers": int(self.data.get("num_fillers", 4))}
-
     @property
     def seq_len(self) -> int:
-        return int(self.data["src_len"])
+        return self.data.src_len
 
     @property
     def num_tokens(self) -> int:
-        return int(self.data["num_tokens"])
+        return self.data.num_tokens
 
     def buckets(self) -> tuple[int, ...]:
         """Upper edges of the gap buckets, the last one ``src_len``."""
-        edges = require_int_list("gap_buckets", self.data.get("gap_buckets", DEFAULT_GAP_BUCKETS))
-        if any(b <= a for a, b in itertools.pairwise(edges)):
-            raise invalid("gap_buckets", f"must be increasing; got {list(edges)}")
-        return (*(e for e in edges if e < self.seq_len), self.seq_len)
+        return self.bucket_edges("gap_buckets", self.seq_len)
+
+    def generate(self, count: int, seed: int) -> dict[str, np.ndarray]:
+        d = self.data
+        return selective_copy.generate(count, src_len=d.src_len, num_tokens=d.num_tokens, seed=seed,
+                                       num_data=d.num_data, num_fillers=d.num_fillers)
 
     def prepare(self) -> None:
-        d = self.data
-        base = int(d.get("data_seed", 0))
-        for offset, split in enumerate(("train", "val", "test")):
-            arrays = selective_copy.generate(int(d[f"{split}_examples"]), src_len=self.seq_len,
-                                             num_tokens=self.num_tokens, seed=base * 3 + offset,
-                                             **self._layout())
-            self.splits[split] = as_tensors(arrays, np.arange(len(arrays["src_ids"])))
+        super().prepare()
         self.buckets()  # check the edges before training starts
 
     def model_overrides(self) -> dict[str, Any]:
-        vocab = selective_copy.Layout(**self._layout()).vocab_size
+        vocab = selective_copy.Layout(self.data.num_data, self.data.num_fillers).vocab_size
         return {"vocab_size": vocab, "bos_id": BOS_ID,
                 "max_len": max(self.seq_len, self.num_tokens + 2) + 8}
 
@@ -155,10 +141,4 @@ class SelectiveCopy(Task):
         metrics.append(Metric("sequence_accuracy", float(hit.all(dim=1).float().mean())))
         metrics.append(self.majority_accuracy(split, len(out)))
         gap = self.splits[split]["gap"][: len(out)]  # (n, K)
-        low = 0
-        for edge in self.buckets():
-            sel = (gap > low) & (gap <= edge)
-            if bool(sel.any()):
-                metrics.append(Metric("accuracy", float(hit[sel].float().mean()), f"gap<={edge}"))
-            low = edge
-        return metrics
+        return metrics + self.accuracy_by_bucket("gap<=", gap, hit.float(), self.buckets())

@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from bench.quality.data import bbc
-from bench.quality.tasks.base import ClassificationTask, as_tensors
+from bench.quality.tasks.base import ClassificationTask, DataSettings, as_tensors
 from bench.quality.tasks.registration import register_task
 
-#: the task's settings in each task preset (over the preset file's defaults)
 PRESETS = {
     "tiny": {
         "data": {"seq_len": 64, "data_seed": 0},
@@ -29,32 +30,38 @@ PRESETS = {
 }
 
 
-@register_task(
-    "text",
-    order=2,
-    presets=PRESETS,
-)
-class Text(ClassificationTask):
-    """Data settings: ``seq_len`` (bytes kept from the start of each article), ``data_seed``,
-    ``dedupe`` (``exact``, the default, or ``near``). Articles whose first ``seq_len`` bytes
-    repeat another's are kept once; splits 80/10/10, stratified by category. With ``dedupe:
-    near``, near-duplicate articles (the same story reworded) go to one split together
+class ArticleTask(ClassificationTask):
+    """BBC News articles read as bytes. Articles whose first ``seq_len`` bytes repeat another's
+    are kept once; splits 80/10/10, stratified by category. With ``dedupe: near``,
+    near-duplicate articles (the same story reworded) go to one split together
     (:func:`bench.quality.data.bbc.split_articles`)."""
 
-    num_classes = len(bbc.CATEGORIES)
-    vocab_size = 257  # byte value + 1, 0 = padding
+    @dataclass(frozen=True)
+    class Data(DataSettings):
+        seq_len: int = 256  # bytes kept from the start of each article
+        data_seed: int = 0
+        dedupe: str = "exact"  # or "near"
 
-    def prepare(self) -> None:
-        dedupe = self.dedupe
-        texts, labels = bbc.load_articles()
-        ids, key_mask = bbc.encode_bytes(texts, int(self.data["seq_len"]))
-        # duplicate inputs (and, with dedupe: near, reworded stories) would straddle the splits
-        keep, parts = bbc.split_articles(texts, labels, ids, seed=int(self.data.get("data_seed", 0)),
-                                         dedupe=dedupe)
-        arrays = {"ids": ids[keep], "key_mask": key_mask[keep], "labels": labels[keep]}
-        self.splits = {name: as_tensors(arrays, np.asarray(index)) for name, index in parts.items()}
+    vocab_size = 257  # byte value + 1, 0 = padding
 
     @property
     def dedupe(self) -> str:
-        """The ``dedupe`` data setting (``exact`` when unset, as before it existed)."""
-        return bbc.check_dedupe("text: data setting 'dedupe'", self.data.get("dedupe", "exact"))
+        return bbc.check_dedupe(f"{self.name}: data setting 'dedupe'", self.data.dedupe)
+
+    def article_splits(self) -> tuple[list[str], np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The articles, the rows kept, their ``ids``, ``key_mask`` and ``labels``, and their splits."""
+        dedupe = self.dedupe
+        texts, labels = bbc.load_articles()
+        ids, key_mask = bbc.encode_bytes(texts, self.data.seq_len)
+        # duplicate inputs (and, with dedupe: near, reworded stories) would straddle the splits
+        keep, parts = bbc.split_articles(texts, labels, ids, seed=self.data.data_seed, dedupe=dedupe)
+        return texts, keep, {"ids": ids[keep], "key_mask": key_mask[keep], "labels": labels[keep]}, parts
+
+
+@register_task("text", order=2, presets=PRESETS)
+class Text(ArticleTask):
+    num_classes = len(bbc.CATEGORIES)
+
+    def prepare(self) -> None:
+        _, _, arrays, parts = self.article_splits()
+        self.splits = {name: as_tensors(arrays, np.asarray(index)) for name, index in parts.items()}

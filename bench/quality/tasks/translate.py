@@ -1,16 +1,13 @@
 """``translate``: English to Spanish, King James against Reina-Valera 1909, aligned by verse
-reference (Debian's sword-text-kjv and sword-text-sparv, read with pysword). An example is a
-passage of consecutive verses of one chapter; chapters never straddle splits. Subwords: a
-shared byte-level BPE trained on the training passages only. Model selection uses the
-validation loss; the test split reports BLEU (sacrebleu) of greedy and beam-search decoding.
-
-Both languages are cleaned the same way for training and evaluation
-(:func:`bench.quality.data.bible.clean`: markup and pilcrows removed, whitespace normalised, the old
-Spanish one-letter accented words such as "á" written as "a")."""
+reference (Debian's sword-text-kjv and sword-text-sparv, read with pysword): passages of one
+chapter (chapters never straddle splits), a shared BPE of the training passages, both sides
+cleaned by :func:`bench.quality.data.bible.clean`. Selection on validation loss; test BLEU
+(sacrebleu) of greedy and beam-search decoding."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,7 +17,7 @@ from torch import Tensor, nn
 
 from bench.quality.data import bible
 from bench.quality.data.splits import split_indices
-from bench.quality.tasks.base import Metric, Split, Task, as_tensors, to_model_device
+from bench.quality.tasks.base import DataSettings, Metric, Split, Task, as_tensors, to_model_device
 from bench.quality.tasks.registration import ConditionView, register_task
 
 PAD, BOS, EOS = 0, 1, 2
@@ -39,7 +36,6 @@ def passages(verses: list[tuple[str, str, str]], size: int) -> list[tuple[str, s
     return out
 
 
-#: the task's settings in each task preset (over the preset file's defaults)
 PRESETS = {
     "tiny": {
         "data": {"passage_verses": 1, "max_passages": 400, "bpe_vocab": 300, "src_len": 48,
@@ -69,9 +65,17 @@ PRESETS = {
     conditions=(ConditionView("bleu", "decoding=", "BLEU by decoding (test)", numeric=False),),
 )
 class Translate(Task):
-    """Data settings: ``passage_verses``, ``max_passages`` (first passages in canon order),
-    ``bpe_vocab``, ``src_len``, ``tgt_len``, ``bleu_examples`` (test passages decoded),
-    ``beam_width``, ``length_penalty``, ``data_seed``."""
+    @dataclass(frozen=True)
+    class Data(DataSettings):
+        passage_verses: int = 4
+        max_passages: int | None = None  # the first passages in canon order (None: all)
+        bpe_vocab: int = 2000
+        src_len: int = 256
+        tgt_len: int = 256
+        bleu_examples: int | str = 64  # test passages decoded ("all": every one)
+        beam_width: int = 4
+        length_penalty: float = 0.6
+        data_seed: int = 0
 
     model_kind = "encoder_decoder"
     metric = "bleu"
@@ -80,24 +84,23 @@ class Translate(Task):
 
     def prepare(self) -> None:
         d = self.data
-        items = passages(bible.load_parallel(), int(d.get("passage_verses", 4)))
-        items = items[: int(d["max_passages"])] if d.get("max_passages") else items
+        items = passages(bible.load_parallel(), d.passage_verses)
+        items = items[: d.max_passages] if d.max_passages else items
         refs = [ref for ref, _, _ in items]
-        parts = split_indices(len(items), seed=int(d.get("data_seed", 0)),
-                              groups=bible.chapter_groups(refs))
+        parts = split_indices(len(items), seed=d.data_seed, groups=bible.chapter_groups(refs))
         train_text = [text for i in parts["train"] for text in items[i][1:]]
-        self.tokenizer = bible.train_bpe(train_text, int(d.get("bpe_vocab", 2000)))
+        self.tokenizer = bible.train_bpe(train_text, d.bpe_vocab)
         self.references: dict[str, list[str]] = {}  # cleaned Spanish, per split
         self.sources: dict[str, list[str]] = {}  # cleaned English, per split
         self.verse_refs: dict[str, list[str]] = {}  # the first verse of each passage
-        order = np.random.default_rng([int(d.get("data_seed", 0)), 0xB1E0])
+        order = np.random.default_rng([d.data_seed, 0xB1E0])
         for split, index in parts.items():
             if split != "train":  # a seeded order: the first passages sample every chapter
                 index = order.permutation(index)
             chosen = [items[i] for i in index]
             self.verse_refs[split] = [c[0] for c in chosen]
             arrays = bible.encode_pairs(self.tokenizer, [c[1] for c in chosen], [c[2] for c in chosen],
-                                        int(d["src_len"]), int(d["tgt_len"]))
+                                        d.src_len, d.tgt_len)
             keep = {k: arrays[k] for k in ("src_ids", "src_mask", "tgt_ids", "tgt_mask")}
             self.splits[split] = as_tensors(keep, np.arange(len(chosen)))
             self.references[split] = [c[2] for c in chosen]
@@ -105,11 +108,11 @@ class Translate(Task):
 
     @property
     def seq_len(self) -> int:
-        return int(self.data["src_len"])
+        return self.data.src_len
 
     def model_overrides(self) -> dict[str, Any]:
         return {"vocab_size": self.tokenizer.get_vocab_size(), "bos_id": BOS,
-                "max_len": max(int(self.data["src_len"]), int(self.data["tgt_len"])) + 8}
+                "max_len": max(self.data.src_len, self.data.tgt_len) + 8}
 
     def _nll(self, model: nn.Module, batch: Split, reduction: str) -> tuple[Tensor, int]:
         batch = to_model_device(batch, model)
@@ -138,7 +141,7 @@ class Translate(Task):
     def bleu_count(self) -> int:
         """How many passages BLEU scores: the first ``bleu_examples`` of a split (setting
         ``all``: every one)."""
-        count = self.data.get("bleu_examples", 64)
+        count = self.data.bleu_examples
         return 10**9 if count == "all" else int(count)
 
     @torch.no_grad()
@@ -151,9 +154,8 @@ class Translate(Task):
         tokens = 0
         for batch in self.batches(split, batch_size, limit):
             batch = to_model_device(batch, model)
-            out = model.generate(batch["src_ids"], int(self.data["tgt_len"]) - 1, strategy=strategy,
-                                 beam_width=int(self.data.get("beam_width", 4)),
-                                 length_penalty=float(self.data.get("length_penalty", 0.6)),
+            out = model.generate(batch["src_ids"], self.data.tgt_len - 1, strategy=strategy,
+                                 beam_width=self.data.beam_width, length_penalty=float(self.data.length_penalty),
                                  eos_id=EOS, src_key_mask=batch["src_mask"])
             hypotheses += [bible.clean(bible.decode(self.tokenizer, row[1:].tolist()), "es")
                            for row in out]
