@@ -38,6 +38,9 @@ def test_a_ratio_holds_within_its_spread_and_fails_beyond():
     assert len(failed_headlines(table)) == 1  # the reference row at the longest length
     assert compare_ratios(committed, _rows(3.0, 0.02, lengths=(64,))).headline.sum() == 0
     assert sampled_lengths(_rows(2.0, 0.0, lengths=(64, 128, 256, 512, 1024)), 2) == (64, 1024)
+    noisy_here = _rows(3.0, 0.02).assign(noisy=[False, False, False, True])  # the 128 row under contention
+    judged = compare_ratios(committed, noisy_here)
+    assert judged.holds.tolist()[0] is False and pd.isna(judged.holds.tolist()[1])  # never judged
     one_kernel_units = committed.assign(interleaved=1)  # rows of one length timed one after another
     assert compare_ratios(one_kernel_units, _rows(2.08, 0.02).assign(interleaved=1)).holds.all()
 

@@ -64,8 +64,9 @@ def _figures(df: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _times_of(df: pd.DataFrame) -> dict[tuple, np.ndarray]:
-    """Per-round times of every ok row timed together, by (label, kernel, pass, N)."""
-    ok = df[df.status == "ok"]
+    """Per-round times of every ok row not flagged noisy (:mod:`bench.speed.noise`: a ratio
+    measured under contention says nothing of the code), by (label, kernel, pass, N)."""
+    ok = df[(df.status == "ok") & ~df.get("noisy", pd.Series(False, index=df.index)).fillna(False).astype(bool)]
     return {(r.label, r.kernel_requested, r.pass_name, int(r.seq_len)): per_round_times(r.times_ms)
             for r in ok.rename(columns={"pass": "pass_name"}).itertuples()}
 
@@ -100,7 +101,7 @@ def reproduction_lines(table: pd.DataFrame, committed_on: str, here: str) -> lis
     def ratio(row: Any, suffix: str = "") -> str:
         value = getattr(row, f"time_ratio{suffix}")
         if pd.isna(value):
-            return "not measured"
+            return "not measured, or noisy here"
         return f"{value:.2f} [{getattr(row, f'ratio_q25{suffix}'):.2f}, {getattr(row, f'ratio_q75{suffix}'):.2f}]"
 
     lines = [f"Committed on: {committed_on or 'not recorded'}", "", f"Measured here on: {here}", "",
