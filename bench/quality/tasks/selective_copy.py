@@ -38,8 +38,8 @@ PRESETS = {
         "train": {"steps": 2000, "eval_every": 250, "eval_examples": 200},
     },
     "lra": {
-        "note": "64 data tokens among 4,096 source tokens; not run yet (a GPU setting).",
-        "data": {"src_len": 4096, "num_tokens": 64, "num_data": 32, "num_fillers": 8,
+        "note": "64 of 128 data tokens among 4,096 source tokens; not run yet (a GPU setting).",
+        "data": {"src_len": 4096, "num_tokens": 64, "num_data": 128, "num_fillers": 8,
                  "gap_buckets": [16, 64, 256, 1024], "train_examples": 100000,
                  "val_examples": 2000, "test_examples": 4000, "data_seed": 0},
         "model": {"tie_embeddings": False},
