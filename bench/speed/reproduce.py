@@ -104,7 +104,8 @@ def reproduction_lines(table: pd.DataFrame, committed_on: str, here: str) -> lis
             return "not measured, or noisy here"
         return f"{value:.2f} [{getattr(row, f'ratio_q25{suffix}'):.2f}, {getattr(row, f'ratio_q75{suffix}'):.2f}]"
 
-    lines = [f"Committed on: {committed_on or 'not recorded'}", "", f"Measured here on: {here}", "",
+    lines = [f"Committed on: {committed_on or 'not recorded (the run predates the CPU fields of env.json)'}", "",
+             f"Measured here on: {here}", "",
              "| figure | N | pass | committed | here | holds |", "|---|---|---|---|---|---|"]
     order = table.assign(rank=~(table.headline & (table.holds == False))).rename(columns={"pass": "pass_name"})  # noqa: E712
     for row in order.sort_values(["rank", "label", "pass_name", "seq_len"]).itertuples():
