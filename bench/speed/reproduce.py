@@ -51,10 +51,13 @@ def _groups(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _figures(df: pd.DataFrame) -> list[dict[str, Any]]:
-    """Each row against the fastest of its rounds and pass: key, base and both per-round times."""
+    """Each row against full attention timed in its rounds and pass (where none was, the
+    fastest row): key, base and both per-round times. A fixed base keeps a figure's meaning
+    when another row's code changed since the committed run."""
     out = []
     for (_unit, pass_name), group in _groups(df).groupby(["rounds_of", "pass"], sort=False):
-        base = group.loc[group.time_ms.idxmin()]
+        full = group[group.label == "full"]
+        base = full.iloc[0] if len(full) else group.loc[group.time_ms.idxmin()]
         for row in group.itertuples():
             if (row.label, row.kernel_requested) != (base.label, base.kernel_requested):
                 out.append({"label": row.label, "kernel": row.kernel_requested, "pass": pass_name,
@@ -102,7 +105,7 @@ def reproduction_lines(table: pd.DataFrame, committed_on: str, here: str) -> lis
         value = getattr(row, f"time_ratio{suffix}")
         if pd.isna(value):
             return "not measured, or noisy here"
-        return f"{value:.2f} [{getattr(row, f'ratio_q25{suffix}'):.2f}, {getattr(row, f'ratio_q75{suffix}'):.2f}]"
+        return f"{value:.3g} [{getattr(row, f'ratio_q25{suffix}'):.3g}, {getattr(row, f'ratio_q75{suffix}'):.3g}]"
 
     lines = [f"Committed on: {committed_on or 'not recorded (the run predates the CPU fields of env.json)'}", "",
              f"Measured here on: {here}", "",
