@@ -41,6 +41,9 @@ def test_a_ratio_holds_within_its_spread_and_fails_beyond():
     noisy_here = _rows(3.0, 0.02).assign(noisy=[False, False, False, True])  # the 128 row under contention
     judged = compare_ratios(committed, noisy_here)
     assert judged.holds.tolist()[0] is False and pd.isna(judged.holds.tolist()[1])  # never judged
+    grouped = committed.assign(kernel_requested="sdpa", heads=4,
+                               kv_heads=[4, 2] * 2)  # one kernel, its rows told apart by key heads
+    assert len(compare_ratios(grouped, grouped)) == 2 and compare_ratios(grouped, grouped).holds.all()
     one_kernel_units = committed.assign(interleaved=1)  # rows of one length timed one after another
     assert compare_ratios(one_kernel_units, _rows(2.08, 0.02).assign(interleaved=1)).holds.all()
 

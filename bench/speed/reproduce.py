@@ -15,7 +15,11 @@ import pandas as pd
 
 from bench.speed.report import per_round_times, round_ratio
 
-KEY = ["label", "pass", "seq_len", "kernel", "vs"]
+KEY = ["label", "pass", "seq_len", "kernel", "vs", "key_heads"]
+#: what names a row of a run besides its pass: rows of one label that differ in key heads,
+#: shape or causality are other rows (as in ``attn-bench compare``)
+ROW = ["label", "kernel_requested", "seq_len", "batch", "heads", "kv_heads", "head_dim", "dtype", "device",
+       "causal"]
 DEFAULT_TOLERANCE = 0.10
 
 
@@ -33,7 +37,7 @@ def saved_config(run_dir: Path) -> dict[str, Any]:
 
 def sampled_lengths(committed: pd.DataFrame, sample: int | None) -> tuple[int, ...]:
     """The lengths of the committed run's figures, or ``sample`` of them spread evenly (longest kept)."""
-    lengths = sorted({fig["seq_len"] for fig in _figures(committed)})
+    lengths = sorted({fig["seq_len"] for fig in _figures(committed, _row_columns(committed))})
     if sample is None or sample >= len(lengths):
         return tuple(int(n) for n in lengths)
     picks = np.linspace(len(lengths) - 1, 0, sample).round().astype(int)  # the longest first
@@ -50,48 +54,66 @@ def _groups(df: pd.DataFrame) -> pd.DataFrame:
     return ok.assign(rounds_of=ok.interleave_id.where(together, "same run " + shape))
 
 
-def _figures(df: pd.DataFrame) -> list[dict[str, Any]]:
+def _row_columns(*frames: pd.DataFrame) -> list[str]:
+    return [c for c in ROW if all(c in df for df in frames)]
+
+
+def _key(row: pd.Series, columns: list[str], pass_name: str) -> tuple[str, ...]:
+    """A row's name in a run (as text: an unrecorded ``kv_heads`` reads the same in both runs)."""
+    return (*(str(row[c]) for c in columns), pass_name)
+
+
+def _key_heads(row: pd.Series) -> str:
+    """`` H_kv=K`` for a grouped-query row, else empty."""
+    kv, heads = row.get("kv_heads"), row.get("heads")
+    return f" H_kv={int(kv)}" if pd.notna(kv) and pd.notna(heads) and kv != heads else ""
+
+
+def _figures(df: pd.DataFrame, columns: list[str]) -> list[dict[str, Any]]:
     """Each row against full attention timed in its rounds and pass (where none was, the
-    fastest row): key, base and both per-round times. A fixed base keeps a figure's meaning
-    when another row's code changed since the committed run."""
+    fastest row): the two rows' keys (:func:`_key`), what the table shows, and both per-round
+    times. A fixed base keeps a figure's meaning when another row's code changed since."""
     out = []
     for (_unit, pass_name), group in _groups(df).groupby(["rounds_of", "pass"], sort=False):
         full = group[group.label == "full"]
         base = full.iloc[0] if len(full) else group.loc[group.time_ms.idxmin()]
-        for row in group.itertuples():
-            if (row.label, row.kernel_requested) != (base.label, base.kernel_requested):
+        base_key = _key(base, columns, pass_name)
+        for _, row in group.iterrows():
+            key = _key(row, columns, pass_name)
+            if key != base_key:
                 out.append({"label": row.label, "kernel": row.kernel_requested, "pass": pass_name,
-                            "seq_len": int(row.seq_len), "vs": f"{base.label} [{base.kernel_requested}]",
+                            "seq_len": int(row.seq_len), "vs": f"{base.label} [{base.kernel_requested}]"
+                            + _key_heads(base), "key_heads": _key_heads(row),
+                            "key": key, "base_key": base_key,
                             "times": per_round_times(row.times_ms), "base": per_round_times(base.times_ms)})
     return out
 
 
-def _times_of(df: pd.DataFrame) -> dict[tuple, np.ndarray]:
+def _times_of(df: pd.DataFrame, columns: list[str]) -> dict[tuple[str, ...], np.ndarray]:
     """Per-round times of every ok row not flagged noisy (:mod:`bench.speed.noise`: a ratio
-    measured under contention says nothing of the code), by (label, kernel, pass, N)."""
+    measured under contention says nothing of the code), by :func:`_key`."""
     ok = df[(df.status == "ok") & ~df.get("noisy", pd.Series(False, index=df.index)).fillna(False).astype(bool)]
-    return {(r.label, r.kernel_requested, r.pass_name, int(r.seq_len)): per_round_times(r.times_ms)
-            for r in ok.rename(columns={"pass": "pass_name"}).itertuples()}
+    return {_key(row, columns, row["pass"]): per_round_times(row.times_ms) for _, row in ok.iterrows()}
 
 
 def compare_ratios(committed: pd.DataFrame, here: pd.DataFrame,
                    tolerance: float = DEFAULT_TOLERANCE) -> pd.DataFrame:
     """Each committed ratio at the lengths measured here beside the one measured here, with ``holds``
     (empty where either row is missing here) and ``headline``."""
-    measured = _times_of(here)
-    lengths = {key[3] for key in measured}
+    columns = _row_columns(committed, here)
+    measured = _times_of(here, columns)
+    lengths = {int(n) for n in here.seq_len[here.status == "ok"]}
     rows = []
-    for fig in _figures(committed):
+    for fig in _figures(committed, columns):
         c50, c25, c75, _ = round_ratio(fig.pop("times"), fig.pop("base"))
-        base_label, base_kernel = fig["vs"].rsplit(" [", 1)
-        ours = measured.get((fig["label"], fig["kernel"], fig["pass"], fig["seq_len"]))
-        base = measured.get((base_label, base_kernel[:-1], fig["pass"], fig["seq_len"]))
+        ours, base = measured.get(fig.pop("key")), measured.get(fig.pop("base_key"))
         h50, h25, h75, _ = round_ratio(ours, base) if ours is not None and base is not None else (np.nan,) * 4
         rows.append({**fig, "time_ratio": c50, "ratio_q25": c25, "ratio_q75": c75,
                      "time_ratio_here": h50, "ratio_q25_here": h25, "ratio_q75_here": h75})
     table = pd.DataFrame(rows, columns=[*KEY, "time_ratio", "ratio_q25", "ratio_q75", "time_ratio_here",
                                         "ratio_q25_here", "ratio_q75_here"])
-    table["headline"] = table.seq_len == table.groupby(["label", "pass", "kernel"]).seq_len.transform("max")
+    longest = table.groupby(["label", "pass", "kernel", "key_heads"]).seq_len.transform("max")
+    table["headline"] = table.seq_len == longest
     table = table[table.seq_len.isin(lengths)].reset_index(drop=True)
     overlap = (table.ratio_q25 <= table.ratio_q75_here) & (table.ratio_q25_here <= table.ratio_q75)
     close = (table.time_ratio_here / table.time_ratio - 1).abs() <= tolerance
@@ -112,7 +134,7 @@ def reproduction_lines(table: pd.DataFrame, committed_on: str, here: str) -> lis
              "| figure | N | pass | committed | here | holds |", "|---|---|---|---|---|---|"]
     order = table.assign(rank=~(table.headline & (table.holds == False))).rename(columns={"pass": "pass_name"})  # noqa: E712
     for row in order.sort_values(["rank", "label", "pass_name", "seq_len"]).itertuples():
-        name = f"{row.label} [{row.kernel}] / {row.vs}" + (" (headline)" if row.headline else "")
+        name = f"{row.label} [{row.kernel}]{row.key_heads} / {row.vs}" + (" (headline)" if row.headline else "")
         holds = "-" if pd.isna(row.holds) else ("yes" if row.holds else "**no**")
         lines.append(f"| {name} | {row.seq_len} | {row.pass_name} | {ratio(row)} | {ratio(row, '_here')} | {holds} |")
     return lines
