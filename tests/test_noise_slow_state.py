@@ -258,12 +258,16 @@ def test_a_worker_really_slowed_for_its_whole_case_is_flagged(tmp_path: Path) ->
     print(f"quiet probe {json.loads(quiet.probe_ms)} ms, slow probe {json.loads(slow.loc[32, 'probe_ms'])} ms "
           f"({slow_probe / quiet_probe:.1f}x); times {slow.loc[32, 'times_ms']} ms, spread "
           f"{slow.loc[32, 'time_spread']:.1%}")
-    assert not quiet.noisy
-    # the driver flagged it as it arrived, against the quiet row before it; reading says why
-    assert bool(slow.loc[32, "noisy"]) is True and bool(slow.loc[16, "noisy"]) is False
+    # the quiet row's own flag is its spread and probe change only (a 0.5 ms probe on a shared
+    # core may move 25% by itself); the driver added no slow state to it
+    assert bool(quiet.noisy) == bool(row_verdict(quiet)) == bool(slow.loc[16, "noisy"])
+    # the driver flagged N=32 as it arrived, against the quiet row before it; reading says why
+    assert bool(slow.loc[32, "noisy"]) is True
     df = load_results(tmp_path / "slow").set_index("seq_len")
-    verdict = row_verdict(df.loc[32], quiet_probes(df.reset_index().itertuples()))
+    quiet_levels = quiet_probes(df.reset_index().itertuples())
+    verdict = row_verdict(df.loc[32], quiet_levels)
     assert f"slow state: probe {slow_probe:.3g} ms against the run's quiet {quiet_probe:.3g} ms" in verdict
+    assert "slow state" not in row_verdict(df.loc[16], quiet_levels)
     # --retry-noisy measured it again, on the quiet core: no longer slow
     again = pd.read_csv(out / RESULTS_FILE).set_index("seq_len")
     assert again.loc[32, "probe_ms"] != slow.loc[32, "probe_ms"]

@@ -3,13 +3,15 @@ time is the backward's compile where a kernel that compiles per shape ran, and 0
 
 from __future__ import annotations
 
+import importlib
+import sys
+
 import pytest
 import torch
 
 from attn import create_attention
 from attn.kernels import get_kernel
 from bench.engine.measure import start_autograd
-from bench.engine.testing import unregister_test_variants
 from bench.speed.cases import Case
 from bench.speed.worker import PassRunner
 
@@ -19,10 +21,12 @@ FIRST_BWD_S, BWD_S = 0.3, 0.02
 @pytest.fixture
 def phases():
     start_autograd()  # as a worker does before its first pass
+    sys.modules.pop("bench.engine.testing", None)  # an earlier test may have unregistered its variants
+    testing = importlib.import_module("bench.engine.testing")  # a fresh import registers them
     module = create_attention("bench_phases", first_s=0.0, fwd_s=0.0, bwd_s=BWD_S, bwd_nbytes=1,
                               first_bwd_s=FIRST_BWD_S)
     yield module
-    unregister_test_variants()
+    testing.unregister_test_variants()
 
 
 def _case(pass_name: str) -> Case:
