@@ -127,3 +127,20 @@ def test_chunk_sizes_are_chosen_per_device_type() -> None:
     assert geometry(128, True, device=cuda).chunk >= 16 * geometry(128, True, device=cpu).chunk
     assert chunk_rows(1, 8, 1 << 16, cuda) > chunk_rows(1, 8, 1 << 16, cpu)
     assert geometry(128, True, device="meta").chunk == geometry(128, True, device=cpu).chunk
+
+
+@pytest.mark.parametrize(("kernel", "cap"), [("reference", 16_384), ("chunked", 65_536), ("blocked", 65_536)])
+def test_cpu_written_kernels_refuse_cuda_calls_past_their_fair_length(kernel: str, cap: int) -> None:
+    pattern = create_attention("sliding_window", num_heads=4, window=8).pattern()
+
+    def reasons(device: str, keys: int) -> list[str]:
+        return get_kernel(kernel).not_supported_reasons(
+            pattern, AttentionCall(torch.device(device), torch.float32, False, True, keys, keys, 64))
+
+    assert reasons("cuda", cap) == [] and reasons("cpu", 8 * cap) == []
+    assert reasons("cuda", cap + 1) == [f"{kernel} is tuned for the CPU; on CUDA it runs up to {cap:,} keys "
+                                        f"(this call has {cap + 1:,}), beyond which flex, SDPA or xformers "
+                                        "do its work"]
+    # auto never reaches for it there; sliding windows take flex
+    long_call = AttentionCall(torch.device("cuda"), torch.float32, False, True, 1 << 19, 1 << 19, 64)
+    assert auto.choose_kernel(pattern, long_call) == "flex"

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from attn.kernels import get_kernel
 from bench.runner import load_run
 from bench.speed.cases import expand_cases
 from bench.speed.config import parse_config
@@ -74,7 +75,7 @@ def test_the_caps_are_per_kernel(gpu_cases):
 
 def test_without_a_device_memory_every_case_is_kept():
     raw = {"name": "t", "device": "cuda", "seq_len": [1024, 1048576],
-           "variants": [{"name": "full", "kernels": ["reference"]}]}
+           "variants": [{"name": "sliding_window", "kernels": ["sdpa"]}]}  # a materialised mask
     assert len(expand_cases(parse_config(raw))) == 2
     assert len(expand_cases(parse_config({**raw, "device_memory_gb": 80}))) == 1
 
@@ -122,3 +123,11 @@ def test_the_acceptance_presets_hold_the_row_of_every_goal():
         assert {(variant, kernel, 16384, None, ("fwd_bwd",)) for kernel in ("auto", "sdpa")} <= have
     assert ("nystrom", "native", 16384, 64, ("fwd_bwd",)) in have
     assert ("sliding_window", "flex", 16384, None, ("fwd", "fwd_bwd")) in have
+
+
+def test_the_gpu_preset_lists_no_cpu_written_kernel_past_its_fair_length(gpu_cases):
+    _, cases = gpu_cases
+    longest = {kernel: max(c.seq_len for c in cases if c.kernel == kernel) for kernel in {c.kernel for c in cases}}
+    for kernel in ("reference", "chunked", "blocked"):
+        assert longest[kernel] <= get_kernel(kernel).CUDA_MAX_KEYS, (kernel, longest[kernel])
+    assert max(longest.values()) > 65_536  # the GPU's own kernels still run to the longest lengths

@@ -42,6 +42,9 @@ class Kernel:
     supports_document_ids: ClassVar[bool] = False
     #: True for kernels that add a score_mod evaluated on zero scores (:attr:`Pattern.score_is_bias`)
     adds_score_as_bias: ClassVar[bool] = False
+    #: a kernel tuned for the CPU's caches runs on CUDA up to this many keys, where it is still a fair
+    #: row beside the GPU's own kernels (docs/kernels.md, "On CUDA"); None: no cap
+    CUDA_MAX_KEYS: ClassVar[int | None] = None
 
     def not_supported_reasons(self, pattern: Pattern, call: AttentionCall | None = None) -> list[str]:
         """Reasons this kernel cannot run ``pattern`` for ``call``; [] = supported.
@@ -58,6 +61,10 @@ class Kernel:
                 reasons.append(f"{self.name} supports {names}, not {call.dtype}")
             if call.has_document_ids and not self.supports_document_ids:
                 reasons.append(f"{self.name} does not run packed sequences (document_ids)")
+            cap = self.CUDA_MAX_KEYS
+            if cap is not None and call.device.type == "cuda" and (call.k_len or 0) > cap:
+                reasons.append(f"{self.name} is tuned for the CPU; on CUDA it runs up to {cap:,} keys "
+                               f"(this call has {call.k_len:,}), beyond which flex, SDPA or xformers do its work")
         if self.runs_definitions:
             if not pattern.exact:
                 reasons.append(f"{pattern.name} is approximate; {self.name} computes exact attention only")

@@ -103,6 +103,7 @@ class ChunkedKernel(Kernel):
     supports_document_ids = True  # the packed mods (attn.documents) per query chunk
     computes_half_in_float32 = True
     description = "dense attention over query chunks with per-chunk checkpointing, O(chunk*N) memory"
+    CUDA_MAX_KEYS = 65_536  # a Python loop of small launches, O(N^2) work
 
     def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
             key_mask: Tensor | None) -> tuple[Tensor, KernelPath]:

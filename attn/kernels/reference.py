@@ -50,6 +50,7 @@ class ReferenceKernel(Kernel):
     supports_document_ids = True  # the packed mods (attn.documents) in the dense mask
     computes_half_in_float32 = True
     description = "dense materialised attention from the mask_mod/score_mod (ground truth)"
+    CUDA_MAX_KEYS = 16_384  # (B, H, N, N) float32 scores: 1 GiB per head at 16K
 
     def run(self, pattern: Pattern, q: Tensor, k: Tensor, v: Tensor, causal: bool,
             key_mask: Tensor | None) -> tuple[Tensor, KernelPath]:

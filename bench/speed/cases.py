@@ -13,6 +13,7 @@ from itertools import product
 from typing import Any
 
 from attn import attention_info
+from attn.kernels import get_kernel, kernel_names
 from attn.pattern import Pattern
 from bench.speed.config import SweepConfig
 from bench.speed.memory import estimate_bytes, fits, pattern_of
@@ -127,7 +128,8 @@ def expand_cases(config: SweepConfig) -> list[Case]:
     """Every case of a sweep, grouped by curve and in increasing ``seq_len`` inside a curve.
 
     Only kernels the variant has (``auto``; ``all``: each of its kernels); support is decided in the
-    worker. With ``device_memory_gb``, cases whose estimated memory does not fit are left out.
+    worker. With ``device_memory_gb``, cases whose estimated memory does not fit are left out, and on
+    CUDA the cases of a CPU-written kernel past its fair length (``Kernel.CUDA_MAX_KEYS``).
     """
     cases: list[Case] = []
     for spec in config.variants:
@@ -147,8 +149,9 @@ def expand_cases(config: SweepConfig) -> list[Case]:
             suffix = packing_text(documents, one_by_one, pad)
             label = f"{spec.label} [{suffix}]" if suffix else spec.label
             for n in lengths:
-                if documents > n or not _fits(config, spec.name, spec.params_dict, kernel, n, batch,
-                                              heads, head_dim, causal, patterns):
+                if documents > n or _past_cuda_cap(config.device, kernel, n) or not _fits(
+                        config, spec.name, spec.params_dict, kernel, n, batch, heads, head_dim, causal,
+                        patterns):
                     continue
                 cases.append(Case(
                     variant=spec.name, label=label, params=spec.params, kernel=kernel,
@@ -172,6 +175,14 @@ def _packings(config: SweepConfig) -> list[tuple[int, bool, float]]:
         ways = (False, True) if documents and config.one_by_one else (False,)
         out += [(documents, way, pad) for way in ways for pad in config.pad_fraction]
     return out
+
+
+def _past_cuda_cap(device: str, kernel: str, n: int) -> bool:
+    """Whether ``kernel``, written for the CPU, refuses ``n`` keys on this device."""
+    if device != "cuda" or kernel not in kernel_names():
+        return False
+    cap = get_kernel(kernel).CUDA_MAX_KEYS
+    return cap is not None and n > cap
 
 
 def _fits(config: SweepConfig, variant: str, params: dict[str, Any], kernel: str, n: int,

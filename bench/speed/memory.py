@@ -7,13 +7,17 @@ reported. Beyond its kernel's own, a case holds its inputs: 4 (B, H, N, D) tenso
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from attn import create_attention
 from attn.kernels.auto import auto_order
+from attn.mods import dense_allowed
 from attn.pattern import Pattern
 
 GiB = 2**30
@@ -37,11 +41,75 @@ def _mask_heads(pattern: Pattern, shape: Shape) -> int:
     return shape["H"] if pattern.per_head else 1
 
 
+#: side of the smaller of the two grids on which a mask's build is measured
+PROFILE_SIDE = 256
+#: at most this many head planes of a per-head mask are built to count them
+PROFILE_HEADS = 4
+
+
+class _LiveBytes(TorchDispatchMode):
+    """The peak of the bytes held by tensors made inside it: a storage counts from the first
+    tensor on it until the last one made here is gone (views share their base's storage)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live = self.peak = 0
+        self.holders: dict[int, int] = {}  # storage address -> tensors on it
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in pytree.tree_leaves(out):
+            if isinstance(tensor, torch.Tensor):
+                self._hold(tensor)
+        return out
+
+    def _hold(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        address, nbytes = storage.data_ptr(), storage.nbytes()
+        if not self.holders.get(address):
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+        self.holders[address] = self.holders.get(address, 0) + 1
+        weakref.finalize(tensor, self._drop, address, nbytes)
+
+    def _drop(self, address: int, nbytes: int) -> None:
+        self.holders[address] -= 1
+        if not self.holders[address]:
+            self.live -= nbytes
+
+
+def _peak_of_build(pattern: Pattern, heads: int, causal: bool, side: int) -> int:
+    with _LiveBytes() as counter:
+        allowed = dense_allowed(pattern.mask_mod, batch=1, heads=heads, q_len=side, k_len=side,
+                                causal=causal, key_mask=None, device=torch.device("cpu"))
+    del allowed
+    return counter.peak
+
+
+def build_bytes(pattern: Pattern, heads: int, causal: bool, n: int) -> float:
+    """Peak bytes while the allowed-pairs grid of ``pattern`` for ``n`` queries and keys is built,
+    the grid included: the index arithmetic of its ``mask_mod`` (``i - j``, ``abs``, ``%``, a head
+    plane per rate...) makes int64 temporaries. Counted on builds of :data:`PROFILE_SIDE` and twice
+    that on the CPU, as ``a n^2 + b n`` (the index vectors are the ``n`` term); a per-head mask on
+    more than :data:`PROFILE_HEADS` heads as a shared part and a part per head."""
+    def at(planes: int) -> float:  # a n^2 + b n with ``planes`` heads, from two sides
+        side = PROFILE_SIDE
+        small, large = (_peak_of_build(pattern, planes, causal, s) for s in (side, 2 * side))
+        square = (large - 2 * small) / (2 * side**2)
+        return square * n**2 + max((small - square * side**2) / side, 0.0) * n
+
+    if not pattern.per_head or heads <= PROFILE_HEADS:
+        return at(heads if pattern.per_head else 1)
+    few, more = at(PROFILE_HEADS // 2), at(PROFILE_HEADS)  # a shared part and one plane per head
+    per_head = (more - few) / (PROFILE_HEADS - PROFILE_HEADS // 2)
+    return more + per_head * (heads - PROFILE_HEADS)
+
+
 def _grid(pattern: Pattern, shape: Shape) -> float:
-    """The allowed-pairs grid: int64 and its bool (none without a mask or causality)."""
+    """The allowed-pairs grid as its build peaks: temporaries and the bool (none without a mask or causality)."""
     if pattern.mask_mod is None and not shape["causal"]:
         return 0.0
-    return 9.0 * _mask_heads(pattern, shape) * shape["N"] ** 2
+    return build_bytes(pattern, shape["H"], bool(shape["causal"]), shape["N"])
 
 
 def _reference(pattern: Pattern, shape: Shape, elem: int, grad: bool, params: dict) -> float:

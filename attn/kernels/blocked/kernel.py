@@ -27,6 +27,7 @@ class BlockedKernel(Kernel):
     supports_document_ids = True  # each document its own call (attn.kernels.blocked.packed)
     description = ("banded query/key blocks (sliding window, dilated, global tokens), O(N*w); "
                    "packed calls per document")
+    CUDA_MAX_KEYS = 65_536  # float32 blocks in a Python loop of launches that grows with N
 
     def not_supported_reasons(self, pattern: Pattern, call: AttentionCall | None = None) -> list[str]:
         if reasons := super().not_supported_reasons(pattern, call):
