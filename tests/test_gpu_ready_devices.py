@@ -119,3 +119,35 @@ def test_every_tensor_a_task_gives_its_model_went_to_the_model_device(name, monk
     with torch.no_grad():
         metrics = task.evaluate(model, "test", limit=4, batch_size=2, final=True)
     assert metrics and model.calls, "the model was never called"
+
+
+class _RowCounting(nn.Module):
+    """Wraps a model and records the batch size of every call."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model, self.rows = model, []
+
+    def forward(self, *args: Any) -> Tensor:
+        self.rows.append(len(args[0]))
+        return self.model(*args)
+
+
+@pytest.mark.parametrize("name", ["listops", "mqar"])
+def test_off_the_cpu_a_short_last_eval_batch_runs_at_the_training_shape(name, monkeypatch):
+    from models import create_model
+
+    settings = task_settings(name, "tiny")
+    task = get_task(name, settings.data, seed=0)
+    task.prepare()
+    torch.manual_seed(0)
+    model = _RowCounting(create_model(task.model_kind, "mini", attention="full",
+                                      **{**task.model_overrides(), **settings.model})).eval()
+    with torch.no_grad():
+        on_cpu = task.evaluate(model, "test", limit=6, batch_size=4, final=False)
+        assert model.rows == [4, 2]  # on the CPU: as the batches come
+        model.rows.clear()
+        monkeypatch.setattr(base, "pads_eval_batches", lambda module: True)  # as on CUDA
+        padded = task.evaluate(model, "test", limit=6, batch_size=4, final=False)
+    assert model.rows == [4, 4]  # the last batch padded to the training shape
+    assert [m.value for m in padded] == [m.value for m in on_cpu]  # over the 6 real examples only

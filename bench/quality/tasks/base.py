@@ -174,6 +174,16 @@ class Task(ABC):
         return (*(e for e in edges if e < top), top)
 
 
+def pads_eval_batches(model: nn.Module) -> bool:
+    """Whether a short evaluation batch is padded to the training shape: off the CPU."""
+    return module_device(model).type != "cpu"
+
+
+def padded_rows(batch: Split, size: int) -> Split:
+    """``batch`` with its last row repeated up to ``size`` rows."""
+    return {k: torch.cat([v, v[-1:].expand(size - len(v), *v.shape[1:])]) for k, v in batch.items()}
+
+
 def tokens_of(batch: Split, key: str = "ids", mask: str = "key_mask") -> int:
     """Real input tokens in a batch (padding excluded)."""
     if mask in batch:
@@ -201,6 +211,16 @@ class ClassificationTask(Task):
         batch = to_model_device(batch, model)
         return model(batch["ids"], batch.get("key_mask"))  # (B, C)
 
+    def eval_logits(self, model: nn.Module, batch: Split, batch_size: int) -> Tensor:
+        """``self.logits`` of an evaluation batch. Off the CPU a short last batch is padded to
+        ``batch_size`` rows (copies of its last row) and its logits cut back, so a kernel that
+        compiles per shape (flex) meets the training shape only; on the CPU it runs as it is
+        (BLAS results at another batch size may differ in the last digit)."""
+        rows = len(next(iter(batch.values())))
+        if rows == batch_size or not pads_eval_batches(model):
+            return self.logits(model, batch)
+        return self.logits(model, padded_rows(batch, batch_size))[:rows]
+
     def batch_tokens(self, batch: Split) -> int:
         """Input tokens of a batch (padding excluded)."""
         return tokens_of(batch)
@@ -216,7 +236,7 @@ class ClassificationTask(Task):
         preds, labels, tokens = [], [], 0
         start = time.perf_counter()
         for batch in self.batches(split, batch_size, limit):
-            preds.append(self.logits(model, batch).argmax(dim=-1).cpu())  # (b,)
+            preds.append(self.eval_logits(model, batch, batch_size).argmax(dim=-1).cpu())  # (b,)
             labels.append(batch["labels"])
             tokens += self.batch_tokens(batch)
         return torch.cat(preds), torch.cat(labels), tokens, time.perf_counter() - start

@@ -126,7 +126,7 @@ class MQAR(GeneratedTask, ClassificationTask):
         tokens, start = 0, time.perf_counter()
         for batch in self.batches(split, batch_size, limit):
             query = batch["labels"] != mqar.IGNORE  # (B, N)
-            pred = self.logits(model, batch).argmax(dim=-1).cpu()  # (B, N)
+            pred = self.eval_logits(model, batch, batch_size).argmax(dim=-1).cpu()  # (B, N)
             parts["pred"].append(pred[query])
             parts["label"].append(batch["labels"][query])
             parts["num_pairs"].append(batch["num_pairs"][:, None].expand_as(query)[query])
