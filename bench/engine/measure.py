@@ -233,9 +233,12 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int | None
     return 2 * size**3 / min(timer.time_once() for _ in range(repeats))
 
 
-#: side of the calibration probe's matmul per device type: about 2 ms on an H200, so launch and
-#: clock jitter stay small (a 256 matmul took 25-40 us there and flagged quiet rows as noisy)
-PROBE_SIZES = {"cpu": 256, "cuda": 4096}
+#: side of the calibration probe's matmul per device type: about 2 ms on an H200 and on 2 CPU
+#: cores, so launch, clock and wake-up jitter stay small (a 256 matmul took 25-40 us on the H200
+#: and 0.3-0.6 ms on the CPU, and its jitter alone flagged quiet rows as noisy; docs/measurement.md)
+PROBE_SIZES = {"cpu": 512, "cuda": 4096}
+#: timed calls of one probe reading (after one warm-up); the reading is the fastest
+PROBE_CALLS = 11
 
 
 def probe_size(device: torch.device) -> int:
@@ -243,9 +246,11 @@ def probe_size(device: torch.device) -> int:
     return PROBE_SIZES.get(device.type, PROBE_SIZES["cpu"])
 
 
-def calibration_probe(device: torch.device, calls: int = 7, size: int | None = None) -> float:
-    """Median seconds of ``calls`` fixed float32 matmuls after one warm-up: a slower probe says a busier
-    machine. Seeded random operands: a GPU's matmul runs faster on constant data."""
+def calibration_probe(device: torch.device, calls: int = PROBE_CALLS, size: int | None = None) -> float:
+    """Seconds of the fastest of ``calls`` fixed float32 matmuls after one warm-up: a slower probe says
+    a busier machine. The fastest, not the median: a load that lasts slows every call, while one
+    call caught by a timer tick or a thread's wake-up says nothing. Seeded random operands: a GPU's
+    matmul runs faster on constant data."""
     size = probe_size(device) if size is None else size
     gen = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(size, size, generator=gen).to(device)  # (S, S)
@@ -261,8 +266,7 @@ def calibration_probe(device: torch.device, calls: int = 7, size: int | None = N
         return time.perf_counter() - start
 
     once()
-    times = sorted(once() for _ in range(calls))
-    return times[len(times) // 2]
+    return min(once() for _ in range(calls))
 
 
 def start_autograd() -> None:

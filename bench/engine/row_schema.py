@@ -26,8 +26,10 @@ COLUMNS = [
     "compile_ms", "setup_ms", "setup_mem_bytes", "peak_mem_bytes", "rss_peak_bytes", "flops",
     "flops_kind", "density", "tflops", "peak_fraction", "mask_emulated", "fallback",
     "interleave_id", "interleaved", "threads", *ROW_FIELDS,
-    # added later; older files read as: judged by spread, unpacked, kv_heads = heads, not measured
+    # added later; older files read as: judged by spread, unpacked, kv_heads = heads, not measured,
+    # probes compared only with each other
     "time_spread", "probe_ms", "noisy", "noise_threshold", "packing", "kv_heads", "compile_bwd_ms",
+    "probe_size",
 ]
 #: the matched-compute columns of a training row (``budget_x`` empty: an equal-steps run)
 BUDGET_COLUMNS = ("budget_x", "flop_budget", "flops_per_step", "train_flops")
@@ -195,6 +197,7 @@ SPEED = RowSchema(
         Column("mask_emulated", "bool"),
         Column("interleaved", "int", minimum=1),
         Column("threads", "int", minimum=1),
+        Column("probe_size", "int", minimum=1),
         Column("timestamp", required=True),
     ),
     header=("case_id", "label", "variant", "kernel_requested", "seq_len", "pass", "status",

@@ -23,7 +23,7 @@ DEFAULT_THRESHOLD = 0.25
 SLOW_STATE_FACTOR = 3.0
 #: columns that must match for two rows' probes to be compared; not the commit nor the segment
 #: (a resume run wholly in a slow state is one to catch)
-PROBE_SCOPE = ("hostname", "device", "device_name", "threads", "torch_version")
+PROBE_SCOPE = ("hostname", "device", "device_name", "threads", "torch_version", "probe_size")
 
 
 def relative_spread(times_ms: list[float] | np.ndarray) -> float:
@@ -100,7 +100,7 @@ def probe_scope(row: Any) -> tuple[str, ...]:
     """The :data:`PROBE_SCOPE` values of a mapping or DataFrame row (blank: ``""``)."""
     def text(name: str) -> str:
         value = _cell(row, name)
-        if name == "threads":
+        if name in ("threads", "probe_size"):
             number = _number(value)
             return "" if math.isnan(number) else f"{number:g}"
         return value if isinstance(value, str) else ""

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.engine.measure import PROBE_SIZES
 from bench.speed.cases import Case
 from bench.speed.noise import noise_columns
 
@@ -88,6 +89,7 @@ def measured_row(case: Case, pass_name: str, built: Row, prepared: Row, finished
         **base_row(case, pass_name), "status": "ok", "reason": "",
         **{k: v for k, v in built.items() if k != "flops"}, "flops": flops,
         **prepared, **finished, **timing, **noise,
+        "probe_size": PROBE_SIZES.get(case.device, PROBE_SIZES["cpu"]),  # the worker's probe_size()
         "interleave_id": unit_id, "interleaved": interleaved,
     }
 
