@@ -53,7 +53,7 @@ def test_a_run_of_known_ratios_reproduces(tmp_path):
     config = {"name": "twin-sleeps", "plugins": ["bench.engine.testing"], "seq_len": [32, 64],
               "passes": ["fwd"], "heads": [1], "head_dim": [8], "repeats": 5, "min_repeats": 5,
               "time_budget_s": 0.1, "interleave": "variants", "peak_matmul_size": 64,
-              # sleeps of known length: no noise policy (a 0.3 ms probe moves 25% by itself on a shared VM)
+              # sleeps of known length: the ratios are the subject here, not the noise policy
               "noise_threshold": 100.0,
               "variants": [{"name": "bench_sleep", "seconds": 0.01}, {"name": "bench_sleep", "seconds": 0.03}]}
     path = tmp_path / "twin.yaml"
