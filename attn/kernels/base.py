@@ -46,6 +46,11 @@ class Kernel:
     #: row beside the GPU's own kernels (docs/kernels.md, "On CUDA"); None: no cap
     CUDA_MAX_KEYS: ClassVar[int | None] = None
 
+    def past_cuda_cap(self, device_type: str, k_len: int | None) -> bool:
+        """Whether ``k_len`` keys on ``device_type`` exceed :attr:`CUDA_MAX_KEYS`."""
+        cap = self.CUDA_MAX_KEYS
+        return cap is not None and device_type == "cuda" and (k_len or 0) > cap
+
     def not_supported_reasons(self, pattern: Pattern, call: AttentionCall | None = None) -> list[str]:
         """Reasons this kernel cannot run ``pattern`` for ``call``; [] = supported.
 
@@ -61,10 +66,9 @@ class Kernel:
                 reasons.append(f"{self.name} supports {names}, not {call.dtype}")
             if call.has_document_ids and not self.supports_document_ids:
                 reasons.append(f"{self.name} does not run packed sequences (document_ids)")
-            cap = self.CUDA_MAX_KEYS
-            if cap is not None and call.device.type == "cuda" and (call.k_len or 0) > cap:
-                reasons.append(f"{self.name} is tuned for the CPU; on CUDA it runs up to {cap:,} keys "
-                               f"(this call has {call.k_len:,}), beyond which flex, SDPA or xformers do its work")
+            if self.past_cuda_cap(call.device.type, call.k_len):
+                reasons.append(f"{self.name} is tuned for the CPU; on CUDA it runs up to {self.CUDA_MAX_KEYS:,} "
+                               f"keys (this call has {call.k_len:,}), beyond which flex, SDPA or xformers do its work")
         if self.runs_definitions:
             if not pattern.exact:
                 reasons.append(f"{pattern.name} is approximate; {self.name} computes exact attention only")

@@ -179,10 +179,7 @@ def _packings(config: SweepConfig) -> list[tuple[int, bool, float]]:
 
 def _past_cuda_cap(device: str, kernel: str, n: int) -> bool:
     """Whether ``kernel``, written for the CPU, refuses ``n`` keys on this device."""
-    if device != "cuda" or kernel not in kernel_names():
-        return False
-    cap = get_kernel(kernel).CUDA_MAX_KEYS
-    return cap is not None and n > cap
+    return kernel in kernel_names() and get_kernel(kernel).past_cuda_cap(device, n)
 
 
 def _fits(config: SweepConfig, variant: str, params: dict[str, Any], kernel: str, n: int,

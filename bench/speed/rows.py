@@ -10,8 +10,9 @@ import math
 from typing import Any
 
 import numpy as np
+import torch
 
-from bench.engine.measure import PROBE_SIZES
+from bench.engine.measure import probe_size
 from bench.speed.cases import Case
 from bench.speed.noise import noise_columns
 
@@ -89,7 +90,7 @@ def measured_row(case: Case, pass_name: str, built: Row, prepared: Row, finished
         **base_row(case, pass_name), "status": "ok", "reason": "",
         **{k: v for k, v in built.items() if k != "flops"}, "flops": flops,
         **prepared, **finished, **timing, **noise,
-        "probe_size": PROBE_SIZES.get(case.device, PROBE_SIZES["cpu"]),  # the worker's probe_size()
+        "probe_size": probe_size(torch.device(case.device)),  # the worker's probe
         "interleave_id": unit_id, "interleaved": interleaved,
     }
 
