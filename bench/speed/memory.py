@@ -7,6 +7,7 @@ reported. Beyond its kernel's own, a case holds its inputs: 4 (B, H, N, D) tenso
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -92,17 +93,24 @@ def build_bytes(pattern: Pattern, heads: int, causal: bool, n: int) -> float:
     plane per rate...) makes int64 temporaries. Counted on builds of :data:`PROFILE_SIDE` and twice
     that on the CPU, as ``a n^2 + b n`` (the index vectors are the ``n`` term); a per-head mask on
     more than :data:`PROFILE_HEADS` heads as a shared part and a part per head."""
-    def at(planes: int) -> float:  # a n^2 + b n with ``planes`` heads, from two sides
+    square, linear = _build_terms(pattern, heads, causal)
+    return square * n**2 + linear * n
+
+
+@functools.lru_cache(maxsize=256)  # a sweep asks once per kernel and length of one pattern
+def _build_terms(pattern: Pattern, heads: int, causal: bool) -> tuple[float, float]:
+    """``(a, b)`` of :func:`build_bytes`."""
+    def at(planes: int) -> tuple[float, float]:  # from two sides, with ``planes`` heads
         side = PROFILE_SIDE
         small, large = (_peak_of_build(pattern, planes, causal, s) for s in (side, 2 * side))
         square = (large - 2 * small) / (2 * side**2)
-        return square * n**2 + max((small - square * side**2) / side, 0.0) * n
+        return square, max((small - square * side**2) / side, 0.0)
 
     if not pattern.per_head or heads <= PROFILE_HEADS:
         return at(heads if pattern.per_head else 1)
     few, more = at(PROFILE_HEADS // 2), at(PROFILE_HEADS)  # a shared part and one plane per head
-    per_head = (more - few) / (PROFILE_HEADS - PROFILE_HEADS // 2)
-    return more + per_head * (heads - PROFILE_HEADS)
+    per_head = (heads - PROFILE_HEADS) / (PROFILE_HEADS - PROFILE_HEADS // 2)
+    return tuple(m + (m - f) * per_head for m, f in zip(more, few))  # type: ignore[return-value]
 
 
 def _grid(pattern: Pattern, shape: Shape) -> float:
