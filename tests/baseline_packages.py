@@ -15,9 +15,11 @@ from attn import register_attention
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 PACKAGES = {"linear_attention": "attn_bench_linear", "performer": "attn_bench_performer",
-            "linformer": "attn_bench_linformer", "bigbird": "attn_bench_bigbird"}
+            "linformer": "attn_bench_linformer", "bigbird": "attn_bench_bigbird",
+            "retention": "attn_bench_retention", "gla": "attn_bench_gla", "ssd": "attn_bench_ssd"}
 CLASSES = {"linear_attention": "LinearAttention", "performer": "PerformerAttention",
-           "linformer": "LinformerAttention", "bigbird": "BigBirdAttention"}
+           "linformer": "LinformerAttention", "bigbird": "BigBirdAttention",
+           "retention": "RetentionAttention", "gla": "GatedLinearAttention", "ssd": "SSDAttention"}
 
 
 def load(package: str) -> ModuleType:
