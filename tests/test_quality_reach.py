@@ -145,7 +145,7 @@ def test_the_recall_plot_marks_the_computed_reach_and_both_chance_lines(tmp_path
         rows.append({**rows[-1], "metric": "majority_accuracy", "condition": "", "value": 0.2})
     df = pd.DataFrame(rows)
     drawn = {}
-    monkeypatch.setattr(plots, "_save", lambda fig, run_dir, stem: drawn.setdefault("fig", fig))
+    monkeypatch.setattr(plots, "save_figure", lambda fig, run_dir, stem: drawn.setdefault("fig", fig))
     plots.plot_condition(df, tmp_path, "recall")
     fig = drawn["fig"]
     ax = fig.axes[0]

@@ -1,8 +1,5 @@
-"""The error of approximate attentions against exact full attention, by length and size parameter
-(``attn-bench approx-error``): ``rel_fro`` (``||out - exact||_F / ||exact||_F``) and ``max_abs`` on seeded
-``N(0, 1)`` inputs, beside the ``uniform (mean of v)`` baseline. Learned parameters stay at their seeded
-initialisation. Writes ``errors.csv``, ``report.md``, ``errors.png`` and ``env.json``.
-"""
+"""The error of approximate attentions against exact full attention by length and size parameter on seeded
+``N(0, 1)`` inputs, beside the ``uniform (mean of v)`` baseline (``attn-bench approx-error``)."""
 
 from __future__ import annotations
 
@@ -163,11 +160,11 @@ def report_markdown(df: pd.DataFrame, env: dict[str, Any]) -> str:
 
 def plot_errors(df: pd.DataFrame, path: Path) -> None:
     """One panel per variant: relative Frobenius error against N (log-log), a line per size."""
-    import matplotlib
+    import matplotlib  # plotting stack: heavy, imported only to draw
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
+    import matplotlib.pyplot as plt  # plotting stack
+    import seaborn as sns  # plotting stack
 
     sns.set_theme(style="whitegrid", context="paper")
     variants = list(dict.fromkeys(df.variant))

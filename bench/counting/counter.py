@@ -36,7 +36,7 @@ def callgrind_problem() -> str | None:
     """Why callgrind cannot count here (one line), or None when it can."""
     if shutil.which("valgrind") is None:
         return "callgrind: valgrind is not installed (apt-get install -y valgrind)"
-    import torch
+    import torch  # not at start-up: the CLI checks the counter before it loads torch
 
     if not torch._C._valgrind_supported_platform():
         return "callgrind: this torch build has no callgrind bindings (torch._C._valgrind_toggle)"
@@ -58,8 +58,7 @@ def valgrind_version() -> str:
 
 
 def run_callgrind(args: list[str], workdir: Path, timeout_s: float, env: dict[str, str]) -> list[int]:
-    """Run the script ``args`` under callgrind; each region it toggles on, its instruction count, in order.
-    ``RuntimeError`` with the tail of its output when it fails."""
+    """The instruction count of each region the script ``args`` toggles on under callgrind, in order."""
     out = workdir / "callgrind.out"
     command = ["valgrind", "--tool=callgrind", "--collect-atstart=no", "--instr-atstart=yes",
                f"--callgrind-out-file={out}", *args]

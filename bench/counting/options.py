@@ -1,5 +1,5 @@
-"""The options of ``attn-bench count``, one frozen dataclass the CLI and
-:func:`bench.counting.run.run_count` share (no torch import: the CLI reads it at start-up)."""
+"""The options of ``attn-bench count``, shared by the CLI and :func:`bench.counting.run.run_count` (no torch: the
+CLI reads them at start-up)."""
 
 from __future__ import annotations
 

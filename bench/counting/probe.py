@@ -1,12 +1,6 @@
-"""The script ``attn-bench count`` runs under callgrind: ``python -m bench.counting.probe
-SPEC.json RESULT.json``.
-
-For each length it builds one attention call's inputs, makes ``warmup`` uncounted calls,
-then counts two regions, each dumped by torch's callgrind bindings: ``calls`` calls of an
-empty function with the same arguments (the harness: loop, call, argument passing) and
-``calls`` calls of the kernel. Garbage collection is off inside the regions, one torch
-thread. It writes the kernel path each length ran (``last_path``) to RESULT.json.
-"""
+"""The script ``attn-bench count`` runs under callgrind, ``python -m bench.counting.probe SPEC.json RESULT.json``:
+per length an empty region and a kernel region (docs/measurement.md, "Instructions"), the paths that ran into
+RESULT.json."""
 
 from __future__ import annotations
 

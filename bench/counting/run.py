@@ -1,9 +1,5 @@
-"""``attn-bench count``: instructions per kernel call, counted by callgrind.
-
-Runs :mod:`bench.counting.probe` under callgrind once for all lengths, and writes into
-``out``: ``counts.csv`` (one row per length: the counted totals, the harness's, and the
-instructions per call, with the kernel path that ran), ``summary.md`` and ``env.json``.
-"""
+"""``attn-bench count``: :mod:`bench.counting.probe` under callgrind once for all lengths, into ``counts.csv`` (a
+row per length), ``summary.md`` and ``env.json``."""
 
 from __future__ import annotations
 
@@ -24,14 +20,12 @@ from bench.engine.fsutil import atomic_write_text
 from bench.engine.provenance import environment
 from bench.engine.results import write_env
 
-#: the folder above the ``bench`` package: put first on the counted process's path, so it
-#: runs this checkout's code
+#: the folder above the ``bench`` package, first on the counted process's path: it runs this checkout's code
 SOURCE_ROOT = Path(bench.__file__).resolve().parents[1]
 
 
 def check_kernel_runs(options: CountOptions) -> None:
-    """``ValueError`` naming ``--kernel`` when it cannot run the counted calls (checked here,
-    before minutes under callgrind)."""
+    """``ValueError`` naming ``--kernel`` when it cannot run the counted calls (before minutes under callgrind)."""
     att = create_attention(options.variant, kernel=options.kernel, num_heads=options.heads,
                            head_dim=options.head_dim, **options.params)
     for length in options.seq_len:
@@ -44,8 +38,7 @@ def check_kernel_runs(options: CountOptions) -> None:
 
 
 def count_rows(options: CountOptions) -> list[dict[str, Any]]:
-    """Count ``options``' kernel at each length; one row per length. ``ValueError`` (one
-    line) when no counter works on this machine or the kernel cannot run the calls."""
+    """A row per length of ``options``' kernel counted; ``ValueError`` when no counter or kernel can run here."""
     refusal = no_counter_message()
     if refusal is not None:
         raise ValueError(refusal)
@@ -54,10 +47,9 @@ def count_rows(options: CountOptions) -> list[dict[str, Any]]:
         work = Path(tmp)
         spec, result = work / "spec.json", work / "paths.json"
         spec.write_text(json.dumps(options.probe_spec()))
-        pythonpath = str(SOURCE_ROOT)
         counts = run_callgrind(
             [sys.executable, "-m", "bench.counting.probe", str(spec), str(result)], work,
-            options.timeout_s, {"PYTHONPATH": pythonpath, "OMP_NUM_THREADS": "1"},
+            options.timeout_s, {"PYTHONPATH": str(SOURCE_ROOT), "OMP_NUM_THREADS": "1"},
         )
         paths = json.loads(result.read_text())
     if len(counts) != 2 * len(options.seq_len):

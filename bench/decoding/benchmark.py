@@ -1,12 +1,6 @@
-"""Decoding and streaming benchmarks for the shared models (``attn-bench decoding``).
-
-1. Decoding: ``decoder_lm.generate`` tokens/s with and without the KV cache, greedy, per context
-   and ``--num-kv-heads``, with the bytes the cache holds (measured on the cache).
-2. Streaming: :class:`models.StreamingEncoder` step time against recomputing the window, timed in
-   interleaved rounds, per window size, depth and first-block path.
-
-Writes ``results.csv`` (column ``benchmark``), ``summary.md`` and ``env.json`` into ``--out``.
-"""
+"""``attn-bench decoding``: ``decoder_lm.generate`` tokens/s with and without the KV cache (per context and
+``--num-kv-heads``, with the cache's bytes), and the streaming encoder's step time against recomputing the window
+(interleaved rounds); into ``results.csv`` (column ``benchmark``), ``summary.md`` and ``env.json``."""
 
 from __future__ import annotations
 
@@ -105,11 +99,6 @@ def cache_bytes(model: Any, prompt: Tensor, new_tokens: int) -> int:
     return sum(getattr(layer, "nbytes", 0) for layer in cache.layers)
 
 
-def _quartiles(values: list[float]) -> tuple[float, float, float]:
-    q25, q50, q75 = np.percentile(np.asarray(values, dtype=float), [25, 50, 75])
-    return float(q25), float(q50), float(q75)
-
-
 def bench_streaming(
     window: int, num_layers: int, steps: int, sizes: dict[str, int], repeats: int, seed: int = 0,
     device: str | torch.device = "cpu",
@@ -150,7 +139,7 @@ def bench_streaming(
     rows = []
     for update, stream in streams.items():
         ratios = [r / s for r, s in zip(times["window"], times[update], strict=True)]
-        q25, q50, q75 = _quartiles(ratios)
+        q25, q50, q75 = (float(q) for q in np.percentile(np.asarray(ratios, dtype=float), [25, 50, 75]))
         path = stream.last_path
         rows.append({
             "benchmark": "streaming", "model": "encoder_classifier", "attention": "full",

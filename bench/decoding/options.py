@@ -1,5 +1,5 @@
-"""The options of ``attn-bench decoding`` (defaults and checks), shared by the CLI and
-:func:`bench.decoding.run_decoding_benchmark`; free of torch so the CLI reads them at start-up."""
+"""The options of ``attn-bench decoding``, shared by the CLI and the benchmark (no torch: the CLI reads them at
+start-up)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""The results of a decoding benchmark (``results.csv`` with a ``benchmark`` column: one
-row per decoding or streaming measurement), told apart from a speed sweep's."""
+"""A decoding benchmark's ``results.csv`` (a ``benchmark`` column), told apart from a speed sweep's."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ SUMMARY_FILE = "summary.md"
 
 
 def is_decoding_run(run_dir: str | Path) -> bool:
-    """True when ``run_dir`` holds ``attn-bench decoding``'s results (its header starts with
-    ``benchmark``)."""
+    """True when ``run_dir`` holds ``attn-bench decoding``'s results (its header starts with ``benchmark``)."""
     path = Path(run_dir) / RESULTS_FILE
     if not path.is_file():
         return False

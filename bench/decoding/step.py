@@ -1,9 +1,5 @@
-"""Time per generated token against the context length (``attn-bench decoding-step``).
-
-Each decoder attention reads a random prompt of each context through its cache, then single-token steps are
-timed with the contexts interleaved; per context: median, min and max per token and the per-repeat ratio to
-the shortest context's (flat: O(1) per token; growing: the KV cache's O(context)).
-"""
+"""Time per generated token against the context length (``attn-bench decoding-step``): single-token steps after
+a prompt of each context, contexts interleaved, and the per-repeat ratio to the shortest context's."""
 
 from __future__ import annotations
 

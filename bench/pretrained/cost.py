@@ -80,7 +80,7 @@ def _iqr(values: list[float]) -> float:
 def timed_decode_step(model: nn.Module, context: int, kept: int, steps: int,
                       seed: int = 0) -> list[float]:
     """Milliseconds of ``steps`` one-token steps at position ``context`` against ``kept`` random cached tokens."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # the pretrained extra, loaded in the worker only
 
     layers = attention_layers(model)
     config = layers[0].config
@@ -101,4 +101,3 @@ def timed_decode_step(model: nn.Module, context: int, kept: int, steps: int,
         for layer in cache.layers:  # back to the context measured
             layer.keys, layer.values = layer.keys[..., :kept, :], layer.values[..., :kept, :]
     return times[1:]
-

@@ -1,10 +1,5 @@
-"""Passkey retrieval (Mohtashami and Jaggi 2023; the needle task of RULER, Hsieh et al. 2024).
-
-A random 5-digit key is stated once, at a chosen depth of N tokens of repeated filler, and
-asked for at the end. A prompt is exactly N tokens including the answer; the answer counts
-as retrieved when greedy decoding from the question writes the key (checked teacher-forced,
-:func:`bench.pretrained.scoring.greedy_matches`, which is the same thing in one forward).
-"""
+"""Passkey retrieval prompts (Mohtashami and Jaggi 2023; docs/pretrained.md, "The tasks"): a 5-digit key stated
+once at a chosen depth of N tokens of filler, asked for at the end."""
 
 from __future__ import annotations
 
@@ -24,8 +19,7 @@ Encode = Callable[[str], list[int]]
 
 @dataclass(frozen=True)
 class PasskeyPrompt:
-    """One prompt: its ``ids`` (prompt then answer, ``seq_len`` tokens), where the answer lies,
-    the key and the token position where the needle starts."""
+    """One prompt: ``ids`` (prompt then answer), where the answer lies, the key and where the needle starts."""
 
     ids: list[int]
     answer: slice
@@ -34,9 +28,8 @@ class PasskeyPrompt:
 
 
 def build_prompt(encode: Encode, seq_len: int, depth: float, key: str) -> PasskeyPrompt:
-    """A prompt of exactly ``seq_len`` tokens whose needle starts at about ``depth`` (0..1) of
-    the filler, at a filler sentence boundary; ``ValueError`` when ``seq_len`` cannot hold
-    the fixed parts."""
+    """A prompt of exactly ``seq_len`` tokens, its needle at about ``depth`` (0..1) of the filler, at a sentence
+    boundary; ``ValueError`` when ``seq_len`` cannot hold the fixed parts."""
     intro, needle = encode(INTRO), encode(NEEDLE.format(key=key))
     question, answer = encode(QUESTION), encode(ANSWER.format(key=key))
     unit = encode(FILLER)
@@ -52,7 +45,6 @@ def build_prompt(encode: Encode, seq_len: int, depth: float, key: str) -> Passke
 
 
 def keys_for(seq_len: int, depth: float, count: int, seed: int) -> list[str]:
-    """``count`` distinct 5-digit keys for the cell (``seq_len``, ``depth``), the same in every
-    run and for every pattern."""
+    """``count`` distinct 5-digit keys for the cell (``seq_len``, ``depth``), the same in every run and pattern."""
     rng = random.Random(f"{seed}:{seq_len}:{depth:.4f}")
     return [str(k) for k in rng.sample(range(10_000, 100_000), count)]

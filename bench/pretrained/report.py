@@ -38,8 +38,8 @@ def _ok(df: pd.DataFrame, task: str, metric: str) -> pd.DataFrame:
 
 
 def perplexity_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Pattern x N: perplexity over every document (geometric mean: each scores equally many tokens), then
-    its ratio to full attention's; the unigram floor last."""
+    """Pattern x N: perplexity over every document (geometric mean), then its ratio to full attention's; the floor
+    last."""
     rows = _ok(df, "perplexity", "perplexity").copy()
     if rows.empty:
         return pd.DataFrame()
@@ -95,7 +95,8 @@ def streaming_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def _prefill_table(df: pd.DataFrame) -> pd.DataFrame:
-    """:func:`round_ratios` plus its numeric median ratio (column ``median``, NaN without full attention)."""
+    """Pattern x N: prefill time, its ratio to full attention's taken round by round (median [q25, q75]), the peak
+    tensor memory, and the numeric median ratio (``median``, NaN without full attention)."""
     rows = _ok(df, "prefill", "prefill_ms")
     out = []
     for n, unit in rows.groupby("seq_len"):
@@ -114,16 +115,9 @@ def _prefill_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def round_ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """Pattern x N: prefill time, its ratio to full attention's taken round by round (median
-    [q25, q75]) and the peak tensor memory."""
-    return _prefill_table(df).drop(columns="median", errors="ignore")
-
-
 def tradeoff_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Pattern x N, the question in one cell: perplexity as a multiple of full attention's,
-    passkey keys retrieved, and prefill time as a multiple of full attention's (median of
-    the per-round ratios); ``-`` where a task did not run at that N."""
+    """Pattern x N, the question in one cell: perplexity and prefill time as multiples of full attention's, and the
+    passkey keys retrieved; ``-`` where a task did not run at that N."""
     return _tradeoff(perplexity_table(df), passkey_table(df), _prefill_table(df))
 
 
@@ -229,12 +223,11 @@ def build_pretrained_report(run_dir: str | Path) -> str:
 
 
 def plot_pretrained_run(run_dir: str | Path) -> list[Path]:
-    """Per N: perplexity and passkey accuracy against prefill time, marker size the peak memory
-    (``quality_vs_time.png``); none before prefill and quality rows exist."""
-    import matplotlib
+    """``quality_vs_time.png``: per N, perplexity and passkey accuracy against prefill time (none without rows)."""
+    import matplotlib  # plotting stack: heavy, imported only to draw
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # plotting stack
 
     run_dir = Path(run_dir)
     df = load_pretrained(run_dir)

@@ -1,6 +1,5 @@
-"""Scoring a causal LM's next-token predictions: per-token negative log-likelihoods, greedy
-checks, and the unigram floor. The logits are computed from the final hidden states a block
-of positions at a time, so an 8K-token window never holds all 8K x 49K logits at once."""
+"""Scoring a causal LM's next-token predictions from its final hidden states, a block of positions at a time
+(docs/pretrained.md, "The tasks"), and the unigram floor."""
 
 from __future__ import annotations
 
@@ -17,15 +16,13 @@ LOGIT_BLOCK = 1024
 
 
 def hidden_states(model: nn.Module, ids: torch.Tensor, **kwargs: object) -> torch.Tensor:
-    """The final hidden states ``(B, N, d)`` of ``ids`` ``(B, N)`` (the decoder stack without its
-    output layer)."""
+    """The final hidden states ``(B, N, d)`` of ``ids (B, N)`` (the decoder stack without its output layer)."""
     return model.get_decoder()(input_ids=ids, **kwargs).last_hidden_state
 
 
 def next_token_nll(model: nn.Module, hidden: torch.Tensor, ids: torch.Tensor,
                    start: int) -> torch.Tensor:
-    """``(B, N - start)``: the negative log-likelihood (nats) of ``ids[:, t]`` predicted at
-    position ``t - 1``, for every target ``t >= start >= 1``."""
+    """``(B, N - start)``: the NLL (nats) of ``ids[:, t]`` predicted at ``t - 1``, every ``t >= start >= 1``."""
     head = model.get_output_embeddings()
     parts = []
     for first in range(start, ids.shape[1], LOGIT_BLOCK):
@@ -37,18 +34,14 @@ def next_token_nll(model: nn.Module, hidden: torch.Tensor, ids: torch.Tensor,
 
 def greedy_matches(model: nn.Module, hidden: torch.Tensor, ids: torch.Tensor,
                    answer: slice) -> torch.Tensor:
-    """``(B,)`` bool: whether the greedy prediction of every token in ``ids[:, answer]``, given
-    the true tokens before it, is that token. Teacher-forced, this is exactly whether greedy
-    decoding from the prompt ``ids[:, :answer.start]`` writes the answer."""
+    """``(B,)``: whether greedy decoding from ``ids[:, :answer.start]`` writes ``ids[:, answer]``, teacher-forced."""
     logits = model.get_output_embeddings()(hidden[:, answer.start - 1:answer.stop - 1])
     return (logits.argmax(-1) == ids[:, answer]).all(dim=1)
 
 
 def unigram_nll(tokens: Sequence[int], fit: Sequence[int], vocab_size: int,
                 smoothing: float = 0.5) -> float:
-    """Mean negative log-likelihood (nats) of ``tokens`` under the unigram distribution of
-    ``fit`` with add-``smoothing`` over the vocabulary: the floor of a model that knows which
-    tokens the text uses and nothing of their order."""
+    """Mean NLL (nats) of ``tokens`` under the unigram distribution of ``fit``, with add-``smoothing``."""
     counts = Counter(fit)
     total = len(fit) + smoothing * vocab_size
     return -sum(math.log((counts[t] + smoothing) / total) for t in tokens) / len(tokens)

@@ -32,16 +32,12 @@ class Document:
     def text(self) -> str:
         """The text, checked against the pinned hash."""
         text = self.read()
-        digest = text_sha256(text)
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
         if self.sha256 is not None and digest != self.sha256:
             raise ValueError(f"document {self.name!r}: its text has sha256 {digest[:16]}..., the "
                              f"manifest pins {self.sha256[:16]}... ({self.source}); a figure is "
                              "only comparable on the same text")
         return text
-
-
-def text_sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def kjv_book(abbreviation: str) -> str:

@@ -1,7 +1,5 @@
-"""The units of a pretrained-model run, each run in a worker process of its own that loads
-the model once: a pattern's perplexity over the documents, its passkey cells at one length,
-one streaming policy, the prefill of every pattern at one length (interleaved), a pattern's
-decoding steps, and the unigram floor."""
+"""The units of a pretrained-model run (a pattern's perplexity, passkey cells at one length or decoding steps;
+a streaming policy; every pattern's prefill at one length; the unigram floor), each in a worker of its own."""
 
 from __future__ import annotations
 
@@ -111,8 +109,7 @@ def _kernel_path(unit: PretrainedUnit, model: Any) -> str:
 
 
 def perplexity_rows(unit: PretrainedUnit, model: Any, encode: Any) -> list[Row]:
-    """One forward of the longest length per document; the perplexity of tokens N/2..N-1 for
-    every N is read from it (a causal pattern's output at t depends on tokens up to t only)."""
+    """The perplexity of tokens N/2..N-1 for every N, read from one forward of the longest per document."""
     lengths = unit.config.perplexity.lengths
     rows = []
     for doc in documents(unit.config):
@@ -134,8 +131,7 @@ def perplexity_rows(unit: PretrainedUnit, model: Any, encode: Any) -> list[Row]:
 
 
 def _unigram_row(doc: Document, ids: list[int], n: int, vocab: int) -> Row:
-    """The unigram floor of tokens N/2..N-1, fitted on tokens 0..N/2-1 (the context a model
-    reads before them)."""
+    """The unigram floor of tokens N/2..N-1, fitted on tokens 0..N/2-1."""
     scored = ids[n // 2:n]
     return {"document": doc.name, "seq_len": n, "metric": "perplexity", "count": len(scored),
             "value": math.exp(unigram_nll(scored, ids[:n // 2], vocab))}

@@ -1,9 +1,5 @@
-"""The worker process of a pretrained-model unit: it loads the model once and runs the task.
-
-``transformers`` is imported here, at the top, so that the forkserver that starts a run's
-workers imports it once (:func:`bench.engine.process.Worker` preloads the target's module)
-rather than every unit paying for it.
-"""
+"""The worker process of a pretrained-model unit: it loads the model once and runs the task; ``transformers`` is
+imported at the top, so the forkserver preloads it once for every unit (:func:`bench.engine.process.Worker`)."""
 
 from __future__ import annotations
 
@@ -22,8 +18,8 @@ from models.pretrained import load_causal_lm, resolve_source
 
 
 def unit_worker_main(unit: Any, rows_of: Callable[..., list[dict[str, Any]]], conn: Any) -> None:
-    """Entry point of a unit's worker: load the model, run the task (``rows_of(unit, model,
-    encode)``, sent by reference: this module imports no unit), send the rows."""
+    """Entry point of a unit's worker: load the model, send ``rows_of(unit, model, encode)`` (this module imports
+    no unit)."""
     use_compile_cache("cpu")
     try:
         import_plugins(unit.config.plugins)

@@ -1,7 +1,5 @@
-"""Quality at matched compute: training FLOPs per step, step counts from a FLOP budget, and
-the budget figure and table. What is counted, and why FLOPs and not seconds: docs/quality.md,
-"Quality at matched compute".
-"""
+"""Quality at matched compute: training FLOPs per step, step counts from a FLOP budget, the budget figure and
+table (docs/quality.md, "Quality at matched compute"), and the pyplot setup every quality figure shares."""
 
 from __future__ import annotations
 
@@ -75,8 +73,7 @@ class _Tally:
 
 
 def count_step_flops(model: nn.Module, forward: Callable[[], Any]) -> StepFlops:
-    """FLOPs of one training step of ``model``, from one ``forward()`` pass (no gradients, eval
-    mode, random state untouched)."""
+    """FLOPs of one training step of ``model`` from one ``forward()`` (no gradients, eval mode, RNG untouched)."""
     tally = _Tally(model)
     handles = []
     for module in model.modules():
@@ -131,8 +128,7 @@ def flop_budget(budget_x: float, reference_flops_per_step: int, reference_steps:
 
 
 def stretched(train: TrainSettings, steps: int) -> TrainSettings:
-    """``train`` run for ``steps`` steps, warm-up and validation interval scaled with them
-    (``checkpoint_every`` stays: it only bounds what a kill loses)."""
+    """``train`` run for ``steps`` steps, warm-up and validation interval scaled (``checkpoint_every`` stays)."""
     scale = Fraction(steps, train.steps)
     warmup = min(round(train.warmup_steps * scale), steps - 1)
     return dataclasses.replace(train, steps=steps, warmup_steps=max(warmup, 0),
@@ -219,7 +215,8 @@ def _numeric(df: pd.DataFrame) -> pd.DataFrame:
                         for c in (*BUDGET_COLUMNS, "steps", "value")})
 
 
-def _cell(values: pd.Series, metric: str) -> str:
+def seed_cell(values: pd.Series, metric: str) -> str:
+    """A table cell of ``values`` over seeds: the value, or mean ± std, in ``metric``'s display unit."""
     scale, digits = display_unit(metric)
     values = values.dropna() * scale
     if values.empty:
@@ -230,8 +227,8 @@ def _cell(values: pd.Series, metric: str) -> str:
 
 
 def budget_table(df: pd.DataFrame) -> str:
-    """The markdown section of the budget units (``df``: their test headline rows): per task and
-    variant the GFLOPs of a step, and at each budget the test metric and the steps it bought."""
+    """The markdown section of the budget units' test headline rows: per task and variant the GFLOPs of a step,
+    and at each budget the test metric and the steps it bought."""
     if df.empty:
         return ""
     df = _numeric(df)
@@ -247,7 +244,7 @@ def budget_table(df: pd.DataFrame) -> str:
             for x in multiples:
                 at = mine[mine.budget_x == x]
                 steps = "" if at.empty else f" ({int(at.steps.median())} steps)"
-                row[f"{x:g}x"] = _cell(at.value, metric) + steps
+                row[f"{x:g}x"] = seed_cell(at.value, metric) + steps
             rows.append(row)
     budgets = ", ".join(f"{x:g}x" for x in multiples)
     return "\n".join([
@@ -259,21 +256,11 @@ def budget_table(df: pd.DataFrame) -> str:
 
 
 def plot_budget(df: pd.DataFrame, run_dir: Path) -> list[Path]:
-    """``budget.png`` and ``.svg``: test quality against training FLOPs, a panel per task (``df`` as
-    for :func:`budget_table`)."""
-    import matplotlib  # plotting stack: heavy, imported only to draw
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
-    sns.set_theme(style="whitegrid", context="paper")
+    """``budget.png`` and ``.svg``: test quality against training FLOPs, a panel per task."""
     df = _numeric(df)
     tasks = order_tasks(df.task)
-    colours = dict(zip(sorted(set(df.label)), plt.get_cmap("tab10").colors))
-    cols = min(4, len(tasks))
-    rows = -(-len(tasks) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False)
+    colours = dict(zip(sorted(set(df.label)), pyplot().get_cmap("tab10").colors))
+    fig, axes = figure_panels(len(tasks), 4.2, 3.6)
     for ax, task in zip(axes.flat, tasks):
         part = df[df.task == task]
         metric = part.metric.iloc[0]
@@ -287,14 +274,39 @@ def plot_budget(df: pd.DataFrame, run_dir: Path) -> list[Path]:
         ax.set_title(task)
         ax.set_xlabel("training FLOPs")
         ax.set_ylabel(metric.replace("_", " "))
-    for ax in list(axes.flat)[len(tasks):]:
-        ax.axis("off")
     handles, names = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, names, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.suptitle(f"{Path(run_dir).name}: quality at matched training FLOPs")
     fig.tight_layout()
-    paths = [Path(run_dir) / f"{BUDGET_FIGURE}.png", Path(run_dir) / f"{BUDGET_FIGURE}.svg"]
+    return save_figure(fig, Path(run_dir), BUDGET_FIGURE)
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` drawing off screen in the quality figures' theme."""
+    import matplotlib  # plotting stack: heavy, imported only to draw
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # plotting stack
+    import seaborn as sns  # plotting stack
+
+    sns.set_theme(style="whitegrid", context="paper")
+    return plt
+
+
+def figure_panels(count: int, width: float, height: float) -> tuple[Any, Any]:
+    """A figure of ``count`` panels of ``width`` x ``height`` inches, four a row, the spare ones hidden."""
+    cols = min(4, count)
+    rows = -(-count // cols)
+    fig, axes = pyplot().subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    for ax in list(axes.flat)[count:]:
+        ax.axis("off")
+    return fig, axes
+
+
+def save_figure(fig: Any, run_dir: Path, stem: str) -> list[Path]:
+    """``fig`` as ``<stem>.png`` and ``.svg`` in ``run_dir``, then closed."""
+    paths = [run_dir / f"{stem}.png", run_dir / f"{stem}.svg"]
     for path in paths:
         fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
+    pyplot().close(fig)
     return paths

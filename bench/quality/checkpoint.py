@@ -1,9 +1,5 @@
-"""Checkpoints as ``safetensors`` files (no pickle), written atomically, verified on load.
-
-Tensors that share storage (tied embeddings) are stored once and aliased in the JSON metadata.
-The header carries a SHA-256 digest of the metadata and every tensor; a checkpoint from before
-digests is loaded with the other checks only.
-"""
+"""Checkpoints as ``safetensors`` files, written atomically, verified on load by a SHA-256 digest of the
+metadata and every tensor (one from before digests with the other checks only); shared tensors stored once."""
 
 from __future__ import annotations
 
@@ -70,8 +66,8 @@ def save_checkpoint(path: str | Path, tensors: dict[str, Tensor], meta: dict[str
 
 
 def load_checkpoint(path: str | Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """Tensors (shared names restored) and metadata of a verified checkpoint; :class:`CheckpointError`
-    when it does not parse, its digest does not match or a tensor is not finite."""
+    """Tensors and metadata of a verified checkpoint; :class:`CheckpointError` when it does not parse, its digest
+    does not match or a tensor is not finite."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no checkpoint there")

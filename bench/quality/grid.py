@@ -1,7 +1,5 @@
-"""Training grids run into a run directory by ``attn-bench sweep``: the speed sweeps' engine
-(:func:`bench.engine.rundir.run_units`) with a grid's plan (:class:`GridPlan`). Rows go to
-``quality.csv``; stale and foreign rows to ``superseded.csv`` (docs/quality.md, "Grids").
-"""
+"""A training grid's run plan (:class:`GridPlan`) for :func:`bench.engine.rundir.run_units`: rows into
+``quality.csv``, stale and foreign ones into ``superseded.csv`` (docs/quality.md, "Grids")."""
 
 from __future__ import annotations
 
@@ -35,8 +33,7 @@ def _row_json(row: dict[str, Any], column: str) -> Any:
 
 
 def superseded_units(rows: list[dict[str, Any]], config: GridConfig) -> set[str]:
-    """Units whose rows were trained with other task settings than the preset (with their
-    overrides) gives now: they run again."""
+    """Units whose rows were trained with other task settings than the preset gives now: they run again."""
     now = SettingsCache(config.preset)
     stale = set()
     for row in rows:
@@ -59,8 +56,7 @@ def superseded_units(rows: list[dict[str, Any]], config: GridConfig) -> set[str]
 
 
 def foreign_units(rows: list[dict[str, Any]], config: GridConfig) -> set[str]:
-    """Units of the grid's tasks whose (variant, parameters, overrides) no entry gives any more;
-    variants left out by ``only`` and unlisted tasks are left alone."""
+    """Units of the grid's tasks whose (variant, parameters, overrides) no entry gives any more."""
     wanted: dict[str, set[tuple[str, str, str]]] = {}
     settings_of = SettingsCache(config.preset)
     for task in config.tasks:
@@ -95,7 +91,7 @@ def foreign_units(rows: list[dict[str, Any]], config: GridConfig) -> set[str]:
 
 def resolved_settings(config: GridConfig) -> dict[str, Any]:
     """Every task's settings in this grid's preset (written beside the results)."""
-    return {"grid": {k: v for k, v in config.raw.items()},
+    return {"grid": dict(config.raw),
             "tasks": {t: task_settings(t, config.preset).to_dict()
                       for t in config.raw.get("tasks", config.tasks)}}  # all, also for --task
 

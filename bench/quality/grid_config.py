@@ -1,7 +1,5 @@
-"""Training-grid configs: tasks x variants x seeds from a YAML mapping, validated into frozen
-dataclasses (errors name the key and the allowed values). The keys: docs/quality.md, "Grids";
-a variant entry may also carry ``tasks``, the grid tasks it trains on (default all).
-"""
+"""Training-grid configs (docs/quality.md, "Grids"), validated into frozen dataclasses; a variant entry may
+also carry ``tasks``, the grid tasks it trains on (default all)."""
 
 from __future__ import annotations
 
@@ -30,8 +28,7 @@ from models.registration import MODELS
 from models.registry import model_config
 
 ROLES = ("variant", "control", "reference")
-#: config keys a command line may override: ``variants`` (names: train only those entries),
-#: ``tasks`` (train only those tasks, :func:`only_tasks`), ``device``, ``threads``, ``plugins``
+#: config keys a command line may override (``tasks``: :func:`only_tasks`)
 OVERRIDES = ("variants", "tasks", "device", "threads", "plugins")
 #: keys of a variant entry that are not attention parameters
 _ENTRY_KEYS = ("name", "model", "role", "title", "tasks")
@@ -195,9 +192,7 @@ def _variant(index: int, item: Any, preset: str, tasks: list[str]) -> GridVarian
 
 
 def parse_grid(raw: dict[str, Any], only: Collection[str] | None = None) -> GridConfig:
-    """Validate a training-grid mapping (its tasks and variants registered already: plug-ins are
-    imported by :func:`bench.runner.load_run`). ``only``: the ``--variant`` names to run; every
-    entry is still validated."""
+    """Validate a training-grid mapping, its plug-ins imported already; ``only``: the ``--variant`` names to run."""
     unknown = sorted(set(raw) - _KEYS)
     if unknown:
         raise ConfigError(f"config key {unknown[0]!r}: unknown key; allowed keys are {sorted(_KEYS)}",

@@ -1,6 +1,5 @@
-"""Does a variant beat what needs no attention? Per task, the strongest ``reference`` row against
-every variant's mean over seeds: a variant *clears* its task when its mean is past it by at
-least :data:`SD_MARGIN` standard deviations of its own seeds."""
+"""Does a variant beat what needs no attention? Each variant's mean over seeds against its task's strongest
+``reference`` row (docs/quality.md, "References without attention")."""
 
 from __future__ import annotations
 
@@ -32,9 +31,7 @@ class Margin:
 
 
 def strongest_references(top: pd.DataFrame) -> pd.DataFrame:
-    """Per task, the reference row with the best mean over its seeds: ``task, label, metric,
-    value``. ``top``: headline test rows with columns ``task, label, role, seed, metric,
-    value``."""
+    """Per task of the headline test rows ``top``, the reference with the best mean: ``task, label, metric, value``."""
     refs = top[top.role == "reference"]
     rows = []
     for task, part in refs.groupby("task", sort=False):
@@ -46,8 +43,7 @@ def strongest_references(top: pd.DataFrame) -> pd.DataFrame:
 
 
 def margins(top: pd.DataFrame, strongest: pd.DataFrame | None = None) -> list[Margin]:
-    """Every variant (role ``variant``) on every task that has a reference row; ``strongest``:
-    :func:`strongest_references` of ``top`` when the caller has it already."""
+    """Every variant (role ``variant``) on every task that has a reference row."""
     found = []
     strongest = (strongest_references(top) if strongest is None else strongest).set_index("task")
     for (task, name), part in top[top.role == "variant"].groupby(["task", "label"], sort=False):
@@ -72,9 +68,7 @@ def margins(top: pd.DataFrame, strongest: pd.DataFrame | None = None) -> list[Ma
 
 def unlearned_tasks(top: pd.DataFrame, reference: str = "full", *,
                     found: list[Margin] | None = None) -> dict[str, Margin]:
-    """Tasks where ``reference`` (full attention) is not past the strongest reference row:
-    below it, or past it by less than two seed standard deviations. A task without reference
-    rows, or with one seed of full attention past its reference, is not judged here.
-    ``found``: :func:`margins` of ``top`` when the caller has them already."""
+    """Tasks where ``reference`` (full attention) is below the strongest reference row or past it by less than
+    :data:`SD_MARGIN` seed standard deviations (one seed past it is not judged)."""
     return {m.task: m for m in (margins(top) if found is None else found)
             if m.label == reference and m.verdict in (BELOW, SHORT)}

@@ -1,5 +1,5 @@
-"""Quality figures: the quality/speed Pareto front per task, each task's metrics by condition,
-and the attention-pattern figure of every registered variant."""
+"""Quality figures: the quality/speed Pareto front per task, each task's metrics by condition, and every
+registered variant's attention pattern."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pandas as pd
 
 from attn import attention_info, create_attention, list_attention
 from attn.mods import dense_allowed
-from bench.quality.budget import plot_budget, split_budget
+from bench.quality.budget import figure_panels, plot_budget, pyplot, save_figure, split_budget
 from bench.quality.margins import strongest_references
 from bench.quality.reach import variant_recall_reach
 from bench.quality.reference_unit import is_reference_row
@@ -21,27 +21,6 @@ from bench.quality.tables import condition_table, headline, task_order, trained,
 from bench.quality.tasks import ConditionView, condition_views, task_info
 
 PARETO, PATTERNS = "pareto", "patterns"
-
-
-def _save(fig: Any, run_dir: Path, stem: str) -> list[Path]:
-    import matplotlib.pyplot as plt
-
-    paths = [run_dir / f"{stem}.png", run_dir / f"{stem}.svg"]
-    for path in paths:
-        fig.savefig(path, dpi=130, bbox_inches="tight")
-    plt.close(fig)
-    return paths
-
-
-def _pyplot() -> Any:
-    import matplotlib  # plotting stack: heavy, imported only to draw
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import seaborn as sns
-
-    sns.set_theme(style="whitegrid", context="paper")
-    return plt
 
 
 def _front(points: pd.DataFrame, higher: bool) -> pd.DataFrame:
@@ -64,22 +43,19 @@ def _controls(top: pd.DataFrame) -> set[str]:
 
 def _colours(labels: list[str]) -> dict[str, Any]:
     """One colour per label, cycling through tab20 past twenty labels."""
-    palette = _pyplot().get_cmap("tab20").colors
+    palette = pyplot().get_cmap("tab20").colors
     return {name: palette[i % len(palette)] for i, name in enumerate(labels)}
 
 
 def plot_pareto(df: pd.DataFrame, run_dir: Path) -> list[Path]:
     """Test quality against training throughput, one panel per task; controls hollow and off the front."""
-    plt = _pyplot()
     top, tasks = headline(df), task_order(headline(df))
     strongest = strongest_references(top).set_index("task")
     top = trained(top)  # a computed reference has no training throughput: a line instead
     tasks = [t for t in tasks if t in set(top.task)]
     colours = _colours(sorted(set(top.label)))
     controls, chance = _controls(top), uniform_chance(df)
-    cols = min(4, len(tasks))
-    rows = -(-len(tasks) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.6 * rows), squeeze=False)
+    fig, axes = figure_panels(len(tasks), 4.2, 3.6)
     for ax, task in zip(axes.flat, tasks):
         part = top[top.task == task]
         metric = part.metric.iloc[0]
@@ -105,8 +81,6 @@ def plot_pareto(df: pd.DataFrame, run_dir: Path) -> list[Path]:
         ax.set_title(task)
         ax.set_xlabel("training tokens/s")
         ax.set_ylabel(metric.replace("_", " "))
-    for ax in list(axes.flat)[len(tasks):]:
-        ax.axis("off")
     legend: dict[str, Any] = {}
     for ax in axes.flat:  # every panel's entries once (a control or chance line may be in some)
         for handle, name in zip(*ax.get_legend_handles_labels()):
@@ -117,12 +91,11 @@ def plot_pareto(df: pd.DataFrame, run_dir: Path) -> list[Path]:
                  "the variants; hollow: controls and trained references; dotted: uniform "
                  "chance; dash-dot: the task's strongest reference without attention)")
     fig.tight_layout()
-    return _save(fig, run_dir, PARETO)
+    return save_figure(fig, run_dir, PARETO)
 
 
 def _reach(row: pd.Series) -> int | bool | None:
-    """The row's variant's reach by its mask (:mod:`bench.quality.reach`); ``None`` if none, ``False``
-    without a mask."""
+    """The row's variant's reach by its mask (:mod:`bench.quality.reach`): ``None``: none, ``False``: no mask."""
     if is_reference_row(row) or "mixer" in (row.get("overrides") or ""):
         return False
     params = json.loads(row.params or "{}")  # the variant's defaults fill what it leaves out
@@ -132,13 +105,12 @@ def _reach(row: pd.Series) -> int | bool | None:
 
 def plot_condition(df: pd.DataFrame, run_dir: Path, task: str,
                    view: ConditionView | None = None) -> list[Path]:
-    """``task``'s metric against its condition, one line per variant, as ``view`` (default the task's
-    first with a figure) declares it: the training length marked, or each variant's reach dotted
-    with the floors."""
+    """``task``'s metric against its condition, a line per variant, as ``view`` (default: the first with a figure)
+    declares it."""
     view = view or next(v for v in task_info(task).conditions if v.figure is not None)
     figure = view.figure
     assert figure is not None, f"{task}: {view.prefix} has no figure"
-    plt = _pyplot()
+    plt = pyplot()
     table = condition_table(df, task, view.metric, view.prefix, numeric=view.numeric)
     fig, ax = plt.subplots(figsize=(7, 4.5))
     rows = df[(df.task == task) & (df.status == "ok")].drop_duplicates("label")
@@ -164,7 +136,7 @@ def plot_condition(df: pd.DataFrame, run_dir: Path, task: str,
     ax.set_title(figure.title, **({"fontsize": 9} if "\n" in figure.title else {}))
     ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
     fig.tight_layout()
-    return _save(fig, run_dir, figure.stem)
+    return save_figure(fig, run_dir, figure.stem)
 
 
 def _floors(ax: Any, df: pd.DataFrame, task: str) -> None:
@@ -182,7 +154,7 @@ def _floors(ax: Any, df: pd.DataFrame, task: str) -> None:
 def plot_quality_run(run_dir: str | Path) -> list[Path]:
     """Every quality figure the run's data allows."""
     run_dir = Path(run_dir)
-    df, budget = split_budget(load_quality(run_dir))  # matched-compute rows apart: budget.py
+    df, budget = split_budget(load_quality(run_dir))
     if headline(df).empty:
         raise ValueError(f"RUN_DIR {run_dir}: no finished training run to plot")
     paths = plot_pareto(df, run_dir)
@@ -217,11 +189,8 @@ def _illustrative_pattern(name: str, examples: tuple[dict[str, Any], ...], n: in
 
 def plot_patterns(out_dir: str | Path, n: int = 24) -> list[Path]:
     """Allowed (query, key) pairs of every registered variant at length ``n`` (non-causal)."""
-    plt = _pyplot()
     names = [name for name in list_attention() if not name.startswith("bench_")]
-    cols = min(4, len(names))
-    rows = -(-len(names) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(2.8 * cols, 3.4 * rows), squeeze=False)
+    fig, axes = figure_panels(len(names), 2.8, 3.4)
     for ax, name in zip(axes.flat, names):
         info = attention_info(name)
         params, grid = _illustrative_pattern(name, info.example_params, n)
@@ -233,10 +202,8 @@ def plot_patterns(out_dir: str | Path, n: int = 24) -> list[Path]:
         ax.set_xlabel("key j", fontsize=7)
         ax.set_ylabel("query i", fontsize=7)
         ax.tick_params(labelsize=6)
-    for ax in list(axes.flat)[len(names):]:
-        ax.axis("off")
     fig.suptitle(f"allowed (query, key) pairs at N={n}")
     fig.tight_layout()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    return _save(fig, out_dir, PATTERNS)
+    return save_figure(fig, out_dir, PATTERNS)

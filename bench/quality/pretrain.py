@@ -1,7 +1,5 @@
-"""Self-pretraining (Amos et al. 2023, "Never Train from Scratch"): the first
-``train.pretrain_steps`` steps denoise the task's own training inputs, then the model is
-fine-tuned on the labels (docs/quality.md, "Training and evaluation"). The output layer is the
-transposed token embedding, as in BERT (Devlin et al. 2019)."""
+"""Self-pretraining (docs/quality.md, "Training and evaluation"): the first ``train.pretrain_steps`` steps denoise
+the task's training inputs through the transposed token embedding, as in BERT."""
 
 from __future__ import annotations
 
@@ -17,14 +15,10 @@ from bench.quality.settings import TrainSettings
 from bench.quality.tasks import ClassificationTask, Task
 
 
-def supports_pretraining(task: Task) -> bool:
-    """Tasks whose model is an encoder reading token ids (``encoder_classifier``)."""
-    return isinstance(task, ClassificationTask) and task.model_kind == "encoder_classifier"
-
-
 def check_pretraining(task: Task, train: TrainSettings) -> None:
     """``ConfigError`` naming ``train.pretrain_steps`` when the task cannot self-pretrain."""
-    if train.pretrain_steps and not supports_pretraining(task):
+    encoder = isinstance(task, ClassificationTask) and task.model_kind == "encoder_classifier"
+    if train.pretrain_steps and not encoder:
         raise ConfigError(f"train.pretrain_steps: task {task.name!r} ({task.model_kind}) has no "
                           "self-pretraining objective; only tasks read by an encoder_classifier "
                           "have one (set it to 0)", "train.pretrain_steps")
@@ -42,8 +36,7 @@ def phase_settings(step: int, train: TrainSettings) -> tuple[int, TrainSettings]
 
 def corrupt(ids: Tensor, key_mask: Tensor | None, vocab_size: int, rate: float,
             seed: int, step: int) -> tuple[Tensor, Tensor]:
-    """``ids`` with a ``rate`` share of the real tokens (at least one a row) replaced by uniform
-    draws, and the mask of those positions; a pure function of (seed, step)."""
+    """``ids`` with a ``rate`` share of the real tokens (one a row at least) replaced by uniform draws, and where."""
     gen = np.random.default_rng([seed, step, 0x5E1F])
     real = np.ones(ids.shape, bool) if key_mask is None else key_mask.cpu().numpy().astype(bool)
     chosen = (gen.random(ids.shape) < rate) & real

@@ -1,10 +1,5 @@
-"""Which recall distances an attention pattern can answer at all, from its mask alone.
-
-One layer's flow is ``A[i, j] = (some head lets i attend to j) or i == j``; with ``L`` layers the
-answer is reachable iff for some ``l`` in ``1 .. L - 1`` and position ``p``, key and value are in
-``R^l(p)`` and ``p`` is in ``R^(L-l)(query)``, ``R^l = A^l`` (docs/quality.md, "Recall"). A
-necessary condition: where it fails no weights beat chance.
-"""
+"""Which recall distances an attention pattern can answer at all, from its mask alone (docs/quality.md,
+"Recall": one layer's flow ``A`` and ``R^l = A^l``)."""
 
 from __future__ import annotations
 
@@ -25,8 +20,7 @@ from models.config import SIZES
 
 def flow_matrix(attention: Attention | MaskMod | None, seq_len: int, *, heads: int = 1,
                 causal: bool = False) -> Tensor:
-    """One layer's flow ``A (N, N)`` bool, from a module (no mask: all pairs), a mask_mod over
-    ``heads`` heads, or ``None`` (all pairs)."""
+    """One layer's flow ``A (N, N)`` bool, from a module, a mask_mod over ``heads`` heads, or ``None`` (all pairs)."""
     require_int("seq_len", seq_len, minimum=1)
     if isinstance(attention, Attention):
         heads = attention.num_heads or 1
@@ -53,8 +47,7 @@ def power_rows(flow: Tensor, rows: Tensor, power: int) -> Tensor:
 
 def pair_reachable(flow: Tensor, layers: int, *, keys: Tensor, values: Tensor,
                    query: int | None = None) -> Tensor:
-    """For each pair ``(keys[m], values[m])``, whether ``layers`` layers of ``flow`` bring it, bound,
-    to ``query`` (default the last position)."""
+    """Whether ``layers`` layers of ``flow`` bring each pair ``(keys[m], values[m])``, bound, to ``query`` (last)."""
     require_int("layers", layers, minimum=1)
     n = flow.shape[-1]
     query = n - 1 if query is None else query
@@ -96,8 +89,7 @@ class RecallReach:
 def recall_reach(attention: Attention | MaskMod | None, *, seq_len: int, layers: int,
                  distances: Sequence[int] = (), pair_gap: int | Sequence[int] = 1,
                  heads: int = 1) -> RecallReach:
-    """The recall distances ``layers`` layers of ``attention`` can answer; with several gaps, only
-    where every gap is reachable (a drawn gap the pattern cannot bind is answered at chance)."""
+    """The recall distances ``layers`` layers of ``attention`` can answer (with several gaps: every gap)."""
     gaps = recall.pair_gaps(pair_gap)
     largest = recall.max_distance(seq_len, gaps)
     flow = flow_matrix(attention, seq_len, heads=heads)

@@ -1,10 +1,5 @@
-"""A grid's reference rows as units: one (task, reference) is computed in its own worker
-process, like a training run, and returns rows of the grid's ``quality.csv`` with role
-``reference`` (bench/quality/reference lists what each computes).
-
-A reference reads the task's data settings only (no model, no training, no seed: its
-splits are the ones every seed of the task trains on), so its id and its staleness depend
-on the task, the preset and the data settings alone."""
+"""A grid's reference rows as units: one (task, reference) computed in its own worker, its id depending on the
+task, the preset and the data settings alone (docs/quality.md, "Grids")."""
 
 from __future__ import annotations
 
@@ -27,16 +22,13 @@ NO_ATTENTION = "none (reference without attention)"
 
 
 def is_reference_row(row: Mapping[str, Any] | pd.Series) -> bool:
-    """A row a :class:`ReferenceUnit` computed: role ``reference`` and a reference's name as
-    its variant. Not a row of a trained entry with role ``reference`` (the LSTM model: its
-    variant is an attention's name), nor of a trained variant whose name happens to be a
-    reference's. :func:`reference_row_mask` is the same rule over a DataFrame."""
+    """A row a :class:`ReferenceUnit` computed (not a trained entry with role ``reference``, such as the LSTM
+    model, whose variant is an attention's name); :func:`reference_row_mask` over a DataFrame."""
     return row.get("role") == "reference" and row.get("variant") in reference_names()
 
 
 def reference_row_mask(df: pd.DataFrame) -> pd.Series:
-    """:func:`is_reference_row` for every row of ``df`` (columns ``role`` and ``variant``), as
-    a boolean mask: the rows of computed references (no seeds, nothing trained)."""
+    """:func:`is_reference_row` for every row of ``df``, as a boolean mask."""
     return (df.role == "reference") & df.variant.isin(reference_names())
 
 

@@ -1,6 +1,4 @@
-"""The quality report of a training grid (``report.md``): the tables of
-:mod:`bench.quality.tables` with their explanations, the matched-compute table, the runs
-that did not run or failed, which attention ran where, and provenance."""
+"""The quality report of a training grid (``report.md``): the tables of :mod:`bench.quality.tables` explained."""
 
 from __future__ import annotations
 
@@ -36,7 +34,6 @@ NUMERIC = ("value", "seed", "steps", "best_step", "train_time_s", "train_tokens_
            "eval_tokens_per_s", "peak_mem_bytes", "param_count", "seq_len")
 
 
-
 def load_quality(run_dir: str | Path) -> pd.DataFrame:
     """``quality.csv`` as a typed DataFrame."""
     run_dir = Path(run_dir)
@@ -45,7 +42,6 @@ def load_quality(run_dir: str | Path) -> pd.DataFrame:
     df = pd.DataFrame(read_rows(run_dir, QUALITY_FILE, QUALITY_COLUMNS), columns=QUALITY_COLUMNS)
     for col in NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce")
-    # (a column an older file lacks is all missing: text, not float)
     for col in ("condition", "reason", "kernel_path", "attention_parts", "title", "overrides"):
         df[col] = df[col].astype(object).fillna("").astype(str)
     df["role"] = df.role.astype(object).fillna("").replace("", "variant")  # before control rows
@@ -55,9 +51,7 @@ def load_quality(run_dir: str | Path) -> pd.DataFrame:
 
 
 def _labels(df: pd.DataFrame) -> pd.Series:
-    """Every row's label by the current labelling (:func:`bench.engine.labels.variant_label`), so
-    rows written under an older one group with new ones; a row whose parameters do not
-    parse keeps its own."""
+    """Every row's label by the current labelling, so rows written under an older one group with new ones."""
     cache: dict[tuple[str, str, str], str] = {}
 
     titles = {r.name: r.title for r in list_references()}
@@ -88,10 +82,10 @@ def _provenance(df: pd.DataFrame) -> list[str]:
 def build_quality_report(run_dir: str | Path) -> str:
     """The quality report of ``run_dir`` as markdown (also written to ``report.md`` there)."""
     run_dir = Path(run_dir)
-    df, budget = split_budget(load_quality(run_dir))  # matched-compute rows apart: budget.py
+    df, budget = split_budget(load_quality(run_dir))
     if df.empty:
         raise ValueError(f"RUN_DIR {run_dir}: {QUALITY_FILE} has no rows yet; run or resume the grid")
-    top = headline(df)  # computed once, passed to every table
+    top = headline(df)
     strongest = strongest_references(top)
     found = margins(top, strongest)
     unlearned = unlearned_tasks(top, found=found)
@@ -153,7 +147,7 @@ def build_quality_report(run_dir: str | Path) -> str:
                   "verdicts are expected by chance alone.", "",
                   markdown_table(differences), ""]
     parts += ["## Cost per run (medians over seeds)", "", markdown_table(cost_table(df, top)), ""]
-    for task, view in condition_views():  # what each task declares (register_task)
+    for task, view in condition_views():
         found = condition_table(df, task, view.metric, view.prefix, numeric=view.numeric)
         if len(found):
             parts += [f"## {view.title}", "", markdown_table(found), ""]

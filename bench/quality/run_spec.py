@@ -1,5 +1,4 @@
-"""What one training run is: :class:`RunSpec` (task, variant, preset, seed, where), the value
-the trainer and the run that builds it share."""
+"""What one training run is (:class:`RunSpec`), shared by the trainer and the run that builds it."""
 
 from __future__ import annotations
 

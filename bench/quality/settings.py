@@ -1,16 +1,6 @@
-"""Task presets: the data, model and training settings of every quality task.
-
-A task preset (``tiny``, ``small``, ``lra``) is a file ``bench/configs/tasks/<preset>.yaml``
-with ``defaults`` (``model``, ``train``, ``attention``) for every task. Each task registers
-its own section per preset (``register_task(..., presets=...)``: its ``data`` settings and
-anything of the defaults it changes, :mod:`bench.quality.tasks.registration`); a preset file
-may still override a task in an optional ``tasks`` section. A task's settings are the
-defaults, then its registered section, then the file's section, then the caller's overrides,
-each section by section. Within a task every variant gets the same settings: the same model
-size, the same hyper-parameters, the same step budget, and the same attention parameters
-(``attention``: e.g. ``window``, ``num_landmarks``, applied to every variant that has such a
-parameter).
-"""
+"""Task presets (docs/quality.md, "Presets"): a task's settings are the preset file's defaults, then the task's
+registered section, then the file's ``tasks`` section, then the caller's overrides, section by section; every
+variant of a task gets the same ones."""
 
 from __future__ import annotations
 
@@ -28,8 +18,7 @@ from bench.engine.config import ConfigError, load_yaml
 from bench.quality.tasks import list_tasks, task_info
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs" / "tasks"
-#: the model size (:data:`models.config.SIZES`) every task's model starts from; the task's
-#: data (vocabulary, classes, length) and its preset's ``model`` settings then set its fields
+#: the model size (:data:`models.config.SIZES`) every task's model starts from
 MODEL_SIZE = "mini"
 SCHEDULES = ("cosine", "linear")
 
@@ -49,15 +38,12 @@ class TrainSettings:
     eval_every: int = 100  # validation (and a best-checkpoint candidate) every this many steps
     eval_examples: int = 512  # validation examples (or byte windows) per evaluation
     checkpoint_every: int = 50  # resumable checkpoint every this many steps
-    #: learning-rate multiplier of relative-position bias tables (their own AdamW group, no
-    #: weight decay; docs/quality.md says how the value was chosen)
+    #: learning-rate multiplier of relative-position bias tables (docs/quality.md says how it was chosen)
     position_bias_lr_scale: float = 30.0
-    #: matched compute (bench/quality/budget.py): train for budget_x times the FLOPs full
-    #: attention spends in `steps` steps; the run's steps are what that budget buys, with
-    #: warm-up and eval_every stretched to them. None: train for `steps` steps.
+    #: matched compute (bench/quality/budget.py): train for budget_x times the FLOPs full attention spends in
+    #: `steps` steps (None: `steps` steps)
     budget_x: float | None = None
-    #: self-pretraining (bench/quality/pretrain.py): the first this many of `steps` denoise
-    #: the task's own inputs before fine-tuning on its labels; 0: none
+    #: self-pretraining (bench/quality/pretrain.py): the first this many of `steps` denoise the task's inputs
     pretrain_steps: int = 0
     pretrain_mask_rate: float = 0.15  # share of real tokens replaced while pretraining
 
@@ -114,26 +100,15 @@ class TaskSettings:
         return json.dumps(self.to_dict(), sort_keys=True, default=str)
 
 
-
 def settings_that_apply(settings_json: str, variant: str, params: dict[str, Any]) -> dict[str, Any]:
-    """A row's recorded settings reduced to what can change the run of ``variant(params)``.
-
-    Two rows compare equal under it when no difference between them could change the run,
-    so adding a train setting does not make every recorded unit look stale:
-
-    - ``train.budget_x`` left unset (``None``, or absent from rows older than it) is the
-      preset's step count, as before the setting existed;
-    - ``train.pretrain_steps`` left at 0 (or absent) is no self-pretraining, whatever
-      ``train.pretrain_mask_rate`` says;
-    - ``train.position_bias_lr_scale`` moves only relative-position bias tables, so it is
-      dropped for a variant that carries none (anything but ``relative`` without
-      ``position_bias``).
-    """
+    """A row's recorded settings less what cannot change the run of ``variant(params)``, so that a new train
+    setting does not make every recorded unit look stale: ``budget_x`` unset (or absent), the pretraining
+    settings without pretraining steps, ``position_bias_lr_scale`` for a variant without relative-bias tables."""
     settings = json.loads(settings_json)
     train = settings.get("train", {})
     if train.get("budget_x") is None:
         train.pop("budget_x", None)
-    if not train.get("pretrain_steps"):  # no self-pretraining (or a row older than it)
+    if not train.get("pretrain_steps"):
         train.pop("pretrain_steps", None)
         train.pop("pretrain_mask_rate", None)
     if variant != "relative" and not params.get("position_bias"):
@@ -142,8 +117,7 @@ def settings_that_apply(settings_json: str, variant: str, params: dict[str, Any]
 
 
 def list_task_presets() -> list[str]:
-    """Names of the task presets shipped in ``bench/configs/tasks`` (``tiny``, ``small``,
-    ``lra``: ``attn-bench train --preset``, a grid's ``preset``)."""
+    """Names of the task presets shipped in ``bench/configs/tasks`` (``tiny``, ``small``, ``lra``)."""
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
@@ -160,8 +134,7 @@ def _load_preset(preset: str) -> dict[str, Any]:
 
 
 def preset_tasks(preset: str) -> list[str]:
-    """The registered tasks that have settings in ``preset`` (their own, or the preset
-    file's), in task order."""
+    """The registered tasks that have settings in ``preset`` (their own, or the preset file's), in task order."""
     written = _load_preset(preset).get("tasks") or {}
     return [t for t in list_tasks() if task_info(t).preset(preset) is not None or t in written]
 
@@ -173,8 +146,7 @@ def _merged(base: dict[str, Any], override: dict[str, Any] | None, where: str) -
 
 
 def task_settings(task: str, preset: str, overrides: dict[str, Any] | None = None) -> TaskSettings:
-    """The settings of ``task`` in ``preset``, with optional ``overrides`` of the same shape
-    (``{"train": {"steps": 10}, "data": {...}, "model": {...}, "attention": {...}}``)."""
+    """The settings of ``task`` in ``preset``, with ``overrides`` of the same shape (``{"train": {"steps": 10}}``)."""
     raw = _load_preset(preset)
     written = raw.get("tasks") or {}
     registered = task_info(task).preset(preset) if task in list_tasks() else None
@@ -210,8 +182,7 @@ def task_settings(task: str, preset: str, overrides: dict[str, Any] | None = Non
 
 
 def attention_params(variant: str, params: dict[str, Any], settings: TaskSettings) -> dict[str, Any]:
-    """The variant's parameters for this task: the task's attention settings for every
-    parameter the variant has, then the explicitly given ``params``."""
+    """The task's attention settings for every parameter the variant has, then the given ``params``."""
     allowed = attention_info(variant).params
     shared = {k: v for k, v in settings.attention.items() if k in allowed}
     return {**shared, **params}

@@ -1,7 +1,5 @@
-"""Is a variant's difference from full attention beyond seed noise? Seed ``s`` of both runs drew
-the same data and initial weights, so the per-seed differences get a 95% t-interval (Student
-1908); verdicts as in docs/quality.md, "Report and figures".
-"""
+"""Is a variant's difference from full attention beyond seed noise? A 95% t-interval of the per-seed
+differences (docs/quality.md, "Report and figures")."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ _Z975 = 1.959964
 
 
 def t_quantile_975(df: int) -> float:
-    """``t(0.975, df)``: the table for df <= 30, then the Cornish-Fisher expansion of the t
-    quantile around the normal one (Abramowitz and Stegun 26.7.5; error < 1e-3 past 30)."""
+    """``t(0.975, df)``: the table to 30, then the Cornish-Fisher expansion (Abramowitz and Stegun 26.7.5)."""
     if df < 1:
         raise ValueError(f"df: must be >= 1; got {df}")
     if df <= len(_T975):
@@ -67,12 +64,8 @@ def paired_difference(differences: Sequence[float], higher_is_better: bool = Tru
 
 
 def differences_from_reference(top: pd.DataFrame) -> pd.DataFrame:
-    """Per task and label, the paired difference from the reference (``full``) over seeds.
-
-    ``top``: headline test rows (columns ``task``, ``label``, ``seed``, ``metric``,
-    ``value``). Returns ``task, label, metric, n, reference, value, mean, low, high,
-    verdict`` (the reference and the variant as means over the shared seeds); tasks without
-    a reference row are left out."""
+    """Per task and label of the headline test rows ``top``, the paired difference from ``full`` over the shared
+    seeds (the reference and the variant as means over them); tasks without ``full`` are left out."""
     columns = ["task", "label", "metric", "n", "reference", "value", "mean", "low", "high",
                "verdict"]
     found = []

@@ -1,6 +1,5 @@
-"""The tables of a grid's quality report, each from ``quality.csv`` as a DataFrame
-(:func:`bench.quality.report.load_quality`). A ``top`` argument is :func:`headline` of ``df``,
-passed when the caller has it already."""
+"""The tables of a grid's quality report, each from ``quality.csv`` as a DataFrame; a ``top`` argument is
+:func:`headline` of ``df``, passed when the caller has it already."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ import json
 
 import pandas as pd
 
+from bench.quality.budget import seed_cell
 from bench.quality.data.errors import DataMissingError
 from bench.quality.margins import Margin, margins, strongest_references
 from bench.quality.model_parts import always_causal
@@ -34,16 +34,6 @@ def headline(df: pd.DataFrame) -> pd.DataFrame:
     return test[test.metric.isin(list(headline_titles()))]
 
 
-def _cell(values: pd.Series, scale: float) -> str:
-    values = values.dropna() * scale
-    if values.empty:
-        return "-"
-    if len(values) == 1:
-        return f"{values.iloc[0]:.1f}" if scale == 100 else f"{values.iloc[0]:.3f}"
-    digits = 1 if scale == 100 else 3
-    return f"{values.mean():.{digits}f} ± {values.std(ddof=1):.{digits}f}"
-
-
 def display_name(df: pd.DataFrame, name: str) -> str:
     """A label as the table shows it: ``full [position=none] (control: order-blind)``."""
     rows = df[df.label == name]
@@ -65,8 +55,7 @@ def _table_row(df: pd.DataFrame, top: pd.DataFrame, name: str, tasks: list[str],
         unsupported = df[(df.label == name) & (df.task == task) & (df.status == "unsupported")]
         failed = df[(df.label == name) & (df.task == task) & ~df.status.isin(["ok", "unsupported"])]
         metric = part.metric.iloc[0] if len(part) else ""
-        scale = 100 if metric == "accuracy" else 1
-        row[task] = _cell(part.value, scale) + MARKS.get(verdicts.get((task, name), ""), "")
+        row[task] = seed_cell(part.value, metric) + MARKS.get(verdicts.get((task, name), ""), "")
         one_model = _one_decoder_model(df, name, task)
         if part.empty and one_model and (df[df.task == task].label == "full").any():
             row[task] = "= full (one model in a decoder)"
@@ -94,8 +83,7 @@ def _one_decoder_model(df: pd.DataFrame, name: str, task: str) -> bool:
 
 
 def quality_table(df: pd.DataFrame, top: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Variants x tasks, mean +- std over seeds, cells beyond seed noise marked ▲/▼; then, below a
-    separator, the controls, the references, uniform chance and the majority class."""
+    """Variants x tasks, mean ± std over seeds, marked ▲/▼ beyond seed noise; then the controls and floors."""
     top, tasks = headline(df) if top is None else top, task_order(df)
     found = differences_from_reference(trained(top))
     verdicts = {(r.task, r.label): r.verdict for r in found.itertuples()}
@@ -150,8 +138,8 @@ def majority_class(df: pd.DataFrame) -> dict[str, float]:
 
 
 def majority_from_data(task: str, settings: str, seed: int = 0) -> float | None:
-    """The test accuracy of ``task``'s most frequent training label, its data loaded with a row's
-    ``settings`` (JSON); ``None`` without classes, readable settings or installed data."""
+    """The test accuracy of ``task``'s most frequent training label with a row's ``settings`` (JSON); ``None``
+    without classes, readable settings or installed data."""
     try:
         built = get_task(task, json.loads(settings).get("data", {}), seed)
     except (ValueError, TypeError, KeyError, AttributeError):
@@ -200,8 +188,7 @@ MARGIN_MARKS = {"clears": "✓", "within 2 sd": "~", "below": "✗", "one seed":
 def margin_table(df: pd.DataFrame, top: pd.DataFrame | None = None, *,
                  strongest: pd.DataFrame | None = None,
                  found: list[Margin] | None = None) -> pd.DataFrame:
-    """Tasks x variants: each variant's margin past its task's strongest reference, marked as
-    :data:`MARGIN_MARKS`; ``strongest`` and ``found`` are precomputed, as ``top``."""
+    """Tasks x variants: each variant's margin past its task's strongest reference, marked as :data:`MARGIN_MARKS`."""
     top = headline(df) if top is None else top
     strongest = strongest_references(top) if strongest is None else strongest
     found = margins(top, strongest) if found is None else found

@@ -1,7 +1,5 @@
-"""One training run: a variant on a task with a preset and a seed, resumable after a kill,
-trained by :class:`bench.quality.trainer.Trainer` and its best checkpoint evaluated once on
-test. The run directory holds ``settings.json``, the checkpoints and ``metrics.json`` (the rows).
-"""
+"""One training run (a variant on a task with a preset and a seed) into its directory: ``settings.json``, the
+checkpoints, and ``metrics.json``, the rows of its best checkpoint evaluated once on test."""
 
 from __future__ import annotations
 
@@ -49,13 +47,18 @@ def _param_count(model: nn.Module) -> int:
     return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
 
 
+def _run_columns(spec: RunSpec, task: Task, params: dict[str, Any]) -> dict[str, Any]:
+    """The first columns of every row of a run: which run it is."""
+    return {"task": spec.task, "variant": spec.variant, "label": label(spec.variant, params),
+            "params": json.dumps(params, sort_keys=True), "seed": spec.seed, "preset": spec.preset,
+            "model_kind": task.model_kind}
+
+
 def _rows(spec: RunSpec, settings: TaskSettings, task: Task, params: dict[str, Any], parts: Any,
           progress: Progress, metrics: dict[str, list[Metric]], model: nn.Module,
           budget: dict[str, Any]) -> list[dict]:
     common = {
-        "task": spec.task, "variant": spec.variant, "label": label(spec.variant, params),
-        "params": json.dumps(params, sort_keys=True), "seed": spec.seed, "preset": spec.preset,
-        "model_kind": task.model_kind, "seq_len": task.seq_len,
+        **_run_columns(spec, task, params), "seq_len": task.seq_len,
         "attention_parts": parts.description, "status": "ok", "reason": "",
         "steps": progress.step, "best_step": progress.best_step,
         "train_time_s": progress.train_time_s,
@@ -99,12 +102,9 @@ def build(spec: RunSpec) -> tuple[TaskSettings, Task, dict[str, Any], Any]:
 def unsupported_rows(spec: RunSpec, settings: TaskSettings, task: Task, params: dict[str, Any],
                      parts: Any) -> list[dict[str, Any]]:
     """The one row of a (task, variant) the task cannot run, with the reason."""
-    return [{"task": spec.task, "variant": spec.variant, "label": label(spec.variant, params),
-             "params": json.dumps(params, sort_keys=True), "seed": spec.seed,
-             "preset": spec.preset, "model_kind": task.model_kind, "split": "-", "metric": "-",
-             "condition": "", "status": "unsupported", "reason": parts.unsupported,
-             "attention_parts": parts.description, "budget_x": settings.train.budget_x,
-             "settings": settings.to_json()}]
+    return [{**_run_columns(spec, task, params), "split": "-", "metric": "-", "condition": "",
+             "status": "unsupported", "reason": parts.unsupported, "attention_parts": parts.description,
+             "budget_x": settings.train.budget_x, "settings": settings.to_json()}]
 
 
 def diverged_rows(spec: RunSpec, settings: TaskSettings, task: Task, params: dict[str, Any],
@@ -116,12 +116,9 @@ def diverged_rows(spec: RunSpec, settings: TaskSettings, task: Task, params: dic
     progress = trainer.progress
     reason = (f"{what} at step {step} of {trainer.train.steps}; the run stopped there (its last "
               "sound checkpoint is kept)")
-    return [{"task": spec.task, "variant": spec.variant, "label": label(spec.variant, params),
-             "params": json.dumps(params, sort_keys=True), "seed": spec.seed,
-             "preset": spec.preset, "model_kind": task.model_kind, "seq_len": task.seq_len,
-             "split": "-", "metric": "-", "condition": "", "status": "diverged",
-             "reason": reason, "attention_parts": parts.description, "steps": step,
-             "best_step": progress.best_step, "train_time_s": progress.train_time_s,
+    return [{**_run_columns(spec, task, params), "seq_len": task.seq_len, "split": "-", "metric": "-",
+             "condition": "", "status": "diverged", "reason": reason, "attention_parts": parts.description,
+             "steps": step, "best_step": progress.best_step, "train_time_s": progress.train_time_s,
              "peak_mem_bytes": progress.peak_mem_bytes, "param_count": _param_count(model),
              "kernel_path": _kernel_paths(model), "settings": settings.to_json(), **budget}]
 
@@ -135,8 +132,7 @@ def _model(spec: RunSpec, settings: TaskSettings, task: Task, parts: Any) -> nn.
 
 def _budget(spec: RunSpec, settings: TaskSettings, task: Task, model: nn.Module
             ) -> tuple[TrainSettings, dict[str, Any]]:
-    """The schedule to run and the rows' budget columns; under ``train.budget_x``, the steps the
-    budget buys against full attention's model on the same task."""
+    """The schedule to run and the rows' budget columns (``train.budget_x``: against full attention's model)."""
     train = settings.train
     flops: StepFlops = task_step_flops(model, task, train.batch_size, spec.device)
     if train.budget_x is None:

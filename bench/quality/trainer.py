@@ -1,7 +1,5 @@
-"""The training loop of one run (docs/quality.md, "Training and evaluation"). A resume verifies
-its checkpoints: one that fails is moved aside and said, and the run falls back to the one
-before it, or starts over. A NaN or inf loss or weight stops the run (:attr:`Trainer.diverged`).
-"""
+"""The training loop of one run (docs/quality.md, "Training and evaluation"): a checkpoint that fails
+verification is moved aside and the run falls back to the one before it; a NaN or inf stops the run."""
 
 from __future__ import annotations
 
@@ -35,8 +33,7 @@ from bench.quality.settings import TaskSettings, TrainSettings
 from bench.quality.tasks import Task
 
 LAST, BEST = "last.safetensors", "best.safetensors"
-#: the checkpoint before ``last.safetensors``: a resume falls back to it when the last fails
-#: verification (bench/quality/checkpoint.py)
+#: the checkpoint before ``last.safetensors``: a resume falls back to it when the last fails verification
 PREVIOUS = "last.prev.safetensors"
 
 
@@ -71,9 +68,8 @@ def learning_rate(step: int, train: TrainSettings) -> float:
 
 
 def make_optimizer(model: nn.Module, train: TrainSettings) -> torch.optim.AdamW:
-    """AdamW in groups: decay on matrices; none on biases and norms; relative-position bias tables
-    with no decay and ``lr_scale = train.position_bias_lr_scale`` (docs/quality.md, "The relative
-    bias's learning rate"), which :meth:`Trainer._step` multiplies in."""
+    """AdamW in groups: decay on matrices; none on biases and norms; relative-position bias tables with no decay
+    and ``lr_scale = train.position_bias_lr_scale``, which :meth:`Trainer._step` multiplies in."""
     tables = {id(p) for module in model.modules() if isinstance(module, RelativePositionBias)
               for p in module.parameters(recurse=False)}
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -139,7 +135,6 @@ class Trainer:
         #: ``(step, what)`` when the run diverged (a NaN or inf loss or weight); it stopped there
         self.diverged: tuple[int, str] | None = None
 
-    # checkpoints
     def save_last(self) -> None:
         """Write ``last.safetensors``; the one before it becomes ``last.prev.safetensors``."""
         tensors, optim_meta = optimizer_state(self.optimizer)
@@ -215,7 +210,6 @@ class Trainer:
         self.log(f"resumed from step {self.progress.step}{where}")
         return True
 
-    # one step
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast on CUDA (training, validation and the final test evaluation)."""
         if self.device.type == "cuda":
@@ -250,7 +244,6 @@ class Trainer:
         self.progress.peak_mem_bytes = peak
         return result[0]
 
-    # validation
     def validate(self, step: int) -> None:
         name, higher = self.task.selection
         self.model.eval()

@@ -1,7 +1,5 @@
-"""The units of a training grid: every (task, variant entry, seed) training run, each in a
-worker writing ``<out>/runs/<task>/<label>/seed<S>/``, the budget units, and every (task,
-reference) row without attention.
-"""
+"""The units of a training grid: every (task, variant entry, seed) training run, each in a worker writing
+``<out>/runs/<task>/<label>/seed<S>/``, the budget units, and every (task, reference) row."""
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ from bench.quality.train import RunSpec, train_run
 
 
 def unit_id(spec: dict[str, Any]) -> str:
-    """The id of a training run: what it trains, not where or with how many threads (no overrides:
-    the id it had before overrides existed)."""
+    """The id of a training run: what it trains, not where or with how many threads."""
     key = {k: spec[k] for k in ("task", "variant", "params", "preset", "seed", "kernel", "device")}
     if spec.get("overrides"):
         key["overrides"] = spec["overrides"]
@@ -129,8 +126,7 @@ class SettingsCache:
 
 
 def units(config: GridConfig, out: Path) -> list[TrainUnit]:
-    """Every unit, every task's first seed first, so a grid stopped part-way has covered every
-    (task, variant) before it repeats any."""
+    """Every unit, every task's first seed first."""
     seeds = dict(config.seeds)
     rounds = max(len(s) for s in seeds.values())
     settings = SettingsCache(config.preset)
@@ -158,8 +154,8 @@ def units(config: GridConfig, out: Path) -> list[TrainUnit]:
 
 
 def same_model_as_full(config: GridConfig, task: str, variant: GridVariant) -> bool:
-    """True for the ``causal`` entry on a decoder-only task when the grid also trains ``full`` with
-    the same model settings: one model (bit-identical runs), trained once as ``full``."""
+    """True for the ``causal`` entry on a decoder-only task when the grid also trains ``full`` with the same model
+    settings: one model, trained once as ``full``."""
     if variant.name != "causal" or variant.params:
         return False
     if not always_causal(_model_kind(config.preset, task)):

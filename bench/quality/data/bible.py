@@ -1,9 +1,6 @@
-"""Parallel English-Spanish Bible verses for translation: King James Version and Reina-Valera 1909.
-
-Both texts are public domain SWORD modules packaged by Debian (``sword-text-kjv`` installs
-``engKJV2006eb``, ``sword-text-sparv`` installs ``spaRV1909eb``) and read with ``pysword``.
-Both use the KJV versification, so verses align by reference (book, chapter, verse).
-"""
+"""Parallel English-Spanish Bible verses: King James Version and Reina-Valera 1909, public domain SWORD modules
+packaged by Debian (``sword-text-kjv``, ``sword-text-sparv``) read with ``pysword``; both use the KJV
+versification, so verses align by reference."""
 
 from __future__ import annotations
 
@@ -44,8 +41,8 @@ _UNACCENT = {"á": "a", "é": "e", "ó": "o", "ú": "u", "Á": "A", "É": "E", "
 
 
 def strip_markup(text: str) -> str:
-    """One raw SWORD verse without OSIS markup: ``<note>`` footnotes dropped, other tags unwrapped
-    (so KJV Psalm superscriptions, inline in the Spanish, stay), USFM markers removed, whitespace collapsed."""
+    """One raw SWORD verse without OSIS markup: ``<note>`` footnotes dropped, other tags unwrapped (so KJV Psalm
+    superscriptions, inline in the Spanish, stay), USFM markers removed, whitespace collapsed."""
     text = _NOTE.sub(" ", text)
     text = _TAG.sub("", text)
     text = _USFM.sub("", text)
@@ -53,17 +50,10 @@ def strip_markup(text: str) -> str:
 
 
 def clean(text: str, language: str) -> str:
-    """Normalise one verse (``language`` ``"en"`` or ``"es"``), the same for training and evaluation.
-
-    Markup removed as :func:`strip_markup` does, NFC, pilcrows and square brackets (KJV marks of
-    supplied words) removed, curly quotes straightened; in Spanish a lone accented one-letter word
-    of the 1909 orthography (``á``, ``é``, ``ó``, ``ú``) loses its accent. Idempotent.
-    """
+    """One verse normalised (idempotent): :func:`strip_markup`, NFC, pilcrows and square brackets (KJV marks of
+    supplied words) removed, quotes straightened, and in Spanish a lone accented one-letter word unaccented."""
     require_choice("language", language, LANGUAGES)
-    text = _NOTE.sub(" ", text)
-    text = _TAG.sub("", text)
-    text = _USFM.sub("", text)
-    text = unicodedata.normalize("NFC", text).translate(_QUOTES)
+    text = unicodedata.normalize("NFC", strip_markup(text)).translate(_QUOTES)
     if language == "es":
         text = _LONE_ACCENTED.sub(lambda m: _UNACCENT[m.group(1)], text)
     return _SPACE.sub(" ", text).strip()
@@ -72,7 +62,7 @@ def clean(text: str, language: str) -> str:
 def _open_modules(sword_path: Path) -> tuple[object, object]:
     """The English and Spanish pysword bibles (decompressed blocks cached for speed)."""
     try:
-        from pysword.modules import SwordModules
+        from pysword.modules import SwordModules  # the tasks extra: imported where used
     except ImportError:
         what = "bible: the SWORD module reader (PyPI package pysword)"
         raise DataMissingError(what, PYSWORD_INSTALL_COMMAND) from None
@@ -87,7 +77,7 @@ def _open_modules(sword_path: Path) -> tuple[object, object]:
     bibles = []
     for name in (ENGLISH_MODULE, SPANISH_MODULE):
         bible = modules.get_bible_from_module(name)
-        # pysword decompresses a whole book block per verse: caching cuts reading from ~1 min to <1 s
+        # pysword decompresses a whole book block per verse: cached, reading takes <1 s instead of ~1 min
         if hasattr(bible, "_decompressed_text"):
             bible._decompressed_text = functools.lru_cache(maxsize=4)(bible._decompressed_text)
         bibles.append(bible)
@@ -107,11 +97,8 @@ def _book_layout(bible: object) -> list[tuple[str, str, tuple[int, ...]]]:
 def load_parallel(
     max_verses: int | None = None, *, sword_path: str | Path = SWORD_PATH
 ) -> list[tuple[str, str, str]]:
-    """Aligned verses ``(reference, english, spanish)`` in canon order, e.g. ``("gen 1:1", ...)``.
-
-    Texts are markup-stripped only (apply :func:`clean`). A verse is kept when non-empty after
-    :func:`clean` in both languages (31,084 of 31,102). ``max_verses`` keeps the first verses.
-    """
+    """Aligned verses ``(reference, english, spanish)`` in canon order, e.g. ``("gen 1:1", ...)``, markup-stripped
+    only; a verse is kept when :func:`clean` leaves both sides non-empty (31,084 of 31,102)."""
     require_optional_int("max_verses", max_verses, minimum=0)
     english, spanish = _open_modules(Path(sword_path))
     layout = _book_layout(english)
@@ -150,18 +137,15 @@ def chapter_groups(refs: Sequence[str]) -> np.ndarray:
 
 def _tokenizers():
     try:
-        import tokenizers
+        import tokenizers  # the tasks extra: imported where used
     except ImportError:
         raise DataMissingError("bible: the BPE library (PyPI package tokenizers)", "pip install tokenizers") from None
     return tokenizers
 
 
 def train_bpe(texts: Sequence[str], vocab_size: int, *, min_frequency: int = 2) -> Tokenizer:
-    """A shared byte-level BPE tokenizer trained on ``texts`` (the training split, both languages).
-
-    A space is prefixed to each text, so a word has one form wherever it stands; every byte is
-    covered, so ``<unk>`` never occurs; no special tokens are added when encoding.
-    """
+    """A shared byte-level BPE tokenizer trained on ``texts``: a space prefixed to each text, so a word has one form
+    wherever it stands; every byte covered, so ``<unk>`` never occurs; no special tokens added when encoding."""
     tk = _tokenizers()
     minimum = len(SPECIAL_TOKENS) + 256
     require_int("vocab_size (specials + 256 bytes)", vocab_size, minimum=minimum)
@@ -187,9 +171,8 @@ def train_bpe(texts: Sequence[str], vocab_size: int, *, min_frequency: int = 2) 
 def encode_pairs(
     tokenizer: Tokenizer, sources: Sequence[str], targets: Sequence[str], src_len: int, tgt_len: int
 ) -> dict[str, np.ndarray]:
-    """Right-padded ``src_ids``/``src_mask`` (pieces) and ``tgt_ids``/``tgt_mask`` (``<bos>`` pieces
-    ``<eos>``), cut to length (a cut target has no ``<eos>``), with ``truncated`` per example and
-    ``num_truncated``; cut examples are kept."""
+    """Right-padded ``src_ids``/``src_mask`` and ``tgt_ids``/``tgt_mask`` (``<bos>`` pieces ``<eos>``), cut to
+    length and kept (a cut target has no ``<eos>``), with ``truncated`` per example and ``num_truncated``."""
     if len(sources) != len(targets):
         raise ValueError(f"sources and targets must have the same length, got {len(sources)} and {len(targets)}")
     for name, value, minimum in (("src_len", src_len, 1), ("tgt_len", tgt_len, 2)):

@@ -1,9 +1,5 @@
-"""Cache for generated datasets: where it lives and an atomic load-or-generate ``.npz`` helper.
-
-Generated data (e.g. Pathfinder images) is written under :func:`cache_dir`, never inside the
-git repository. Each file is keyed by a name and a hash of every generation parameter plus the
-generator's version, so a change to either produces a new file instead of stale data.
-"""
+"""Generated datasets cached as ``.npz`` under :func:`cache_dir` (never in git), keyed by a name and a hash of
+every generation parameter and the generator's version, so a change to either makes a new file."""
 
 from __future__ import annotations
 
@@ -27,10 +23,7 @@ _META_KEY = "__cache_meta__"
 
 
 def params_hash(name: str, params: Mapping[str, Any], version: int | str) -> str:
-    """Hex digest (16 chars) identifying ``name``, ``params`` and ``version``.
-
-    ``params`` must be JSON-serialisable (tuples become lists); key order does not matter.
-    """
+    """Hex digest (16 chars) of ``name``, JSON-serialisable ``params`` (in any key order) and ``version``."""
     blob = json.dumps({"name": name, "params": params, "version": version}, sort_keys=True, default=_jsonable)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
@@ -51,15 +44,8 @@ def load_or_generate_npz(
     *,
     directory: Path | None = None,
 ) -> dict[str, np.ndarray]:
-    """Load the arrays cached for (name, params, version), or generate and cache them.
-
-    ``generate()`` returns a mapping of array names to numpy arrays; it is called only on a
-    cache miss (or when the cached file is unreadable or its stored parameters differ). The
-    file ``<directory>/<name>-<hash>.npz`` is written to a temporary file in the same
-    directory and moved into place with ``os.replace``, so readers never see a partial file.
-    ``directory`` defaults to :func:`cache_dir`. Returns a dict of arrays (numeric arrays only;
-    no pickled objects are stored or loaded).
-    """
+    """The arrays cached for (name, params, version), or ``generate()``'s, cached atomically as
+    ``<directory>/<name>-<hash>.npz`` (no pickled objects are stored or loaded)."""
     if not name or any(c in name for c in "/\\\0"):
         raise invalid("name", f"must be a non-empty file-name-safe string; got {name!r}")
     directory = cache_dir() if directory is None else Path(directory)

@@ -1,10 +1,5 @@
-"""Raw bytes of an English Wikipedia XML dump excerpt, for byte-level language modelling.
-
-gensim ships ``enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2`` in its
-test data (about 1.7 MB compressed, 6.1 MB of text). Like enwik8, the bytes are the raw XML
-dump (markup included). The file is located with :func:`importlib.util.find_spec` without
-importing gensim (which is slow) and decompressed with :mod:`bz2`.
-"""
+"""Raw bytes of the English Wikipedia XML excerpt (markup included, like enwik8; 6.1 MB) in gensim's test data,
+found without importing gensim (which is slow)."""
 
 from __future__ import annotations
 
@@ -17,6 +12,7 @@ import numpy as np
 
 from attn.validation import invalid
 from bench.quality.data.errors import DataMissingError
+from bench.quality.data.splits import check_fractions
 
 FILE_NAME = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 INSTALL_COMMAND = "pip install gensim"
@@ -24,10 +20,7 @@ _WHAT = "enwiki: the Wikipedia excerpt in gensim's test data (PyPI package gensi
 
 
 def data_path() -> Path:
-    """Path of the compressed excerpt inside the installed gensim package.
-
-    Raises DataMissingError if gensim (or its test data) is not installed.
-    """
+    """Path of the compressed excerpt inside the installed gensim package (``DataMissingError`` without it)."""
     spec = importlib.util.find_spec("gensim")
     for location in (spec.submodule_search_locations or []) if spec is not None else []:
         candidate = Path(location) / "test" / "test_data" / FILE_NAME
@@ -37,11 +30,7 @@ def data_path() -> Path:
 
 
 def load_bytes(path: str | Path | None = None) -> np.ndarray:
-    """The whole decompressed excerpt as a uint8 array of shape ``(6_089_746,)`` (about 6.1 MB).
-
-    ``path`` overrides the location of the ``.bz2`` file. Raises DataMissingError when it is
-    absent, ValueError when it is not valid bzip2 data.
-    """
+    """The whole decompressed excerpt (or the ``.bz2`` file at ``path``) as a uint8 array ``(6_089_746,)``."""
     source = data_path() if path is None else Path(path)
     if not source.is_file():
         raise DataMissingError(_WHAT, INSTALL_COMMAND, detail=f"{source} not found")
@@ -53,19 +42,12 @@ def load_bytes(path: str | Path | None = None) -> np.ndarray:
 
 
 def split_by_position(data: np.ndarray, fractions: Sequence[float] = (0.9, 0.05, 0.05)) -> dict[str, np.ndarray]:
-    """Cut a 1-D array into contiguous ``"train"``, ``"val"``, ``"test"`` ranges, in that order.
-
-    Sizes are ``floor(fraction * len)`` for train and val, the rest for test; the three parts
-    do not overlap and together cover ``data``. The values are views into ``data``.
-    """
+    """Views of ``data`` cut into contiguous ``"train"``, ``"val"``, ``"test"`` ranges: ``floor(fraction * len)``
+    for train and val, the rest for test."""
     data = np.asarray(data)
     if data.ndim != 1:
         raise invalid("data", f"must be one-dimensional; got shape {data.shape}")
-    shares = np.asarray(fractions, dtype=np.float64)
-    if shares.shape != (3,) or np.any(shares < 0) or not np.isclose(shares.sum(), 1.0, atol=1e-6):
-        raise invalid(
-            "fractions", f"must be three non-negative numbers (train, val, test) summing to 1; got {fractions!r}"
-        )
+    shares = check_fractions(fractions, normalise=False)
     n = data.shape[0]
     end_train = int(np.floor(shares[0] * n))
     end_val = min(n, end_train + int(np.floor(shares[1] * n)))

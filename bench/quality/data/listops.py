@@ -1,10 +1,6 @@
-"""ListOps: nested list operations over digits, generated with the Long Range Arena algorithm.
-
-Each example is an expression tree such as ``[MAX 2 9 [MIN 4 7 ] 0 ]`` labelled with its value
-(0..9); ``[MED`` is LRA's ``int(np.median(args))``, ``[SM`` the sum modulo 10. The sampler follows
-LRA's (Tay et al., 2021, after Nangia and Bowman 2018), draw for draw. LRA's parentheses carry
-nothing and its input pipeline drops them, so they are left out unless ``parens=True``.
-"""
+"""ListOps expressions such as ``[MAX 2 9 [MIN 4 7 ] 0 ]`` labelled with their value, sampled draw for draw as
+the Long Range Arena does (Tay et al. 2021); LRA's parentheses carry nothing and its pipeline drops them, so
+they are left out unless ``parens=True``."""
 
 from __future__ import annotations
 
@@ -25,7 +21,6 @@ PAD = "<pad>"
 #: Token vocabulary; the id of a token is its index. ``"<pad>"`` is id 0.
 VOCAB: tuple[str, ...] = (PAD, *OPERATORS, END, "(", ")", *DIGITS)
 TOKEN_TO_ID: dict[str, int] = {tok: i for i, tok in enumerate(VOCAB)}
-NUM_CLASSES = 10
 
 _VALUE_P = 0.25  # LRA: probability of an operator node below max_depth
 
@@ -45,8 +40,8 @@ def generate(
     unique: bool = True,
     max_attempts: int | None = None,
 ) -> tuple[list[list[str]], np.ndarray]:
-    """``(token_lists, labels)`` of ``num_examples`` expressions whose token count lies in
-    ``[min_length, max_length]``, distinct with ``unique`` (as LRA); ``max_attempts`` bounds the trees tried."""
+    """``(token_lists, labels)`` of ``num_examples`` expressions of ``min_length`` to ``max_length`` tokens,
+    distinct with ``unique`` (as LRA); ``max_attempts`` bounds the trees tried."""
     require_int("num_examples", num_examples, minimum=0)
     require_int("max_depth", max_depth, minimum=1)
     require_int("max_args", max_args, minimum=2)
@@ -168,8 +163,7 @@ def evaluate_tokens(tokens: Sequence[str]) -> int:
 
 
 def encode(token_lists: Sequence[Sequence[str]], seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(ids, key_mask)`` right-padded to ``seq_len``; a longer example is an error, since a
-    truncated expression has a different value."""
+    """``(ids, key_mask)`` right-padded to ``seq_len``; a longer example is an error (cut, its value changes)."""
     require_int("seq_len", seq_len, minimum=1)
     ids = np.zeros((len(token_lists), seq_len), dtype=np.int64)
     mask = np.zeros((len(token_lists), seq_len), dtype=bool)
@@ -187,8 +181,8 @@ def encode(token_lists: Sequence[Sequence[str]], seq_len: int) -> tuple[np.ndarr
 def load_or_generate(
     num_examples: int, *, seed: int, seq_len: int, **params: Any
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(ids, key_mask, labels)``: :func:`generate` then :func:`encode`, cached as ``.npz``
-    (``max_length`` defaults to ``seq_len``; a few ms per accepted example)."""
+    """``(ids, key_mask, labels)``: :func:`generate` then :func:`encode`, cached (``max_length`` defaults to
+    ``seq_len``)."""
     params = {"max_length": seq_len, **params}
     key = {"num_examples": num_examples, "seed": seed, "seq_len": seq_len, **params}
 

@@ -1,10 +1,5 @@
-"""Synthetic multi-query associative recall (MQAR; Arora et al. 2023, "Zoology").
-
-Positions ``0 .. 2P - 1`` hold ``P`` pairs, key then value (keys distinct); the rest are fillers
-among which every key is queried once more, at positions drawn with probability ``∝ 1 / (gap + 1)``
-after the pairs (power-law spacing, as Zoology). Labels are the bound value at a query, ``-100``
-elsewhere. Layout and readers: docs/quality.md, "MQAR".
-"""
+"""Synthetic multi-query associative recall (Arora et al. 2023, "Zoology"; docs/quality.md, "MQAR"): ``P`` pairs,
+then fillers among which every key is queried once more, at power-law spaced positions."""
 
 from __future__ import annotations
 
@@ -74,9 +69,8 @@ def generate(
     num_fillers: int = 16,
     seed: int,
 ) -> dict[str, np.ndarray]:
-    """``num_examples`` MQAR sequences: int64 ``ids``, ``labels`` (value index at a query, else
-    -100), ``num_pairs`` per example (balanced over ``num_pairs``) and ``distance`` (query minus key
-    position at a query, else -1)."""
+    """``num_examples`` MQAR sequences: int64 ``ids``, ``labels`` (value index at a query, else -100), ``num_pairs``
+    (balanced over ``num_pairs``) and ``distance`` (query minus key position at a query, else -1)."""
     require_int("num_examples", num_examples, minimum=0)
     require_int("seq_len", seq_len, minimum=3)
     require_int("num_keys", num_keys, minimum=1)

@@ -1,10 +1,5 @@
-"""Near-duplicate documents: groups of texts that tell the same story in slightly different words.
-
-Two texts are linked when the Jaccard resemblance of their 3-word-shingle sets (Broder 1997) is at
-least ``threshold``, or their normalised title lines are equal; groups are the connected components
-(a chain ``a ~ b ~ c`` is one group). Resemblance is exact: a sparse text-by-shingle matrix times its
-transpose, under two seconds for the 2,225 BBC articles (181 groups of 2-3, exact copies included).
-"""
+"""Near-duplicate documents (docs/quality.md, "Tasks"): texts linked by the exact Jaccard resemblance of their
+shingle sets or equal titles, grouped by connected components (under two seconds for the BBC articles)."""
 
 from __future__ import annotations
 
@@ -57,7 +52,7 @@ def word_shingles(text: str, size: int = DEFAULT_SHINGLE_SIZE) -> list[str]:
 
 def shingle_matrix(texts: Sequence[str], size: int = DEFAULT_SHINGLE_SIZE) -> scipy.sparse.csr_matrix:
     """The binary int32 text-by-shingle CSR matrix, columns in order of first appearance (no hashing)."""
-    import scipy.sparse as sp
+    import scipy.sparse as sp  # the tasks extra: imported where used
 
     require_int("shingle_size", size, minimum=1)
     vocabulary: dict[str, int] = {}
@@ -74,9 +69,8 @@ def shingle_matrix(texts: Sequence[str], size: int = DEFAULT_SHINGLE_SIZE) -> sc
 def resemblance_pairs(
     texts: Sequence[str], min_resemblance: float, *, shingle_size: int = DEFAULT_SHINGLE_SIZE
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(first, second, resemblance)`` of every pair at or above ``min_resemblance``, ``first <
-    second``, ordered by ``(first, second)``."""
-    import scipy.sparse as sp
+    """``(first, second, resemblance)`` of every pair at or above ``min_resemblance``, ``first < second``, sorted."""
+    import scipy.sparse as sp  # the tasks extra: imported where used
 
     _check_threshold("min_resemblance", min_resemblance)
     require_int("shingle_size", shingle_size, minimum=1)
@@ -100,8 +94,8 @@ def near_duplicate_groups(
     match_titles: bool = True,
 ) -> np.ndarray:
     """An int64 group id per text, numbered by each group's first text; near-duplicates share one."""
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
+    from scipy.sparse import coo_matrix  # the tasks extra: imported where used
+    from scipy.sparse.csgraph import connected_components  # the tasks extra: imported where used
 
     _check_threshold("threshold", threshold)
     n = len(texts)

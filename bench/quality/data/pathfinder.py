@@ -1,12 +1,8 @@
-"""Pathfinder images (Linsley et al., 2018; used by the Long Range Arena), generated with numpy.
-
-Black images with white curved, dashed paths and two dots; label 1 when both dots end the same
-path. Every image has ``num_distractors + 2`` paths, so the count gives nothing away. Paths are
-smooth random walks that never come within one pixel of another path or a dot, so in a negative
-no chain of paths joins the dots; a negative's second dot ends an undrawn walk from the first
-with the same dynamics, so dot distances follow one distribution in both classes. Drawing:
-:mod:`bench.quality.data.pathfinder_canvas`.
-"""
+"""Pathfinder images (Linsley et al. 2018; used by the Long Range Arena): white curved, dashed paths and two dots
+on black, label 1 when both dots end the same path. Every image has ``num_distractors + 2`` paths, so the count
+gives nothing away; paths never come within one pixel of another path or a dot, so in a negative no chain of
+paths joins the dots; a negative's second dot ends an undrawn walk from the first with the same dynamics, so
+dot distances follow one distribution in both classes."""
 
 from __future__ import annotations
 
@@ -53,12 +49,9 @@ def generate(
     max_turn: float | None = None,
     return_meta: bool = False,
 ) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """``(images, labels)``: uint8 ``(n, size, size)``, exactly ``n // 2`` positives in random order.
-
-    Arguments left None take :func:`default_params`; ``path_length`` is the inclusive range of
-    steps of every path. ``return_meta`` adds ``{"paths": int8 map of the undashed paths (index,
-    -1 background; path 0 carries the first dot), "dots": (n, 2, 2) centres (row, column)}``.
-    """
+    """``(images, labels)``: uint8 ``(n, size, size)``, exactly ``n // 2`` positives in random order (arguments
+    left None: :func:`default_params`). ``return_meta`` adds ``{"paths": int8 map of the undashed paths (index,
+    -1 background; path 0 carries the first dot), "dots": (n, 2, 2) centres (row, column)}``."""
     params = _resolve(size, num_distractors, path_length, dash, gap, dot_radius, curvature, max_turn)
     require_int("num_examples", num_examples, minimum=0)
     rng = np.random.default_rng(seed)
@@ -114,8 +107,7 @@ def _resolve(
 
 
 def dots_connected(paths: np.ndarray, dots: np.ndarray) -> np.ndarray:
-    """Whether the two dots of each image are joined through path pixels (8-connected flood fill);
-    ``paths`` is :func:`generate`'s meta map (>= 0 is path) or a bool mask."""
+    """Whether the two dots of each image are joined through path pixels (``paths``: a meta map or a bool mask)."""
     paths = np.asarray(paths)
     mask = paths if paths.dtype == bool else paths >= 0
     n, h, w = mask.shape

@@ -1,7 +1,5 @@
-"""Drawing one chunk of Pathfinder images (:mod:`bench.quality.data.pathfinder`) with vectorised
-numpy, one path index at a time. Stuck walks are retried; an image whose paths cannot all be
-placed is drawn again from scratch, so every image has the same number of paths.
-"""
+"""Drawing one chunk of Pathfinder images with vectorised numpy, one path index at a time; an image whose paths
+cannot all be placed is drawn again from scratch, so every image has the same number of paths."""
 
 from __future__ import annotations
 
@@ -27,8 +25,7 @@ def _disc(radius: float) -> np.ndarray:
 
 
 class Canvas:
-    """One chunk of images: :meth:`run` leaves them in ``image``, the undashed path map in ``owner``
-    and the dot centres in ``dots``."""
+    """One chunk of images: :meth:`run` leaves them in ``image``, the path map in ``owner``, the dots in ``dots``."""
 
     def __init__(self, labels: np.ndarray, params: dict[str, Any], rng: np.random.Generator) -> None:
         self.labels = labels
@@ -82,8 +79,7 @@ class Canvas:
         )
 
     def _place_second_dot(self, neg_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Second-dot centres for negatives, ``(ok, centre)``: the end of an undrawn walk from the first
-        dot on an empty canvas, as a positive's dotted path, far enough from path 0 to take a dot."""
+        """Second-dot centres ``(ok, centre)`` of negatives: the end of an undrawn walk from the first dot."""
         w = neg_rows.size
         centre = np.zeros((w, 2), dtype=np.int64)
         ok = np.zeros(w, dtype=bool)
@@ -107,8 +103,7 @@ class Canvas:
     def _add_path(
         self, rows: np.ndarray, k: int, *, dot_start: np.ndarray, dot_end: np.ndarray, start: np.ndarray | None = None
     ) -> np.ndarray:
-        """Draw path ``k`` in images ``rows`` (``start``: a fixed first pixel, negative for anywhere);
-        True where placed."""
+        """Draw path ``k`` in images ``rows`` (``start``: a fixed first pixel, or negative); True where placed."""
         placed = np.zeros(rows.size, dtype=bool)
         todo = np.arange(rows.size)
         if start is None:

@@ -1,9 +1,5 @@
-"""Synthetic associative recall at controlled distances: which attention patterns reach far?
-
-``num_pairs`` (value, key) pairs, each value ``pair_gap`` before its key, among fillers; the
-sequence ends with a query marker and the target key, whose key sits ``d`` tokens earlier. Why
-the gap matters and what a mask can reach: docs/quality.md, "Recall".
-"""
+"""Synthetic associative recall at controlled distances (docs/quality.md, "Recall"): ``num_pairs`` (value, key)
+pairs among fillers, then a query marker and the key of the pair ``d`` tokens back."""
 
 from __future__ import annotations
 
@@ -57,11 +53,8 @@ def generate(
     pair_gap: int | Sequence[int] = 1,
     seed: int,
 ) -> dict[str, np.ndarray]:
-    """``num_examples`` recall sequences: int64 ``ids``, ``labels`` (value index), ``distance``
-    (balanced over ``distances``), ``key_position``, ``value_position`` and ``query_key``.
-
-    An integer ``pair_gap`` draws nothing, so ``pair_gap=1`` gives exactly the adjacent layout.
-    """
+    """``num_examples`` recall sequences: int64 ``ids``, ``labels`` (value index), ``distance`` (balanced over
+    ``distances``), ``key_position``, ``value_position``, ``query_key``; an integer ``pair_gap`` draws nothing."""
     require_int("num_examples", num_examples, minimum=0)
     require_int("seq_len", seq_len, minimum=4)
     require_int("num_keys", num_keys, minimum=1)

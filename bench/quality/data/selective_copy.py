@@ -1,8 +1,5 @@
-"""Synthetic selective copying (Gu and Dao 2023, "Mamba", Section 4.1.1): write out, in order,
-the ``num_tokens`` distinct data tokens scattered among fillers in a source of ``src_len`` tokens
-(docs/quality.md, "Selective copying"). A data token's ``gap`` is its source position minus the
-previous data token's (the first one's from position -1): how far its copy must look back.
-"""
+"""Synthetic selective copying (Gu and Dao 2023, "Mamba"; docs/quality.md, "Selective copying"); a data token's
+``gap`` is its source position minus the previous one's (the first one's from -1): how far its copy looks back."""
 
 from __future__ import annotations
 
@@ -44,8 +41,8 @@ def generate(
     num_fillers: int = 4,
     seed: int,
 ) -> dict[str, np.ndarray]:
-    """``num_examples`` examples: ``src_ids``, ``tgt_ids`` (begin, data tokens in source order,
-    end), sorted ``positions`` and ``gap`` of the data tokens, and all-True masks."""
+    """``src_ids``, ``tgt_ids`` (begin, data tokens in source order, end), the data tokens' sorted ``positions``
+    and ``gap``, and all-True masks of ``num_examples`` examples."""
     require_int("num_examples", num_examples, minimum=0)
     require_int("src_len", src_len, minimum=2)
     require_int("num_data", num_data, minimum=1)

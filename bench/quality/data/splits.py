@@ -19,13 +19,10 @@ def split_indices(
     groups: Sequence[int] | np.ndarray | None = None,
     stratify: Sequence[int] | np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
-    """Split ``range(n)`` into disjoint, sorted int64 ``"train"``, ``"val"``, ``"test"`` indices.
-
-    ``groups`` (one id per item) keeps each group in one split, sizes right up to one group;
-    ``stratify`` (one label per item) splits each class alone; not both.
-    """
-    n = _check_n(n)
-    shares = _check_fractions(fractions)
+    """Split ``range(n)`` into disjoint, sorted int64 ``"train"``, ``"val"``, ``"test"`` indices; ``groups`` (an id
+    per item) keeps each group in one split, ``stratify`` (a label per item) splits each class alone; not both."""
+    n = int(require_int("n", n, minimum=0))
+    shares = check_fractions(fractions)
     if groups is not None and stratify is not None:
         raise ValueError("groups and stratify cannot be combined; pass one of them")
     rng = np.random.default_rng(seed)
@@ -51,18 +48,14 @@ def split_groups_stratified(
     seed: int,
     fractions: Sequence[float] = (0.8, 0.1, 0.1),
 ) -> dict[str, np.ndarray]:
-    """Whole groups to one split, stratified by class up to one group per class and split.
-
-    Each group is filed under its members' most common class (smallest label on a tie), and each
-    class's groups are split as ``split_indices(groups=...)``. Every item is kept. With singleton
-    groups it is a stratified split, not the same one as ``split_indices(stratify=...)``.
-    """
+    """Whole groups to one split, stratified by class: each group is filed under its members' most common class
+    (smallest label on a tie), and each class's groups are split as ``split_indices(groups=...)``."""
     group_array = np.asarray(groups)
     if group_array.ndim != 1:
         raise invalid("groups", f"must be one-dimensional (one group id per item); got shape {group_array.shape}")
     n = group_array.size
     labels = _check_labels(stratify, n, "stratify")
-    shares = _check_fractions(fractions)
+    shares = check_fractions(fractions)
     rng = np.random.default_rng(seed)
     _, group_of = np.unique(group_array, return_inverse=True)
     classes, label_of = np.unique(labels, return_inverse=True)
@@ -77,17 +70,14 @@ def split_groups_stratified(
     return {name: np.flatnonzero(assignment == k).astype(np.int64) for k, name in enumerate(SPLIT_NAMES)}
 
 
-def _check_n(n: int) -> int:
-    return int(require_int("n", n, minimum=0))
-
-
-def _check_fractions(fractions: Sequence[float]) -> np.ndarray:
+def check_fractions(fractions: Sequence[float], *, normalise: bool = True) -> np.ndarray:
+    """``fractions`` (train, val, test) checked, as float64 shares (``normalise``: scaled to sum to 1 exactly)."""
     shares = np.asarray(fractions, dtype=np.float64)
     if shares.shape != (3,) or np.any(shares < 0) or not np.isclose(shares.sum(), 1.0, atol=1e-6):
         raise invalid(
             "fractions", f"must be three non-negative numbers (train, val, test) summing to 1; got {fractions!r}"
         )
-    return shares / shares.sum()
+    return shares / shares.sum() if normalise else shares
 
 
 def _check_labels(values: Sequence[int] | np.ndarray, n: int, name: str) -> np.ndarray:

@@ -1,5 +1,4 @@
-"""The token id ranges shared by the synthetic recall tasks: reserved ids, then keys, values
-and fillers, each range contiguous."""
+"""The token id ranges of the synthetic recall tasks: reserved ids, then keys, values and fillers."""
 
 from __future__ import annotations
 
@@ -8,8 +7,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class TokenLayout:
-    """Token id ranges for given vocabulary sizes (``*_base`` is the id of item 0); the first
-    ``reserved`` ids (padding, markers) precede the keys."""
+    """Token id ranges (``*_base``: the id of item 0) after ``reserved`` ids (padding, markers)."""
 
     num_keys: int
     num_values: int

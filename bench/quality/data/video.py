@@ -1,11 +1,6 @@
-"""Moving objects on a canvas: the ``video`` task's clips, generated offline from images (the
-Fashion-MNIST of ``bench.quality.data.fashion_mnist``), seeded.
-
-A mover steps ``speed`` pixels every ``hold`` frames along one axis of a torus, beside
-``still_objects`` still images; the label is its direction (1: right or down). Starts are
-uniform, so a backward clip is distributed as a forward one reversed and no frame decides the
-label (docs/quality.md, "Video"); ``max_speed < canvas / 2`` keeps a step's direction unambiguous.
-"""
+"""The ``video`` task's clips, seeded (docs/quality.md, "Video"): an image steps ``speed`` pixels every ``hold``
+frames along one axis of a torus, beside ``still_objects`` still images; the label is its direction (1: right
+or down)."""
 
 from __future__ import annotations
 
@@ -18,8 +13,7 @@ from attn.validation import invalid, require_int
 
 @dataclass(frozen=True)
 class Clips:
-    """Generated clips: ``videos (n, T, C, C)`` uint8, ``labels (n,)`` (1: forward), and per clip
-    its ``speed`` and ``axis`` (0: horizontal, 1: vertical)."""
+    """``videos (n, T, C, C)`` uint8, ``labels (n,)`` (1: forward), and each clip's ``speed`` and ``axis`` (0: x)."""
 
     videos: np.ndarray
     labels: np.ndarray

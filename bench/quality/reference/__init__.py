@@ -1,8 +1,5 @@
-"""Reference rows: what a task's test split gives without attention, computed by the suite
-from the very splits the attention variants are trained and scored on.
-
-A setting a reference chooses (smoothing, neighbours) is chosen on the validation split and
-recorded. The trained LSTM reference is a grid entry instead (``mixer: lstm``, docs/quality.md)."""
+"""Reference rows: what a task's test split gives without attention, from the very splits the variants train and
+are scored on (docs/quality.md, "References without attention")."""
 
 from __future__ import annotations
 
@@ -87,7 +84,7 @@ def _naive_bayes(words: bool) -> Callable[[Task], Outcome]:
 
 
 def _category_match(words: bool) -> Callable[[Task], Outcome]:
-    """Retrieval: same category by naive Bayes on each article (see counts.category_match)."""
+    """Retrieval: same category by naive Bayes on each article (:func:`counts.category_match`)."""
     def compute(task: Task) -> Outcome:
         assert isinstance(task, Retrieval)
         articles = {k: v.numpy() for k, v in task.articles.items()}
@@ -191,8 +188,7 @@ def _is(*classes: type) -> Callable[[Task], bool]:
 def list_references() -> list[Reference]:
     """Every reference, in the order the report lists them."""
     return [
-        Reference("naive_bayes_tokens", "naive Bayes (token counts)",
-                  _token_task,
+        Reference("naive_bayes_tokens", "naive Bayes (token counts)", _token_task,
                   _naive_bayes(words=False)),
         Reference("naive_bayes_words", "naive Bayes (word counts)", _is(Text),
                   _naive_bayes(words=True)),

@@ -1,9 +1,5 @@
-"""Byte-level references for language modelling that use no attention: interpolated n-gram
-models fitted on the training bytes, and general-purpose compressors.
-
-Both score exactly the bytes a model's ``bits_per_byte`` scores (:func:`scored_windows`), and
-the n-gram model, like the model, never reads context across a window's start.
-"""
+"""Byte-level references: n-gram models fitted on the training bytes and compressors, scoring exactly the bytes a
+model's ``bits_per_byte`` scores (:func:`scored_windows`; no context across a window's start)."""
 
 from __future__ import annotations
 
@@ -13,12 +9,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-UNIFORM_BITS = 8.0  # log2(256): a byte with no model at all
-
 
 def scored_windows(stream: np.ndarray, length: int, budget: int) -> np.ndarray:
-    """``(W, length + 1)`` windows of ``stream`` as the language-model task reads them, stepping by
-    ``length`` (one shared byte) over at most ``budget`` bytes."""
+    """``(W, length + 1)`` windows of ``stream`` as the language-model task reads them (one byte shared)."""
     count = max(1, min(budget, len(stream) - 1) // length)
     stream = np.asarray(stream[: count * length + 1], dtype=np.int64)
     index = np.arange(count)[:, None] * length + np.arange(length + 1)[None, :]
@@ -69,8 +62,8 @@ def _find(keys: np.ndarray, values: np.ndarray, queries: np.ndarray) -> np.ndarr
 
 
 class NGramModel:
-    """An interpolated Witten-Bell byte n-gram model (Witten and Bell 1991) of ``order`` context bytes:
-    ``P(s | h) = (c + T * P(s | h')) / (C + T)``, ``h'`` without the oldest byte, uniform at the bottom."""
+    """An interpolated Witten-Bell byte n-gram model of ``order`` context bytes: ``P(s | h) = (c + T * P(s | h')) /
+    (C + T)``, ``h'`` without the oldest byte, uniform at the bottom."""
 
     def __init__(self, order: int) -> None:
         if isinstance(order, bool) or not isinstance(order, int) or not 0 <= order <= 7:
@@ -128,4 +121,3 @@ def compressed_bits_per_byte(windows: np.ndarray, compressor: str) -> float:
         raise ValueError(f"compressor: unknown value {compressor!r}; allowed values are "
                          "['gzip', 'xz']")
     return 8.0 * len(packed) / len(raw)
-

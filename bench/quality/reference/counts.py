@@ -1,8 +1,5 @@
-"""Classification references that use no attention and no sequence model: naive Bayes on
-bag-of-token (or bag-of-word) counts, the nearest class mean and k nearest neighbours on the
-raw inputs (scikit-learn). Each fits on the training split, chooses its one smoothing or
-neighbour setting on the validation split (as a trained model's checkpoint is chosen on
-validation), and predicts the test split once."""
+"""Classification references without a sequence model (scikit-learn): naive Bayes on bag-of-token or bag-of-word
+counts, the nearest class mean and k nearest neighbours on the raw inputs, each setting chosen on validation."""
 
 from __future__ import annotations
 
@@ -32,9 +29,8 @@ class Fitted:
 
 
 def token_counts(ids: np.ndarray, vocab_size: int, mask: np.ndarray | None = None) -> sparse.csr_matrix:
-    """Bag of tokens: ``ids (n, L)`` -> counts ``(n, vocab_size)``; positions where ``mask``
-    is False (padding) are not counted."""
-    from scipy import sparse
+    """Bag of tokens: ``ids (n, L)`` -> counts ``(n, vocab_size)``, padding (``mask`` False) not counted."""
+    from scipy import sparse  # the tasks extra: imported where used
 
     ids = np.asarray(ids, dtype=np.int64)
     keep = np.ones(ids.shape, dtype=bool) if mask is None else np.asarray(mask, dtype=bool)
@@ -44,8 +40,7 @@ def token_counts(ids: np.ndarray, vocab_size: int, mask: np.ndarray | None = Non
 
 
 def bytes_to_text(ids: np.ndarray, mask: np.ndarray | None = None) -> list[str]:
-    """Byte-level ids (``id = byte + 1``, 0 padding) back to text, one string per row (bytes
-    that do not decode as UTF-8 are replaced)."""
+    """Byte-level ids (``id = byte + 1``, 0 padding) back to text, a string per row (bad UTF-8 replaced)."""
     ids = np.asarray(ids, dtype=np.int64)
     keep = ids > 0 if mask is None else np.asarray(mask, dtype=bool)
     return [bytes((row[k] - 1).astype(np.uint8).tolist()).decode("utf-8", errors="replace")
@@ -53,9 +48,8 @@ def bytes_to_text(ids: np.ndarray, mask: np.ndarray | None = None) -> list[str]:
 
 
 def word_counts(train: Sequence[str], *others: Sequence[str]) -> list[sparse.csr_matrix]:
-    """Bag of lower-cased words: a vocabulary fitted on ``train``, then every text set as
-    count matrices in that vocabulary (words unseen in training are dropped)."""
-    from sklearn.feature_extraction.text import CountVectorizer
+    """Bag of lower-cased words: every text set as counts in the vocabulary fitted on ``train``."""
+    from sklearn.feature_extraction.text import CountVectorizer  # the tasks extra: imported where used
 
     vectorizer = CountVectorizer(lowercase=True, token_pattern=WORD)
     return [vectorizer.fit_transform(train), *(vectorizer.transform(o) for o in others)]
@@ -63,8 +57,7 @@ def word_counts(train: Sequence[str], *others: Sequence[str]) -> list[sparse.csr
 
 def _choose(make: Callable[[Any], Any], settings: Sequence[Any], train: tuple[Any, np.ndarray],
             score: Callable[[Any], float]) -> tuple[Any, Any]:
-    """Fit ``make(setting)`` on ``train`` for each setting and keep the one ``score`` (on the
-    validation split) rates highest, the first of equals: ``(fitted model, chosen setting)``."""
+    """``(fitted model, setting)`` of the ``make(setting)`` fitted on ``train`` that ``score`` rates highest (first)."""
     best, best_score, best_setting = None, -np.inf, None
     for setting in settings:
         model = make(setting).fit(*train)
@@ -80,7 +73,7 @@ def _accuracy_on(val: tuple[Any, np.ndarray]) -> Callable[[Any], float]:
 
 def naive_bayes(train: tuple[Any, np.ndarray], val: tuple[Any, np.ndarray], test: Any) -> Fitted:
     """Multinomial naive Bayes on count features ``(X, y)``; smoothing chosen on ``val``."""
-    from sklearn.naive_bayes import MultinomialNB
+    from sklearn.naive_bayes import MultinomialNB  # the tasks extra: imported where used
 
     model, alpha = _choose(lambda a: MultinomialNB(alpha=a), NB_ALPHAS, train, _accuracy_on(val))
     return Fitted(model.predict(test), {"alpha": alpha})
@@ -88,14 +81,14 @@ def naive_bayes(train: tuple[Any, np.ndarray], val: tuple[Any, np.ndarray], test
 
 def nearest_class_mean(train: tuple[Any, np.ndarray], test: Any) -> Fitted:
     """Each test input gets the class whose mean training input is nearest (Euclidean)."""
-    from sklearn.neighbors import NearestCentroid
+    from sklearn.neighbors import NearestCentroid  # the tasks extra: imported where used
 
     return Fitted(NearestCentroid().fit(*train).predict(test), {})
 
 
 def nearest_neighbours(train: tuple[Any, np.ndarray], val: tuple[Any, np.ndarray], test: Any) -> Fitted:
     """Majority label of the k nearest training inputs (Euclidean); k chosen on ``val``."""
-    from sklearn.neighbors import KNeighborsClassifier
+    from sklearn.neighbors import KNeighborsClassifier  # the tasks extra: imported where used
 
     model, k = _choose(lambda n: KNeighborsClassifier(n_neighbors=n), NEIGHBOURS, train,
                        _accuracy_on(val))
@@ -104,10 +97,9 @@ def nearest_neighbours(train: tuple[Any, np.ndarray], val: tuple[Any, np.ndarray
 
 def category_match(train: tuple[Any, np.ndarray], val_pairs: tuple[Any, Any, np.ndarray],
                    test_pairs: tuple[Any, Any]) -> Fitted:
-    """Pair references for "do two documents share a category?": naive Bayes classifies each
-    document's category (fitted on the training documents); a pair is "same" (1) when both
-    get the same one. Smoothing chosen by pair accuracy on ``val_pairs (A, B, same)``."""
-    from sklearn.naive_bayes import MultinomialNB
+    """A pair is "same" (1) when naive Bayes gives both documents one category; smoothing chosen by pair accuracy
+    on ``val_pairs (A, B, same)``."""
+    from sklearn.naive_bayes import MultinomialNB  # the tasks extra: imported where used
 
     def pair_accuracy(model: Any) -> float:
         a, b, same = val_pairs
@@ -116,4 +108,3 @@ def category_match(train: tuple[Any, np.ndarray], val_pairs: tuple[Any, Any, np.
     best, best_alpha = _choose(lambda a: MultinomialNB(alpha=a), NB_ALPHAS, train, pair_accuracy)
     a, b = test_pairs
     return Fitted((best.predict(a) == best.predict(b)).astype(np.int64), {"alpha": best_alpha})
-

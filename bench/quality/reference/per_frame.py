@@ -1,11 +1,5 @@
-"""A classifier of single frames averaged over time: the ``video`` task's per-frame control.
-
-A small MLP on one frame's pixels is trained to predict its clip's label from that frame
-alone (every frame of every training clip is an example); a test clip is scored by the mean
-of its frames' log-probabilities. It sees every frame but not their order, so on a task whose
-classes hold the same frames in the same distribution (``video``: a clip and its reversal)
-it must stay at chance; above chance, the frames leak the label.
-"""
+"""A classifier of single frames averaged over time: the ``video`` task's per-frame control (docs/quality.md,
+"Video"), which must stay at chance there."""
 
 from __future__ import annotations
 
@@ -13,8 +7,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-#: the MLP's hidden width, epochs over the training frames, batch and learning rate (fixed, not
-#: chosen on validation)
+#: the MLP's hidden width, epochs over the training frames, batch and learning rate (not chosen on validation)
 HIDDEN, EPOCHS, BATCH, LR = 64, 3, 256, 1e-3
 
 
@@ -25,9 +18,8 @@ def _frames(videos: Tensor) -> Tensor:
 
 def per_frame_predictions(train_videos: Tensor, train_labels: Tensor, test_videos: Tensor,
                           num_classes: int, seed: int = 0) -> np.ndarray:
-    """Predicted labels of ``test_videos (m, T, H, W)`` by an MLP trained on single frames of
-    ``train_videos (n, T, H, W)`` labelled with their clip's ``train_labels (n,)``, averaging
-    the frames' log-probabilities over time."""
+    """Labels of ``test_videos (m, T, H, W)`` by an MLP trained on single frames of ``train_videos`` labelled with
+    their clip's label, the frames' log-probabilities averaged over time."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         x = _frames(train_videos)  # (n, T, P)

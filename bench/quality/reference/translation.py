@@ -1,6 +1,5 @@
-"""Translation references that use no attention and no training of a model: copying the
-source sentence, and retrieving the target side of the most similar training source
-(translation memory, the retrieval baseline of example-based translation; Nagao 1984)."""
+"""Translation references: the source copied, and the target of the most similar training source (translation
+memory, Nagao 1984)."""
 
 from __future__ import annotations
 
@@ -19,9 +18,8 @@ def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
 
 
 def nearest_source(train_sources: Sequence[str], queries: Sequence[str]) -> np.ndarray:
-    """Index of the training source most similar to each query: cosine of TF-IDF word
-    vectors (a vocabulary fitted on the training sources), the first of equals: ``(Q,)``."""
-    from sklearn.feature_extraction.text import TfidfVectorizer
+    """``(Q,)``: the training source nearest each query by the cosine of TF-IDF word vectors (the first of equals)."""
+    from sklearn.feature_extraction.text import TfidfVectorizer  # the tasks extra: imported where used
 
     vectorizer = TfidfVectorizer(lowercase=True, sublinear_tf=True)
     train = vectorizer.fit_transform(train_sources)  # (T, V), rows L2-normalised

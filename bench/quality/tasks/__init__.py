@@ -32,8 +32,7 @@ from bench.quality.tasks.registration import (
 
 
 def list_tasks() -> list[str]:
-    """Registered task names in their order (the Long Range Arena's tasks first): the quality
-    table's columns."""
+    """Registered task names in their order (the Long Range Arena's tasks first)."""
     return [info.name for info in sorted(TASKS.values(), key=lambda info: info.order)]
 
 
@@ -45,22 +44,19 @@ def task_info(name: str) -> TaskInfo:
 
 
 def get_task(name: str, data: dict[str, Any], seed: int) -> Task:
-    """The task ``name`` with its data settings; ``ValueError`` lists the known tasks, or names a
-    data setting the task's ``Data`` does not take."""
+    """The task ``name`` with its data settings; ``ValueError`` for an unknown task or data setting."""
     return task_info(name).cls(data, seed)
 
 
 def order_tasks(names: Iterable[str]) -> list[str]:
-    """``names`` in the registered tasks' order, then any others (rows of a task this
-    version does not know) sorted."""
+    """``names`` in the registered tasks' order, then unknown ones sorted."""
     present = set(names)
     known = list_tasks()
     return [t for t in known if t in present] + sorted(present - set(known))
 
 
 def headline_titles() -> dict[str, str]:
-    """Every registered task's headline metric and how the report names it
-    (``{"bits_per_byte": "bits/byte (lower is better)", ...}``)."""
+    """Every registered task's headline metric and how the report names it."""
     return {info.metric: info.metric_title for info in TASKS.values()}
 
 

@@ -1,11 +1,5 @@
-"""The interface every quality task implements, and the classification tasks' shared core.
-
-A task turns its offline data into fixed, seeded splits (``train``, ``val``, ``test``) of
-tensors, says which model kind it trains and with which model settings, gives the training
-batch of a step (a pure function of the seed and the step, so a resumed run sees exactly the
-batches an uninterrupted one would), the loss of a batch, and its metrics on a split. Model
-selection uses ``val`` only; ``test`` is evaluated once, at the end, on the best checkpoint.
-"""
+"""The interface every quality task implements (seeded splits, the model it trains, a step's batch, the loss,
+the metrics), and the classification, image and generated tasks' shared cores (docs/extending.md)."""
 
 from __future__ import annotations
 
@@ -32,8 +26,7 @@ SPLITS = ("train", "val", "test")
 
 
 def to_model_device(data: Any, model: nn.Module) -> Any:
-    """``data`` (a tensor, or a dict of tensors such as a :data:`Split`) on ``model``'s device:
-    every tensor a task hands the model goes through here."""
+    """``data`` (a tensor, or a dict of tensors such as a :data:`Split`) on ``model``'s device."""
     device = module_device(model)
     if isinstance(data, Tensor):
         return data.to(device)
@@ -42,8 +35,7 @@ def to_model_device(data: Any, model: nn.Module) -> Any:
 
 @dataclass(frozen=True)
 class Metric:
-    """One measured number: ``name`` (e.g. ``accuracy``), ``condition`` (e.g. ``distance=64``,
-    empty for the headline number), the value and how many tokens the evaluation read."""
+    """One measured number; ``condition`` (e.g. ``distance=64``) is empty for the headline number."""
 
     name: str
     value: float
@@ -54,8 +46,7 @@ class Metric:
 
 @dataclass(frozen=True)
 class DataSettings:
-    """A task's data settings (its ``Data``): a field per key of its ``data`` section, with its
-    type and its one default; the task presets set fields, lists become tuples."""
+    """A task's data settings (its ``Data``): a typed field with its default per key of its ``data`` section."""
 
     @classmethod
     def of(cls, task: str, data: Mapping[str, Any]) -> Self:
@@ -145,19 +136,16 @@ class Task(ABC):
     @abstractmethod
     def evaluate(self, model: nn.Module, split: str, *, limit: int | None, batch_size: int,
                  final: bool) -> list[Metric]:
-        """Metrics on ``split`` (``limit`` examples; ``final``: the one test evaluation,
-        which may add per-condition metrics and slower decodes)."""
+        """Metrics on ``split`` (``final``: the one test evaluation, which may add per-condition metrics)."""
 
     @staticmethod
     def accuracy_by(prefix: str, values: Tensor, hit: Tensor) -> list[Metric]:
-        """Mean ``hit`` (per item: 1/0, or a probability of being right) at each distinct value
-        ``v`` of ``values``: condition ``prefix + v``."""
+        """Mean ``hit`` (1/0, or a probability of being right) at each distinct ``v`` of ``values``: ``prefix + v``."""
         return [Metric("accuracy", float(hit[values == v].mean()), f"{prefix}{v}") for v in values.unique().tolist()]
 
     @staticmethod
     def accuracy_by_bucket(prefix: str, values: Tensor, hit: Tensor, edges: Sequence[int]) -> list[Metric]:
-        """Mean ``hit`` where ``values`` lie in ``(previous edge, edge]``: condition ``prefix + edge``
-        (empty buckets left out)."""
+        """Mean ``hit`` where ``values`` lie in ``(previous edge, edge]``: ``prefix + edge`` (empty ones left out)."""
         found, low = [], 0
         for edge in edges:
             sel = (values > low) & (values <= edge)
@@ -184,16 +172,8 @@ def padded_rows(batch: Split, size: int) -> Split:
     return {k: torch.cat([v, v[-1:].expand(size - len(v), *v.shape[1:])]) for k, v in batch.items()}
 
 
-def tokens_of(batch: Split, key: str = "ids", mask: str = "key_mask") -> int:
-    """Real input tokens in a batch (padding excluded)."""
-    if mask in batch:
-        return int(batch[mask].sum())
-    return int(batch[key].numel())
-
-
 class ClassificationTask(Task):
-    """Splits with ``ids`` (and ``key_mask``) and ``labels``; ``encoder_classifier``; accuracy.
-    A subclass fills ``self.splits`` in :meth:`prepare` and says its vocabulary and classes."""
+    """Splits with ``ids`` (and ``key_mask``) and ``labels``; ``encoder_classifier``; accuracy."""
 
     vocab_size: int = 0
     num_classes: int = 2
@@ -212,10 +192,9 @@ class ClassificationTask(Task):
         return model(batch["ids"], batch.get("key_mask"))  # (B, C)
 
     def eval_logits(self, model: nn.Module, batch: Split, batch_size: int) -> Tensor:
-        """``self.logits`` of an evaluation batch. Off the CPU a short last batch is padded to
-        ``batch_size`` rows (copies of its last row) and its logits cut back, so a kernel that
-        compiles per shape (flex) meets the training shape only; on the CPU it runs as it is
-        (BLAS results at another batch size may differ in the last digit)."""
+        """``self.logits`` of an evaluation batch; off the CPU a short one is padded to ``batch_size`` rows and cut
+        back, so a kernel that compiles per shape (flex) meets one shape (on the CPU, BLAS at another size may
+        change the last digit)."""
         rows = len(next(iter(batch.values())))
         if rows == batch_size or not pads_eval_batches(model):
             return self.logits(model, batch)
@@ -223,7 +202,7 @@ class ClassificationTask(Task):
 
     def batch_tokens(self, batch: Split) -> int:
         """Input tokens of a batch (padding excluded)."""
-        return tokens_of(batch)
+        return int(batch["key_mask"].sum()) if "key_mask" in batch else int(batch["ids"].numel())
 
     def loss(self, model: nn.Module, batch: Split) -> tuple[Tensor, int]:
         batch = to_model_device(batch, model)
@@ -249,8 +228,7 @@ class ClassificationTask(Task):
         return Metric("majority_accuracy", float((labels == common).float().mean()))
 
     def condition_metrics(self, split: str, preds: Tensor, labels: Tensor) -> list[Metric]:
-        """Accuracy per condition (e.g. per distance) of the first ``len(labels)`` examples of
-        ``split``, for a model's final evaluation and the reference rows; none by default."""
+        """Accuracy per condition of the first ``len(labels)`` examples of ``split``; none by default."""
         return []
 
     def evaluate(self, model: nn.Module, split: str, *, limit: int | None, batch_size: int,
@@ -264,11 +242,8 @@ class ClassificationTask(Task):
         return metrics
 
 
-
 class PatchedImageTask(ClassificationTask):
-    """A classification task read by the ``vit`` model: splits hold ``images (n, 1, S, S)``
-    in [0, 1] and ``labels``; the model cuts ``image_size``-pixel images into patches of the
-    data setting ``patch_size`` (default 4). A subclass says its ``image_size``."""
+    """A classification read by the ``vit`` model: ``images (n, 1, S, S)`` in [0, 1] and ``labels``."""
 
     @property
     def image_size(self) -> int:
@@ -318,8 +293,7 @@ class SplitSizes(DataSettings):
 
 
 class GeneratedTask(Task):
-    """A task whose splits a seeded generator draws: split ``i`` (train, val, test) of
-    ``data_seed`` ``s`` with seed ``3 s + i``."""
+    """A task whose split ``i`` (train, val, test) a generator draws with seed ``3 * data_seed + i``."""
 
     Data = SplitSizes
 

@@ -1,6 +1,5 @@
-"""``bytelm``: byte-level language modelling of Wikipedia XML (the enwiki excerpt shipped in
-gensim's test data), split by position; bits per byte. The test split is also read at 2x, 4x
-and 8x the training length, to show which attention generalises past its training length."""
+"""``bytelm``: byte-level language modelling of gensim's Wikipedia XML excerpt, in bits per byte, the test split
+also read past the training length."""
 
 from __future__ import annotations
 
@@ -93,8 +92,7 @@ class ByteLM(Task):
     @torch.no_grad()
     def bits_per_byte(self, model: nn.Module, split: str, length: int, budget: int,
                       batch_size: int) -> Metric:
-        """Mean bits per predicted byte over non-overlapping ``length``-byte windows covering the
-        first ``budget`` bytes of ``split``, each predicted from within its window."""
+        """Mean bits per byte over ``length``-byte windows covering the first ``budget`` bytes, each read alone."""
         stream = self.splits[split]["bytes"]
         count = max(1, min(budget, len(stream) - 1) // length)
         windows = stream[: count * length + 1].unfold(0, length + 1, length)  # (W, length + 1)

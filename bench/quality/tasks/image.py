@@ -1,20 +1,19 @@
-"""``image`` and ``image_vit``: Fashion-MNIST (10 classes of 28x28 grey images), read as 784
-pixel tokens (LRA's "Image") or as the ``vit``'s patches; training and validation from the
-60,000 training images, the test split from the 10,000 test images only."""
+"""``image`` and ``image_vit``: Fashion-MNIST read as pixel tokens (LRA's "Image") or as the ``vit``'s patches."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from bench.quality.data import fashion_mnist
-from bench.quality.tasks.base import ClassificationTask, PatchedImageTask, SplitSizes, as_tensors
+from bench.quality.tasks.base import ClassificationTask, PatchedImageTask, Split, SplitSizes, as_tensors
 from bench.quality.tasks.registration import register_task
 
 
-def _subsets(data: SplitSizes) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """Seeded, disjoint train / val subsets of the training images and a test subset."""
+def _splits(data: SplitSizes, inputs: Callable[[np.ndarray], dict[str, np.ndarray]]) -> dict[str, Split]:
+    """Seeded, disjoint train / val subsets of the training images and a test subset: ``inputs(images)``, labels."""
     rng = np.random.default_rng(data.data_seed)
     images, labels = fashion_mnist.load("train")
     order = rng.permutation(len(labels))
@@ -22,8 +21,10 @@ def _subsets(data: SplitSizes) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     train, val = order[:n_train], order[n_train:n_train + n_val]
     test_images, test_labels = fashion_mnist.load("test")
     test = rng.permutation(len(test_labels))[: data.test_examples]
-    return {"train": (images[train], labels[train]), "val": (images[val], labels[val]),
-            "test": (test_images[test], test_labels[test])}
+    parts = {"train": (images[train], labels[train]), "val": (images[val], labels[val]),
+             "test": (test_images[test], test_labels[test])}
+    return {split: as_tensors({**inputs(images), "labels": labels}, np.arange(len(labels)))
+            for split, (images, labels) in parts.items()}
 
 
 def downsample(images: np.ndarray, factor: int) -> np.ndarray:
@@ -69,10 +70,8 @@ class ImagePixels(ClassificationTask):
     vocab_size = 256
 
     def prepare(self) -> None:
-        for split, (images, labels) in _subsets(self.data).items():
-            pixels = downsample(images, self.data.downsample)
-            arrays = {"ids": pixels.reshape(len(pixels), -1), "labels": labels}
-            self.splits[split] = as_tensors(arrays, np.arange(len(labels)))
+        self.splits = _splits(self.data, lambda images: {
+            "ids": downsample(images, self.data.downsample).reshape(len(images), -1)})
 
 
 PATCH_PRESETS = {
@@ -112,6 +111,4 @@ class ImagePatches(PatchedImageTask):
     image_size = 28  # type: ignore[assignment]
 
     def prepare(self) -> None:
-        for split, (images, labels) in _subsets(self.data).items():
-            arrays = {"images": images[:, None].astype(np.float32) / 255.0, "labels": labels}
-            self.splits[split] = as_tensors(arrays, np.arange(len(labels)))
+        self.splits = _splits(self.data, lambda images: {"images": images[:, None].astype(np.float32) / 255.0})

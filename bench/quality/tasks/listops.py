@@ -1,5 +1,4 @@
-"""``listops``: nested MAX / MIN / MED / SUM_MOD expressions, generated with the Long Range
-Arena algorithm; 10-way classification of the expression's value."""
+"""``listops``: 10-way classification of nested list expressions generated with the Long Range Arena algorithm."""
 
 from __future__ import annotations
 

@@ -51,9 +51,8 @@ PRESETS = {
 
 @register_task("mqar", order=10, presets=PRESETS)
 class MQAR(GeneratedTask, ClassificationTask):
-    """Loss and metrics on query positions only (labels ``-100`` elsewhere), read by the encoder
-    classifier (``pooling="tokens"``) or Zoology's causal ``decoder_lm`` (its logits over the
-    value tokens); accuracy per ``num_pairs=P`` and per distance bucket ``distance<=E``."""
+    """Loss and metrics on query positions only, read by the encoder classifier (``pooling="tokens"``) or
+    Zoology's causal ``decoder_lm`` (its logits over the value tokens)."""
 
     @dataclass(frozen=True)
     class Data(SplitSizes):
@@ -120,8 +119,7 @@ class MQAR(GeneratedTask, ClassificationTask):
     @torch.no_grad()
     def query_predictions(self, model: nn.Module, split: str, limit: int | None,
                           batch_size: int) -> tuple[dict[str, Tensor], int, float]:
-        """Per query of the first ``limit`` examples: ``pred``, ``label``, ``num_pairs``,
-        ``distance`` (1-D tensors of one length); tokens read; seconds."""
+        """Each query's ``pred``, ``label``, ``num_pairs``, ``distance`` (first ``limit`` examples); tokens, seconds."""
         parts: dict[str, list[Tensor]] = {"pred": [], "label": [], "num_pairs": [], "distance": []}
         tokens, start = 0, time.perf_counter()
         for batch in self.batches(split, batch_size, limit):
@@ -155,16 +153,13 @@ class MQAR(GeneratedTask, ClassificationTask):
         return [*metrics, self.majority_accuracy(split, count), *self.query_condition_metrics(q, hit)]
 
     def query_condition_metrics(self, q: dict[str, Tensor], hit: Tensor) -> list[Metric]:
-        """Accuracy per ``num_pairs=P`` and per distance bucket from per-query ``hit`` (1/0 or a
-        probability) and the queries' ``num_pairs`` and ``distance`` (:meth:`query_predictions`)."""
+        """Accuracy per ``num_pairs=P`` and per bucket ``distance<=E`` of per-query ``hit`` (1/0 or a probability)."""
         return [*self.accuracy_by("num_pairs=", q["num_pairs"], hit),
                 *self.accuracy_by_bucket("distance<=", q["distance"], hit, self.buckets())]
 
     def present_value_guess(self, split: str) -> list[Metric]:
-        """What answering each query with one of the values its sequence holds, drawn
-        uniformly, scores in expectation (exactly, not sampled): the accuracy of a model that
-        learned which values are present but not which key each belongs to (``1 / P`` when
-        the values are distinct). The headline ``accuracy`` and the per-condition rows."""
+        """The expected accuracy (exact) of answering each query with a value its sequence holds, drawn uniformly:
+        a model that learned which values are present but not their keys (``1 / P`` for distinct values)."""
         data = self.splits[split]
         query = data["labels"] != mqar.IGNORE  # (n, N)
         rows = torch.nonzero(query)[:, 0]  # (Q,): each query's example

@@ -1,5 +1,4 @@
-"""``pathfinder``: are the two dots joined by one dashed curve? Generated images (two dots,
-curved dashed paths, distractor paths), read as a sequence of pixel tokens."""
+"""``pathfinder``: are the two dots of a generated image joined by one dashed curve?"""
 
 from __future__ import annotations
 
@@ -19,9 +18,8 @@ INPUTS = ("pixels", "patches")
 
 
 def patch_codes(images: np.ndarray, patch: int) -> np.ndarray:
-    """Binary ``patch x patch`` blocks of ``images (n, S, S)`` as token ids ``(n, (S/patch)^2)``:
-    bit ``k`` of a block's id is pixel ``k`` (row-major) lit (> 127). Lossless for Pathfinder
-    (black background, white paths and dots)."""
+    """Binary ``patch x patch`` blocks of ``images (n, S, S)`` as ids ``(n, (S/patch)^2)``: bit ``k`` is pixel ``k``
+    (row-major) lit (> 127), lossless for Pathfinder's black and white."""
     n, size = images.shape[0], images.shape[1]
     side = size // patch
     blocks = (images[:, : side * patch, : side * patch] > 127).reshape(n, side, patch, side, patch)
@@ -56,9 +54,8 @@ PRESETS = {
 
 @register_task("pathfinder", order=6, presets=PRESETS)
 class Pathfinder(PatchedImageTask):
-    """``input``: ``pixels`` (``encoder_classifier``): a token per pixel (grey level = id), or with
-    ``patch: 2`` per binary 2x2 block (16 ids); ``patches`` (``vit``): the image in [0, 1] cut
-    into ``patch_size`` patches, as ``image_vit`` reads Fashion-MNIST. Images are cached outside git."""
+    """``input``: ``pixels`` (``encoder_classifier``): a token per pixel, or with ``patch: 2`` per binary 2x2 block;
+    ``patches`` (``vit``): the image cut into ``patch_size`` patches, as ``image_vit`` reads Fashion-MNIST."""
 
     @dataclass(frozen=True)
     class Data(DataSettings):
@@ -105,7 +102,6 @@ class Pathfinder(PatchedImageTask):
         parts = split_indices(len(labels), seed=d.data_seed, fractions=d.fractions, stratify=labels)
         self.splits = {name: as_tensors(arrays, np.asarray(index)) for name, index in parts.items()}
 
-    # pixels: a sequence of pixel tokens (ClassificationTask); patches: the vit input
     @property
     def image_size(self) -> int:
         return self.data.size

@@ -1,7 +1,5 @@
-"""``recall``: associative recall at controlled distances. The last token queries a key
-written ``d`` tokens earlier; the answer is the value stored ``pair_gap`` tokens before that key.
-Accuracy is reported overall and per distance, so a pattern that cannot bring the pair to the
-last position (``bench/quality/reach.py``) shows as chance there."""
+"""``recall``: associative recall at controlled distances, accuracy overall and per distance (docs/quality.md,
+"Recall")."""
 
 from __future__ import annotations
 

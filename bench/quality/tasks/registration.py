@@ -1,9 +1,5 @@
-"""The table of quality tasks (an :class:`attn.table.Table`, like the attentions, kernels and
-model kinds) and the decorator that fills it (:func:`register_task`): a task registers its
-settings per task preset (its ``data`` the fields of its class's ``Data``), its headline
-metric's title, its column's ``order`` and its metrics by condition (docs/extending.md).
-The bottom of the tasks package beside :mod:`bench.quality.tasks.base`, so imports run one way.
-"""
+"""The table of quality tasks and :func:`register_task`, which fills it (docs/extending.md, "A task"); at the
+bottom of the tasks package beside :mod:`bench.quality.tasks.base`, so imports run one way."""
 
 from __future__ import annotations
 
@@ -20,15 +16,13 @@ T = TypeVar("T", bound=type[Task])
 
 #: the sections a task's settings in a preset may have
 SECTIONS = ("data", "model", "attention", "train", "note")
-#: where a task registered without an ``order`` goes: after the built-in tasks, in the order
-#: tasks register
+#: where a task registered without an ``order`` goes: after the built-in tasks, in registration order
 _LATER = itertools.count(1000)
 
 
 @dataclass(frozen=True)
 class ConditionFigure:
-    """A figure of a metric by condition: one line per variant, the condition's value on a
-    log-2 axis (``<stem>.png`` and ``.svg`` in the run directory)."""
+    """A figure of a metric by condition, a line per variant, the condition on a log-2 axis (``<stem>.png/.svg``)."""
 
     stem: str
     xlabel: str
@@ -43,9 +37,7 @@ class ConditionFigure:
 
 @dataclass(frozen=True)
 class ConditionView:
-    """Test rows of ``metric`` whose condition starts with ``prefix`` (``distance=``): a table
-    of the mean per variant and condition in the report, titled ``title``; conditions sorted
-    by value when ``numeric``; drawn when a ``figure`` is given."""
+    """A report table of test ``metric`` by condition ``prefix`` per variant, drawn with a ``figure``."""
 
     metric: str
     prefix: str
@@ -75,8 +67,7 @@ class TaskInfo:
         return self.cls.higher_is_better
 
     def model_kind(self, data: Mapping[str, Any] | None = None) -> str:
-        """The model kind the task trains with ``data`` (its data settings may choose it:
-        ``pathfinder``'s ``input``); the task is built, its data not loaded."""
+        """The model kind the task trains with ``data`` (``pathfinder``'s ``input`` chooses it); no data loaded."""
         return self.cls(dict(data or {}), 0).model_kind
 
     def preset(self, name: str) -> dict[str, Any] | None:
@@ -97,13 +88,7 @@ def register_task(name: str, *, presets: Mapping[str, Mapping[str, Any]],
                   order: float | None = None, metric_title: str | None = None,
                   conditions: tuple[ConditionView, ...] = (),
                   overwrite: bool = False) -> Callable[[T], T]:
-    """Decorator registering a :class:`Task` subclass as task ``name`` (its ``name`` is set).
-
-    ``presets``: the task's settings per task preset (sections :data:`SECTIONS`);
-    ``order``: its place among the tasks (default: after every task registered before it);
-    ``metric_title``: its headline metric as the report names it (default: the metric's
-    name); ``conditions``: its metrics by condition (:class:`ConditionView`).
-    """
+    """Decorator registering a :class:`Task` subclass as task ``name`` (arguments: docs/extending.md)."""
     TASKS.check_name(name)
     checked = _presets(name, presets)
 

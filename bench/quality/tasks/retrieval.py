@@ -1,10 +1,7 @@
-"""``retrieval``: do two BBC News articles share a category? A dual encoder reads both and
-classifies the pair from ``[u, v, u*v, u-v]`` (LRA's document retrieval) or by their cosine
-(``pair_head: cosine``). Pairs are drawn inside one split; validation and test use fixed pairs,
-half positive. Training (``train_pairing``): ``in_batch`` classifies every pair of a batch's
-articles, each class half of the loss; ``fixed`` trains on ``train_pairs`` fixed pairs. With
-``train_crop_from: L`` (``in_batch``), a training article is a ``seq_len``-byte window at a
-per-step offset inside its first ``L`` bytes."""
+"""``retrieval``: do two BBC News articles share a category? A dual encoder classifies fixed pairs drawn inside a
+split, half positive. ``train_pairing: in_batch`` trains on every pair of a batch's articles, each class half
+of the loss (``fixed``: on ``train_pairs`` fixed pairs); ``train_crop_from: L`` reads a training article as a
+``seq_len``-byte window at a per-step offset inside its first ``L`` bytes."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""``selective_copy``: write out in order the data tokens scattered in a long source of fillers
-(Gu and Dao 2023, "Mamba", Section 4.1.1; docs/quality.md), an encoder-decoder whose
-self-attentions are the variant, its cross-attention full; scored on greedy decoding."""
+"""``selective_copy``: write out in order the data tokens scattered in a long source of fillers (Gu and Dao 2023,
+"Mamba"; docs/quality.md), an encoder-decoder scored on greedy decoding."""
 
 from __future__ import annotations
 
@@ -60,8 +59,7 @@ PRESETS = {
                                "reaches")),),
 )
 class SelectiveCopy(GeneratedTask):
-    """Token accuracy (the headline), ``sequence_accuracy`` (every token right), and token
-    accuracy per bucket ``gap<=E`` of the gap to the data token before."""
+    """Token accuracy, ``sequence_accuracy`` (every token right), and token accuracy per bucket ``gap<=E``."""
 
     @dataclass(frozen=True)
     class Data(SplitSizes):
@@ -111,8 +109,7 @@ class SelectiveCopy(GeneratedTask):
     @torch.no_grad()
     def decoded(self, model: nn.Module, split: str, limit: int | None,
                 batch_size: int) -> tuple[Tensor, int, float]:
-        """Greedy outputs ``(n, num_tokens)`` of the first ``limit`` examples (the tokens after
-        begin; a row that ended early is padded with the end id), tokens read, seconds."""
+        """Greedy outputs ``(n, num_tokens)`` after begin (padded with the end id), tokens read, seconds."""
         rows, tokens, start = [], 0, time.perf_counter()
         k = self.num_tokens
         for batch in self.batches(split, batch_size, limit):

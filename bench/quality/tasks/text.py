@@ -1,5 +1,4 @@
-"""``text``: BBC News articles (5 categories), byte-level, classified by their first
-``seq_len`` bytes."""
+"""``text``: BBC News articles (5 categories), byte-level, classified by their first ``seq_len`` bytes."""
 
 from __future__ import annotations
 
@@ -31,10 +30,7 @@ PRESETS = {
 
 
 class ArticleTask(ClassificationTask):
-    """BBC News articles read as bytes. Articles whose first ``seq_len`` bytes repeat another's
-    are kept once; splits 80/10/10, stratified by category. With ``dedupe: near``,
-    near-duplicate articles (the same story reworded) go to one split together
-    (:func:`bench.quality.data.bbc.split_articles`)."""
+    """BBC News articles read as bytes, split by :func:`bench.quality.data.bbc.split_articles`."""
 
     @dataclass(frozen=True)
     class Data(DataSettings):
@@ -53,7 +49,6 @@ class ArticleTask(ClassificationTask):
         dedupe = self.dedupe
         texts, labels = bbc.load_articles()
         ids, key_mask = bbc.encode_bytes(texts, self.data.seq_len)
-        # duplicate inputs (and, with dedupe: near, reworded stories) would straddle the splits
         keep, parts = bbc.split_articles(texts, labels, ids, seed=self.data.data_seed, dedupe=dedupe)
         return texts, keep, {"ids": ids[keep], "key_mask": key_mask[keep], "labels": labels[keep]}, parts
 

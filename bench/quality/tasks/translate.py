@@ -1,8 +1,5 @@
-"""``translate``: English to Spanish, King James against Reina-Valera 1909, aligned by verse
-reference (Debian's sword-text-kjv and sword-text-sparv, read with pysword): passages of one
-chapter (chapters never straddle splits), a shared BPE of the training passages, both sides
-cleaned by :func:`bench.quality.data.bible.clean`. Selection on validation loss; test BLEU
-(sacrebleu) of greedy and beam-search decoding."""
+"""``translate``: English to Spanish Bible passages of one chapter (chapters never straddle splits), a shared BPE
+of the training passages; selection on validation loss, test BLEU of greedy and beam-search decoding."""
 
 from __future__ import annotations
 
@@ -139,8 +136,7 @@ class Translate(Task):
         return Metric("loss", total / max(count, 1), "", tokens, time.perf_counter() - start)
 
     def bleu_count(self) -> int:
-        """How many passages BLEU scores: the first ``bleu_examples`` of a split (setting
-        ``all``: every one)."""
+        """How many passages BLEU scores: the first ``bleu_examples`` of a split (``all``: every one)."""
         count = self.data.bleu_examples
         return 10**9 if count == "all" else int(count)
 

@@ -1,6 +1,5 @@
-"""``video``: the direction of a Fashion-MNIST object moving on a torus canvas, which no single
-frame decides (:mod:`bench.quality.data.video`; docs/quality.md, "Video"), read by the ``vivit``
-model (Arnab et al. 2021). Test clips come from the 10,000 test images only."""
+"""``video``: the direction of an object moving on a torus canvas, which no single frame decides, read by the
+``vivit`` model (docs/quality.md, "Video")."""
 
 from __future__ import annotations
 
@@ -26,8 +25,6 @@ PRESETS = {
                  "still_objects": 1, "patch_size": 8, "tubelet_frames": 1},
         "attention": {"window": 2, "num_landmarks": 4, "positions_per_frame": 4},
     },
-    # calibrated with full attention (docs/quality.md): tubelets of 2 frames learn it (test
-    # 99.6% at 600 steps), tubelets of 1 frame stay at chance through 500 of 600 steps
     "small": {
         "note": ("8 frames of 32x32 pixels in tubelets of 2 frames x 8x8 pixels: 4 token frames x "
                  "16 positions = 64 tokens; one 14-pixel Fashion-MNIST object moving 4-7 pixels "
