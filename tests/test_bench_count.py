@@ -86,3 +86,12 @@ def test_summary_names_the_call_and_each_length():
     assert "(1, 2, N, 16) float64, causal=True" in text
     assert "| 64 | sdpa | sdpa(fused, no mask) | 6,400 | 100 | 100 |" in text
     assert "| 128 | sdpa | sdpa(fused, no mask) (fallback: dense mask) | 6,400 | 50 | 100 |" in text
+
+
+@pytest.mark.skipif(shutil.which("callgrind_control") is None, reason="needs valgrind (apt-get install -y valgrind)")
+def test_instrumentation_cannot_be_turned_on_outside_callgrind():
+    """The probe fails loudly rather than count nothing when no callgrind runs it."""
+    from bench.counting.counter import start_instrumentation
+
+    with pytest.raises(RuntimeError, match="callgrind_control could not turn instrumentation on"):
+        start_instrumentation(timeout_s=30)

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from attn import create_attention
+from bench.counting.counter import start_instrumentation
 
 
 def _empty(q: Any, k: Any, v: Any, causal: bool) -> None:
@@ -38,6 +39,7 @@ def main(spec_path: str, result_path: str) -> None:
     att = create_attention(spec["variant"], kernel=spec["kernel"], num_heads=spec["heads"],
                            head_dim=spec["head_dim"], **spec["params"])
     dtype = getattr(torch, spec["dtype"])
+    start_instrumentation()  # after the imports: every call below runs instrumented
     paths = []
     with torch.inference_mode():
         for length in spec["seq_len"]:
