@@ -67,6 +67,7 @@ def test_sigterm_or_sighup_stops_the_sweep_cleanly_and_kills_the_workers(tmp_pat
     assert wait_for(lambda: not any(alive(p) for p in pids), 10), "a worker or its child survived"
 
 
+@pytest.mark.slow  # 20-40 s: the full run (-m '') has it, the inner loop does not
 def test_a_killed_driver_leaves_nothing_running(tmp_path):
     proc, pidfile = _start_hanging_sweep(tmp_path)
     pids = [int(p) for p in pidfile.read_text().split()]

@@ -61,6 +61,7 @@ def test_model_flops_add_the_dense_layers_to_the_attention_cost():
     assert kind == "model_step (attention useful)" and density == 1.0
 
 
+@pytest.mark.slow  # 20-40 s: the full run (-m '') has it, the inner loop does not
 def test_a_model_step_sweep_measures_every_variant(tmp_path):
     run_sweep(parse_config(BASE), tmp_path)
     df = load_results(tmp_path)

@@ -52,6 +52,7 @@ def elsewhere(tmp_path: Path) -> Path:
     return work
 
 
+@pytest.mark.slow  # 20-40 s: the full run (-m '') has it, the inner loop does not
 def test_list_and_check_take_a_plugin_file(plugin_file: Path, elsewhere: Path) -> None:
     listed = _cli("list", "--plugin", str(plugin_file), cwd=elsewhere)
     assert listed.returncode == 0, listed.stderr
@@ -80,6 +81,7 @@ def test_plot_patterns_takes_a_plugin_file(plugin_file: Path, elsewhere: Path) -
     assert done.returncode == 0, done.stderr
 
 
+@pytest.mark.slow  # 20-40 s: the full run (-m '') has it, the inner loop does not
 def test_a_module_in_the_current_directory_is_a_plugin(plugin_file: Path) -> None:
     listed = _cli("list", "--plugin", "my_block", cwd=plugin_file.parent)
     assert listed.returncode == 0, listed.stderr

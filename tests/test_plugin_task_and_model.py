@@ -114,6 +114,7 @@ def test_list_shows_the_plugin_kernel_task_and_model_kind(plugin):
     assert "toy_dense" in result.output  # the kernel, among the kernels and each variant's
 
 
+@pytest.mark.slow  # 20-40 s: the full run (-m '') has it, the inner loop does not
 def test_a_sweep_runs_the_plugin_kernel_on_a_builtin_variant(plugin, tmp_path):
     import pandas as pd
 

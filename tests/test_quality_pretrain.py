@@ -67,6 +67,7 @@ def test_each_phase_warms_up_and_decays_on_its_own():
     assert phase_settings(70, plain) == (70, plain)
 
 
+@pytest.mark.slow  # 20-40 s: the full run (-m '') has it, the inner loop does not
 def test_a_run_killed_while_pretraining_resumes_to_the_uninterrupted_result(tmp_path):
     clean = train_run(_spec(tmp_path / "clean"), log=lambda _: None)
     spec = _spec(tmp_path / "killed")
@@ -83,6 +84,7 @@ def test_a_run_killed_while_pretraining_resumes_to_the_uninterrupted_result(tmp_
     assert all(r["best_step"] > 8 for r in clean if r["split"] == "test")
 
 
+@pytest.mark.slow  # 20-40 s: the full run (-m '') has it, the inner loop does not
 def test_pretraining_trains_the_encoder_and_leaves_the_classifier_head_alone(tmp_path):
     from bench.quality.train import _model, build
 

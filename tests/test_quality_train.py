@@ -45,6 +45,7 @@ def _values(rows: list[dict]) -> list[tuple]:
     return [(r["split"], r["metric"], r["condition"], r["value"], r["best_step"]) for r in rows]
 
 
+@pytest.mark.slow  # 20-40 s: the full run (-m '') has it, the inner loop does not
 def test_a_killed_training_resumes_to_the_uninterrupted_result(tmp_path):
     clean = train_run(_spec(tmp_path / "clean"), log=lambda _: None)
     spec = _spec(tmp_path / "killed")
@@ -123,6 +124,7 @@ def test_a_variant_that_cannot_be_a_decoder_is_unsupported_not_replaced(tmp_path
     assert parts.kwargs["decoder_attention"] == "causal"
 
 
+@pytest.mark.slow  # 20-40 s: the full run (-m '') has it, the inner loop does not
 def test_the_train_command_end_to_end(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "bench.cli", "train", "listops", "--variant", "dilated",
