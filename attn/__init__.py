@@ -1,8 +1,5 @@
-"""Attention for long sequences: variant semantics, kernels, registry and conformance kit (docs/contract.md).
-
-The public names below resolve on first use (PEP 562), so importing a torch-free submodule such
-as :mod:`attn.validation` does not load torch or the registry.
-"""
+"""Attention for long sequences: variants, kernels, registry and conformance kit (docs/contract.md).
+Public names resolve on first use (PEP 562, docs/layout.md): a torch-free submodule loads no torch."""
 
 from __future__ import annotations
 
@@ -10,29 +7,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 #: public name -> the module that defines it
-_HOMES = {
-    "Attention": "attn.base",
-    "AttentionCall": "attn.call",
-    "AttentionInfo": "attn.registry",
-    "Band": "attn.pattern",
-    "ExactAttention": "attn.base",
-    "KernelPath": "attn.call",
-    "MaskMod": "attn.mods",
-    "Pattern": "attn.pattern",
-    "PlainModuleAttention": "attn.plain_module",
-    "ScoreMod": "attn.mods",
-    "attention_info": "attn.registry",
-    "build_attention": "attn.registry",
-    "check_attention_params": "attn.registry",
-    "create_attention": "attn.registry",
-    "get_kernel": "attn.kernels",
-    "list_attention": "attn.registry",
-    "list_kernels": "attn.kernels",
-    "load_plugins": "attn.registry",
-    "plugin_errors": "attn.registry",
-    "register_attention": "attn.registry",
-    "register_kernel": "attn.kernels",
-}
+_HOMES = {name: home for home, names in {
+    "attn.base": ("Attention", "ExactAttention"),
+    "attn.call": ("AttentionCall", "KernelPath"),
+    "attn.kernels": ("get_kernel", "list_kernels", "register_kernel"),
+    "attn.mods": ("MaskMod", "ScoreMod"),
+    "attn.pattern": ("Band", "Pattern"),
+    "attn.plain_module": ("PlainModuleAttention",),
+    "attn.registry": ("AttentionInfo", "attention_info", "build_attention", "check_attention_params",
+                      "create_attention", "list_attention", "load_plugins", "plugin_errors", "register_attention"),
+}.items() for name in names}
 
 __all__ = [
     "Attention",

@@ -1,6 +1,4 @@
-"""The description of one attention call (what a kernel judges to say whether it can run it)
-and of what ran for it (:class:`KernelPath`). A length left ``None`` means "any length".
-"""
+"""One attention call as a kernel judges it (:class:`AttentionCall`), and what ran for it (:class:`KernelPath`)."""
 
 from __future__ import annotations
 
@@ -40,9 +38,8 @@ class AttentionCall:
         requires_grad: bool | None = None,
         document_ids: Tensor | None = None,
     ) -> AttentionCall:
-        """The call ``attention(q, k, v, causal=causal, key_mask=key_mask)``.
-
-        ``requires_grad`` defaults to whether autograd records the call through q, k or v."""
+        """The call ``attention(q, k, v, causal=causal, key_mask=key_mask)``; ``requires_grad`` defaults to
+        whether autograd records it through q, k or v."""
         if requires_grad is None:
             requires_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         return cls(q.device, q.dtype, bool(causal), bool(requires_grad), q.shape[2], k.shape[2],
@@ -52,40 +49,27 @@ class AttentionCall:
     @property
     def self_attention(self) -> bool | None:
         """True when Nq == Nk, False when they differ, None when either is unknown."""
-        if self.q_len is None or self.k_len is None:
-            return None
-        return self.q_len == self.k_len
+        return None if self.q_len is None or self.k_len is None else self.q_len == self.k_len
 
     def describe(self) -> str:
         """The call in words, for error messages."""
         parts = [f"device={self.device}", f"dtype={self.dtype}", f"causal={self.causal}",
                  f"requires_grad={self.requires_grad}"]
-        if self.q_len is not None:
-            parts.append(f"Nq={self.q_len}")
-        if self.k_len is not None:
-            parts.append(f"Nk={self.k_len}")
-        if self.has_key_mask:
-            parts.append("key_mask given")
-        if self.has_document_ids:
-            parts.append("document_ids given")
-        if self.kv_groups > 1:
-            parts.append(f"{self.kv_groups} query heads per key head (GQA)")
-        return ", ".join(parts)
+        optional = ((self.q_len is not None, f"Nq={self.q_len}"), (self.k_len is not None, f"Nk={self.k_len}"),
+                    (self.has_key_mask, "key_mask given"), (self.has_document_ids, "document_ids given"),
+                    (self.kv_groups > 1, f"{self.kv_groups} query heads per key head (GQA)"))
+        return ", ".join([*parts, *(text for given, text in optional if given)])
 
 
 @dataclass(frozen=True)
 class KernelPath:
-    """What actually ran for the last forward call: recorded on every benchmark row.
-
-    ``mask_emulated``: a sparse pattern computed through a dense mask; ``fallback``: a known slow
-    path; ``setup_s`` / ``setup_bytes``: cached structures this call built for later calls of its
-    shape; ``backend``: what a dispatching kernel ran, e.g. ``math (the mask rules out flash)``."""
+    """What actually ran for the last forward call (docs/contract.md), recorded on every benchmark row."""
 
     kernel: str
     path: str
-    mask_emulated: bool = False
-    fallback: str | None = None
+    mask_emulated: bool = False  # a sparse pattern computed through a dense mask
+    fallback: str | None = None  # a known slow path taken
     compile_s: float | None = None  # time spent compiling in this call (first call of a shape)
     setup_s: float | None = None  # time building a cached mask in this call
     setup_bytes: int | None = None  # bytes of the cached mask built in this call
-    backend: str | None = None  # the backend a dispatching kernel (sdpa) ran; None: no choice
+    backend: str | None = None  # what a dispatching kernel (sdpa) ran, e.g. "math (the mask rules out flash)"

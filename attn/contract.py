@@ -1,6 +1,4 @@
-"""The tensor contract every attention obeys (docs/contract.md): the checks of q, k, v and key_mask.
-Every error names the attention, the argument and what is allowed.
-"""
+"""The checks of q, k, v and key_mask (docs/contract.md); each error names the attention and the argument."""
 
 from __future__ import annotations
 

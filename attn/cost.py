@@ -1,10 +1,5 @@
-"""What one attention call costs in FLOPs: the variant says (:meth:`attn.base.Attention.cost`).
-
-Exact variants count *useful* FLOPs by the FlashAttention convention on their allowed pairs ``P``
-per (batch, head): forward ``2 * P * (D + Dv)``, backward 2.5x forward; a head-dependent mask is
-counted per head. Approximations count the matmuls they perform (``kind`` says which). Position-bias
-terms and softmax arithmetic are not counted.
-"""
+"""What one attention call costs in FLOPs (docs/variants.md, "Cost"); position-bias terms and softmax
+arithmetic are not counted."""
 
 from __future__ import annotations
 
@@ -75,8 +70,7 @@ def band_pairs(band: Band, n: int, causal: bool) -> int:
 
 def counted_head_pairs(pattern: Pattern, q_len: int, k_len: int, causal: bool, heads: int,
                        device: torch.device | None = None) -> tuple[int, ...]:
-    """Allowed pairs of each head, counted from the mask_mod in chunks of query rows, on ``device``
-    (where the mask_mod's tensors live; default the CPU)."""
+    """Allowed pairs of each head, counted from the mask_mod in chunks of query rows on ``device`` (default CPU)."""
     mod = and_masks(pattern.mask_mod, causal_mask_mod if causal else None)
     if mod is None:
         return (q_len * k_len,) * heads

@@ -7,9 +7,8 @@ from torch import nn
 
 
 def module_device(module: nn.Module) -> torch.device:
-    """The device of ``module``'s first parameter (or buffer); the CPU for a module with
-    neither. Code that evaluates a module's functions outside a call (an attention's
-    ``mask_mod`` that reads a buffer, a model's inputs) builds its tensors there."""
+    """The device of ``module``'s first parameter (or buffer), where code evaluating its functions outside a call
+    builds its tensors; the CPU for a module with neither."""
     for tensor in (*module.parameters(), *module.buffers()):
         return tensor.device
     return torch.device("cpu")

@@ -1,10 +1,4 @@
-"""Packed sequences: several documents in one row, given as ``document_ids (B, N)`` (docs/contract.md,
-"Packed sequences").
-
-A packed row computes what each document computes alone: pairs only within one document, the
-mods seeing positions counted from the document's start (which matters for absolute-position
-rules such as ``global_tokens``). :func:`packed_mods` wraps a pattern's mods into that form.
-"""
+"""Packed sequences: several documents in one row, ``document_ids (B, N)`` (docs/contract.md, "Packed sequences")."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Grouped-query attention (GQA, Ainslie et al. 2023; MQA, Shazeer 2019): ``k, v (B, H_kv, Nk, .)``
-against ``q (B, H, Nq, D)``, query head ``h`` reading key head ``h // (H / H_kv)``.
-
-Ways to run it, named in a path by :func:`gqa_note`: *grouped* (a group's queries folded into rows,
-keys read once, nothing copied), *native* (the kernel's own form), *expanded* (:func:`expand_kv`:
-a view for MQA, a copy for ``1 < H_kv < H``, since no strided view repeats each head).
-"""
+"""Grouped-query attention (GQA, Ainslie et al. 2023; MQA, Shazeer 2019): ``k, v (B, H_kv, Nk, .)`` against
+``q (B, H, Nq, D)``; the helpers the kernels share (docs/contract.md, "What a kernel is given")."""
 
 from __future__ import annotations
 
@@ -45,13 +40,9 @@ def grouped_values(probs: Tensor, v: Tensor) -> Tensor:
     return unfold_heads(fold_queries(probs, kv_heads) @ v, heads)  # (B, H, Nq, Dv)
 
 
-def expand_is_view(heads: int, kv_heads: int) -> bool:
-    """True when :func:`expand_kv` returns a view (``H_kv`` is 1 or ``H``)."""
-    return kv_heads in (1, heads)
-
-
 def expand_kv(x: Tensor, heads: int) -> Tensor:
-    """``x (B, H_kv, N, E) -> (B, H, N, E)``: a view when :func:`expand_is_view`, else a copy."""
+    """``x (B, H_kv, N, E) -> (B, H, N, E)``: a view when ``H_kv`` is 1 or ``H``, else a copy (no strided view
+    repeats each head)."""
     batch, kv_heads, n, e = x.shape
     if kv_heads == heads:
         return x
@@ -70,7 +61,7 @@ def gqa_note(heads: int, kv_heads: int, how: str) -> str:
 
 def expand_how(heads: int, kv_heads: int) -> str:
     """How :func:`expand_kv` repeats the key heads, for :func:`gqa_note`."""
-    if expand_is_view(heads, kv_heads):
+    if kv_heads in (1, heads):  # a view
         return "k/v expanded to H heads (a view, no copy)"
     return "k/v repeated to H heads (a copy)"
 

@@ -1,14 +1,10 @@
-"""A token grid of frames x positions and the factorised patterns on it (ViViT, Arnab et al. 2021).
-
-Token ``i`` of a frame-major sequence is position ``i % S`` of frame ``i // S`` (a trailing
-partial frame is allowed). ``spatial``: ``i // S == j // S``; ``temporal``: ``i % S == j % S``;
-``axes`` per contiguous head group (ViViT's model 4 is ``("spatial", "temporal")``). A pattern
-carries its :class:`Grid` so :mod:`attn.kernels.factorised` can run it as batched attention.
-"""
+"""A token grid of frames x positions and its factorised patterns (ViViT, Arnab et al. 2021): token ``i`` of a
+frame-major sequence is position ``i % S`` of frame ``i // S`` (a trailing partial frame is allowed)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -19,9 +15,27 @@ from attn.mods import MaskMod
 AXES = ("spatial", "temporal")
 
 
+def head_runs(values: tuple[Any, ...], heads: int, owner: str, field: str) -> list[tuple[int, int, Any]]:
+    """``(h0, h1, value)``: ``heads`` split into one contiguous group per value, equal neighbours merged;
+    ``ValueError`` when ``heads`` is not divisible by the number of groups."""
+    groups = len(values)
+    if heads % groups:
+        raise ValueError(f"{owner}: {heads} heads are not divisible into the {groups} head groups of "
+                         f"{field}={values}")
+    size = heads // groups
+    runs: list[list[Any]] = []  # [h0, h1, value]
+    for g, value in enumerate(values):
+        if runs and runs[-1][2] == value:
+            runs[-1][1] = (g + 1) * size
+        else:
+            runs.append([g * size, (g + 1) * size, value])
+    return [(h0, h1, value) for h0, h1, value in runs]
+
+
 @dataclass(frozen=True)
 class Grid:
-    """``positions`` tokens per frame (``S``) and the axis of each head group (``axes``)."""
+    """``positions`` tokens per frame (``S``) and the axis of each contiguous head group (``axes``; ViViT's model 4
+    is ``("spatial", "temporal")``)."""
 
     positions: int
     axes: tuple[str, ...] = ("spatial",)
@@ -38,21 +52,8 @@ class Grid:
         return len(set(self.axes)) > 1
 
     def head_groups(self, heads: int) -> list[tuple[int, int, str]]:
-        """``(h0, h1, axis)``: contiguous head ranges with one axis each (equal neighbours merged);
-        ``ValueError`` when ``heads`` is not divisible by the number of groups."""
-        groups = len(self.axes)
-        if heads % groups:
-            raise ValueError(
-                f"Grid: {heads} heads are not divisible into the {groups} head groups of axes={self.axes}"
-            )
-        size = heads // groups
-        runs: list[list] = []  # [h0, h1, axis]
-        for g, axis in enumerate(self.axes):
-            if runs and runs[-1][2] == axis:
-                runs[-1][1] = (g + 1) * size
-            else:
-                runs.append([g * size, (g + 1) * size, axis])
-        return [(h0, h1, axis) for h0, h1, axis in runs]
+        """``(h0, h1, axis)``: contiguous head ranges with one axis each (:func:`head_runs`)."""
+        return head_runs(self.axes, heads, "Grid", "axes")
 
     def allows(self, axis: str, i: int, j: int) -> bool:
         """The rule of ``axis`` for one pair, written out independently of any mask_mod it checks."""

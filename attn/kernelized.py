@@ -1,9 +1,5 @@
-"""Kernelized (feature-map) attention: ``phi(q) phi(k)^T v`` normalised by ``phi(q) phi(k)^T 1``.
-
-The shared core of linear-cost approximations (Katharopoulos et al. 2020: ``phi = elu + 1``;
-Performer, Choromanski et al. 2021), in O(N * F * Dv) time; causal through chunked prefix sums,
-bottom-right aligned; a padded key's features are zero; a row with no allowed key gives zeros.
-"""
+"""Kernelized (feature-map) attention ``phi(q) phi(k)^T v / phi(q) phi(k)^T 1`` in O(N * F * Dv), the core of
+linear-cost approximations (Katharopoulos et al. 2020; Performer, Choromanski et al. 2021; docs/extending.md)."""
 
 from __future__ import annotations
 
@@ -26,9 +22,7 @@ FeatureMap = Callable[[Tensor, bool], Tensor]  # (x (B, H, N, D), is_query) -> (
 
 def _masked(phi_k: Tensor, key_mask: Tensor | None) -> Tensor:
     """Zero the features of padded keys: ``phi_k (B, H, Nk, F)``, ``key_mask (B, Nk)``."""
-    if key_mask is None:
-        return phi_k
-    return phi_k * key_mask[:, None, :, None].to(phi_k.dtype)
+    return phi_k if key_mask is None else phi_k * key_mask[:, None, :, None].to(phi_k.dtype)
 
 
 def _ratio(num: Tensor, den: Tensor) -> Tensor:
@@ -101,9 +95,8 @@ def streamed_kernelized_attention(
     key_mask: Tensor | None = None,
     rows: int = STREAM_ROWS,
 ) -> Tensor:
-    """Non-causal :func:`kernelized_attention` with the features computed ``rows`` rows at a time.
-
-    The feature map must treat each row on its own (elu + 1 and Performer's features do)."""
+    """Non-causal :func:`kernelized_attention` with the features computed ``rows`` rows at a time (the feature map
+    must treat each row on its own, as elu + 1 and Performer's features do)."""
     batch, heads, q_len, _ = q.shape
     k_len = k.shape[2]
     state, norm = None, None  # sum phi_k v^T (B, H, F, Dv), sum phi_k (B, H, F)
@@ -151,7 +144,6 @@ class KernelizedState:
 
     @property
     def length(self) -> int:
-        """Number of keys fed so far."""
         return self.seen
 
     def step(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = None) -> Tensor:

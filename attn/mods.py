@@ -1,9 +1,5 @@
-"""Mask and score modifications: the one place where a variant's semantics are written.
-
-``mask_mod(b, h, i, j) -> bool`` and ``score_mod(score, b, h, i, j) -> score``, in elementwise torch
-ops so they run on dense grids, under ``vmap`` (flex) and per block. ``i`` is the absolute query
-position, bottom-right aligned: row ``r`` of ``Nq`` sits at ``i = Nk - Nq + r``.
-"""
+"""Mask and score modifications, where a variant's semantics are written: ``mask_mod(b, h, i, j) -> bool`` and
+``score_mod(score, b, h, i, j)``, elementwise so they run on dense grids, under ``vmap`` (flex) and per block."""
 
 from __future__ import annotations
 
@@ -38,11 +34,23 @@ def and_masks(*mods: MaskMod | None) -> MaskMod | None:
     return combined
 
 
+def shifted_score_mod(score_mod: ScoreMod | None, *, batch: int = 0, head: int = 0) -> ScoreMod | None:
+    """``score_mod`` for a slice of a call that starts at batch row ``batch`` and head ``head``."""
+    if score_mod is None or (batch == 0 and head == 0):
+        return score_mod
+
+    def shifted(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+        return score_mod(score, b + batch, h + head, i, j)
+
+    return shifted
+
+
 def index_grids(
-    batch: int, heads: int, q_len: int, k_len: int, device: torch.device
+    batch: int, heads: int, q_len: int, k_len: int, device: torch.device, offset: int | None = None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Broadcastable grids ``b (B,1,1,1), h (1,H,1,1), i (1,1,Nq,1), j (1,1,1,Nk)``, ``i`` absolute."""
-    offset = k_len - q_len
+    """Broadcastable grids ``b (B,1,1,1), h (1,H,1,1), i (1,1,Nq,1), j (1,1,1,Nk)``, ``i`` absolute from ``offset``
+    (default ``Nk - Nq``)."""
+    offset = k_len - q_len if offset is None else offset
     b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
     h = torch.arange(heads, device=device).view(1, heads, 1, 1)
     i = (torch.arange(q_len, device=device) + offset).view(1, 1, q_len, 1)
@@ -60,12 +68,13 @@ def dense_allowed(
     causal: bool,
     key_mask: Tensor | None,
     device: torch.device,
+    offset: int | None = None,
 ) -> Tensor | None:
     """Materialise the allowed-pairs mask, bool ``(B|1, H|1, Nq, Nk)``; ``None`` if all allowed."""
     mod = and_masks(mask_mod, causal_mask_mod if causal else None)
     allowed: Tensor | None = None
     if mod is not None:
-        b, h, i, j = index_grids(batch, heads, q_len, k_len, device)
+        b, h, i, j = index_grids(batch, heads, q_len, k_len, device, offset)
         allowed = torch.as_tensor(mod(b, h, i, j), device=device, dtype=torch.bool)
         shape = torch.broadcast_shapes(allowed.shape, (1, 1, q_len, k_len))
         allowed = allowed.expand(shape)
@@ -76,14 +85,12 @@ def dense_allowed(
     return allowed
 
 
-def dense_scores_mod(
-    score_mod: ScoreMod | None, scores: Tensor
-) -> Tensor:
-    """Apply ``score_mod`` to dense scores ``(B, H, Nq, Nk)`` (bottom-right aligned positions)."""
+def dense_scores_mod(score_mod: ScoreMod | None, scores: Tensor, offset: int | None = None) -> Tensor:
+    """Apply ``score_mod`` to dense scores ``(B, H, Nq, Nk)`` (query positions as :func:`index_grids`)."""
     if score_mod is None:
         return scores
     batch, heads, q_len, k_len = scores.shape
-    b, h, i, j = index_grids(batch, heads, q_len, k_len, scores.device)
+    b, h, i, j = index_grids(batch, heads, q_len, k_len, scores.device, offset)
     return score_mod(scores, b, h, i, j)
 
 

@@ -1,6 +1,5 @@
-"""What one attention call computes, as a value: the :class:`Pattern` an attention builds once per
-call for its kernel, and the :class:`Band` of a banded pattern (docs/kernels.md, docs/contract.md).
-"""
+"""What one attention call computes, as a value: the :class:`Pattern` a kernel reads, and the :class:`Band` of a
+banded pattern (docs/contract.md, "What a kernel is given")."""
 
 from __future__ import annotations
 
@@ -17,17 +16,15 @@ from torch import Tensor
 
 from attn.call import AttentionCall, KernelPath
 from attn.documents import Documents, packed_mods
-from attn.grid import Grid
+from attn.grid import Grid, head_runs
 from attn.mods import MaskMod, ScoreMod, index_grids
 
 
 @dataclass(frozen=True)
 class Band:
-    """Banded structure of a pattern, for O(N*w) kernels.
-
-    Allowed (non-causal): ``(i - j) % dilation == 0 and |i - j| <= dilation * window``, or
-    ``i < num_global`` or ``j < num_global``. Per-head form: ``group_dilations`` gives one rate per
-    contiguous head group and ``dilation`` is their max, the band's reach in every head."""
+    """Banded structure for O(N*w) kernels: ``(i - j) % dilation == 0 and |i - j| <= dilation * window``, or
+    ``i < num_global`` or ``j < num_global``; ``group_dilations``: one rate per contiguous head group,
+    ``dilation`` their max (the band's reach in every head)."""
 
     window: int
     dilation: int = 1
@@ -55,24 +52,10 @@ class Band:
         return bool(self.group_dilations)
 
     def head_groups(self, heads: int) -> list[tuple[int, int, Band]]:
-        """``(h0, h1, band)``: contiguous head ranges with one uniform band each (equal neighbours merged).
-
-        ``ValueError`` when ``heads`` is not divisible by the number of groups."""
+        """``(h0, h1, band)``: contiguous head ranges with one uniform band each (:func:`attn.grid.head_runs`)."""
         if not self.per_head:
             return [(0, heads, self)]
-        groups = len(self.group_dilations)
-        if heads % groups:
-            raise ValueError(
-                f"Band: {heads} heads are not divisible into the {groups} head groups of "
-                f"group_dilations={self.group_dilations}"
-            )
-        size = heads // groups
-        runs: list[list[int]] = []  # [h0, h1, dilation]
-        for g, rate in enumerate(self.group_dilations):
-            if runs and runs[-1][2] == rate:
-                runs[-1][1] = (g + 1) * size
-            else:
-                runs.append([g * size, (g + 1) * size, rate])
+        runs = head_runs(self.group_dilations, heads, "Band", "group_dilations")
         return [(h0, h1, Band(self.window, rate, self.num_global)) for h0, h1, rate in runs]
 
     def head_dilations(self, heads: int) -> tuple[int, ...]:
@@ -82,12 +65,9 @@ class Band:
 
 @dataclass(frozen=True, eq=False)
 class RelativeBias:
-    """A declarative relative position score term ``b_h(j - i)`` (Toeplitz), read by kernels instead of
-    the score_mod. ``i``, ``j`` are absolute positions (bottom-right aligned).
-
-    ``learned``: ``values`` is the table ``(H, 2M+1)``, ``b_h(d) = table[h, clamp(d, -M, M) + M]``
-    with ``M = max_distance``. ``alibi``: ``values`` is the head slopes ``(H,)``,
-    ``b_h(d) = -slope_h * |d|`` (no gradient)."""
+    """A declarative relative position score term ``b_h(j - i)``, read by kernels instead of the score_mod:
+    ``learned``: ``values`` the table ``(H, 2M+1)``, ``b_h(d) = table[h, clamp(d, -M, M) + M]``; ``alibi``:
+    ``values`` the slopes ``(H,)``, ``b_h(d) = -slope_h * |d|`` (no gradient)."""
 
     kind: str
     values: Tensor
@@ -129,8 +109,7 @@ class Native:
 
 
 class PatternOwner:
-    """The identity of the module that builds a pattern, weakly referenced by caches that must die with it.
-
+    """The identity of the module that builds a pattern, weakly referenced by caches that must die with it;
     ``score_terms`` caches :attr:`Pattern.score_is_bias` by key, so an undeclared score term is tried once."""
 
     __slots__ = ("__weakref__", "score_terms")
@@ -141,10 +120,8 @@ class PatternOwner:
 
 @dataclass(frozen=True, eq=False)
 class Pattern:
-    """What one call computes, built by the attention once per call and read by its kernel.
-
-    Fields are described in docs/contract.md. ``key`` and ``shared`` are computed only when a kernel
-    asks (``flex``'s compile cache): walking the mods' closures costs 20-40 us per call."""
+    """What one call computes, built once per call and read by its kernel (fields: docs/contract.md). ``key`` and
+    ``shared`` are computed only when a kernel asks: walking the mods' closures costs 20-40 us per call."""
 
     name: str
     exact: bool = True

@@ -1,16 +1,13 @@
-"""Plain plug-ins: a third-party ``nn.Module`` keeping the tensor contract (docs/contract.md),
-``forward(q, k, v, *, causal=False, key_mask=None)``, wrapped as :class:`PlainModuleAttention`.
-
-Optional attributes (class or instance): ``mask_mod()`` / ``score_mod()`` (the kit then compares
-with the dense reference); ``exact`` (default: True when it defines either mod); ``supports_causal``
-(True), ``forces_causal`` (False); ``supports_gqa`` (False: ``H_kv < H`` is refused before the
-module runs, as a module written for equal heads would mis-broadcast it); ``example_params``.
-"""
+"""Plain plug-ins: a third-party ``nn.Module`` with the contract's forward, wrapped as :class:`PlainModuleAttention`
+(docs/extending.md). Optional attributes: ``mask_mod()`` / ``score_mod()`` (the kit compares with their dense
+reference), ``exact`` (default: True when it defines either mod), ``supports_causal`` (True), ``forces_causal``
+(False), ``supports_gqa`` (False: a module written for equal heads would mis-broadcast ``H_kv < H``),
+``example_params``."""
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from torch import Tensor, nn
@@ -83,10 +80,8 @@ class _StandIn(nn.Module):
 
 
 class PlainModuleAttention(Attention):
-    """An Attention around a plain ``nn.Module`` that follows the tensor contract (kernel ``native``).
-
-    ``module`` is held as ``inner``; ``name`` defaults to its class name; traits come from
-    :func:`plain_traits`."""
+    """An Attention around a plain ``nn.Module`` (held as ``inner``) that follows the tensor contract (kernel
+    ``native``); ``name`` defaults to its class name, traits come from :func:`plain_traits`."""
 
     def __init__(
         self,
@@ -105,11 +100,8 @@ class PlainModuleAttention(Attention):
         self.name = name or type(module).__name__  # set first: Attention.__init__ names it in errors
         super().__init__(kernel=kernel, num_heads=num_heads, head_dim=head_dim)
         traits = plain_traits(module)
-        self.exact = traits.exact
-        self.supports_causal = traits.supports_causal
-        self.forces_causal = traits.forces_causal
-        self.supports_gqa = traits.supports_gqa
-        self.example_params = traits.example_params
+        for trait in fields(traits):  # exact, supports_causal, forces_causal, supports_gqa, example_params
+            setattr(self, trait.name, getattr(traits, trait.name))
         self.inner = module
 
     @classmethod

@@ -1,6 +1,5 @@
-"""Float32 sections stay float32 under autocast: kernels that upcast half inputs are decorated with
-:func:`without_autocast`, since autocast would recast their matmuls (and mix dtypes in ``addmm_``).
-"""
+"""Kernels that compute half inputs in float32 (:func:`upcast`), decorated with :func:`without_autocast` so their
+float32 sections stay float32: autocast would recast their matmuls (and mix dtypes in ``addmm_``)."""
 
 from __future__ import annotations
 
@@ -12,6 +11,13 @@ import torch
 from torch import Tensor
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: the dtypes upcasting kernels compute in float32
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def upcast(dtype: torch.dtype) -> torch.dtype:
+    """The dtype an upcasting kernel computes ``dtype`` inputs in: float32 for :data:`HALF_DTYPES`."""
+    return torch.float32 if dtype in HALF_DTYPES else dtype
 
 
 def without_autocast(fn: F) -> F:

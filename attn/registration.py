@@ -1,6 +1,5 @@
-"""The table of registered attentions and :func:`register_attention`, below the variants in the import
-layers so imports run one way (:mod:`attn.registry` imports :mod:`attn.variants`).
-"""
+"""The table of registered attentions and :func:`register_attention`, below the variants in the import layers
+(:mod:`attn.registry` imports :mod:`attn.variants`)."""
 
 from __future__ import annotations
 

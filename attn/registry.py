@@ -1,10 +1,5 @@
-"""The attention registry: register by decorator or entry point, create by name (docs/extending.md).
-
-An entry point in group ``attn_bench.attention`` names an :class:`~attn.base.Attention` subclass,
-a plain ``nn.Module`` keeping the tensor contract (wrapped in
-:class:`~attn.plain_module.PlainModuleAttention`), or a factory returning either. A plug-in that
-cannot be loaded is skipped and its error kept in :func:`plugin_errors`.
-"""
+"""The attention registry: register by decorator or entry point (group ``attn_bench.attention``), create by name
+(docs/extending.md); a plug-in that cannot be loaded is skipped, its error kept in :func:`plugin_errors`."""
 
 from __future__ import annotations
 
@@ -19,7 +14,8 @@ from torch import nn
 
 import attn.variants  # noqa: F401  (registers the built-in variants)
 from attn.base import PROBE_DIM, PROBE_HEADS, Attention
-from attn.kernels import kernel_names
+from attn.kernels import get_kernel, kernel_names
+from attn.kernels.base import compute_dtype
 from attn.plain_module import (
     CONTRACT,
     PlainModuleAttention,
@@ -66,10 +62,8 @@ def _ensure_loaded() -> None:
 
 
 def load_plugins(*, reload: bool = False) -> dict[str, str]:
-    """Load entry points of group ``attn_bench.attention``; returns {name: error} for failures.
-
-    A broken plug-in (bad name, import error, unregistrable object, taken name) is skipped with
-    a one-line error. ``reload=True`` forgets old errors and registers every entry point again."""
+    """Load entry points of group ``attn_bench.attention``, skipping a broken one; returns {name: one-line error}.
+    ``reload=True`` forgets old errors and registers every entry point again."""
     if reload:
         _registry.plugin_errors.clear()
     try:
@@ -165,9 +159,8 @@ def create_attention(
     kernel: str = "auto",
     **params: Any,
 ) -> Attention:
-    """Build the attention registered as ``name`` (a plain module comes wrapped).
-
-    Unknown names and parameters raise ``ValueError`` listing what is allowed."""
+    """Build the attention registered as ``name`` (a plain module comes wrapped); ``ValueError`` for an unknown
+    name or parameter lists what is allowed."""
     factory = _lookup(name)
     _check_known(name, factory, params)
     return build_attention(factory, name=name, kernel=kernel, num_heads=num_heads, head_dim=head_dim, **params)
@@ -181,9 +174,8 @@ def check_attention_params(
     kernel: str = "auto",
     **params: Any,
 ) -> None:
-    """``ValueError`` for anything :func:`create_attention` would refuse, without building a module.
-
-    A plain module or factory declares no rules: only its parameter names are checked."""
+    """``ValueError`` for anything :func:`create_attention` would refuse, without building a module (a plain
+    module or factory declares no rules: only its parameter names are checked)."""
     factory = _lookup(name)
     _check_known(name, factory, params)
     if inspect.isclass(factory) and issubclass(factory, Attention):
@@ -211,12 +203,12 @@ def build_attention(
     head_dim: int | None = None,
     **params: Any,
 ) -> Attention:
-    """Build an attention from a class or factory directly (``create_attention`` after the lookup).
-
-    ``obj``: an :class:`Attention` subclass (called with every argument), a plain module class
-    (called with ``params`` plus the ``num_heads`` / ``head_dim`` its ``__init__`` takes; ``kernel``
-    ``"auto"`` or ``"native"``) or a factory returning either. ``name`` names a wrapped plain module."""
-    name = name if isinstance(name, str) and name else _default_name(obj)
+    """Build an attention from ``obj`` directly (``create_attention`` after the lookup): an :class:`Attention`
+    subclass (called with every argument), a plain module class (called with ``params`` plus the ``num_heads`` /
+    ``head_dim`` its ``__init__`` takes) or a factory returning either; ``name`` names a wrapped plain module."""
+    if not (isinstance(name, str) and name):
+        name = getattr(obj, "name", None)
+        name = name if isinstance(name, str) else getattr(obj, "__name__", type(obj).__name__)
     if inspect.isclass(obj) and issubclass(obj, Attention):
         return obj(kernel=kernel, num_heads=num_heads, head_dim=head_dim, **params)
     if is_plain_module_class(obj):
@@ -240,19 +232,12 @@ def build_attention(
     return PlainModuleAttention(built, name=name, kernel=kernel, num_heads=num_heads, head_dim=head_dim)
 
 
-def _default_name(obj: Any) -> str:
-    name = getattr(obj, "name", None)
-    return name if isinstance(name, str) else getattr(obj, "__name__", type(obj).__name__)
-
-
 def _init_signature(obj: Callable[..., Any]) -> inspect.Signature | None:
     """The signature a class's own ``__init__`` (or a factory) is called with; None if it takes nothing."""
     if not inspect.isclass(obj):
         return inspect.signature(obj)
     init = next(c.__init__ for c in obj.__mro__ if "__init__" in vars(c))
-    if init is object.__init__ or init is nn.Module.__init__:
-        return None
-    return inspect.signature(init)
+    return None if init is object.__init__ or init is nn.Module.__init__ else inspect.signature(init)
 
 
 def _reserved_arguments(name: str, obj: Callable[..., Any], **values: Any) -> dict[str, Any]:
@@ -277,9 +262,6 @@ def _reserved_arguments(name: str, obj: Callable[..., Any], **values: Any) -> di
 def kernel_compute_dtype(name: str, kernel: str, dtype: torch.dtype) -> torch.dtype:
     """The dtype the matmuls of ``name`` on ``kernel`` run in for ``dtype`` inputs (float32 where half
     inputs are upcast), for a row's peak fraction; ``dtype`` for an unknown name or kernel."""
-    from attn.kernels import get_kernel
-    from attn.kernels.base import compute_dtype
-
     try:
         factory = _lookup(name)
         chosen = get_kernel(kernel)
@@ -292,22 +274,17 @@ def kernel_compute_dtype(name: str, kernel: str, dtype: torch.dtype) -> torch.dt
 def attention_info(name: str) -> AttentionInfo:
     """Description, parameters with defaults, kernels and causal support of ``name``."""
     factory = _lookup(name)
-    if is_plain_module_class(factory):
-        return _plain_info(name, factory)
-    cls = factory if inspect.isclass(factory) else None
-    probe = cls or Attention
-    doc = inspect.getdoc(factory) or ""
+    if is_plain_module_class(factory):  # its own docstring (not nn.Module's) and declared traits
+        doc, kernels = inspect.cleandoc(factory.__doc__ or ""), PlainModuleAttention.class_kernels()
+        traits = plain_traits(factory)
+    else:  # an Attention subclass, or a factory (read as Attention)
+        doc, kernels = inspect.getdoc(factory) or "", _kernels_of(name, factory)
+        traits = plain_traits(factory if inspect.isclass(factory) else Attention)
     return AttentionInfo(
-        name=name,
-        description=doc.split("\n\n")[0].replace("\n", " "),
-        params=constructor_params(factory),
-        kernels=_kernels_of(name, factory),
-        supports_causal=bool(getattr(probe, "supports_causal", True)),
-        exact=bool(getattr(probe, "exact", True)),
-        source=_registry.sources.get(name, "?"),
-        example_params=tuple(getattr(probe, "example_params", ({},))),
-        forces_causal=bool(getattr(probe, "forces_causal", False)),
-        supports_gqa=bool(getattr(probe, "supports_gqa", True)),
+        name=name, description=doc.split("\n\n")[0].replace("\n", " "), params=constructor_params(factory),
+        kernels=kernels, supports_causal=traits.supports_causal, exact=traits.exact,
+        source=_registry.sources.get(name, "?"), example_params=traits.example_params,
+        forces_causal=traits.forces_causal, supports_gqa=traits.supports_gqa,
     )
 
 
@@ -321,21 +298,3 @@ def _kernels_of(name: str, factory: Callable[..., Any]) -> tuple[str, ...]:
         return built.supported_kernels()
     except Exception:  # e.g. a required argument without a default
         return kernel_names()
-
-
-def _plain_info(name: str, cls: type[nn.Module]) -> AttentionInfo:
-    """Info of a plain module class: its own parameters and declared traits."""
-    traits = plain_traits(cls)
-    doc = inspect.cleandoc(cls.__doc__ or "")  # the class's own docstring, not nn.Module's
-    return AttentionInfo(
-        name=name,
-        description=doc.split("\n\n")[0].replace("\n", " "),
-        params=constructor_params(cls),
-        kernels=PlainModuleAttention.class_kernels(),
-        supports_causal=traits.supports_causal,
-        exact=traits.exact,
-        source=_registry.sources.get(name, "?"),
-        example_params=traits.example_params,
-        forces_causal=traits.forces_causal,
-        supports_gqa=traits.supports_gqa,
-    )

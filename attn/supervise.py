@@ -1,7 +1,5 @@
-"""Child processes that can always be stopped: from a forkserver with torch and attn preloaded,
-each in its own process group with a watchdog that kills the group when its parent is gone
-(checked by pid and start time, so a reused pid does not fool it). Imports no torch.
-"""
+"""Child processes that can always be stopped: from a forkserver preloading torch and attn, each in its own
+process group with a watchdog that kills the group when its parent (pid and start time) is gone. Imports no torch."""
 
 from __future__ import annotations
 
@@ -49,9 +47,7 @@ def signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         low, high = getattr(signal, "SIGRTMIN", 34), getattr(signal, "SIGRTMAX", 64)
-        if low <= signum <= high:
-            return f"SIGRTMIN+{signum - low}"
-        return f"signal {signum}"
+        return f"SIGRTMIN+{signum - low}" if low <= signum <= high else f"signal {signum}"
 
 
 def watch_parent(parent: tuple[int, int] | None) -> None:

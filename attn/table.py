@@ -1,7 +1,5 @@
-"""The one registry type (attentions, kernels, model kinds, quality tasks): identifier names,
-``overwrite=True`` to replace, a source per entry, :class:`RegistrationError` for every refusal.
-Imports nothing from attn, so models and bench use it too.
-"""
+"""The one registry type of attentions, kernels, model kinds and tasks (docs/extending.md); it imports nothing
+from attn, so models and bench use it too."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The one dialect of argument checks, shared by attn, models and bench.
-
-Every message names the *subject* (``"sliding_window: parameter 'window'"``, ``"--context"``), says
-what is allowed and shows what was given: ``SUBJECT: must be an integer >= 1; got 0``. Each check
-returns the accepted value or raises ``error(message)`` (``ValueError`` by default).
-"""
+"""The one dialect of argument checks of attn, models and bench (docs/layout.md, "Argument checks"): each check
+returns the accepted value or raises ``error("SUBJECT: must be ...; got VALUE")`` (``ValueError`` by default)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
 """The device probe: what one short call on a borrowed GPU must bring back, phase by phase.
 
-``python -m bench.probe`` (``.ci/gpu-probe``) runs each phase in a child process of its own
-under a time limit, within one overall budget, and writes one JSON line per phase the moment
-it ends (to stdout and ``--out``), so a call cut off early still returns what it measured:
-versions and the compile cache; SDPA full and causal attention; Nystrom-64 against SDPA with a
-``torch.profiler`` summary; the sliding window, dilated and global-token patterns through
-``flex`` with the block-mask build, the forward compile, the backward compile and the steady
-time apart. Compiles go to the suite's shared cache (:mod:`bench.engine.cache`), so a second
-call on the same machine reads them back. ``--device cpu --quick`` runs the same phases at
-small lengths on the CPU (flex has no CPU backward: those phases time the forward only).
+``.ci/gpu-probe`` (docs/gpu.md): each phase in a child process, a JSON line as it ends.
 """
 
 from __future__ import annotations
@@ -101,8 +93,7 @@ def versions(device: torch.device, quick: bool) -> dict[str, Any]:
 
 
 def _shape(device: torch.device, quick: bool, n: int) -> Shape:
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    return Shape(1, 16 if not quick else 4, n, 64, dtype)
+    return Shape(1, 16 if not quick else 4, n, 64, torch.bfloat16 if device.type == "cuda" else torch.float32)
 
 
 def sdpa(device: torch.device, quick: bool) -> dict[str, Any]:
@@ -110,14 +101,12 @@ def sdpa(device: torch.device, quick: bool) -> dict[str, Any]:
     rows = {}
     for n in _lengths(quick):
         for name in ("full", "causal"):
-            module = create_attention(name, kernel="sdpa")
-            rows[f"{name}_{n}"] = _steady(module, _shape(device, quick, n), device, grad=True)
+            rows[f"{name}_{n}"] = _steady(create_attention(name, kernel="sdpa"), _shape(device, quick, n), device, True)
     return rows
 
 
 def nystrom(device: torch.device, quick: bool) -> dict[str, Any]:
-    """Nystrom-64 against SDPA full attention at the shorter length (forward+backward, rounds
-    interleaved), and the profiler's summary of one Nystrom call."""
+    """Nystrom-64 against SDPA at the shorter length (interleaved), and the profiler's summary of one Nystrom call."""
     shape = _shape(device, quick, _lengths(quick)[0])
     nys = create_attention("nystrom", num_landmarks=64, num_heads=shape.heads)
     full = create_attention("full", kernel="sdpa")
@@ -147,8 +136,8 @@ def banded(label: str, n: int) -> Callable[[torch.device, bool], dict[str, Any]]
     variant, params = next((v, p) for name, v, p in BANDED if name == label)
 
     def phase(device: torch.device, quick: bool) -> dict[str, Any]:
-        module = create_attention(variant, kernel="flex", **params)
-        return _steady(module, _shape(device, quick, n), device, grad=device.type == "cuda")
+        return _steady(create_attention(variant, kernel="flex", **params), _shape(device, quick, n), device,
+                       grad=device.type == "cuda")
 
     return phase
 

@@ -1,9 +1,4 @@
-"""One config into one run directory: the library ``attn-bench sweep`` runs once.
-
-:func:`load_run` reads and validates a config, :func:`run_plan` picks its product's run plan (the only
-place the kinds of config part ways: the products know nothing of each other), :func:`dry_run` and
-:func:`run` use it.
-"""
+"""One config into one run directory (``attn-bench sweep``); :func:`run_plan` is where the kinds of config part."""
 
 from __future__ import annotations
 
@@ -43,13 +38,7 @@ __all__ = ["RunConfig", "WorkPlan", "default_run_dir", "dry_run", "load_run", "n
 
 def load_run(source: str | Path | Mapping[str, Any],
              overrides: Mapping[str, Any] | None = None) -> RunConfig:
-    """The config ``source`` names (YAML path, preset name or mapping), its ``plugins`` imported,
-    ``overrides`` applied, validated once; ``ConfigError`` naming the key otherwise.
-
-    ``overrides``: config keys (``None`` values ignored) of the config kind's ``OVERRIDES``; a speed
-    sweep's ``variants`` replaces the list, a grid's ``variants`` and ``tasks`` select among its own;
-    ``plugins`` adds modules to the config's.
-    """
+    """The config ``source`` names (path, preset or mapping), plug-ins imported, ``overrides`` applied, validated."""
     if isinstance(source, Mapping):
         where, raw = "<config>", dict(source)
     else:
@@ -60,10 +49,7 @@ def load_run(source: str | Path | Mapping[str, Any],
         return _load_pretrained(raw, changes, where)
     grid = is_grid(raw)
     _check_overrides(changes, grid)
-    extra = tuple(plugin_ref(p) for p in changes.pop("plugins", None) or ())
-    if extra and isinstance(raw, dict):
-        raw = {**raw, "plugins": list(dict.fromkeys((*plugin_modules(raw), *extra)))}
-    import_plugins(plugin_modules(raw))  # before parsing: they register what the config names
+    raw = _import_plugins(raw, changes.pop("plugins", None))
     if not grid:
         return parse_config(apply_overrides(raw, changes), source=where)
     for key in ("device", "threads"):
@@ -71,6 +57,15 @@ def load_run(source: str | Path | Mapping[str, Any],
             raw = {**raw, key: changes[key]}
     config = parse_grid(raw, only=changes.get("variants"))  # the other entries' rows stay
     return only_tasks(config, changes["tasks"]) if changes.get("tasks") else config
+
+
+def _import_plugins(raw: Any, extra: list[str] | None) -> Any:
+    """``raw`` with the ``--plugin`` modules ``extra``, its plug-ins imported (they register what it names)."""
+    extra = tuple(plugin_ref(p) for p in extra or ())
+    if extra and isinstance(raw, dict):
+        raw = {**raw, "plugins": list(dict.fromkeys((*plugin_modules(raw), *extra)))}
+    import_plugins(plugin_modules(raw))
+    return raw
 
 
 def _load_pretrained(raw: dict[str, Any], changes: dict[str, Any], where: str) -> PretrainedConfig:
@@ -83,11 +78,7 @@ def _load_pretrained(raw: dict[str, Any], changes: dict[str, Any], where: str) -
     for key in ("threads", "text", "model"):
         if key in changes:
             raw[key] = changes[key]
-    if changes.get("plugins"):
-        extra = tuple(plugin_ref(p) for p in changes["plugins"])
-        raw["plugins"] = list(dict.fromkeys((*plugin_modules(raw), *extra)))
-    import_plugins(plugin_modules(raw))
-    config = parse_pretrained(raw, source=where)
+    config = parse_pretrained(_import_plugins(raw, changes.get("plugins")), source=where)
     if changes.get("variants"):
         wanted = set(changes["variants"])
         kept = [e for e in config.raw["patterns"] if e.get("variant") in wanted]
@@ -163,8 +154,7 @@ def run(config: RunConfig | WorkPlan, run_dir: Path, *,
         retry_failed: bool = False, retry_noisy: bool = False, overwrite: bool = False,
         on_start: Callable[[Any], None] | None = None,
         on_done: Callable[[Any, Rows], None] | None = None) -> Rows:
-    """Run every unit of ``config`` not done yet into ``run_dir``; the new rows (options: :func:`run_units`;
-    ``retry_noisy``: a speed sweep's noisy rows again)."""
+    """Run every unit of ``config`` not done yet into ``run_dir`` (:func:`run_units`); the new rows."""
     work = _work(config)
     return run_units(run_dir, work, executor=executor, allow_mixed=allow_mixed,
                      retry_failed=retry_failed, overwrite=overwrite,

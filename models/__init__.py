@@ -1,17 +1,9 @@
-"""Shared transformer models that take any registered attention by name.
-
-``create_model(kind, size="mini", attention="full", attention_params={}, **overrides)``
-builds ``encoder_classifier``, ``decoder_lm``, ``encoder_decoder`` or ``vit``;
-``list_models()`` lists the kinds; docs/extending.md says how to add one.
+"""Shared transformer models that take any registered attention by name (docs/models.md): ``create_model(kind,
+size="mini", attention="full", attention_params={}, **overrides)``, ``list_models()``; adding a kind:
+docs/extending.md.
 
     >>> lm = create_model("decoder_lm", attention="sliding_window", attention_params={"window": 64})
-    >>> logits = lm(ids)                                   # (B, N, V)
     >>> out = lm.generate(ids, 32, strategy="beam", beam_width=4, eos_id=2)
-    >>> ids, mask = left_pad([p1, p2]); out = lm.generate(ids, 32, key_mask=mask)   # ragged prompts
-    >>> rope_lm = create_model("decoder_lm", position="rope")     # rotary positions, any attention
-    >>> clf = create_model("encoder_classifier", size="lra_base", attention="relative", num_classes=2)
-    >>> clf(ids, key_mask=mask)                            # (B, C)
-    >>> step = clf.stream(window=128); y = step.step(ids[:, 0])   # (B, D), continual inference
 """
 
 from models.attention import KVCache, MultiHeadAttention, RotaryEmbedding, cache_policy

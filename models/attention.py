@@ -1,5 +1,4 @@
-"""Multi-head attention over any registered attention, with an optional KV cache and
-rotary position embeddings (RoPE) on its queries and keys."""
+"""Multi-head attention over any registered attention, with an optional KV cache and RoPE (docs/models.md)."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ from torch import Tensor, nn
 
 import attn
 from attn.devices import module_device
+from attn.mods import index_grids
 from attn.validation import invalid
 
 #: the RoPE base (Su et al. 2021): pair i of a head of D channels turns by pos * base^(-2i/D)
@@ -56,18 +56,14 @@ def default_positions(length: int, offset: int, device: torch.device) -> Tensor:
 
 
 def pattern_shift_reason(attention: attn.Attention, probe: int = 48, shift: int = 29) -> str | None:
-    """Why ``attention``'s pattern is not a function of ``j - i`` alone (what left padding needs), or None.
-
-    Probed on a ``probe x probe`` grid against the same grid moved by ``shift``; global positions are refused."""
+    """Why ``attention``'s pattern is not a function of ``j - i`` alone (what left padding needs), or None: probed on
+    a ``probe x probe`` grid against the same grid moved by ``shift``; global positions are refused."""
     band = attention.band()
     if band is not None and band.num_global > 0:
         return f"its first {band.num_global} position(s) are global, an absolute position"
     heads = attention.num_heads or 1
     device = module_device(attention)  # a score_mod may read its tensors
-    b = torch.zeros(1, 1, 1, 1, dtype=torch.long, device=device)
-    h = torch.arange(heads, device=device).view(1, heads, 1, 1)
-    i = torch.arange(probe, device=device).view(1, 1, probe, 1)
-    j = torch.arange(probe, device=device).view(1, 1, 1, probe)
+    b, h, i, j = index_grids(1, heads, probe, probe, device)
     shape = (1, heads, probe, probe)
     with torch.no_grad():
         mask_mod = attention.mask_mod()
@@ -87,13 +83,9 @@ def pattern_shift_reason(attention: attn.Attention, probe: int = 48, shift: int 
 
 
 class KVCache:
-    """Keys and values of past positions for one attention layer, ``(B, H_kv, T, D)``.
-
-    Only the first ``keep_first`` and last ``keep_last`` keys are kept (all when ``keep_last`` is None;
-    exact, see :func:`cache_policy`). A ``static`` cache (cross attention) is set once and never grows.
-    ``mask (B, T)`` is the key mask of what is stored (None: all real); ``seen`` counts every position
-    appended, trimmed or not (the offset RoPE rotates by).
-    """
+    """Keys and values of past positions for one attention layer, ``(B, H_kv, T, D)``: the first ``keep_first``
+    and last ``keep_last`` (all when None; :func:`cache_policy`). A ``static`` cache (cross attention) is set once;
+    ``seen`` counts every position appended, trimmed or not (the offset RoPE rotates by)."""
 
     def __init__(self, keep_first: int = 0, keep_last: int | None = None, static: bool = False):
         self.keep_first = keep_first
@@ -166,9 +158,7 @@ class KVCache:
         if self.keep_last is None or length <= self.keep_first + self.keep_last:
             return x
         tail = x.narrow(dim, length - self.keep_last, self.keep_last)
-        if self.keep_first == 0:
-            return tail
-        return torch.cat([x.narrow(dim, 0, self.keep_first), tail], dim=dim)
+        return tail if self.keep_first == 0 else torch.cat([x.narrow(dim, 0, self.keep_first), tail], dim=dim)
 
     def reorder(self, index: Tensor) -> None:
         """Select / repeat batch rows (beam search)."""
@@ -220,11 +210,8 @@ class StateCache:
 
 
 def cache_policy(attention: attn.Attention) -> tuple[int, int | None]:
-    """``(keep_first, keep_last)`` that keeps cached decoding exact for ``attention``.
-
-    A banded pattern (window w, dilation r, g globals) reaches at most the last ``r*w + 1`` keys plus the
-    first g. Globals with a score_mod keep everything: [globals, recent] would change their ``j - i``.
-    """
+    """``(keep_first, keep_last)`` that keeps cached decoding exact: a band (w, r, g globals) reaches the last
+    ``r*w + 1`` keys and the first g; globals with a score_mod keep all ([globals, recent] would shift ``j - i``)."""
     band = attention.band()
     if band is None:
         return 0, None
@@ -234,11 +221,8 @@ def cache_policy(attention: attn.Attention) -> tuple[int, int | None]:
 
 
 class MultiHeadAttention(nn.Module):
-    """Q/K/V/output projections around any registered attention (self or cross).
-
-    ``num_kv_heads`` (default ``num_heads``, which it must divide): grouped-query key/value heads.
-    ``rope=True``: queries and keys rotated by absolute position, keys cached rotated (docs/models.md).
-    """
+    """Q/K/V/output projections around any registered attention (self or cross); ``num_kv_heads`` (default
+    ``num_heads``, which it must divide): grouped-query key/value heads; ``rope=True``: rotated queries and keys."""
 
     def __init__(
         self,
@@ -307,9 +291,8 @@ class MultiHeadAttention(nn.Module):
     def project(
         self, x: Tensor, context: Tensor | None = None, *, positions: Tensor | None = None, offset: int = 0
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-head ``q (B, H, Nq, Dh)``, ``k, v (B, H_kv, Nk, Dh)``.
-
-        With RoPE, ``positions (B|1, Nk)`` (default ``offset ..``) place the keys; queries take the last ``Nq``."""
+        """Per-head ``q (B, H, Nq, Dh)``, ``k, v (B, H_kv, Nk, Dh)``; with RoPE, ``positions (B|1, Nk)`` (default
+        ``offset ..``) place the keys, and queries take the last ``Nq``."""
         context = x if context is None else context
         q, (k, v) = self.queries(x), self.keys_values(context)
         if self.rope is not None:
@@ -343,10 +326,8 @@ class MultiHeadAttention(nn.Module):
         positions: Tensor | None = None,
         document_ids: Tensor | None = None,
     ) -> Tensor:
-        """``x (B, Nq, D)`` attends over ``context`` (default ``x``), through ``cache`` if given.
-
-        ``key_mask (B, Nnew)`` masks the new keys (a growing cache keeps it); ``positions (B|1, Nnew)``: absolute
-        RoPE positions (default ``cache.seen`` onwards, or ``0 ..``)."""
+        """``x (B, Nq, D)`` attends over ``context`` (default ``x``), through ``cache`` if given; ``key_mask (B, Nnew)``
+        masks the new keys; ``positions (B|1, Nnew)``: absolute RoPE positions (default ``cache.seen`` onwards)."""
         if cache is not None and cache.static and cache.k is not None:
             q, k, v = self.queries(x), cache.k, cache.v  # cross attention: memory projected once
         else:  # q (B, H, Nq, Dh), k, v (B, H_kv, Nk, Dh)

@@ -28,14 +28,10 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Self-attention, optional cross-attention, FFN; each sublayer with a residual.
-
-    ``norm="post"``: ``x = LayerNorm(x + Sublayer(x))``; ``"pre"``: ``x = x + Sublayer(LayerNorm(x))``.
-    ``mixer="lstm"`` / ``"gru"``: a :class:`~models.recurrent.RecurrentMixer` replaces the self-attention
-    (unidirectional when ``causal``, which calls must match); cross-attention stays attention, and the
-    step-wise seams (which need per-token keys and values) are refused.
-    ``rope=True`` rotates self-attention only (memory and target share no position axis).
-    """
+    """Self-attention (or a recurrent ``mixer``, unidirectional when ``causal``), optional cross-attention, FFN;
+    each sublayer with a residual, ``norm="post"`` (``LayerNorm(x + f(x))``) or ``"pre"`` (``x + f(LayerNorm(x))``).
+    A recurrent block refuses the step-wise seams (they need per-token keys and values); ``rope`` rotates
+    self-attention only."""
 
     def __init__(
         self,
@@ -79,15 +75,16 @@ class TransformerBlock(nn.Module):
 
     def new_cache(self) -> KVCache | StateCache | RecurrentCache:
         """An empty cache for this block's self-attention, or its recurrent state."""
-        if self.recurrent is not None:
-            return self.recurrent.new_cache()
-        return self.self_attn.new_cache()
+        return self.self_attn.new_cache() if self.recurrent is None else self.recurrent.new_cache()
 
-    def _attention_only(self, method: str) -> MultiHeadAttention:
+    def _attention_only(self, method: str, cross: bool = True) -> MultiHeadAttention:
+        """The self-attention, for step-wise ``method`` (``cross=False``: in a block without cross-attention)."""
         if self.self_attn is None:
             raise ValueError(
                 f"mixer: {method}() needs a self-attention block; this block has mixer={self.mixer!r}"
             )
+        if not cross and self.cross_attn is not None:
+            raise ValueError(f"cross_attention: {method}() runs blocks without cross-attention only")
         return self.self_attn
 
     def new_cross_cache(self) -> KVCache:
@@ -122,17 +119,13 @@ class TransformerBlock(nn.Module):
         key_mask: Tensor | None = None,
     ) -> Tensor:
         """The block's output ``(B, Nq, D)`` from per-head ``q, k, v`` and the block input ``x (B, Nq, D)``."""
-        self_attn = self._attention_only("finish")
-        if self.cross_attn is not None:
-            raise ValueError("cross_attention: finish() runs blocks without cross-attention only")
+        self_attn = self._attention_only("finish", cross=False)
         out = self_attn.attend(q, k, v, causal=causal, key_mask=key_mask)  # (B, Nq, D)
         return self.ffn_sublayer(self.residual(self.norm1, x, out))
 
     def finish_heads(self, x: Tensor, heads: Tensor) -> Tensor:
         """As :meth:`finish`, from per-head attention outputs ``heads (B, H, Nq, Dh)`` computed elsewhere."""
-        self_attn = self._attention_only("finish_heads")
-        if self.cross_attn is not None:
-            raise ValueError("cross_attention: finish_heads() runs blocks without cross-attention only")
+        self_attn = self._attention_only("finish_heads", cross=False)
         return self.ffn_sublayer(self.residual(self.norm1, x, self_attn.merge(heads)))
 
     def forward(

@@ -1,9 +1,6 @@
-"""Model configs: frozen dataclasses, named sizes, validation at construction (errors name the field).
-
-``position`` and ``mixer`` rules: docs/models.md. With a recurrent mixer the self-attention settings are
-still checked as names and parameters but need no causal form; ``attention_kernel`` and ``num_heads``
-still serve an encoder-decoder's cross-attention.
-"""
+"""Model configs: frozen dataclasses, named sizes, validation at construction (errors name the field; ``position``
+rules: docs/models.md). With a recurrent mixer the self-attention settings are still checked, causal form aside:
+``attention_kernel`` and ``num_heads`` still serve an encoder-decoder's cross-attention."""
 
 from __future__ import annotations
 

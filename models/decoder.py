@@ -37,9 +37,14 @@ class DecoderCache:
     def positions(self, length: int, key_mask: Tensor | None, device: torch.device) -> Tensor:
         """Absolute positions ``(B|1, N)`` of the next tokens; a first call's ``key_mask`` fixes each row's start."""
         if self.length == 0 and key_mask is not None:
-            start = first_real(key_mask)  # (B,)
-            self.start = start if bool(start.any()) else None
+            self.start = _starts(key_mask)
         return token_positions(length, self.length, self.start, device)
+
+
+def _starts(key_mask: Tensor | None) -> Tensor | None:
+    """Each row's first real column ``(B,)``, or None when every row starts at column 0."""
+    start = None if key_mask is None else first_real(key_mask)  # (B,)
+    return start if start is not None and bool(start.any()) else None
 
 
 def row_positions(length: int, key_mask: Tensor | None, cache: DecoderCache | None,
@@ -47,10 +52,7 @@ def row_positions(length: int, key_mask: Tensor | None, cache: DecoderCache | No
     """Absolute positions ``(B|1, N)`` of a decoder call's tokens, each row counted from its first real token."""
     if cache is not None:
         return cache.positions(length, key_mask, device)
-    start = None if key_mask is None else first_real(key_mask)  # (B,)
-    if start is not None and not bool(start.any()):
-        start = None
-    return token_positions(length, 0, start, device)
+    return token_positions(length, 0, _starts(key_mask), device)
 
 
 def document_positions(ids: Tensor, document_ids: Tensor) -> Tensor:

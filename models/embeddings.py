@@ -42,9 +42,7 @@ def token_positions(length: int, offset: int = 0, start: Tensor | None = None,
     """Positions of ``length`` tokens at columns ``offset ..``: ``(1, N)``, or ``(B, N)`` counted from each row's
     first real column ``start (B,)`` (padding gets 0)."""
     columns = torch.arange(offset, offset + length, device=device)[None, :]  # (1, N)
-    if start is None:
-        return columns
-    return (columns - start.to(columns.device)[:, None]).clamp(min=0)  # (B, N)
+    return columns if start is None else (columns - start.to(columns.device)[:, None]).clamp(min=0)  # (B, N)
 
 
 class PositionEmbedding(nn.Module):
@@ -66,23 +64,19 @@ class PositionEmbedding(nn.Module):
         length = x.shape[1]
         if positions is None:
             if self.kind == "learned":
-                if offset + length > self.max_len:
-                    raise ValueError(
-                        f"max_len: position {offset + length - 1} is beyond the learned table of "
-                        f"max_len={self.max_len}"
-                    )
+                self._check_table(offset + length - 1)
                 return x + self.table[offset : offset + length].to(x.dtype)  # (B, N, D)
             columns = torch.arange(offset, offset + length, device=x.device)
             return x + sinusoidal_table(columns, self.d_model).to(x.dtype)  # (B, N, D)
         if self.kind == "learned":
-            last = int(positions.max()) if positions.numel() else 0
-            if last >= self.max_len:
-                raise ValueError(
-                    f"max_len: position {last} is beyond the learned table of max_len={self.max_len}"
-                )
+            self._check_table(int(positions.max()) if positions.numel() else 0)
             return x + self.table[positions].to(x.dtype)  # (B|1, N, D) -> (B, N, D)
         table = sinusoidal_table(positions.reshape(-1), self.d_model)  # (B*N, D)
         return x + table.view(*positions.shape, self.d_model).to(x.dtype)  # (B, N, D)
+
+    def _check_table(self, last: int) -> None:
+        if last >= self.max_len:
+            raise ValueError(f"max_len: position {last} is beyond the learned table of max_len={self.max_len}")
 
     def extra_repr(self) -> str:
         return f"kind={self.kind!r}, max_len={self.max_len}"

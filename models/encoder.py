@@ -50,6 +50,15 @@ def last_real(x: Tensor, key_mask: Tensor | None) -> Tensor:
     return x[torch.arange(x.shape[0], device=x.device), last]
 
 
+def pool(h: Tensor, pooling: str, start: int, key_mask: Tensor | None) -> Tensor:
+    """One vector ``(B, D)`` of ``h (B, G + N, D)``, its prefix ``start = G``: CLS, the last real token, or the mean."""
+    if pooling == "cls":
+        return h[:, 0]
+    if pooling == "last":
+        return last_real(h, key_mask)
+    return masked_mean(h[:, start:], None if key_mask is None else key_mask[:, start:])
+
+
 class CosineHead(nn.Module):
     """Two-class pair scores ``[0, scale * cos(u, v) + bias]`` (different, same)."""
 
@@ -65,13 +74,9 @@ class CosineHead(nn.Module):
 
 @register_model("encoder_classifier", EncoderClassifierConfig)
 class EncoderClassifier(nn.Module):
-    """Encoder + pooling + classifier head: ``model(ids, key_mask) -> logits (B, C)``.
-
-    Input ``[CLS?][extra global tokens][tokens]`` (learned vectors, no vocabulary ids). ``pooling="tokens"``
-    returns ``(B, N, C)`` for the tokens of ``ids`` (padding included). ``dual=True``: both inputs share the
-    weights and :meth:`pair_logits` scores the pooled pair. Under a causal attention, CLS sees only itself:
-    use ``pooling="mean"``.
-    """
+    """Encoder + pooling + classifier head: ``model(ids, key_mask) -> logits (B, C)`` (``(B, N, C)`` with
+    ``pooling="tokens"``) over ``[CLS?][extra global tokens][tokens]``; ``dual=True``: both inputs share the
+    weights and :meth:`pair_logits` scores the pooled pair. Under a causal attention CLS sees only itself."""
 
     def __init__(self, config: EncoderClassifierConfig) -> None:
         super().__init__()
@@ -100,14 +105,9 @@ class EncoderClassifier(nn.Module):
     def embed(self, ids: Tensor, key_mask: Tensor | None = None) -> Tensor:
         """Pooled representation ``(B, D)``; ``(B, N, D)`` of the input tokens with ``"tokens"``."""
         h, key_mask = self.encode(ids, key_mask)
-        if self.config.pooling == "cls":
-            return h[:, 0]
-        start = self.prefix.count
         if self.config.pooling == "tokens":
-            return h[:, start:]  # (B, N, D): the prefix (extra global tokens) dropped
-        if self.config.pooling == "last":
-            return last_real(h, key_mask)
-        return masked_mean(h[:, start:], None if key_mask is None else key_mask[:, start:])
+            return h[:, self.prefix.count :]  # (B, N, D): the prefix (extra global tokens) dropped
+        return pool(h, self.config.pooling, self.prefix.count, key_mask)
 
     def forward(
         self,

@@ -39,11 +39,8 @@ def place_encoder_decoder(variant: str, params: dict[str, Any], label: str, *, c
 
 @register_model("encoder_decoder", EncoderDecoderConfig, place=place_encoder_decoder)
 class EncoderDecoder(GenerationMixin, nn.Module):
-    """``model(src, tgt, src_key_mask=None, tgt_key_mask=None) -> logits (B, Nt, V)``.
-
-    One shared token embedding; ``generate(src, ...)`` starts every target with ``bos_id``. With a recurrent
-    ``mixer`` it is Bahdanau et al. 2015's RNN encoder-decoder with attention, in this block layout.
-    """
+    """``model(src, tgt, src_key_mask=None, tgt_key_mask=None) -> logits (B, Nt, V)``; ``generate(src, ...)`` starts
+    every target with ``bos_id``. With a recurrent ``mixer``: Bahdanau et al. 2015's RNN encoder-decoder."""
 
     def __init__(self, config: EncoderDecoderConfig) -> None:
         super().__init__()

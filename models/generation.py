@@ -1,11 +1,5 @@
-"""Decoding: greedy, beam search and sampling over a "session" that yields next-token logits.
-
-A session has ``next_logits(tokens (B, T)) -> (B, V)`` (``tokens``: the whole sequence so far) and
-``reorder(index)`` (select / repeat batch rows, for beams); models build one in ``start_decoding``.
-Beam score: log-probability sum over the GNMT length penalty ``((5 + len) / 6) ** alpha`` (Wu et al.
-2016), ``len`` counting generated tokens through EOS. Left-padded prompts of different lengths:
-docs/models.md.
-"""
+"""Decoding (docs/models.md): greedy, beam search and sampling over a :class:`DecodeSession` that a model builds
+in ``start_decoding``."""
 
 from __future__ import annotations
 
@@ -16,9 +10,12 @@ import torch
 from torch import Tensor
 
 from attn.validation import invalid
+from models.embeddings import first_real
 
 
 class DecodeSession(Protocol):
+    """``next_logits(tokens (B, T)) -> (B, V)`` of the whole sequence so far; ``reorder(index)`` for beams."""
+
     def next_logits(self, tokens: Tensor) -> Tensor: ...
 
     def reorder(self, index: Tensor) -> None: ...
@@ -54,7 +51,7 @@ def check_left_padded(key_mask: Tensor, ids: Tensor) -> None:
         raise invalid("key_mask", f"every prompt needs at least one real token (True); row "
                                   f"{int(empty[0])} has none")
     columns = torch.arange(key_mask.shape[1], device=key_mask.device)  # (T,)
-    start = key_mask.to(torch.int8).argmax(dim=1)  # (B,) first real column
+    start = first_real(key_mask)  # (B,)
     bad = (key_mask != (columns[None, :] >= start[:, None])).any(dim=1).nonzero()
     if len(bad):
         raise invalid("key_mask", f"prompts of different lengths must be left-padded (each row "
@@ -63,7 +60,7 @@ def check_left_padded(key_mask: Tensor, ids: Tensor) -> None:
 
 
 def length_penalty(length: Tensor, alpha: float) -> Tensor:
-    """GNMT length penalty ``((5 + len) / 6) ** alpha``."""
+    """GNMT length penalty ``((5 + len) / 6) ** alpha`` (Wu et al. 2016), ``len`` counting tokens through EOS."""
     return ((5.0 + length.to(torch.float32)) / 6.0) ** alpha
 
 
@@ -128,10 +125,8 @@ def beam_search(
     alpha: float = 0.0,
     eos_id: int | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Beam search; returns the best sequence per row ``(B, T')`` and its score ``(B,)``.
-
-    A finished beam is extended only by EOS at no cost, keeping score and length; ``k = 1`` is greedy search.
-    """
+    """Beam search: the best sequence per row ``(B, T')`` and its score ``(B,)``, log-probability over
+    :func:`length_penalty`; a finished beam is extended only by EOS at no cost; ``k = 1`` is greedy search."""
     if beam_width < 1:
         raise ValueError(f"beam_width: must be >= 1; got {beam_width}")
     batch, k, device = tokens.shape[0], beam_width, tokens.device

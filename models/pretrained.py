@@ -69,7 +69,7 @@ def resolve_source(model: str | Path | None) -> ModelSource:
 
 def _transformers() -> Any:
     try:
-        import transformers
+        import transformers  # the optional `pretrained` extra: imported only when a model is loaded
     except ImportError:
         raise ModelFileError(f"model: loading a pretrained model needs transformers, gguf and "
                              f"accelerate; install them with {LOADER_INSTALL!r}") from None
@@ -205,11 +205,10 @@ def placed_attention(model: nn.Module) -> list[nn.Module]:
 
 
 def _register_interface() -> None:
-    """Register the attention and (no) mask functions with ``transformers``, idempotently, never at import.
-
-    The suite's attention applies the causal rule itself (bottom-right, as cached chunks need)."""
+    """Register the attention and (no) mask functions with ``transformers``, idempotently, never at import (the
+    suite's attention applies the causal rule itself, bottom-right, as cached chunks need)."""
     transformers = _transformers()
-    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.masking_utils import AttentionMaskInterface  # optional, as in _transformers
 
     if IMPLEMENTATION not in transformers.AttentionInterface._global_mapping:
         transformers.AttentionInterface.register(IMPLEMENTATION, suite_attention)

@@ -1,8 +1,5 @@
-"""A recurrent layer in place of self-attention: LSTM or GRU, with a state cache for decoding.
-
-Bidirectional (``d_model // 2`` units a direction) in encoder blocks, unidirectional in causal ones.
-Right padding is packed away (``pack_padded_sequence``), so it reaches no real position.
-"""
+"""A recurrent layer in place of self-attention, LSTM or GRU, bidirectional in encoder blocks, with a state cache
+for decoding; right padding is packed away (``pack_padded_sequence``), so it reaches no real position."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The table of model kinds and :func:`register_model`; the two placements most kinds share.
-
-Model modules import this to register themselves and :mod:`models.registry` imports them: imports run one way.
-"""
+"""The table of model kinds and :func:`register_model` (model modules import it to register themselves), and the
+two placements most kinds share."""
 
 from __future__ import annotations
 

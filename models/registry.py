@@ -1,11 +1,5 @@
-"""The model registry: ``register_model`` / ``create_model`` / ``list_models`` /
-``model_info``, like attn's.
-
-The top of the model layers: it imports the built-in model modules (each registers its kind,
-its config class and how a variant's attention is placed into it with
-:func:`models.registration.register_model`), so a new kind is one module plus one line here;
-a plug-in registers from its own module.
-"""
+"""The model registry, the top of the model layers: it imports the built-in kinds, each registering itself with
+:func:`models.registration.register_model` (docs/extending.md, "A model kind")."""
 
 from __future__ import annotations
 
@@ -28,8 +22,7 @@ def list_models(pattern: str = "*") -> list[str]:
 
 
 def model_info(kind: str, subject: str = "kind") -> ModelEntry:
-    """The registry entry of ``kind`` (builder, config class, placement); ``ValueError``
-    naming ``subject`` and the registered kinds when there is none."""
+    """The registry entry of ``kind`` (builder, config class, placement); ``ValueError`` naming ``subject``."""
     if kind not in MODELS:
         raise ValueError(f"{subject}: unknown model kind {kind!r}; kinds are {list_models()}")
     return MODELS[kind]
@@ -59,7 +52,6 @@ def create_model(
     attention_params: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> nn.Module:
-    """Build model ``kind`` of model size ``size`` (:data:`models.config.SIZES`) with the
-    attention given by name and params."""
+    """Build model ``kind`` of size ``size`` (:data:`models.config.SIZES`) with the attention given by name."""
     config = model_config(kind, size, attention, attention_params, **overrides)
     return MODELS[kind].builder(config)

@@ -1,7 +1,5 @@
-"""Retroactive softmax attention over a sliding window, updated in O(n * d) per step (Hedegaard et al.
-2023, "Continual Transformers"), exact for plain softmax only (:func:`retroactive_reason`).
-Sums, running maxima, float64 and the refresh of cancelled rows: docs/models.md, "Streaming".
-"""
+"""Retroactive softmax attention over a sliding window, updated in O(n * d) per step, exact for plain softmax only
+(:func:`retroactive_reason`; docs/models.md, "Streaming")."""
 
 from __future__ import annotations
 

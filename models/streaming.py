@@ -1,9 +1,5 @@
-"""Streaming (continual) inference for an encoder over a sliding window of the last n tokens
-(Hedegaard et al. 2023, "Continual Transformers"): each :meth:`StreamingEncoder.step` takes one token
-and returns the newest position's output, equal to the batch forward's on the same window.
-
-Layout, first-block paths, costs and the position rule: docs/models.md, "Streaming".
-"""
+"""Streaming (continual) inference for an encoder over a sliding window of the last n tokens (Hedegaard et al.
+2023, "Continual Transformers"; docs/models.md, "Streaming")."""
 
 from __future__ import annotations
 
@@ -38,9 +34,8 @@ def _push(buffer: Tensor | None, new: Tensor, dim: int, size: int) -> Tensor:
 
 
 class StreamingEncoder:
-    """Step-wise encoder over the last ``window`` tokens of a model with ``token_emb`` and ``encoder``.
-
-    ``update="auto"``: the O(n * d) retroactive update where exact; ``"recompute"``: always recompute."""
+    """Step-wise encoder over the last ``window`` tokens of a model with ``token_emb`` and ``encoder``;
+    ``update="auto"``: the O(n * d) retroactive update where exact, ``"recompute"``: always recompute."""
 
     def __init__(self, model: nn.Module, window: int, update: str = "auto") -> None:
         if not isinstance(window, int) or window < 1:

@@ -6,17 +6,13 @@ from torch import Tensor, nn
 
 from models.config import ViTConfig
 from models.embeddings import PatchEmbedding, PositionEmbedding, PrefixTokens
-from models.encoder import TransformerEncoder, masked_mean
+from models.encoder import TransformerEncoder, pool
 from models.registration import register_model
 
 
 @register_model("vit", ViTConfig)
 class ViT(nn.Module):
-    """``model(images (B, C, S, S)) -> logits (B, num_classes)``.
-
-    Tokens are ``[CLS?][extra global tokens][patches]`` in raster order; ``pooling`` reads
-    CLS or averages the patch outputs.
-    """
+    """``model(images (B, C, S, S)) -> logits (B, num_classes)`` over ``[CLS?][extra global tokens][patches]``."""
 
     def __init__(self, config: ViTConfig) -> None:
         super().__init__()
@@ -34,10 +30,4 @@ class ViT(nn.Module):
         x = self.patch_emb(images)  # (B, P, D)
         x, _ = self.prefix(x, None)  # (B, G + P, D)
         h = self.encoder(self.drop(self.pos_emb(x)))  # (B, G + P, D)
-        if self.config.pooling == "cls":
-            pooled = h[:, 0]
-        elif self.config.pooling == "last":
-            pooled = h[:, -1]
-        else:
-            pooled = masked_mean(h[:, self.prefix.count :], None)
-        return self.head(pooled)  # (B, C)
+        return self.head(pool(h, self.config.pooling, self.prefix.count, None))  # (B, C)

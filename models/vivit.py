@@ -1,16 +1,8 @@
-"""ViViT: a video transformer (Arnab et al. 2021) built from the shared blocks, any attention.
-
-Tubelets of ``tubelet_frames x patch_size x patch_size`` pixels become ``N = T' * S`` tokens in
-frame-major order (the grid of :mod:`attn.grid`), plus space-time positions; the head classifies
-their mean (no CLS token, so every token stays on the grid). ``structure``:
-
-- ``joint``: ViViT model 1, all N tokens attend (model 4 with ``attention: factorised``, ``axis: split``);
-- ``factorised_encoder``: model 2, a spatial encoder per frame, its mean token, then a temporal encoder
-  (``temporal_layers``, ``temporal_attention``) over the T' frame tokens;
-- ``factorised_self_attention``: model 3, each block attends within frames then across them.
-
-A ``factorised`` attention runs on the joint grid only; its ``positions_per_frame`` is filled in as ``S``.
-"""
+"""ViViT (Arnab et al. 2021; docs/quality.md, "Video"): tubelets become ``N = T' * S`` frame-major tokens (the grid
+of :mod:`attn.grid`), mean-pooled (no CLS, so every token stays on the grid). ``structure``: ``joint`` (model 1, or
+4 with a ``factorised`` attention, which runs there only, ``positions_per_frame`` filled in as ``S``);
+``factorised_encoder`` (model 2: a temporal encoder over the frames' mean tokens); ``factorised_self_attention``
+(model 3: each block attends within frames, then across them)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""The conformance kit: one function proving that an attention keeps the contract.
-
-    from attn.conformance import check_attention
-    report = check_attention("sliding_window")          # or a factory / class
-    report.raise_if_failed()                             # AssertionError listing failures
-
-The checks, the quick profile (``quick=True``) and what the kit costs: docs/contract.md. Each
-check runs in a child process with a time limit (``timeout_s``, default :data:`CHECK_TIMEOUT_S`),
-so a variant that crashes or hangs fails that check only (``isolate=False``: in this process).
-"""
+"""The conformance kit (docs/contract.md): ``check_attention("sliding_window").raise_if_failed()`` (a name, factory
+or class). Each check runs in a child process under ``timeout_s`` (default :data:`CHECK_TIMEOUT_S`), so a variant
+that crashes or hangs fails that check only (``isolate=False``: in this process)."""
 
 from attn.conformance.driver import CHECK_TIMEOUT_S, Factory, check_attention
 from attn.conformance.harness import (

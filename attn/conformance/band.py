@@ -1,6 +1,4 @@
-"""The kit's ``band_matches_mask`` check: a declared band must admit exactly the pairs the mask_mod
-admits, so the pattern is never written twice unchecked.
-"""
+"""The kit's ``band_matches_mask`` check: a declared band admits exactly the pairs the mask_mod admits."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The kit's checklist: every check of a :func:`~attn.conformance.check_attention` call as a numbered
-step in a fixed order, so a run can be cut at any step and resumed after it.
-
-Per parameter set: ``construct``, ``band_matches_mask`` / ``grid_matches_mask`` where declared,
-every check of :data:`~attn.conformance.checks.CHECKS` on every kernel, then ``converges``.
-"""
+"""The kit's checklist: every check of a :func:`~attn.conformance.check_attention` call as a numbered step in a
+fixed order (per parameter set: ``construct``, the declared structure's check, :data:`~attn.conformance.checks.CHECKS`
+on every kernel, ``converges``), so a run can be cut at any step and resumed after it."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The kit's ``documents`` check: a packed row (uneven documents, a one-token one, a row of one
-document) equals each of its documents run alone through the dense float64 reference, outputs
-and gradients. A kernel that does not run packed calls is skipped with its reason.
-"""
+"""The kit's ``documents`` check (docs/contract.md): a packed row equals each of its documents run alone through
+the dense float64 reference, outputs and gradients."""
 
 from __future__ import annotations
 
@@ -14,19 +12,18 @@ from attn.base import Attention
 from attn.call import AttentionCall
 from attn.conformance.harness import (
     ATOL,
-    GRAD_ATOL,
-    GRAD_RTOL,
     HEADS,
     Failure,
     Skip,
     active_dtypes,
     causal_options,
     check,
+    dense_reference,
+    gradient_error,
     make_inputs,
     make_key_mask,
     typed_copy,
 )
-from attn.kernels.reference import dense_attention
 
 #: document lengths of each packed row, each summing to :data:`PACKED_LEN`
 ROW_DOCUMENTS: tuple[tuple[int, ...], ...] = ((9, 1, 21, 6), (37,))
@@ -48,20 +45,11 @@ def alone(module: Attention, q: Tensor, k: Tensor, v: Tensor, causal: bool,
         for length in lengths:
             end = start + length
             mask = None if key_mask is None else key_mask[b : b + 1, start:end]
-            parts.append(dense_attention(
-                q[b : b + 1, :, start:end], k[b : b + 1, :, start:end], v[b : b + 1, :, start:end],
-                mask_mod=module.mask_mod(), score_mod=module.score_mod(),
-                causal=causal or module.forces_causal, key_mask=mask,
-            ))  # (1, H, n_d, Dv)
+            qs, ks, vs = (t[b : b + 1, :, start:end] for t in (q, k, v))
+            parts.append(dense_reference(module, qs, ks, vs, causal, mask))  # (1, H, n_d, Dv)
             start = end
         rows.append(torch.cat(parts, dim=2))
     return torch.cat(rows, dim=0)  # (B, H, N, Dv)
-
-
-def _where(dtype: torch.dtype, causal: bool, key_mask: Tensor | None) -> str:
-    name = str(dtype).removeprefix("torch.")
-    return (f"{name} documents {[list(r) for r in ROW_DOCUMENTS]} H={HEADS} causal={causal} "
-            f"key_mask={'yes' if key_mask is not None else 'no'}")
 
 
 @check("documents")
@@ -94,7 +82,8 @@ def check_documents(module: Attention, kernel: str, device, seed) -> str | None:
 def _compare(module: Attention, dtype: torch.dtype, shape: tuple[int, ...], ids: Tensor, causal: bool,
              key_mask: Tensor | None, grad: bool, device, seed: int) -> None:
     """One packed call against the documents alone; with ``grad``, the gradients too."""
-    where = _where(dtype, causal, key_mask)
+    where = (f"{str(dtype).removeprefix('torch.')} documents {[list(r) for r in ROW_DOCUMENTS]} H={HEADS} "
+             f"causal={causal} key_mask={'yes' if key_mask is not None else 'no'}")
     q, k, v = (t.requires_grad_(grad) for t in make_inputs(shape, dtype, device, seed))
     module.zero_grad(set_to_none=True)
     with torch.set_grad_enabled(grad):
@@ -120,8 +109,7 @@ def _compare(module: Attention, dtype: torch.dtype, shape: tuple[int, ...], ids:
     for label, got, want in pairs:
         if got is None or not bool(torch.isfinite(got).all()):
             raise Failure(f"gradient of {label} of a packed call is missing or not finite [{where}]")
-        err = float((got.double() - want).abs().max())
-        tol = GRAD_ATOL[dtype] + GRAD_RTOL[dtype] * float(want.abs().max())
+        err, tol = gradient_error(got, want, dtype)
         if not err <= tol:
             raise Failure(f"gradient of {label} of a packed row differs from its documents run "
                           f"alone by {err:.3g} > {tol:.3g} [{where}]")

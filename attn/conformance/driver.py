@@ -36,16 +36,12 @@ def check_attention(
     on_result: Callable[[CheckResult], None] | None = None,
     on_start: Callable[[str, str, dict[str, Any]], None] | None = None,
 ) -> ConformanceReport:
-    """Run the conformance checks on a registered name or a factory/class.
+    """Run the conformance checks (docs/contract.md) on a registered name or a factory/class.
 
-    ``params``: one dict or several (default: the variant's ``example_params``).
-    ``kernels``: default every kernel the variant has.
-    ``quick``: the first parameter set and two shapes only; every check still runs.
-    ``dtypes``: names or ``torch.dtype`` (default float64 and float32, where supported); a low
-    precision is checked against the float64 reference with its own tolerances.
-    ``isolate`` (default): each check in a child process with at most ``timeout_s`` seconds (None:
-    no limit); a variant that cannot be sent to a child is checked here and the report says so.
-    ``on_result`` gets each result as it arrives, ``on_start`` each ``(check, kernel, params)``."""
+    ``params``: one dict or several (default: ``example_params``); ``kernels``: default every kernel the variant
+    has; ``quick``: the first parameter set and two shapes; ``dtypes``: names or ``torch.dtype`` (default float64
+    and float32). ``isolate``: each check in a child process under ``timeout_s`` (None: no limit); a variant that
+    cannot be sent to a child is checked here. ``on_result`` gets each result, ``on_start`` each step started."""
     device = torch.device(device)
     name = builder(attention)[0]  # an unknown name raises here, as the registry says
     checked = dtypes_from(dtypes)  # a dtype the kit cannot check raises here

@@ -1,6 +1,5 @@
-"""The kit's ``grid_matches_mask`` check: a variant that declares a token grid (for the kernel
-that runs it as batched attention over frames and over positions, ``factorised``) must admit
-exactly the pairs its mask_mod admits, so the pattern is never written twice unchecked."""
+"""The kit's ``grid_matches_mask`` check: a declared token grid (kernel ``factorised``) admits exactly the pairs
+the mask_mod admits."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ GRID_LEN = 23
 
 
 def grid_allows(grid: Grid, heads: int, n: int) -> Tensor:
-    """``(H, N, N)`` bool: the pairs ``grid`` admits in an ``n x n`` non-causal call, read from
-    :meth:`Grid.allows` one (head, i, j) at a time (not from any mask_mod)."""
+    """``(H, N, N)`` bool: the pairs ``grid`` admits (non-causal), from :meth:`Grid.allows`, not a mask_mod."""
     allowed = torch.zeros(heads, n, n, dtype=torch.bool)
     for h0, h1, axis in grid.head_groups(heads):
         for i in range(n):
@@ -32,7 +30,6 @@ def grid_allows(grid: Grid, heads: int, n: int) -> Tensor:
 
 
 def check_grid(module: Attention, params: dict[str, Any]) -> list[CheckResult]:
-    """Pass when ``module.grid()`` admits the pairs ``module.mask_mod()`` admits at
-    ``N = GRID_LEN``, every head; fail naming the pairs where they differ."""
+    """Compare ``module.grid()`` with ``module.mask_mod()`` at ``N = GRID_LEN``, every head."""
     return check_declared(module, params, check=CHECK, what="grid", declared=module.grid(),
                           allows=grid_allows, n=GRID_LEN)

@@ -1,7 +1,5 @@
-"""The kit's ``grouped_query`` check: k, v with ``H_kv < H`` heads (GQA, and MQA) must equal the
-reference with k and v repeated per group, outputs and gradients. A module without
-``supports_gqa`` is skipped, ``GQA: not supported``.
-"""
+"""The kit's ``grouped_query`` check (docs/contract.md): k, v with ``H_kv < H`` heads equal the reference with k
+and v repeated per group."""
 
 from __future__ import annotations
 
@@ -13,8 +11,6 @@ from torch import Tensor
 from attn.base import Attention
 from attn.conformance.harness import (
     ATOL,
-    GRAD_ATOL,
-    GRAD_RTOL,
     HEADS,
     NONE_RAN,
     Failure,
@@ -22,7 +18,9 @@ from attn.conformance.harness import (
     active_shapes,
     call_module,
     check,
+    dense_reference,
     describe,
+    gradient_error,
     in_precision,
     iter_cases,
     make_inputs,
@@ -30,7 +28,6 @@ from attn.conformance.harness import (
     where_differs,
 )
 from attn.kernels import get_kernel
-from attn.kernels.reference import dense_attention
 
 #: the key heads the check gives the kit's HEADS query heads: GQA (2 per key head) and MQA
 KV_HEADS: tuple[int, ...] = (HEADS // 2, 1)
@@ -47,9 +44,8 @@ def _reference(module: Attention, q: Tensor, k: Tensor, v: Tensor, causal: bool,
     heads = q.shape[1]
     if not module.exact:
         return call_module(module, q, _repeated(k, heads), _repeated(v, heads), causal, key_mask)
-    return dense_attention(q.double(), _repeated(k.double(), heads), _repeated(v.double(), heads),
-                           mask_mod=module.mask_mod(), score_mod=module.score_mod(),
-                           causal=causal or module.forces_causal, key_mask=key_mask)
+    return dense_reference(module, q.double(), _repeated(k.double(), heads), _repeated(v.double(), heads), causal,
+                           key_mask)
 
 
 @check("grouped_query")
@@ -90,7 +86,8 @@ def _compare(module: Attention, shape, dtype, device, seed, causal, key_mask, kv
     with torch.set_grad_enabled(grad):
         module.zero_grad(set_to_none=True)
         out = call_module(module, q, k, v, causal, key_mask)  # (B, H, Nq, Dv)
-        refs = tuple(t.detach().to(reference_dtype(module, dtype)).requires_grad_(grad) for t in (q, k, v))
+        ref_dtype = torch.float64 if module.exact else dtype
+        refs = tuple(t.detach().to(ref_dtype).requires_grad_(grad) for t in (q, k, v))
         ref = _reference(reference, *refs, causal, key_mask)
     diff = (out.detach().double() - ref.detach().double()).abs()
     if not float(diff.max()) <= ATOL[dtype]:
@@ -109,13 +106,7 @@ def _compare(module: Attention, shape, dtype, device, seed, causal, key_mask, kv
     for label, got, expected in pairs:
         if got is None or expected is None:
             raise Failure(f"gradient of {label} is missing [{where}]")
-        err = float((got.double() - expected.double()).abs().max())
-        tol = GRAD_ATOL[dtype] + GRAD_RTOL[dtype] * float(expected.abs().max())
+        err, tol = gradient_error(got, expected, dtype)
         if not err <= tol:
             raise Failure(f"gradient of {label} with {kv_heads} key heads differs from the reference "
                           f"with k, v repeated per group by {err:.3g} > {tol:.3g} [{where}]")
-
-
-def reference_dtype(module: Attention, dtype: torch.dtype) -> torch.dtype:
-    """The dtype the reference runs in: float64 for an exact variant, else the check's."""
-    return torch.float64 if module.exact else dtype

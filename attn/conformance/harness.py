@@ -1,6 +1,5 @@
-"""The kit's harness: shapes, tolerances, seeded inputs, cases, and the :func:`check` decorator
-(a body raises :class:`Failure` or :class:`Skip`, or returns a skip reason or None).
-"""
+"""The kit's harness: shapes, tolerances, seeded inputs, cases, and the :func:`check` decorator (a body raises
+:class:`Failure` or :class:`Skip`, or returns a skip reason or None)."""
 
 from __future__ import annotations
 
@@ -197,10 +196,8 @@ def where_differs(diff: Tensor, q_len: int, k_len: int) -> str:
 
 
 def iter_cases(module: Attention, device: torch.device) -> Iterator[tuple]:
-    """``(shape, causal, key_mask)`` for every active shape, causal option, with and without padding.
-
-    The quick profile runs each combination on one of its two shapes, alternating, which halves
-    the compiles of a kernel that compiles per case."""
+    """``(shape, causal, key_mask)`` for every active shape, causal option, with and without padding; the quick
+    profile runs each combination on one of its two shapes, alternating (half the compiles)."""
     covering = covering_cases.get()
     for index, shape in enumerate(active_shapes.get()):
         batch, _, q_len, k_len = shape[:4]
@@ -212,16 +209,25 @@ def iter_cases(module: Attention, device: torch.device) -> Iterator[tuple]:
                 yield shape, causal, key_mask
 
 
+def dense_reference(module: Attention, q: Tensor, k: Tensor, v: Tensor, causal: bool,
+                    key_mask: Tensor | None) -> Tensor:
+    """The dense reference of ``module``'s own mods on ``q, k, v`` in their dtype."""
+    return dense_attention(q, k, v, mask_mod=module.mask_mod(), score_mod=module.score_mod(),
+                           causal=causal or module.forces_causal, key_mask=key_mask)
+
+
 def reference_output(module: Attention, q, k, v, causal, key_mask) -> Tensor:
     """The dense float64 reference from the module's own mods (an approximation's ``reference_forward``)."""
     ref_module = copy.deepcopy(module).to(torch.float64)
     if not module.exact:
         return ref_module.reference_forward(q.double(), k.double(), v.double(), causal, key_mask)
-    return dense_attention(
-        q.double(), k.double(), v.double(),
-        mask_mod=ref_module.mask_mod(), score_mod=ref_module.score_mod(),
-        causal=causal or module.forces_causal, key_mask=key_mask,
-    )
+    return dense_reference(ref_module, q.double(), k.double(), v.double(), causal, key_mask)
+
+
+def gradient_error(got: Tensor, expected: Tensor, dtype: torch.dtype) -> tuple[float, float]:
+    """``max |got - expected|`` and its tolerance, ``GRAD_ATOL`` plus ``GRAD_RTOL`` x ``max |expected|``."""
+    return (float((got.double() - expected.double()).abs().max()),
+            GRAD_ATOL[dtype] + GRAD_RTOL[dtype] * float(expected.abs().max()))
 
 
 def check(name: str):

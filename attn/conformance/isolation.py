@@ -1,11 +1,6 @@
-"""The kit's checks in child processes, each under a time limit.
-
-A variant may exit, crash or hang. The checklist runs in a child that announces each step; a
-child that dies or runs past ``timeout_s`` is killed with its process group, its step becomes a
-FAIL, and a new child goes on. One time-out retires the kernel, a second the variant, so a hanging
-variant costs about two limits. What cannot be pickled to a child is reported by :func:`sendable`
-and the caller then runs the checks in-process.
-"""
+"""The kit's checks in child processes, each under a time limit: the checklist runs in a child that announces each
+step; a child that dies or runs past ``timeout_s`` is killed with its process group, its step a FAIL, and a new
+child goes on. One time-out retires the kernel, a second the variant (a hanging variant costs about two limits)."""
 
 from __future__ import annotations
 
@@ -15,6 +10,8 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
+
+import torch
 
 from attn.conformance.checklist import Factory, steps
 from attn.conformance.harness import (
@@ -82,8 +79,6 @@ def _child_main(job: Job, conn: Any) -> None:
         if isinstance(job.attention, str) and job.registered is not None \
                 and REGISTRY.entries.get(job.attention) is not job.registered:
             register_attention(job.attention, overwrite=True)(job.registered)
-        import torch
-
         for step in steps(job.attention, job.params, job.kernels, torch.device(job.device),
                           job.seed, job.quick):
             if step.index in job.crashed:

@@ -1,8 +1,5 @@
-"""Kernels: implementations that run an attention's :class:`~attn.pattern.Pattern` (docs/kernels.md).
-
-A variant's kernels are those that support its pattern (:func:`kernels_for`); a kernel outside
-this package joins the table with :func:`register_kernel`.
-"""
+"""Kernels, the implementations that run an attention's :class:`~attn.pattern.Pattern`, and their table
+(docs/kernels.md); a kernel outside this package joins it with :func:`register_kernel`."""
 
 from __future__ import annotations
 

@@ -10,7 +10,11 @@ from torch import Tensor
 
 from attn.call import AttentionCall, KernelPath
 from attn.pattern import Band, Pattern
+from attn.precision import HALF_DTYPES, upcast
 
+#: torch's CPU flash kernel and its backward (None where this torch lacks them)
+CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+CPU_FLASH_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 #: device types as the reasons spell them
 _DEVICE_NAMES = {"cuda": "CUDA", "cpu": "CPU"}
 
@@ -21,10 +25,8 @@ def host_reads_are_free(device: torch.device) -> bool:
 
 
 class Kernel:
-    """An implementation of attention semantics, stateless apart from caches.
-
-    What it supports is stated in :meth:`not_supported_reasons` alone; a variant's kernels are
-    derived from those answers (:func:`attn.kernels.kernels_for`)."""
+    """An implementation of attention semantics, stateless apart from caches; what it supports is stated in
+    :meth:`not_supported_reasons` alone (docs/kernels.md)."""
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
@@ -52,10 +54,8 @@ class Kernel:
         return cap is not None and device_type == "cuda" and (k_len or 0) > cap
 
     def not_supported_reasons(self, pattern: Pattern, call: AttentionCall | None = None) -> list[str]:
-        """Reasons this kernel cannot run ``pattern`` for ``call``; [] = supported.
-
-        ``call=None`` asks about the pattern alone. Every refusal that depends on the call belongs here,
-        never in :meth:`run`. Overrides extend ``super().not_supported_reasons``."""
+        """Reasons this kernel cannot run ``pattern`` for ``call`` (None: the pattern alone); [] = supported.
+        Every refusal that depends on the call belongs here, never in :meth:`run`; overrides extend this one."""
         reasons = []
         if call is not None:
             if self.SUPPORTED_DEVICES is not None and call.device.type not in self.SUPPORTED_DEVICES:
@@ -93,15 +93,11 @@ class Kernel:
         raise NotImplementedError
 
 
-#: the dtypes :attr:`Kernel.computes_half_in_float32` kernels upcast
-HALF_DTYPES = (torch.float16, torch.bfloat16)
-
-
 def compute_dtype(kernel: Kernel, dtype: torch.dtype, native_in_float32: bool = False) -> torch.dtype:
-    """The dtype ``kernel``'s matmuls run in for ``dtype`` inputs: float32 for half inputs to a kernel
-    that upcasts them (``native``: when ``native_in_float32``), else ``dtype``."""
+    """The dtype ``kernel``'s matmuls run in for ``dtype`` inputs (``native``: float32 for half inputs when
+    ``native_in_float32``)."""
     upcasts = kernel.computes_half_in_float32 or (kernel.name == "native" and native_in_float32)
-    return torch.float32 if upcasts and dtype in HALF_DTYPES else dtype
+    return upcast(dtype) if upcasts else dtype
 
 
 __all__ = ["HALF_DTYPES", "Band", "Kernel", "KernelPath", "compute_dtype", "host_reads_are_free"]

@@ -1,10 +1,5 @@
-"""FlexAttention block masks read from a pattern's structure (band, grid, or no mask), never its mask_mod.
-
-Which tiles hold an allowed pair, and which only allowed pairs, follows from block coordinates
-alone: eager, no compile (``create_block_mask`` evaluates all N^2 pairs). A tile is *full* only
-when every pair is allowed and it holds no padded key, so a conservative tile costs time, never
-correctness; with a ``key_mask`` every tile is partial, so one block mask serves every batch.
-"""
+"""FlexAttention block masks read from a pattern's structure (band, grid, or no mask), never its mask_mod: which
+tiles hold an allowed pair, and which only allowed pairs, from block coordinates alone (docs/kernels.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The ``chunked`` kernel: exact attention for any mask_mod / score_mod in O(chunk * Nk) memory.
-
-Each chunk of query rows builds its dense scores, applies the mods and is checkpointed, so the
-backward recomputes it: never ``N x N``, time still O(Nq * Nk).
-"""
+"""The ``chunked`` kernel: exact attention for any mask_mod / score_mod in O(chunk * Nk) memory, each chunk of
+query rows dense and checkpointed (the backward recomputes it), time still O(Nq * Nk)."""
 
 from __future__ import annotations
 
@@ -14,9 +11,9 @@ from torch.utils.checkpoint import checkpoint
 
 from attn.gqa import GROUPED, gqa_note, grouped_scores, grouped_values
 from attn.kernels.base import Kernel, KernelPath
-from attn.mods import MaskMod, ScoreMod, and_masks, causal_mask_mod, masked_softmax
+from attn.mods import MaskMod, ScoreMod, and_masks, causal_mask_mod, dense_allowed, dense_scores_mod, masked_softmax
 from attn.pattern import Pattern
-from attn.precision import without_autocast
+from attn.precision import upcast, without_autocast
 
 #: elements of one chunk of scores: CPU 16 MB fp32; CUDA 256 MB, a few launches, not thousands (unmeasured)
 CHUNK_ELEMENTS: dict[str, int] = {"cpu": 1 << 22, "cuda": 1 << 26}
@@ -35,22 +32,11 @@ def _chunk(
     """Dense attention of the query rows ``q (B, H, C, D)`` starting at row ``row0``."""
     del score_params  # inputs only so that checkpoint tracks their gradients
     batch, heads, rows, dim = q.shape
-    k_len = k.shape[2]
-    b = torch.arange(batch, device=q.device).view(batch, 1, 1, 1)
-    h = torch.arange(heads, device=q.device).view(1, heads, 1, 1)
-    i = (torch.arange(rows, device=q.device) + row0 + offset).view(1, 1, rows, 1)
-    j = torch.arange(k_len, device=q.device).view(1, 1, 1, k_len)
+    start = row0 + offset  # the absolute position of the chunk's first row
     scores = grouped_scores(q, k) / math.sqrt(dim)  # (B, H, C, Nk); k (B, H_kv, Nk, D) read once per group
-    if score_mod is not None:
-        scores = score_mod(scores, b, h, i, j)
-    allowed = None
-    if mask_mod is not None:
-        allowed = torch.as_tensor(mask_mod(b, h, i, j), device=q.device, dtype=torch.bool)
-    if key_mask is not None:
-        km = key_mask.view(batch, 1, 1, k_len)
-        allowed = km if allowed is None else allowed & km
-    if allowed is not None:
-        allowed = allowed.expand(torch.broadcast_shapes(allowed.shape, (1, 1, rows, k_len)))
+    scores = dense_scores_mod(score_mod, scores, start)
+    allowed = dense_allowed(mask_mod, batch=batch, heads=heads, q_len=rows, k_len=k.shape[2], causal=False,
+                            key_mask=key_mask, device=q.device, offset=start)  # (B|1, H|1, C, Nk) | None
     return grouped_values(masked_softmax(scores, allowed), v)  # (B, H, C, Dv)
 
 
@@ -72,7 +58,7 @@ def chunked_attention(
 
     ``score_params``: the tensors the score_mod closes over, so checkpointed chunks pass their
     gradients. ``q_offset``: absolute position of query row 0 (default ``Nk - Nq``)."""
-    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    compute = upcast(q.dtype)
     dtype = q.dtype
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
     batch, heads, q_len, _ = q.shape

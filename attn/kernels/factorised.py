@@ -1,10 +1,5 @@
-"""The ``factorised`` kernel: a grid pattern (:mod:`attn.grid`) run as batched SDPA over frames and over
-positions (ViViT), O(N * (S + T)), no ``N x N`` mask; backward through SDPA.
-
-Causal is each sequence's own lower triangle. A row with no allowed key has its mask lifted and
-its output multiplied by 0, so neither value nor gradient is NaN. A partial last frame is padded
-and masked; ``Nq < Nk`` queries sit at their absolute rows; ``Nq > Nk`` and score terms are refused.
-"""
+"""The ``factorised`` kernel: a grid pattern (:mod:`attn.grid`) as batched SDPA over frames and over positions
+(ViViT), O(N * (S + T)), no ``N x N`` mask (docs/kernels.md); causal is each sequence's own lower triangle."""
 
 from __future__ import annotations
 
@@ -41,7 +36,8 @@ def _tokens(y: Tensor, axis: str, batch: int, frames: int, positions: int) -> Te
 
 def _axis_attention(q: Tensor, k: Tensor, v: Tensor, axis: str, frames: int, positions: int,
                     causal: bool, valid: Tensor | None) -> tuple[Tensor, str]:
-    """One axis of the grid, ``valid (B, T, S)`` the real keys (None: all); returns the output and backend."""
+    """One axis of the grid, ``valid (B, T, S)`` the real keys (None: all); returns the output and backend. A row
+    with no allowed key has its mask lifted and its output multiplied by 0: no NaN in value or gradient."""
     batch = q.shape[0]
     qs, ks, vs = (_sequences(t, axis, frames, positions) for t in (q, k, v))  # (B*G, H, L, .)
     if valid is None:

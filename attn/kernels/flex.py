@@ -1,14 +1,6 @@
-"""The ``flex`` kernel: ``torch.nn.attention.flex_attention`` compiled from the variant's mods
-(docs/kernels.md; padding, buckets and fallbacks: docs/gpu.md).
-
-The mods see absolute query positions (``i = row + Nk - Nq``); causal and ``key_mask`` fold into
-the mask_mod. On CPU keys (and queries of >= ``ALIGN`` rows) are padded to a multiple of ``ALIGN``:
-Inductor's C++ template otherwise reads past the keys. Keys are padded to a bucket
-(:func:`key_bucket`) so decoding compiles once per bucket, not per length. Compiled code is cached
-per (pattern key, padded shape) in a bucket with its own code object, shared across modules
-when ``Pattern.shared`` and kept per owner otherwise. ``fullgraph=True``: a failed compile runs eager
-flex, flagged in ``KernelPath.fallback``; an out-of-memory error always propagates.
-"""
+"""The ``flex`` kernel: ``flex_attention`` compiled from the variant's mods (docs/kernels.md; padding, buckets and
+fallbacks: docs/gpu.md). Compiled code is cached per (pattern key, padded shape) in a bucket with its own code
+object, shared across modules when ``Pattern.shared``, else per owner; an out-of-memory error always propagates."""
 
 from __future__ import annotations
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import math
 
-import torch
 from torch import Tensor
 
 from attn.gqa import GROUPED, gqa_note, grouped_scores, grouped_values
 from attn.kernels.base import Kernel, KernelPath
 from attn.mods import MaskMod, ScoreMod, dense_allowed, dense_scores_mod, masked_softmax
 from attn.pattern import Pattern
-from attn.precision import without_autocast
+from attn.precision import upcast, without_autocast
 
 
 @without_autocast
@@ -32,7 +31,7 @@ def dense_attention(
     batch, heads, q_len, dim = q.shape
     k_len = k.shape[2]
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
-    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    compute = upcast(q.dtype)
     scores = grouped_scores(q.to(compute), k.to(compute)) * scale  # (B, H, Nq, Nk)
     scores = dense_scores_mod(score_mod, scores)
     allowed = dense_allowed(

@@ -1,13 +1,6 @@
-"""The ``relative`` kernel: a relative position bias (learned table, ALiBi) through torch's CPU flash
-kernel, in O(N) memory (docs/kernels.md).
-
-The Toeplitz bias ``b_h(j - i)``, with query rows reversed, is a strided (Hankel) view of one
-per-head vector of offsets, passed as the flash kernel's ``attn_mask``. Backward: the flash
-kernel's own for q, k, v; a learned table sums ``dS = P * (dP - delta)`` per diagonal over the
-band (:func:`_band_grad`), one tail (:func:`_tail`) and the other from ``dS``'s zero row sums.
-
-References: Press et al. 2022 (ALiBi); Shaw et al. 2018, Raffel et al. 2020; Dao 2023.
-"""
+"""The ``relative`` kernel: a relative position bias (learned table, ALiBi) through torch's CPU flash kernel in O(N)
+memory, the bias with query rows reversed a strided (Hankel) view of one per-head vector of offsets
+(docs/kernels.md). References: Press et al. 2022 (ALiBi); Shaw et al. 2018, Raffel et al. 2020; Dao 2023."""
 
 from __future__ import annotations
 
@@ -20,14 +13,11 @@ from torch import Tensor
 
 from attn.call import AttentionCall
 from attn.gqa import gqa_note
-from attn.kernels.base import Kernel, KernelPath
+from attn.kernels.base import CPU_FLASH, CPU_FLASH_BACKWARD, Kernel, KernelPath
 from attn.kernels.chunked import chunk_rows
 from attn.pattern import Pattern, RelativeBias
-from attn.precision import without_autocast
+from attn.precision import upcast, without_autocast
 
-#: torch's CPU flash kernel and its backward (None where this torch lacks them)
-_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-_FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 #: query rows per flash call of a causal call (each reads only the keys its rows reach)
 CAUSAL_ROWS = 256
 #: most query rows per band block of a learned table's gradient, and the scores
@@ -95,12 +85,12 @@ def _forward(qf: Tensor, k: Tensor, v: Tensor, vec: Tensor, pad: Tensor | None, 
              scale: float) -> tuple[Tensor, Tensor]:
     """Flash attention of the reversed queries ``qf (B, H, Nq, D)``: ``(out, lse)``, reversed."""
     if len(plan.chunks) == 1 and plan.chunks[0] == (0, plan.q_len, plan.k_len):
-        return _FLASH(qf, k, v, 0.0, False, attn_mask=_chunk_mask(vec, pad, 0, plan.q_len, plan.k_len),
+        return CPU_FLASH(qf, k, v, 0.0, False, attn_mask=_chunk_mask(vec, pad, 0, plan.q_len, plan.k_len),
                       scale=scale)
     out = qf.new_zeros((*qf.shape[:-1], v.shape[-1]))  # (B, H, Nq, Dv)
     lse = qf.new_zeros(qf.shape[:-1])  # (B, H, Nq)
     for r0, r1, keys in plan.chunks:
-        o, s = _FLASH(qf[:, :, r0:r1].contiguous(), k[:, :, :keys], v[:, :, :keys], 0.0, False,
+        o, s = CPU_FLASH(qf[:, :, r0:r1].contiguous(), k[:, :, :keys], v[:, :, :keys], 0.0, False,
                       attn_mask=_chunk_mask(vec, pad, r0, r1, keys), scale=scale)
         out[:, :, r0:r1], lse[:, :, r0:r1] = o, s
     return out, lse
@@ -112,10 +102,10 @@ def _flash_backward(gf: Tensor, qf: Tensor, k: Tensor, v: Tensor, of: Tensor, ls
     """``dq`` (reversed rows), ``dk``, ``dv`` from the flash kernel's backward, chunk by chunk."""
     if len(plan.chunks) == 1 and plan.chunks[0] == (0, plan.q_len, plan.k_len):
         mask = _chunk_mask(vec, pad, 0, plan.q_len, plan.k_len)
-        return _FLASH_BWD(gf, qf, k, v, of, lse, 0.0, False, attn_mask=mask, scale=scale)
+        return CPU_FLASH_BACKWARD(gf, qf, k, v, of, lse, 0.0, False, attn_mask=mask, scale=scale)
     dq, dk, dv = torch.zeros_like(qf), torch.zeros_like(k), torch.zeros_like(v)
     for r0, r1, keys in plan.chunks:
-        dqc, dkc, dvc = _FLASH_BWD(
+        dqc, dkc, dvc = CPU_FLASH_BACKWARD(
             gf[:, :, r0:r1].contiguous(), qf[:, :, r0:r1].contiguous(), k[:, :, :keys], v[:, :, :keys],
             of[:, :, r0:r1].contiguous(), lse[:, :, r0:r1].contiguous(), 0.0, False,
             attn_mask=_chunk_mask(vec, pad, r0, r1, keys), scale=scale)
@@ -123,11 +113,6 @@ def _flash_backward(gf: Tensor, qf: Tensor, k: Tensor, v: Tensor, of: Tensor, ls
         dk[:, :, :keys] += dkc
         dv[:, :, :keys] += dvc
     return dq, dk, dv
-
-
-def _band_rows(m: int) -> int:
-    """Query rows per band block (it reads ``rows + 2m - 2`` keys): ``m`` within [32, ``BAND_ROWS``]."""
-    return min(BAND_ROWS, max(32, m))
 
 
 def _band_grad(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta: Tensor,
@@ -143,7 +128,7 @@ def _band_grad(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta
     groups = heads // kv_heads
     m = bias.max_distance
     reach = min(m, q_len + k_len)  # offsets beyond Nq + Nk never occur
-    rows = _band_rows(reach)
+    rows = min(BAND_ROWS, max(32, reach))  # query rows per band block, which reads rows + 2 reach - 2 keys
     width = rows + 2 * reach - 2
     blocks = -(-q_len // rows)
     offset = k_len - q_len
@@ -203,11 +188,6 @@ def _band_grad(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, delta
     return out
 
 
-def _first_real_key(key_mask: Tensor) -> Tensor:
-    """``(B,)``: the index of each row's first real key (``Nk`` when it has none)."""
-    return torch.where(key_mask.any(-1), key_mask.int().argmax(-1), key_mask.shape[-1])
-
-
 def _tail(q: Tensor, k: Tensor, v: Tensor, grad: Tensor, lse: Tensor, delta: Tensor,
           key_mask: Tensor | None, edge: Tensor, scale: float) -> Tensor:
     """Per head, the sum of ``dS`` over a tail of constant bias ``edge (H,)``, by top-left causal attention:
@@ -217,19 +197,21 @@ def _tail(q: Tensor, k: Tensor, v: Tensor, grad: Tensor, lse: Tensor, delta: Ten
     if key_mask is not None:
         pad = _padding(key_mask, q.dtype)  # (B, 1, 1, Nk)
         mask = pad.expand(-1, heads, rows, -1)  # (B, H, rows, Nk)
-    o_t, lse_t = _FLASH(q.contiguous(), k, v, 0.0, True, attn_mask=mask, scale=scale)  # (B, H, n, Dv), (B, H, n)
+    o_t, lse_t = CPU_FLASH(q.contiguous(), k, v, 0.0, True, attn_mask=mask, scale=scale)  # (B, H, n, Dv), (B, H, n)
     weight = (lse_t + edge.view(1, heads, 1) - lse).exp_()  # (B, H, n)
     per_row = weight * ((grad * o_t).sum(-1) - delta)  # (B, H, n)
     if key_mask is not None:  # rows whose tail keys are all padding (flash gave zeros): none
         reach = torch.arange(rows, device=q.device)  # row r reads j <= r
-        empty = reach[None, :] < _first_real_key(key_mask)[:, None]  # (B, n)
+        first = torch.where(key_mask.any(-1), key_mask.int().argmax(-1), key_mask.shape[-1])  # (B,) first real key
+        empty = reach[None, :] < first[:, None]  # (B, n)
         per_row = per_row.masked_fill(empty[:, None, :], 0.0)
     return per_row.sum((0, 2))
 
 
 def _table_grad(grad: Tensor, q: Tensor, out: Tensor, lse: Tensor, k: Tensor, v: Tensor,
                 key_mask: Tensor | None, causal: bool, bias: RelativeBias, scale: float) -> Tensor:
-    """The learned table's gradient ``(H, 2M + 1)``: band diagonals and the two tails."""
+    """The learned table's gradient ``(H, 2M + 1)``: sums of ``dS = P * (dP - delta)`` on the band's diagonals,
+    one tail by attention (:func:`_tail`) and the other from ``dS``'s zero row sums."""
     m = bias.max_distance
     heads, q_len, k_len = q.shape[1], q.shape[2], k.shape[2]
     table = q.new_zeros(heads, 2 * m + 1)  # (H, 2M+1)
@@ -299,7 +281,7 @@ def relative_attention(q: Tensor, k: Tensor, v: Tensor, bias: RelativeBias, *, c
     """Exact attention with the relative bias ``bias``: ``q (B, H, Nq, D)``, ``k, v (B, H_kv, Nk, .)``
     -> ``(B, H, Nq, Dv)``, bottom-right aligned, O(N) memory. Half precision computes in float32."""
     dtype = q.dtype
-    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    compute = upcast(dtype)
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
     scale = 1.0 / math.sqrt(q.shape[-1])
     dim, dim_v = q.shape[-1], v.shape[-1]
@@ -335,7 +317,7 @@ class RelativeKernel(Kernel):
 
     def not_supported_reasons(self, pattern: Pattern, call: AttentionCall | None = None) -> list[str]:
         reasons = super().not_supported_reasons(pattern, call)
-        if _FLASH is None or _FLASH_BWD is None:
+        if CPU_FLASH is None or CPU_FLASH_BACKWARD is None:
             reasons.append(f"{self.name} needs torch's CPU flash kernel "
                            "(aten::_scaled_dot_product_flash_attention_for_cpu), absent in this torch")
         if pattern.relative_bias is None:

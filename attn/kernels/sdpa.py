@@ -1,12 +1,7 @@
-"""The ``sdpa`` kernel: ``torch.nn.functional.scaled_dot_product_attention`` (docs/kernels.md).
-
-Full and causal (Nq == Nk) run fused. Everything else goes through a materialised mask and is
-flagged ``mask_emulated`` (SDPA's ``is_causal`` is top-left aligned, the contract bottom-right).
-The mask is cached per module and shape as an additive float mask in the input dtype, because
-SDPA converts a bool mask to that form on every call (CPU, N=4096, H=8: 73 MiB per call with a
-cached bool mask, 9 MiB with a float one). A constant bias (ALiBi) is folded in; a learned one is
-added per call. ``KernelPath.backend`` records the backend SDPA picks (:func:`sdpa_backend`).
-"""
+"""The ``sdpa`` kernel: ``scaled_dot_product_attention``, fused for full and causal (Nq == Nk), else through a
+mask cached per module and shape and flagged ``mask_emulated`` (SDPA's ``is_causal`` is top-left aligned, the
+contract bottom-right). The mask is additive float in the input dtype, the form SDPA converts a bool mask to on
+every call (docs/kernels.md); a constant bias (ALiBi) is folded in, a learned one added per call."""
 
 from __future__ import annotations
 
@@ -112,17 +107,12 @@ class _CachedMask:
         return self.additive.numel() * self.additive.element_size() + extra
 
 
-def _bias_is_constant(pattern: Pattern) -> bool:
-    """True when the score_mod has no trainable tensors (ALiBi), so it can be cached."""
-    return not any(p.requires_grad for p in pattern.score_params)
-
-
-def _bias(pattern: Pattern, heads: int, q_len: int, k_len: int, dtype: torch.dtype,
+def _bias(pattern: Pattern, batch: int, heads: int, q_len: int, k_len: int, dtype: torch.dtype,
           device: torch.device) -> Tensor:
-    """The score_mod evaluated on zeros: ``(1, H|1, Nq, Nk)``."""
-    b, h, i, j = index_grids(1, heads, q_len, k_len, device)
+    """The score_mod evaluated on zeros, as it broadcasts: ``(B|1, H|1, Nq|1, Nk|1)``."""
+    b, h, i, j = index_grids(batch, heads, q_len, k_len, device)
     zeros = torch.zeros((), dtype=dtype, device=device)
-    return pattern.score_mod(zeros, b, h, i, j).to(dtype).expand(1, -1, q_len, k_len)
+    return pattern.score_mod(zeros, b, h, i, j).to(dtype)
 
 
 def _mask_heads(pattern: Pattern, heads: int) -> int:
@@ -137,7 +127,7 @@ def _build(pattern: Pattern, heads: int, q_len: int, k_len: int, causal: bool,
                             causal=causal, key_mask=None, device=device)  # (1, H|1, Nq, Nk) | None
     additive = torch.zeros(1, mask_heads, q_len, k_len, dtype=dtype, device=device)
     if with_bias:
-        additive = _bias(pattern, heads, q_len, k_len, dtype, device).clone()  # (1, H, Nq, Nk)
+        additive = _bias(pattern, 1, heads, q_len, k_len, dtype, device).expand(1, -1, q_len, k_len).clone()
     empty_rows = None
     if allowed is not None:
         additive.masked_fill_(~allowed, float("-inf"))
@@ -165,7 +155,8 @@ class SdpaKernel(Kernel):
               ) -> tuple[_CachedMask, float | None]:
         """The cached mask for this call's shape, and the build time when built now."""
         heads, q_len = q.shape[1], q.shape[2]
-        with_bias = pattern.score_mod is not None and _bias_is_constant(pattern)
+        # a score_mod without trainable tensors (ALiBi) is cached with the mask
+        with_bias = pattern.score_mod is not None and not any(p.requires_grad for p in pattern.score_params)
         mask_heads = heads if with_bias else _mask_heads(pattern, heads)
         key = (mask_heads, q_len, k_len, causal, q.dtype, q.device, with_bias)
         per_module = self._cache.setdefault(pattern.owner, OrderedDict())
@@ -204,9 +195,7 @@ class SdpaKernel(Kernel):
         attn_mask = torch.zeros(allowed.shape, dtype=q.dtype, device=q.device)
         attn_mask = attn_mask.masked_fill(~allowed, float("-inf"))
         if pattern.score_mod is not None:
-            b, h, i, j = index_grids(batch, heads, length, length, q.device)
-            zeros = torch.zeros((), dtype=q.dtype, device=q.device)
-            attn_mask = attn_mask + pattern.score_mod(zeros, b, h, i, j).to(q.dtype)  # (B, H, N, N)
+            attn_mask = attn_mask + _bias(pattern, batch, heads, length, length, q.dtype, q.device)  # (B, H, N, N)
         empty = ~allowed.any(dim=-1, keepdim=True)  # (B, H|1, N, 1) rows with no allowed key
         attn_mask = attn_mask.masked_fill(empty, 0.0)
         out = _sdpa(q, k, v, attn_mask=attn_mask).masked_fill(empty, 0.0)  # (B, H, N, Dv)
@@ -234,7 +223,8 @@ class SdpaKernel(Kernel):
         kind = "cached float mask per head" if pattern.per_head else "cached float mask"
         path = f"sdpa({kind}" + (" with the position bias)" if cached.with_bias else ")")
         if score_mod is not None and not cached.with_bias:  # learned bias: per call, with grad
-            attn_mask = attn_mask + _bias(pattern, q.shape[1], q_len, k_len, q.dtype, q.device)
+            bias = _bias(pattern, 1, q.shape[1], q_len, k_len, q.dtype, q.device)
+            attn_mask = attn_mask + bias.expand(1, -1, q_len, k_len)
             path = f"sdpa({kind} + learned bias per call)"
         if key_mask is not None:
             attn_mask = attn_mask.masked_fill(~key_mask[:, None, None, :], float("-inf"))

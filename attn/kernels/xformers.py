@@ -1,10 +1,5 @@
-"""The ``xformers`` kernel: ``xformers.ops.memory_efficient_attention`` with its attn_bias types.
-
-Imported lazily (optional, CUDA only). Full, causal and sliding window map onto xformers'
-bottom-right bias classes; grouped-query calls run in its 5-D layout (:func:`to_bmghk`).
-In float32 only the cutlass operator runs, whose forward lacks the non-causal local mask and
-whose backward lacks the causal one ("infs/nans in the BW pass"): :func:`cutlass_local_reason`.
-"""
+"""The ``xformers`` kernel: ``xformers.ops.memory_efficient_attention`` (imported lazily; CUDA only), full, causal
+and sliding window through its bottom-right attn_bias classes (docs/kernels.md, docs/gpu.md)."""
 
 from __future__ import annotations
 
@@ -39,7 +34,8 @@ FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def cutlass_local_reason(pattern: Pattern, call: AttentionCall) -> str | None:
-    """Why a sliding window call in a cutlass-only dtype is refused, or None."""
+    """Why a sliding window call in a cutlass-only dtype is refused (the cutlass forward lacks the non-causal local
+    mask, its backward the causal one: "infs/nans in the BW pass"), or None."""
     if pattern.band is None or call.dtype in FLASH_DTYPES:
         return None
     dtype = str(call.dtype).removeprefix("torch.")

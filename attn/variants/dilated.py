@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from attn.base import Band, ExactAttention
+from attn.base import Band, ExactAttention, require_num_heads
 from attn.mods import MaskMod
 from attn.registration import register_attention
 from attn.validation import ErrorFactory, Param, invalid, require_int, require_int_list
@@ -88,11 +88,8 @@ class DilatedAttention(ExactAttention):
         if isinstance(dilation, (list, tuple)) and "num_heads" in params:
             heads, groups = params["num_heads"], len(dilation)
             shown = tuple(dilation)
-            if heads is None:
-                raise ValueError(
-                    f"{cls.name}: parameter 'num_heads' is required with dilation={shown} "
-                    "(parameter 'dilation' gives one rate per head group)"
-                )
+            require_num_heads(cls.name, params, f"dilation={shown}",
+                              "parameter 'dilation' gives one rate per head group")
             if heads % groups:
                 raise invalid(
                     f"{cls.name}: parameter 'num_heads'",

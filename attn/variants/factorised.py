@@ -1,9 +1,5 @@
-"""``factorised``: attention on a token grid of frames x positions (Arnab et al. 2021, ViViT).
-
-``"spatial"`` attends within a frame, ``"temporal"`` across frames at one position, ``"split"``
-half the heads each (ViViT's model 4). ``frames`` (optional) fixes the grid's length: other key
-counts raise ``ValueError``; without it a trailing partial frame is allowed.
-"""
+"""``factorised``: attention on a token grid of frames x positions (Arnab et al. 2021, ViViT); ``frames`` (optional)
+fixes the grid's length (other key counts raise ``ValueError``), else a trailing partial frame is allowed."""
 
 from __future__ import annotations
 
@@ -11,7 +7,7 @@ from typing import Any, ClassVar
 
 from torch import Tensor
 
-from attn.base import ExactAttention
+from attn.base import ExactAttention, require_num_heads
 from attn.cost import Cost, CostQuery, head_pairs_cost, pairs_cost
 from attn.grid import Grid, grid_mod
 from attn.mods import MaskMod
@@ -55,11 +51,7 @@ class FactorisedAttention(ExactAttention):
     def check_together(cls, params: dict[str, Any]) -> None:
         if params.get("axis") == "split" and "num_heads" in params:
             heads = params["num_heads"]
-            if heads is None:
-                raise ValueError(
-                    f"{cls.name}: parameter 'num_heads' is required with axis='split' "
-                    "(half the heads attend within frames, half across them)"
-                )
+            require_num_heads(cls.name, params, "axis='split'", "half the heads attend within frames, half across them")
             if heads % 2:
                 raise invalid(f"{cls.name}: parameter 'num_heads'",
                               f"must be even with axis='split' (half the heads per axis); got {heads}")

@@ -1,10 +1,5 @@
-"""``nystrom``: Nystromformer (Xiong et al., 2021), linear-cost approximation of full attention.
-
-    out = softmax(Q K~^T) pinv(softmax(Q~ K~^T)) softmax(Q~ K^T) V
-
-Q, K scaled by D^-1/4 each; landmarks Q~, K~ the means of m contiguous segments; the iterative
-Moore-Penrose pseudo-inverse; an optional depthwise convolution skip on V. Exact once N <= m.
-"""
+"""``nystrom``: Nystromformer (Xiong et al. 2021), a linear-cost approximation of full attention
+(docs/variants.md, "Nystromformer")."""
 
 from __future__ import annotations
 
@@ -14,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attn.base import Attention, KernelPath
+from attn.base import Attention, KernelPath, require_num_heads
 from attn.call import AttentionCall
 from attn.cost import Cost, CostQuery, matmul_flops, pairs_cost
 from attn.gqa import (
@@ -29,17 +24,14 @@ from attn.gqa import (
 )
 from attn.kernels.reference import dense_attention
 from attn.mods import masked_softmax
-from attn.precision import without_autocast
+from attn.precision import upcast, without_autocast
 from attn.registration import register_attention
 from attn.validation import Param
 
 
 def segment_means(x: Tensor, num_segments: int, valid: Tensor | None) -> tuple[Tensor, Tensor]:
-    """Means of ``x (B, H, N, D)`` over ``num_segments`` contiguous segments, and which hold a real position.
-
-    Padding up to a multiple of m is spread one slot at most per segment, so every landmark is used;
-    padding and positions where ``valid (B, N)`` is False never enter a mean. Returns ``(B, H, m, D)``
-    (float32 at least) and ``(B|1, 1, m)``."""
+    """Means of ``x (B, H, N, D)`` over ``num_segments`` contiguous segments, ``(B, H, m, D)`` (float32 at least),
+    and which hold a real position ``(B|1, 1, m)``; positions where ``valid (B, N)`` is False are left out."""
     batch, heads, length, dim = x.shape
     acc = torch.promote_types(x.dtype, torch.float32)
     if valid is None and length % num_segments == 0:  # equal segments: a reshape, no scatter
@@ -59,8 +51,7 @@ def segment_means(x: Tensor, num_segments: int, valid: Tensor | None) -> tuple[T
 
 
 def iterative_pinv(a: Tensor, iters: int) -> Tensor:
-    """Moore-Penrose pseudo-inverse of ``a (..., m, m)`` by the Nystromformer iteration:
-    Z0 = A^T / (max row sum * max col sum) per matrix; Z <- 1/4 Z (13 I - A Z (15 I - A Z (7 I - A Z)))."""
+    """Moore-Penrose pseudo-inverse of ``a (..., m, m)`` by the Nystromformer iteration (docs/variants.md)."""
     eye = torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
     row = a.abs().sum(dim=-1).amax(dim=-1)  # (...)
     col = a.abs().sum(dim=-2).amax(dim=-1)
@@ -118,10 +109,8 @@ class NystromAttention(Attention):
     @classmethod
     def check_together(cls, params: dict[str, Any]) -> None:
         super().check_together(params)
-        if params.get("conv_kernel") is not None and "num_heads" in params and params["num_heads"] is None:
-            raise ValueError(
-                "nystrom: parameter 'num_heads' is required with conv_kernel (one depthwise filter per head)"
-            )
+        if params.get("conv_kernel") is not None:
+            require_num_heads("nystrom", params, "conv_kernel", "one depthwise filter per head")
 
     def native_not_supported_reasons(self, call: AttentionCall) -> list[str]:
         reasons = ["nystrom has no causal form (landmarks mix all positions)"] if call.causal else []
@@ -193,7 +182,7 @@ class NystromAttention(Attention):
     ) -> Tensor:
         """Masked or short calls: the masked (N, m) softmax matrices materialised (float32 for half)."""
         m = self.num_landmarks
-        compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+        compute = upcast(q.dtype)
         dtype = v.dtype  # the caller's
         scale = dim**-0.25  # applied on the landmark side of every product: no scaled copy of Q, K
         q, k, v = q.to(compute), k.to(compute), v.to(compute)
@@ -220,11 +209,8 @@ class NystromAttention(Attention):
         return out.to(dtype)
 
     def cost(self, query: CostQuery) -> Cost:
-        """The matmuls this code performs (``kind="performed"``); below ``m`` tokens, exact attention.
-
-        The products associate to the right (no ``Nq x m x m`` product). Backward: without a key_mask
-        and with ``Dv == D`` (the CPU flash kernel's condition) SDPA recomputes its scores
-        (``3 D + 2 Dv`` per pair); every other matmul costs twice its forward."""
+        """The matmuls this code performs (``kind="performed"``); below ``m`` tokens, exact attention. Backward:
+        unmasked with ``Dv == D`` SDPA recomputes its scores (``3 D + 2 Dv`` a pair), other matmuls cost 2x."""
         q_len, k_len, d, dv = query.q_len, query.k_len, query.head_dim, query.v_dim
         m, iters = self.num_landmarks, self.pinv_iters
         if max(q_len, k_len) <= m:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from attn.base import ExactAttention
+from attn.base import ExactAttention, require_num_heads
 from attn.position_bias import POSITION_BIASES
 from attn.registration import register_attention
 from attn.validation import Param
@@ -29,9 +29,7 @@ class RelativeAttention(ExactAttention):
         if "bias" in params:  # (the constructor passes bias on to ExactAttention as position_bias)
             if params.get("position_bias") is not None:
                 raise ValueError("relative: use parameter 'bias', not 'position_bias'")
-            if params["bias"] is not None and "num_heads" in params and params["num_heads"] is None:
-                raise ValueError(
-                    f"relative: parameter 'num_heads' is required with bias={params['bias']!r} "
-                    "(the bias has one set of values per head)"
-                )
+            if params["bias"] is not None:
+                require_num_heads("relative", params, f"bias={params['bias']!r}",
+                                  "the bias has one set of values per head")
         super().check_together(params)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -12,6 +13,7 @@ import typer
 
 from attn.validation import require_choice
 from bench.cli.app import debug_enabled
+from bench.engine.messages import cut
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -29,8 +31,6 @@ class UsageError(ValueError):
 
 def fail(message: str, code: int = 2) -> None:
     """Print ``error: MESSAGE`` (cut to a readable length) and exit with ``code``."""
-    from bench.engine.messages import cut
-
     typer.secho(f"error: {cut(message)}", fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
 
@@ -42,8 +42,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
 
 
 def user_errors(fn: F) -> F:
-    """Turn the suite's input errors raised by a command into one line and exit code 2
-    (``ValueError`` and its kin, a locked run directory, a bad path); ``--debug`` re-raises."""
+    """A command's input errors (:data:`USER_ERRORS`, a locked run) as one line, exit code 2; ``--debug`` re-raises."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -61,8 +60,7 @@ def user_errors(fn: F) -> F:
 
 
 def as_option(err: Any, option: str) -> UsageError:
-    """A :class:`bench.engine.config.ConfigError` about a config key, reworded for the option that
-    set it (``config key 'device': ...`` -> ``--device: ...``)."""
+    """A ``ConfigError`` about a config key, reworded for the option that set it (``--device: ...``)."""
     return UsageError(str(err).replace(f"config key {err.key!r}", option, 1))
 
 
@@ -77,9 +75,7 @@ def import_plugin_options(modules: list[str] | None) -> None:
 
 
 def require_run_dir(path: Path, argument: str = "RUN_DIR", *, quality: bool = True) -> Path:
-    """``path`` if it is a run directory (``results.csv`` of a sweep, or ``quality.csv`` of a
-    training grid and ``pretrained.csv`` of a pretrained-model run when ``quality``), else a
-    ``UsageError`` naming ``argument``."""
+    """``path`` if it is a run directory (``quality``: a grid's or a pretrained run's too), else a ``UsageError``."""
     files = ("results.csv", "quality.csv", "pretrained.csv") if quality else ("results.csv",)
     if not any((path / f).is_file() for f in files):
         why = f"no {' or '.join(files)} in it" if path.is_dir() else "no such directory"
@@ -88,9 +84,19 @@ def require_run_dir(path: Path, argument: str = "RUN_DIR", *, quality: bool = Tr
     return path
 
 
+def gate_percent(fail_if_regression: float | None, abs_threshold_ms: float) -> float:
+    """The regression rule's percentage (the default without ``--fail-if-regression``); both thresholds >= 0."""
+    from bench.speed.compare import DEFAULT_REL_PCT  # lazy: as every command's imports
+
+    for option, value, example in (("--fail-if-regression", fail_if_regression, "5 for 5%"),
+                                   ("--abs-threshold-ms", abs_threshold_ms, "1")):
+        if value is not None and not value >= 0:
+            raise UsageError(f"{option}: must be a number >= 0 (e.g. {example}); got {value:g}")
+    return DEFAULT_REL_PCT if fail_if_regression is None else fail_if_regression
+
+
 def choice(option: str, value: str, allowed: tuple[str, ...]) -> str:
-    """``value`` if it is one of ``allowed``, else a ``UsageError`` naming ``option``
-    (:func:`attn.validation.require_choice`, which loads no torch)."""
+    """``value`` if it is one of ``allowed``, else a ``UsageError`` naming ``option`` (loads no torch)."""
     return require_choice(option, value, allowed, error=UsageError)
 
 
@@ -120,11 +126,7 @@ def as_option_dir(err: Any, option: str = "--out") -> UsageError:
 
 
 def make_console(*, stderr: bool = False) -> Any:
-    """A rich console for a command's output: on a terminal, rich's own (its width, colours,
-    live progress); otherwise (a pipe, a log file, CI) lines are never wrapped at rich's
-    default 80 columns, so a path or a message stays on one line that ``grep`` finds."""
-    import sys
-
+    """A rich console; off a terminal never wrapped at 80 columns, so a message stays one line ``grep`` finds."""
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout

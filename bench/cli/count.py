@@ -43,10 +43,9 @@ def count_command(
         raise UsageError(f"--kernel: {name!r} has no kernel {kernel!r}; allowed values are "
                          f"{['auto', *info.kernels]}")
     params = _check_params(name, info, param) or {}
-    options = CountOptions(
-        variant=name, params=params, kernel=kernel,
-        seq_len=tuple(seq_len) if seq_len else CountOptions.seq_len, batch=batch, heads=heads,
-        head_dim=head_dim, dtype=dtype, causal=causal, calls=calls, warmup=warmup, timeout_s=timeout_s,
-    )
+    options = CountOptions(variant=name, params=params, kernel=kernel,
+                           seq_len=tuple(seq_len) if seq_len else CountOptions.seq_len, batch=batch, heads=heads,
+                           head_dim=head_dim, dtype=dtype, causal=causal, calls=calls, warmup=warmup,
+                           timeout_s=timeout_s)
     check_writable(out)
     run_count(options, out)

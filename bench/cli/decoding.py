@@ -8,13 +8,7 @@ from typing import Annotated
 import typer
 
 from bench.cli.app import app
-from bench.cli.common import (
-    PluginOpt,
-    check_device_option,
-    check_writable,
-    import_plugin_options,
-    user_errors,
-)
+from bench.cli.common import PluginOpt, check_device_option, check_writable, import_plugin_options, user_errors
 from bench.decoding.options import DecodingOptions as Defaults
 
 
@@ -27,31 +21,25 @@ def _listed(values: tuple) -> str:
 def decoding_command(
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("results/decoding"),
     benchmark: Annotated[list[str] | None, typer.Option(
-        "--benchmark",
         help=f"Benchmarks to run (repeatable; default {_listed(Defaults.benchmark)}).")] = None,
     context: Annotated[list[int] | None, typer.Option(
-        "--context", min=1,
-        help=f"Prompt lengths (repeatable; default {_listed(Defaults.context)}).")] = None,
+        min=1, help=f"Prompt lengths (repeatable; default {_listed(Defaults.context)}).")] = None,
     new_tokens: Annotated[int, typer.Option(min=1, help="Tokens generated per call.")] = Defaults.new_tokens,
     attention: Annotated[list[str] | None, typer.Option(
-        "--attention",
         help=f"Decoder attentions, causal ones only (repeatable; default {_listed(Defaults.attention)}).")] = None,
     window: Annotated[int, typer.Option(min=0, help="Window of banded attentions.")] = Defaults.window,
     d_model: Annotated[int, typer.Option(min=1, help="Model width.")] = Defaults.d_model,
     num_heads: Annotated[int, typer.Option(min=1, help="Attention heads.")] = Defaults.num_heads,
     num_kv_heads: Annotated[list[int] | None, typer.Option(
-        "--num-kv-heads", min=1,
-        help="Key/value heads of the decoder, each measured (grouped-query attention; must divide "
-             "--num-heads; repeatable; default --num-heads).")] = None,
+        min=1, help="Key/value heads of the decoder, each measured (grouped-query attention; must divide "
+                    "--num-heads; repeatable; default --num-heads).")] = None,
     num_layers: Annotated[int, typer.Option(min=1, help="Layers.")] = Defaults.num_layers,
     d_ff: Annotated[int, typer.Option(min=1, help="Feed-forward width.")] = Defaults.d_ff,
     vocab_size: Annotated[int, typer.Option(min=2, help="Vocabulary size.")] = Defaults.vocab_size,
     stream_window: Annotated[list[int] | None, typer.Option(
-        "--stream-window", min=1,
-        help=f"Streaming windows (repeatable; default {_listed(Defaults.stream_window)}).")] = None,
+        min=1, help=f"Streaming windows (repeatable; default {_listed(Defaults.stream_window)}).")] = None,
     stream_layers: Annotated[list[int] | None, typer.Option(
-        "--stream-layers", min=1,
-        help=f"Streaming encoder depths (repeatable; default {_listed(Defaults.stream_layers)}).")] = None,
+        min=1, help=f"Streaming encoder depths (repeatable; default {_listed(Defaults.stream_layers)}).")] = None,
     stream_steps: Annotated[int, typer.Option(min=1, help="Streaming steps per repeat.")] = Defaults.stream_steps,
     repeats: Annotated[int, typer.Option(
         min=1, help="Timed repeats (median; streaming: interleaved rounds).")] = Defaults.repeats,
@@ -67,10 +55,8 @@ def decoding_command(
     options = Defaults.from_given(
         benchmark=benchmark, context=context, new_tokens=new_tokens, attention=attention, window=window,
         d_model=d_model, num_heads=num_heads, num_kv_heads=num_kv_heads, num_layers=num_layers, d_ff=d_ff,
-        vocab_size=vocab_size,
-        stream_window=stream_window, stream_layers=stream_layers, stream_steps=stream_steps,
-        repeats=repeats, threads=threads, device=device,
-    )
+        vocab_size=vocab_size, stream_window=stream_window, stream_layers=stream_layers, stream_steps=stream_steps,
+        repeats=repeats, threads=threads, device=device)
     check_device_option(device)
     import_plugin_options(plugin)  # before the names are checked: it registers attentions
     check_attentions(options)

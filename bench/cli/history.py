@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from bench.cli.app import app
-from bench.cli.common import UsageError, user_errors
+from bench.cli.common import gate_percent, user_errors
 
 
 @app.command()
@@ -30,18 +30,10 @@ def history(
     """Gather every run under RESULTS_DIR... into one history (keyed by commit, commit time,
     machine and case), write history.html (each figure against commits, one series per
     machine) and mark the steps that moved beyond their spread."""
-    from bench.cli.runs import _non_negative
     from bench.engine.markdown import markdown_table
     from bench.html.history import build_history
-    from bench.speed.compare import DEFAULT_REL_PCT
 
-    _non_negative("--fail-if-regression", fail_if_regression, "5 for 5%")
-    _non_negative("--abs-threshold-ms", abs_threshold_ms, "1")
-    for root in results_dirs:
-        if not root.is_dir():
-            raise UsageError(f"RESULTS_DIR {root}: no such directory; give folders that hold run "
-                             "directories (e.g. results/)")
-    rel_pct = DEFAULT_REL_PCT if fail_if_regression is None else fail_if_regression
+    rel_pct = gate_percent(fail_if_regression, abs_threshold_ms)
     found = build_history(results_dirs, out or results_dirs[0], rel_pct, abs_threshold_ms)
     counts = found.counts
     typer.echo(f"{counts['runs']} runs ({counts['read']} read, {counts['kept']} unchanged), "

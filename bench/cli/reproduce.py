@@ -32,23 +32,17 @@ def reproduce(
     from bench.engine.provenance import cpu_summary, environment
     from bench.engine.results import read_env
     from bench.runner import load_run, run
-    from bench.speed.reproduce import (
-        compare_ratios,
-        failed_headlines,
-        reproduction_lines,
-        sampled_lengths,
-        saved_config,
-    )
+    from bench.speed import reproduce as repro
     from bench.speed.results import load_results
 
     require_run_dir(run_dir)
     if not (run_dir / "sweep.json").exists():
         raise UsageError(f"RUN_DIR: {run_dir} is not a speed sweep (no sweep.json)")
     committed = load_results(run_dir)
-    lengths = sampled_lengths(committed, sample)
+    lengths = repro.sampled_lengths(committed, sample)
     if not lengths:
         raise UsageError(f"RUN_DIR: {run_dir} has no ratios of kernels timed together to reproduce")
-    raw = saved_config(run_dir)
+    raw = repro.saved_config(run_dir)
     target = out or Path("runs") / f"reproduce-{raw['name']}"
     config = load_run(raw, {"seq_len": list(lengths)})
     run(config, target)
@@ -56,14 +50,14 @@ def reproduce(
         if not load_results(target).noisy.any():
             break
         run(config, target, retry_noisy=True)
-    table = compare_ratios(committed, load_results(target), tolerance)
+    table = repro.compare_ratios(committed, load_results(target), tolerance)
     here = cpu_summary(environment(config.device, config.threads, probe=False))
     committed_on = "; ".join(sorted({cpu_summary(s) for s in read_env(run_dir)} - {""}))
     lines = [f"# Reproducing `{run_dir}` (N = {', '.join(map(str, lengths))})", "",
-             *reproduction_lines(table, committed_on, here), ""]
+             *repro.reproduction_lines(table, committed_on, here), ""]
     (target / "reproduce.md").write_text("\n".join(lines))
     typer.echo("\n".join(lines))
-    failed = failed_headlines(table)
+    failed = repro.failed_headlines(table)
     if len(failed):
         typer.echo(f"{len(failed)} headline figure(s) do not hold here", err=True)
         raise typer.Exit(1)

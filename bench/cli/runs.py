@@ -12,6 +12,7 @@ from bench.cli.common import (
     PluginOpt,
     UsageError,
     fail,
+    gate_percent,
     import_plugin_options,
     require_run_dir,
     user_errors,
@@ -100,11 +101,6 @@ def report(
     typer.echo(f"page: {write_report_html(run_dir)}", err=True)
 
 
-def _non_negative(option: str, value: float | None, example: str) -> None:
-    if value is not None and not value >= 0:
-        raise UsageError(f"{option}: must be a number >= 0 (e.g. {example}); got {value:g}")
-
-
 @app.command()
 @user_errors
 def compare(
@@ -133,35 +129,24 @@ def compare(
     every case that is not unchanged.
     """
     from bench.engine.markdown import markdown_table
-    from bench.speed.compare import (
-        DEFAULT_REL_PCT,
-        changed_cases,
-        classify_runs,
-        compared_count,
-        gate_failures,
-        machine_note,
-        summary_line,
-    )
+    from bench.speed import compare as rule
 
-    _non_negative("--fail-if-regression", fail_if_regression, "5 for 5%")
-    _non_negative("--abs-threshold-ms", abs_threshold_ms, "1")
-    rel_pct = DEFAULT_REL_PCT if fail_if_regression is None else fail_if_regression
-    table = classify_runs(require_run_dir(run_a, "RUN_A", quality=False),
-                          require_run_dir(run_b, "RUN_B", quality=False), rel_pct,
-                          abs_threshold_ms)
-    typer.echo(f"{summary_line(table)} (a time change counts beyond {rel_pct:g}%, "
+    rel_pct = gate_percent(fail_if_regression, abs_threshold_ms)
+    table = rule.classify_runs(require_run_dir(run_a, "RUN_A", quality=False),
+                               require_run_dir(run_b, "RUN_B", quality=False), rel_pct, abs_threshold_ms)
+    typer.echo(f"{rule.summary_line(table)} (a time change counts beyond {rel_pct:g}%, "
                f"{abs_threshold_ms:g} ms and the noise)")
-    note = machine_note(run_a, run_b)
+    note = rule.machine_note(run_a, run_b)
     if note:
         typer.echo(note)
-    changed = changed_cases(table)
+    changed = rule.changed_cases(table)
     if len(changed):
         typer.echo(markdown_table(changed))
     if fail_if_regression is None:
-        if compared_count(table) == 0:
+        if rule.compared_count(table) == 0:
             fail("nothing to compare: no case is ok in both runs", 1)
         return
-    reasons = gate_failures(table)
+    reasons = rule.gate_failures(table)
     if reasons:
         typer.secho(f"regression gate failed: {'; '.join(reasons)}", fg=typer.colors.RED, err=True)
         raise typer.Exit(1)

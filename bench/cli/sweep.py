@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -22,15 +23,11 @@ from bench.cli.common import (
     user_errors,
 )
 
-#: the options that override config keys, by option name (``plugins`` is added apart: a
-#: --plugin module that fails is a --plugin error before the config is read)
+#: the options that override config keys (``--plugin`` apart: its failure is its own, before the config is read)
 _OVERRIDES = {"variant": "variants", "kernel": "kernels", "seq_len": "seq_len", "pass_": "passes",
               "repeats": "repeats", "timeout_s": "timeout_s", "device": "device", "dtype": "dtype",
               "threads": "threads", "task": "tasks", "text": "text", "model": "model"}
-_OPTION_NAMES = {"variants": "--variant", "kernels": "--kernel", "seq_len": "--seq-len",
-                 "passes": "--pass", "repeats": "--repeats", "timeout_s": "--timeout-s",
-                 "device": "--device", "dtype": "--dtype", "threads": "--threads",
-                 "tasks": "--task", "text": "--text", "model": "--model"}
+_OPTION_NAMES = {key: "--" + name.rstrip("_").replace("_", "-") for name, key in _OVERRIDES.items()}
 
 
 #: the count of new rows flagged noisy, beside the counts by status
@@ -167,32 +164,23 @@ def _where_results_are(rows_file: Path, written: list[Path]) -> str:
 
 def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
                        **options: Any) -> dict[str, int]:
-    """:func:`bench.runner.run` under a progress bar (a log line per unit off a terminal), stopped cleanly
-    by Ctrl-C, SIGTERM and SIGHUP; the new rows by status, the noisy ones under :data:`NOISY`."""
+    """:func:`bench.runner.run` under a progress bar, stopped cleanly by signals; the new rows' counts by status."""
+    from rich import progress as bars
     from rich.markup import escape
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
 
     from bench.engine.process import kill_all_workers
     from bench.runner import run
 
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
+    columns = (bars.TextColumn("{task.description}"), bars.BarColumn(), bars.MofNCompleteColumn(),
+               bars.TimeElapsedColumn(), bars.TextColumn("ETA"), bars.TimeRemainingColumn())
     statuses: dict[str, int] = {}
     stop_on_signals()
-    # started at the first unit, so that an error before any case runs (a locked or mixed
-    # run directory, a corrupt file in it) prints its one line and no progress bar
-    progress = Progress(*columns, console=console, transient=False)
+    # started at the first unit: an error before any case runs prints its one line and no progress bar
+    progress = bars.Progress(*columns, console=console, transient=False)
     todo = _todo(work, run_dir, retry_failed=options.get("retry_failed", False),
                  retry_noisy=options.get("retry_noisy", False),
                  overwrite=options.get("overwrite", False))
-    key, counted = _key_column(work), set()
+    key, counted = work.columns[0], set()  # the column naming a row's item (case_id, unit_id, cell_id)
     task = progress.add_task("starting", total=len(todo))
 
     def on_start(unit: Any) -> None:
@@ -226,16 +214,9 @@ def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
     return statuses
 
 
-def _key_column(work: Any) -> str:
-    """The column naming a row's item (``case_id``, ``unit_id``, ``cell_id``)."""
-    return work.columns[0]
-
-
 def _todo(work: Any, run_dir: Path, *, retry_failed: bool, overwrite: bool,
           retry_noisy: bool = False) -> set[str]:
-    """The ids of the items this run measures (the progress bar's total), retries and ``--overwrite`` included."""
-    import warnings
-
+    """The ids of the items this run measures (the progress bar's total)."""
     from bench.engine.results import RETRY_STATUSES
     from bench.engine.rundir import resumable_rows
     from bench.runner import dry_run, noisy_rows
@@ -249,7 +230,7 @@ def _todo(work: Any, run_dir: Path, *, retry_failed: bool, overwrite: bool,
         todo = {item.key for item in items if item.state != "done"}
         redo = noisy_rows(work, run_dir) if retry_noisy else (lambda _row: False)
         if retry_failed or retry_noisy:
-            key = _key_column(work)
+            key = work.columns[0]
             todo |= every & {row[key] for row in resumable_rows(run_dir, work.file, work.columns)
                              if (retry_failed and row["status"] in RETRY_STATUSES) or redo(row)}
     return todo

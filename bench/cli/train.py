@@ -23,8 +23,7 @@ from bench.cli.common import (
 
 def _values(option: str, items: list[str] | None, sections: tuple[str, ...] | None
             ) -> dict[str, Any]:
-    """``KEY=VALUE`` (or ``SECTION.KEY=VALUE`` with ``sections``) items with YAML values
-    (within :class:`bench.engine.bounded_yaml.YamlLimits`)."""
+    """``KEY=VALUE`` (``SECTION.KEY=VALUE`` with ``sections``) items, their YAML values read within the limits."""
     from bench.engine.bounded_yaml import YamlLimitError, load_bounded
     from bench.engine.messages import shown
 
@@ -48,22 +47,8 @@ def _values(option: str, items: list[str] | None, sections: tuple[str, ...] | No
     return out
 
 
-def _progress(total: int) -> tuple[Any, Any]:
-    """A progress bar with the loss and the training throughput."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("loss {task.fields[loss]:.4f}"),
-                        TextColumn("{task.fields[rate]:.0f} tok/s"), TimeElapsedColumn(),
-                        console=make_console())  # a log line is not wrapped in a pipe
-    task = progress.add_task("train", total=total, loss=float("nan"), rate=0.0)
-    return progress, task
-
-
 class TaskHelpCommand(typer.core.TyperCommand):
-    """The ``train`` command, whose ``TASK`` help lists the registered tasks. The task
-    registry is imported when that help is shown, not when the CLI starts: it loads torch,
-    which ``attn-bench --help`` does without (docs/layout.md, function-local imports)."""
+    """The ``train`` command, whose ``TASK`` help lists the registered tasks (imported only then: they load torch)."""
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
         from bench.quality.tasks import list_tasks
@@ -126,15 +111,21 @@ def train(
     spec = RunSpec(task=task, variant=variant, preset=preset, seed=seed, out=str(run_dir),
                    params=params, device=device, threads=threads, kernel=kernel,
                    overrides=overrides)
-    rows = _train_with_progress(spec, train_run)
-    _print_rows(rows, run_dir)
+    _print_rows(_train_with_progress(spec, train_run), run_dir)
 
 
 def _train_with_progress(spec: Any, train_run: Any) -> list[dict[str, Any]]:
+    """``train_run`` under a progress bar with the loss and the training throughput."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     from bench.quality.settings import task_settings
 
     steps = task_settings(spec.task, spec.preset, spec.overrides).train.steps
-    progress, bar = _progress(steps)
+    progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("loss {task.fields[loss]:.4f}"),
+                        TextColumn("{task.fields[rate]:.0f} tok/s"), TimeElapsedColumn(),
+                        console=make_console())  # a log line is not wrapped in a pipe
+    bar = progress.add_task("train", total=steps, loss=float("nan"), rate=0.0)
     with progress:
         def on_step(step: int, loss: float, rate: float) -> None:
             progress.update(bar, completed=step, loss=loss, rate=rate)

@@ -1,8 +1,4 @@
-"""Which memory allocator settings a run's processes start with, for ``env.json``.
-
-The C library reads these variables when a process starts, so they are set on the sweep's command
-line, never from Python (docs/measurement.md, "Memory the allocator gives back").
-"""
+"""The memory allocator settings a run's processes start with, for ``env.json`` (docs/measurement.md)."""
 
 from __future__ import annotations
 
@@ -14,8 +10,7 @@ ALLOCATOR_VARIABLES = (
     "LD_PRELOAD", "GLIBC_TUNABLES", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_",
     "MALLOC_ARENA_MAX", "MALLOC_CONF", "THP_MEM_ALLOC_ENABLE",
 )
-#: glibc settings under which freed memory up to 1 GiB stays in the process: requests below
-#: 1 GiB come from the heap (not ``mmap``) and the heap's top is not given back below 1 GiB
+#: glibc settings under which freed memory up to 1 GiB stays in the process
 KEEP_FREED_MEMORY = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 #: what :func:`allocator_settings` says when none of the variables is set
 SYSTEM_DEFAULT = "system default"

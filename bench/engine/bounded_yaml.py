@@ -1,8 +1,4 @@
-"""YAML read with limits, checked before anything is expanded: a small file cannot take all memory.
-
-An alias names a node again without copying it, so a few hundred bytes can stand for hundreds of
-millions of strings; :func:`load_bounded` counts the expansion and refuses it (docs/reliability.md).
-"""
+"""YAML read within limits checked before anything is expanded, so a small file cannot take all memory."""
 
 from __future__ import annotations
 
@@ -110,13 +106,9 @@ class _Counter:
         return size
 
     def _check(self, node: yaml.Node, nodes: int, chars: int) -> None:
-        if nodes > self.limits.max_nodes:
-            raise YamlLimitError(
-                f"{self.source}: line {_line(node)}: the value stands for more than "
-                f"{self.limits.max_nodes:,} items once its aliases (*name) are expanded; a "
-                "config may not grow that much (an alias bomb?)")
-        if chars > self.limits.max_chars:
-            raise YamlLimitError(
-                f"{self.source}: line {_line(node)}: the value stands for more than "
-                f"{self.limits.max_chars:,} characters once its aliases (*name) are expanded; "
-                "a config may not grow that much (an alias bomb?)")
+        limits = self.limits
+        for count, limit, what in ((nodes, limits.max_nodes, "items"), (chars, limits.max_chars, "characters")):
+            if count > limit:
+                raise YamlLimitError(f"{self.source}: line {_line(node)}: the value stands for more than {limit:,} "
+                                     f"{what} once its aliases (*name) are expanded; a config may not grow that much "
+                                     "(an alias bomb?)")

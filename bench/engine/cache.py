@@ -1,5 +1,4 @@
-"""Where the suite keeps what it can rebuild: generated data, dequantised models, and the
-compiled code every worker of every run on this machine shares."""
+"""Where the suite keeps what it can rebuild: generated data, dequantised models, the shared compile cache."""
 
 from __future__ import annotations
 
@@ -20,12 +19,7 @@ def _repository_root() -> Path | None:
 
 
 def cache_dir() -> Path:
-    """Directory for rebuildable files, created on demand.
-
-    ``$ATTN_BENCH_CACHE`` if set, else ``$XDG_CACHE_HOME/attn-bench``, else
-    ``~/.cache/attn-bench``. Raises ValueError if the chosen directory lies inside this
-    package's git repository (generated files must not end up in the work tree).
-    """
+    """``$ATTN_BENCH_CACHE``, else under ``$XDG_CACHE_HOME`` or ``~/.cache``, created; never in the git work tree."""
     if os.environ.get(ENV_VAR):
         path, source = Path(os.environ[ENV_VAR]), ENV_VAR
     elif os.environ.get("XDG_CACHE_HOME"):
@@ -35,10 +29,8 @@ def cache_dir() -> Path:
     path = path.expanduser().resolve()
     repo = _repository_root()
     if repo is not None and path.is_relative_to(repo):
-        raise ValueError(
-            f"cache directory {path} (from ${source}) is inside the git repository {repo}; "
-            f"set {ENV_VAR} to a directory outside it"
-        )
+        raise ValueError(f"cache directory {path} (from ${source}) is inside the git repository {repo}; "
+                         f"set {ENV_VAR} to a directory outside it")
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -1,10 +1,4 @@
-"""The config layer every product shares: errors that name the key, YAML read within limits,
-preset files, plug-ins, the device check and file-name-safe names.
-
-Every error is a :class:`ConfigError` (a ``ValueError``) naming the key and allowed values, so the
-CLI prints one line. Plug-ins are imported before a config is parsed and again in each worker: a
-config is as trusted as a script; parsing imports nothing.
-"""
+"""The config layer every product shares: errors naming the key, presets, plug-ins (trusted as a script is)."""
 
 from __future__ import annotations
 
@@ -54,11 +48,9 @@ def check_device(device: str) -> None:
     """``ConfigError`` before anything runs when the config's device is not available here."""
     import torch  # here, not at import: the history of the results files needs no torch
 
-    if device == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("config key 'device': cuda is not available on this machine "
-                              "(torch.cuda.is_available() is False); allowed here: ['cpu']",
-                              "device")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("config key 'device': cuda is not available on this machine "
+                          "(torch.cuda.is_available() is False); allowed here: ['cpu']", "device")
 
 
 def is_plugin_file(plugin: str) -> bool:
@@ -81,8 +73,7 @@ def plugin_modules(raw: Any) -> tuple[str, ...]:
 
 
 def import_plugins(modules: tuple[str, ...]) -> None:
-    """Import plug-ins: module names (the current directory too) or ``.py`` paths; a ``ConfigError``
-    naming ``plugins`` and the entry when one is missing or fails to import."""
+    """Import module names (the current directory too) or ``.py`` paths; ``ConfigError`` naming the failing entry."""
     for module in modules:
         try:
             if is_plugin_file(module):
@@ -113,9 +104,7 @@ def _import_module(name: str) -> None:
 
 
 def import_plugin_file(path: Path) -> None:
-    """Import ``path`` as the module named by its stem, its directory appended to ``sys.path`` so child
-    processes import it by name (to unpickle its classes). A stem that is no identifier or names
-    another module is refused."""
+    """Import ``path`` as the module its stem names, its directory on ``sys.path`` for child processes to unpickle."""
     path = path.expanduser().resolve()
     if not path.is_file():
         raise key_error("plugins", f"cannot import file {shown(str(path))}: no such file")

@@ -1,5 +1,4 @@
-"""Files a run directory relies on: atomic writes (old or new content, never half) and the one-writer lock
-(an ``flock`` the kernel releases when its holder dies: no stale lock)."""
+"""Files a run directory relies on: atomic writes and the one-writer lock (an ``flock``: no stale lock)."""
 
 from __future__ import annotations
 
@@ -34,14 +33,9 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 def new_file_mode() -> int:
     """The mode ``open`` gives a new file in this process (0644 under umask 022)."""
-    return 0o666 & ~current_umask()
-
-
-def current_umask() -> int:
-    """This process's umask (read by setting it and putting it back)."""
-    mask = os.umask(0o022)
+    mask = os.umask(0o022)  # the umask is read by setting it and putting it back
     os.umask(mask)
-    return mask
+    return 0o666 & ~mask
 
 
 def atomic_write_json(path: str | Path, data: Any) -> None:
@@ -99,10 +93,8 @@ class RunLock:
         except BlockingIOError:
             holder = os.read(fd, 4096).decode(errors="replace").strip() or "unknown process"
             os.close(fd)
-            raise RunLockedError(
-                f"{self.path.parent} is in use by another sweep ({holder}); wait for it to finish "
-                "or choose another --out"
-            ) from None
+            raise RunLockedError(f"{self.path.parent} is in use by another sweep ({holder}); wait for it to finish "
+                                 "or choose another --out") from None
         command = " ".join(Path(sys.argv[0]).name if i == 0 else a for i, a in enumerate(sys.argv))
         info = (f"pid {os.getpid()} on {socket.gethostname()}, `{command}`, started "
                 f"{time.strftime('%Y-%m-%d %H:%M:%S')}")

@@ -1,14 +1,4 @@
-"""The display name of an attention configuration, shared by speed sweeps and quality grids.
-
-A label names every parameter that defines the pattern, the variant's defaults included
-(from the registry, :func:`attn.attention_info`), so two configurations never share a
-label: ``dilated(dilation=2, window=16)``, ``relative(bias=learned, max_distance=128)``.
-Left out are the parameters that do not define it: ``kernel``, ``num_heads`` and
-``head_dim`` (how and at what size it runs), a parameter left at a ``None`` default (e.g. no
-``position_bias``), and ``max_distance`` unless a learned relative bias uses it (ALiBi has no
-clipping distance: ``relative(bias=alibi)``). Model-setting overrides follow in brackets:
-``full [position=none]``.
-"""
+"""The display name of an attention configuration, for speed sweeps and quality grids (docs/quality.md, labels)."""
 
 from __future__ import annotations
 
@@ -41,31 +31,21 @@ def pattern_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     shown = {k: v for k, v in merged.items()
              if k not in NOT_PATTERN and not (v is None and defaults.get(k) is None)}
     bias_params = [k for k in _BIAS_KEYS if k in defaults]
-    if _LEARNED_ONLY in shown and bias_params:
-        kinds = {merged.get(k) for k in bias_params}
-        if "learned" not in kinds:
-            del shown[_LEARNED_ONLY]
+    if _LEARNED_ONLY in shown and bias_params and "learned" not in {merged.get(k) for k in bias_params}:
+        del shown[_LEARNED_ONLY]
     return dict(sorted(shown.items()))
 
 
 def overrides_text(overrides: dict[str, Any] | None) -> str:
     """``position=none, train.steps=10``: model settings bare, other sections prefixed."""
-    parts = []
-    for section, values in sorted((overrides or {}).items()):
-        for key, value in sorted((values or {}).items()):
-            parts.append(f"{key}={_value(value)}" if section == "model"
-                         else f"{section}.{key}={_value(value)}")
-    return ", ".join(parts)
+    return ", ".join(f"{'' if section == 'model' else section + '.'}{key}={_value(value)}"
+                     for section, values in sorted((overrides or {}).items())
+                     for key, value in sorted((values or {}).items()))
 
 
 def variant_label(name: str, params: dict[str, Any],
                   overrides: dict[str, Any] | None = None) -> str:
-    """``name(k=v, ...)`` over the pattern parameters (defaults included, keys sorted), then
-    any settings ``overrides`` (``{"model": {...}}``) in brackets: ``full [position=none]``.
-
-    A model whose ``mixer`` override replaces self-attention by a recurrent layer is named
-    by that layer, since its attention is unused: ``lstm (no attention)``,
-    ``gru (no attention) [d_model=96]``."""
+    """``name(k=v, ...)`` and ``overrides`` in brackets; a recurrent ``mixer``: ``gru (no attention) [d_model=96]``."""
     model = dict((overrides or {}).get("model") or {})
     mixer = model.pop("mixer", "attention")
     if mixer != "attention":

@@ -1,7 +1,4 @@
-"""Measuring one call: its time, its tensor-level peak memory and its resident-memory peak.
-
-How each is read is in docs/measurement.md ("Time" and "Memory").
-"""
+"""Measuring one call: its time, its tensor-level and its resident-memory peak (docs/measurement.md)."""
 
 from __future__ import annotations
 
@@ -37,10 +34,8 @@ class MemoryReading:
 
 def release_free_memory() -> None:
     """``malloc_trim(0)``, so that VmHWM counts every page the next call touches."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _status_kib(field: str) -> int:
@@ -78,8 +73,7 @@ def _quiet_stderr() -> Iterator[None]:
 def _allocation_events(call: Call) -> list[tuple[int, int, int]]:
     """``(time_us, order, signed bytes)`` of CPU allocations and frees, by the legacy recorder (starts in ms)."""
     config = profiler_legacy.profile(profile_memory=True).config()
-    # quiet: the profiler warns about frees of blocks allocated before it started (inputs);
-    # the same call's own messages show in the timed calls
+    # quiet: the profiler warns of frees of blocks allocated before it started (the timed calls show the rest)
     with _quiet_stderr():
         profiler_legacy._enable_profiler_legacy(config)
         try:
@@ -101,17 +95,12 @@ def _kineto_allocation_events(call: Call) -> list[tuple[int, int, int]]:
                   if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU)
 
 
-#: calls at least this long (s) are read with the kineto profiler from the start: its start
-#: (about a second) is small beside them, and the legacy recorder's growth is worst on them
+#: calls at least this long (s) are read with kineto from the start: its second to start is small beside them
 KINETO_FROM_S = 1.0
 
 
 def tensor_peak_bytes_cpu(call: Call, call_s: float | None = None) -> int | None:
-    """Live peak of CPU tensor allocations made by ``call()`` above those alive before it.
-
-    The legacy recorder first, kineto for calls of ``call_s >= KINETO_FROM_S`` or when the legacy
-    reading runs out of memory (docs/measurement.md); None when kineto does too: the call ran.
-    """
+    """Live peak of the CPU tensor allocations of ``call()`` (docs/measurement.md); None when no reader could."""
     long_call = call_s is not None and call_s >= KINETO_FROM_S
     readers = (_kineto_allocation_events,) if long_call else (_allocation_events, _kineto_allocation_events)
     for reader in readers:
@@ -192,8 +181,7 @@ def repeats_in_budget(estimate_s: float, *, budget_s: float, minimum: int, maxim
 
 @dataclass(frozen=True)
 class WarmUp:
-    """Matmul-peak warm-up: windows of ``window_s``, until two window medians agree within ``tolerance``
-    after ``min_s``, or ``max_s``. Windows, not single calls: two calls in a GPU's slow clock ramp agree."""
+    """Matmul-peak warm-up until two windows' medians agree (two calls in a GPU's slow clock ramp agree too)."""
 
     min_s: float
     max_s: float
@@ -233,9 +221,7 @@ def matmul_peak_flops(device: torch.device, dtype: torch.dtype, size: int | None
     return 2 * size**3 / min(timer.time_once() for _ in range(repeats))
 
 
-#: side of the calibration probe's matmul per device type: about 2 ms on an H200 and on 2 CPU
-#: cores, so launch, clock and wake-up jitter stay small (a 256 matmul took 25-40 us on the H200
-#: and 0.3-0.6 ms on the CPU, and its jitter alone flagged quiet rows as noisy; docs/measurement.md)
+#: side of the calibration probe's matmul: about 2 ms on an H200 and on 2 CPU cores (docs/measurement.md)
 PROBE_SIZES = {"cpu": 512, "cuda": 4096}
 #: timed calls of one probe reading (after one warm-up); the reading is the fastest
 PROBE_CALLS = 11
@@ -247,10 +233,7 @@ def probe_size(device: torch.device) -> int:
 
 
 def calibration_probe(device: torch.device, calls: int = PROBE_CALLS, size: int | None = None) -> float:
-    """Seconds of the fastest of ``calls`` fixed float32 matmuls after one warm-up: a slower probe says
-    a busier machine. The fastest, not the median: a load that lasts slows every call, while one
-    call caught by a timer tick or a thread's wake-up says nothing. Seeded random operands: a GPU's
-    matmul runs faster on constant data."""
+    """Seconds of the fastest of ``calls`` matmuls after a warm-up; random operands (constant data runs faster)."""
     size = probe_size(device) if size is None else size
     gen = torch.Generator(device="cpu").manual_seed(0)
     a = torch.randn(size, size, generator=gen).to(device)  # (S, S)

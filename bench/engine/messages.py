@@ -1,10 +1,4 @@
-"""Values and messages cut to a readable length, so that no error echoes a huge input whole.
-
-A config value of ten million characters, or a list of a million items, would otherwise be
-printed whole by the message that refuses it. :func:`shown` is the ``repr`` of a value with
-long strings and containers cut, saying how long the string was; :func:`cut` shortens a
-finished message. Imports nothing heavy (the CLI uses it before torch is loaded).
-"""
+"""Values and messages cut to a readable length, so no error echoes a huge input whole; imports nothing heavy."""
 
 from __future__ import annotations
 
@@ -27,17 +21,12 @@ def _repr(limit: int) -> reprlib.Repr:
 
 
 def shown(value: Any, limit: int = VALUE_CHARS) -> str:
-    """``repr(value)`` of at most about ``limit`` characters: a longer string is cut and its
-    length said (``'yyyy...' ... (10,485,760 characters)``), a long or deep container keeps
-    its first items (``[1, 2, ...]``)."""
+    """``repr(value)`` of about ``limit`` characters at most: a string cut with its length said, containers cut."""
     if isinstance(value, str) and len(value) > limit:
         return f"{value[:limit]!r}... ({len(value):,} characters)"
-    text = _repr(limit).repr(value)
-    return cut(text, limit * 2)
+    return cut(_repr(limit).repr(value), limit * 2)
 
 
 def cut(text: str, limit: int = MESSAGE_CHARS) -> str:
     """``text`` if it has at most ``limit`` characters, else its start and its length."""
-    if len(text) <= limit:
-        return text
-    return f"{text[:limit]}... ({len(text):,} characters)"
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text):,} characters)"

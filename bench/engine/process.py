@@ -1,5 +1,4 @@
-"""Worker processes that can always be stopped (:class:`attn.supervise.Child`), and the honest name of how one
-died (``killed``; ``oom`` only when the kernel's OOM killer reports a kill; ``error``) or failed."""
+"""Worker processes that can always be stopped, and the honest name of how one died or failed."""
 
 from __future__ import annotations
 
@@ -27,8 +26,7 @@ def limit_memory(max_memory_gb: float | None) -> None:
 
 
 def failure(err: BaseException, device: str, max_memory_gb: float | None = None) -> tuple[str, str]:
-    """``(status, reason)`` for a caught exception: ``unsupported``, ``oom`` (naming a CPU worker's cap) or
-    ``error``."""
+    """``(status, reason)`` for a caught exception: ``unsupported``, ``oom`` (naming a CPU cap) or ``error``."""
     if isinstance(err, NotImplementedError):
         return "unsupported", str(err)
     last = traceback.format_exception_only(type(err), err)[-1].strip()[:500]

@@ -1,9 +1,4 @@
-"""The files of a run directory: a results file, appended and fsynced per unit, and ``env.json``.
-
-Rows of one unit are written together, so a killed sweep leaves whole units; a resume repairs torn
-lines and headers. Rows failing the schema are left out with a :class:`DamagedRowWarning`; a header
-lacking a needed column is a :class:`DamagedFileError` (docs/reliability.md, "Result rows").
-"""
+"""A run directory's results file, appended and fsynced per unit, and ``env.json`` (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -16,13 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.engine.fsutil import atomic_write_json, atomic_write_text, read_json
-from bench.engine.row_schema import (
-    COLUMNS,
-    RowSchema,
-    missing_columns,
-    row_problem,
-    schema_for,
-)
+from bench.engine.row_schema import COLUMNS, RowSchema, missing_columns, row_problem, schema_for
 
 RESULTS_FILE = "results.csv"
 ENV_FILE = "env.json"
@@ -62,17 +51,12 @@ class RowsRead:
 
 def read_table(run_dir: str | Path, file: str = RESULTS_FILE,
                columns: list[str] = COLUMNS) -> RowsRead:
-    """Valid rows of a results file, and the damaged lines left out (with line numbers).
-
-    Torn last lines and empty or torn-header files are repaired silently; a complete header lacking
-    a needed column raises :class:`DamagedFileError`.
-    """
+    """Valid rows of a results file and the damaged lines; :class:`DamagedFileError` for a header lacking a column."""
     path = Path(run_dir) / file
     schema = schema_for(columns)
     if not path.exists():
         return RowsRead(path, [], [], [])
-    text = path.read_text(errors="replace")
-    lines = text.splitlines(keepends=True)
+    lines = path.read_text(errors="replace").splitlines(keepends=True)
     if lines and not lines[-1].endswith("\n"):
         lines = lines[:-1]  # killed mid-write
     if not any(line.strip() for line in lines):
@@ -85,25 +69,20 @@ def read_table(run_dir: str | Path, file: str = RESULTS_FILE,
     line = 2
     while True:
         try:
-            record = next(reader)
+            record, problem = next(reader), None
         except StopIteration:
             break
         except csv.Error as err:
-            end = reader.line_num + 1
-            rejected.append(RejectedRow(line, f"not a CSV row ({err})", "".join(body[line - 2:end - 1])))
-            line = end + 1
-            continue
+            record, problem = [], f"not a CSV row ({err})"
         end = reader.line_num + 1  # the record's last line
         raw = "".join(body[line - 2:end - 1])
         start, line = line, end + 1
-        if not record:
+        if problem is None and not record:
             continue  # a blank line
-        if len(record) != len(header):
-            rejected.append(RejectedRow(start, f"{len(record)} cells where the header has "
-                                               f"{len(header)} (a torn or edited line)", raw))
-            continue
-        row = dict(zip(header, record))
-        problem = row_problem(row, schema)
+        if problem is None and len(record) != len(header):
+            problem = f"{len(record)} cells where the header has {len(header)} (a torn or edited line)"
+        row = dict(zip(header, record)) if problem is None else {}
+        problem = problem or row_problem(row, schema)
         if problem is None:
             rows.append(row)
         else:
@@ -155,10 +134,7 @@ def _csv_text(rows: list[dict[str, Any]], header: bool, columns: list[str]) -> s
 
 
 class ResultsWriter:
-    """Appends rows to a results file, flushing and fsyncing after each unit.
-
-    ``rows`` given: the file is first rewritten atomically with exactly those rows (resume).
-    """
+    """Appends rows to a results file, fsynced per unit; ``rows``: first rewritten atomically with them (resume)."""
 
     def __init__(self, run_dir: str | Path, rows: list[dict[str, Any]] | None = None,
                  file: str = RESULTS_FILE, columns: list[str] = COLUMNS) -> None:

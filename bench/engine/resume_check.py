@@ -1,5 +1,4 @@
-"""Whether a resume may add rows to a run directory that holds rows measured in another
-environment (:func:`check_resume`, run by :mod:`bench.engine.rundir`)."""
+"""Whether a resume may add rows to a run directory that holds rows measured in another environment."""
 
 from __future__ import annotations
 
@@ -7,11 +6,9 @@ from typing import Any
 
 from bench.engine.provenance import RESUME_FIELDS
 
-#: environment fields that a config sets and that change what is measured, though no case or
-#: unit id holds them: a run directory holds rows of one value unless ``--allow-mixed``
+#: fields a config sets that change what is measured but no case id holds: one value per run directory
 SETTING_FIELDS = ("threads", "noise_threshold")
-#: of those, the ones a plan sets (:attr:`bench.engine.rundir.RunPlan.row_settings`) rather than the machine:
-#: compared on a cluster too, where the driver's machine says nothing of the nodes'
+#: of those, the plan's rather than the machine's (``RunPlan.row_settings``): compared on a cluster too
 PLAN_SETTINGS = ("noise_threshold",)
 
 
@@ -38,13 +35,8 @@ def check_resume_environment(rows: list[dict[str, str]], env: dict[str, Any], dt
 
 def check_resume(kept: list[dict[str, Any]], env: dict[str, Any], dtype: str, *, has_work: bool,
                  local: bool = True) -> None:
-    """The resume check of a run (and of its dry run, :func:`bench.engine.rundir.dry_run_units`): ``kept`` rows
-    measured in another environment are a ``MixedEnvironmentError``. With work to do, every
-    field of :data:`bench.engine.provenance.RESUME_FIELDS` counts; with nothing to run, the
-    settings a case id lacks (:data:`SETTING_FIELDS`) and the dtype still count; the plan's
-    settings (:data:`PLAN_SETTINGS`: a speed sweep's noise threshold) count always. On a
-    cluster (``local`` False) the driver's device and threads say nothing of the nodes', so
-    only the code version, the plan's settings and the dtype are compared."""
+    """``MixedEnvironmentError`` for ``kept`` rows of another environment (with nothing to do: the settings only; on
+    a cluster the driver's device and threads say nothing of the nodes': the code version only)."""
     fields = (*RESUME_FIELDS, *PLAN_SETTINGS) if has_work else SETTING_FIELDS
     compared = fields if local else tuple(f for f in fields if f in ("git_sha", *PLAN_SETTINGS))
     check_resume_environment(kept, env, dtype, compared)

@@ -1,8 +1,4 @@
-"""The driver's side of a run directory (speed sweeps and training grids): :func:`run_units`, its dry run.
-
-A *chain* is a generator of units that is sent each unit's rows, so dependencies between units
-live in the chain. A damaged row is not kept: its unit runs again, the line goes to ``<file>.rejected``.
-"""
+"""The driver's side of a run directory: :func:`run_units` drives a plan's chains of units, and its dry run."""
 
 from __future__ import annotations
 
@@ -69,12 +65,9 @@ class RunRecorder:
 
     def supersede(self, stale: Callable[[Row], bool], archive: str) -> None:
         """Move the kept rows where ``stale(row)`` holds to ``archive`` (they run again). Before :meth:`start`."""
-        kept: list[Row] = []
-        dropped: list[Row] = []
-        for row in self.kept:
-            (dropped if stale(row) else kept).append(row)
+        dropped = [row for row in self.kept if stale(row)]
         if dropped:
-            self.kept = kept
+            self.kept = [row for row in self.kept if not stale(row)]
             # rewritten whole: an archive written before a column was added keeps its rows
             earlier = read_table(self.run_dir, archive, self.columns)
             warn_rejected(earlier, f"left out (the line is kept in {archive}{REJECTED_SUFFIX})")
@@ -118,11 +111,8 @@ def _without_damaged_units(read: RowsRead, columns: list[str]) -> tuple[list[Row
     schema = schema_for(columns)
     damaged = {unit_of(bad.row, schema) for bad in read.rejected if bad.row}
     damaged.discard(None)
-    kept: list[Row] = []
-    dropped: list[Row] = []
-    for row in read.rows:
-        (dropped if unit_of(row, schema) in damaged else kept).append(row)
-    return kept, dropped
+    return ([row for row in read.rows if unit_of(row, schema) not in damaged],
+            [row for row in read.rows if unit_of(row, schema) in damaged])
 
 
 def _keep_rejected(read: RowsRead, unit_rows: list[Row]) -> None:
@@ -208,66 +198,34 @@ def counted(n: int, singular: str, plural: str) -> str:
 class RunPlan(Protocol):
     """A product's run plan: its units, results file and rows (:func:`run_units`)."""
 
-    @property
-    def file(self) -> str:
-        """The results file (``results.csv``, ``quality.csv``)."""
+    file: str  # the results file (results.csv, quality.csv)
+    columns: list[str]  # its columns (bench.engine.row_schema)
+    device: str  # where the units run (cpu or cuda): checked before anything runs
+    threads: int | None  # the configured thread count (None: torch's default)
+    dtype: str  # the dtype a resume must share with the rows already there
+    row_settings: dict[str, Any]  # run-wide settings every row records and a resume compares (PLAN_SETTINGS)
+    config_file: str  # where the resolved config of a segment with work is written (sweep.json)
+    plugins: tuple[str, ...]  # modules imported before anything runs (and again in each worker)
 
-    @property
-    def columns(self) -> list[str]:
-        """Its columns (:mod:`bench.engine.row_schema`)."""
+    def size(self) -> str: ...  # how many items, with their nouns: 12 cases (counted)
 
-    @property
-    def device(self) -> str:
-        """Where the units run (``cpu`` or ``cuda``): checked before anything runs."""
+    def dry_run_items(self, kept: Rows, run_dir: Path) -> list[DryRunItem]: ...  # each item's state, given kept rows
 
-    @property
-    def threads(self) -> int | None:
-        """The configured thread count (``None``: torch's default)."""
+    def outcome(self, rows: Rows) -> str: ...  # what a finished unit's rows say, in one line (a progress log)
 
-    @property
-    def dtype(self) -> str:
-        """The dtype a resume must share with the rows already there."""
+    def key(self, row: Row) -> tuple: ...  # a row's identity: an earlier row with the same key is kept
 
-    @property
-    def row_settings(self) -> dict[str, Any]:
-        """Run-wide settings every row records and a resume compares (``PLAN_SETTINGS``)."""
+    def resolved_config(self) -> dict[str, Any]: ...  # the resolved config written to config_file
 
-    @property
-    def config_file(self) -> str:
-        """Where the resolved config of a segment with work is written (``sweep.json``)."""
+    def chains(self, recorder: RunRecorder) -> list[Chain]: ...  # the units still to run ([]: none), before the start
 
-    @property
-    def plugins(self) -> tuple[str, ...]:
-        """Modules imported before anything runs (and again in each worker)."""
-
-    def size(self) -> str:
-        """How many items, with their nouns: ``12 cases`` (:func:`counted`)."""
-
-    def dry_run_items(self, kept: Rows, run_dir: Path) -> list[DryRunItem]:
-        """Every item and its state, given the rows an earlier run ``kept``."""
-
-    def outcome(self, rows: Rows) -> str:
-        """What a finished unit's rows say, in one line (a progress log)."""
-
-    def key(self, row: Row) -> tuple:
-        """The identity of a row: an earlier row with the same key is kept, not run again."""
-
-    def resolved_config(self) -> dict[str, Any]:
-        """The resolved config written to :attr:`config_file`."""
-
-    def chains(self, recorder: RunRecorder) -> list[Chain]:
-        """The chains of the units still to run (``[]``: none); before the segment starts."""
-
-    def begin(self, run_dir: Path, env: dict[str, Any]) -> Callable[[Row], None] | None:
-        """Called once there is work, before any unit runs; returns a hook for each row (or ``None``)."""
+    # called once there is work, before any unit runs: a hook for each row, or None
+    def begin(self, run_dir: Path, env: dict[str, Any]) -> Callable[[Row], None] | None: ...
 
 
 def dry_run_units(run_dir: Path, plan: RunPlan, *, allow_mixed: bool = False,
                   local: bool = True) -> DryRun:
-    """What :func:`run_units` would do with ``plan`` in ``run_dir``, running and writing nothing.
-
-    Raises the same ``MixedEnvironmentError`` the run would (unless ``allow_mixed``).
-    """
+    """What :func:`run_units` would do, nothing run or written; the ``MixedEnvironmentError`` the run would raise."""
     run_dir = Path(run_dir)
     kept = resumable_rows(run_dir, plan.file, plan.columns)
     items = tuple(plan.dry_run_items(kept, run_dir))
@@ -283,26 +241,39 @@ def run_units(run_dir: Path, plan: RunPlan, *, executor: Executor | ExecutorSpec
               redo: Callable[[Row], bool] | None = None,
               on_start: Callable[[Any], None] | None = None,
               on_done: Callable[[Any, Rows], None] | None = None) -> Rows:
-    """Run every unit ``plan`` still has into ``run_dir`` (locked, resumable); the new rows.
-
-    ``executor``: an executor or :class:`ExecutorSpec` (default local; shut down at the end);
-    ``allow_mixed``: add to a run of another environment; ``retry_failed``: rerun failed, timed-out
-    and skipped rows; ``overwrite``: discard earlier rows; ``redo(row)``: rerun kept rows where it
-    holds; ``on_start``/``on_done``: progress callbacks. Raises ``ConfigError`` (device) and
-    ``NotWritableError`` before anything is written.
-    """
+    """Run every unit ``plan`` still has into ``run_dir`` (locked, resumable); the new rows."""
     import_plugins(plan.plugins)
-    here = _runs_here(executor)
-    if here:  # on a cluster each node checks its own device (bench.engine.executors.base)
+    if _runs_here(executor):  # on a cluster each node checks its own device (bench.engine.executors.base)
         check_device(plan.device)
     run_dir = require_writable(run_dir)
     if isinstance(executor, ExecutorSpec):
         executor = executor.make(plan.device)
     executor = executor or LocalExecutor(plan.device)
+    local = isinstance(executor, LocalExecutor)
     try:
-        return _run_locked(run_dir, plan, executor, allow_mixed=allow_mixed,
-                           retry_failed=retry_failed, overwrite=overwrite, redo=redo,
-                           on_start=on_start, on_done=on_done)
+        with RunLock(run_dir):
+            recorder = RunRecorder(run_dir, file=plan.file, columns=plan.columns, key=plan.key,
+                                   overwrite=overwrite, retry_failed=retry_failed, redo=redo)
+            chains = plan.chains(recorder)
+            env = {**environment(plan.device, plan.threads, probe=local), **plan.row_settings}
+            recorder.start(env, dtype=plan.dtype, allow_mixed=allow_mixed, has_work=bool(chains),
+                           config=plan.resolved_config(), config_file=plan.config_file, local=local)
+            if not chains:
+                return []
+            finish = plan.begin(run_dir, env)
+            new_rows: Rows = []
+
+            def done_unit(unit: Any, rows: Rows) -> None:
+                if finish is not None:
+                    for row in rows:
+                        finish(row)
+                recorder.record(rows)
+                new_rows.extend(rows)
+                if on_done is not None:
+                    on_done(unit, rows)
+
+            drive(chains, executor, on_start=on_start, on_done=done_unit)
+            return new_rows
     finally:
         executor.shutdown()
 
@@ -312,35 +283,3 @@ def _runs_here(executor: Executor | ExecutorSpec | None) -> bool:
     if isinstance(executor, ExecutorSpec):
         return executor.name == "local"
     return executor is None or isinstance(executor, LocalExecutor)
-
-
-def _run_locked(run_dir: Path, plan: RunPlan, executor: Executor, *, allow_mixed: bool,
-                retry_failed: bool, overwrite: bool, redo: Callable[[Row], bool] | None,
-                on_start: Callable[[Any], None] | None,
-                on_done: Callable[[Any, Rows], None] | None) -> Rows:
-    """:func:`run_units` once the executor is made: lock, keep, start the segment, drive."""
-    with RunLock(run_dir):
-        recorder = RunRecorder(run_dir, file=plan.file, columns=plan.columns, key=plan.key,
-                               overwrite=overwrite, retry_failed=retry_failed, redo=redo)
-        chains = plan.chains(recorder)
-        env = {**environment(plan.device, plan.threads, probe=isinstance(executor, LocalExecutor)),
-               **plan.row_settings}
-        recorder.start(env, dtype=plan.dtype, allow_mixed=allow_mixed, has_work=bool(chains),
-                       config=plan.resolved_config(), config_file=plan.config_file,
-                       local=isinstance(executor, LocalExecutor))
-        if not chains:
-            return []
-        finish = plan.begin(run_dir, env)
-        new_rows: Rows = []
-
-        def done_unit(unit: Any, rows: Rows) -> None:
-            if finish is not None:
-                for row in rows:
-                    finish(row)
-            recorder.record(rows)
-            new_rows.extend(rows)
-            if on_done is not None:
-                on_done(unit, rows)
-
-        drive(chains, executor, on_start=on_start, on_done=done_unit)
-        return new_rows

@@ -1,10 +1,4 @@
-"""Test-only attention variants with known cost, for proving the harness's measurements.
-
-Import it (``plugins: [bench.engine.testing]``) to register :data:`TEST_VARIANTS`: known time
-(``bench_sleep``, ``bench_phases``, ``bench_jitter``), known memory (``bench_alloc``, ``bench_phases``,
-``bench_fragment``), a dying or hanging worker (``bench_crash``) and a conformance bug (``bench_wrong``).
-The output is ``v + 0 * q`` (gradients flow). Never imported by the harness itself.
-"""
+"""Test-only variants of known time, memory, deaths and bugs (:data:`TEST_VARIANTS`); never imported by the harness."""
 
 from __future__ import annotations
 
@@ -32,7 +26,7 @@ class _Trivial(Attention):
         return KernelPath("native", self.name)
 
     def _output(self, q: Tensor, v: Tensor) -> Tensor:
-        return v + 0.0 * q  # (B, H, N, D)
+        return v + 0.0 * q  # (B, H, N, D); gradients flow
 
 
 @register_attention("bench_sleep", overwrite=True)
@@ -65,8 +59,7 @@ class AllocAttention(_Trivial):
 
 @register_attention("bench_fragment", overwrite=True)
 class FragmentAttention(_Trivial):
-    """Test variant: frees a heap temporary, then maps a fresh block: live tensor peak ``(3 * mib + 32)``
-    MiB, resident peak about ``(4 * mib + 32)`` MiB (glibc thresholds pinned, ``mib`` below 32)."""
+    """Test variant: frees a heap block, maps a fresh one: tensor peak ``3 * mib + 32`` MiB, RSS ``4 * mib + 32``."""
 
     #: glibc serves a request of at least this size, when no free heap chunk fits it, with mmap
     MMAP_THRESHOLD_MIB = 32
@@ -135,8 +128,7 @@ class _SleepyBackward(torch.autograd.Function):
 
 @register_attention("bench_phases", overwrite=True)
 class PhasesAttention(_Trivial):
-    """Test variant: ``first_s`` more on the first call, ``fwd_s``/``bwd_s`` per pass (``first_bwd_s`` more
-    on the first backward) and a ``bwd_nbytes`` temporary in the backward."""
+    """Test variant: ``fwd_s``/``bwd_s`` per pass (more on the first) and a ``bwd_nbytes`` backward temporary."""
 
     def __init__(self, first_s: float = 0.3, fwd_s: float = 0.05, bwd_s: float = 0.08,
                  bwd_nbytes: int = 32 * 2**20, first_bwd_s: float = 0.0, **common) -> None:
@@ -171,9 +163,7 @@ class JitterAttention(_Trivial):
 
 @register_attention("bench_crash", overwrite=True)
 class CrashAttention(_Trivial):
-    """Test variant: dies in the forward: ``abort``, ``kill`` (SIGKILL), ``rt`` (SIGRTMIN+6), ``exit``
-    (code 3), ``hang`` (in C, ignoring SIGTERM) or ``spawn`` (a child, then hangs). A hanging worker
-    writes its pids to ``pidfile``, so tests can check nothing survives."""
+    """Test variant: dies in the forward ``how`` it is told; a hanging one writes its pids to ``pidfile``."""
 
     def __init__(self, how: str = "abort", pidfile: str | None = None, **common) -> None:
         super().__init__(**common)

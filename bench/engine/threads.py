@@ -1,10 +1,4 @@
-"""Torch's intra-op thread count, set for a scope and restored after it.
-
-In-process entry points (training, the decoding benchmark) take a ``threads`` argument; setting
-it with ``torch.set_num_threads`` alone would leak into whatever the process runs next (another
-run, the rest of a test session), and float reductions split over a different number of
-threads round differently. :func:`torch_threads` keeps the change inside its ``with`` block.
-"""
+"""Torch's thread count for a scope, lest it leak into whatever the process runs next (reductions round otherwise)."""
 
 from __future__ import annotations
 

@@ -1,2 +1,1 @@
-"""Offline HTML pages of run directories (``report.html``) and of a history across runs
-(``history.html``): Plotly figures and sortable, filterable tables, scripts and data inline."""
+"""Offline HTML pages of a run (``report.html``) and of the history across runs (``history.html``)."""

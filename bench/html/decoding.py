@@ -1,7 +1,4 @@
-"""The page of a decoding benchmark: tokens/s against the context with and without the KV
-cache, the streaming step against recomputing the window, and every row in one table.
-Each number is the median of its repeats; the benchmark records no spread, and the page
-says so."""
+"""The page of a decoding benchmark: tokens/s with and without the KV cache, the streaming step, every row."""
 
 from __future__ import annotations
 

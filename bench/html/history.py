@@ -1,6 +1,4 @@
-"""``attn-bench history``: every run directory under the given roots gathered into the
-history store, the steps between consecutive commits classed by the compare rule, and
-``history.html`` written."""
+"""``attn-bench history``: the runs under the roots gathered into the store, the steps classed, the page written."""
 
 from __future__ import annotations
 
@@ -31,19 +29,13 @@ class History:
         return newest_regressions(self.steps)
 
 
-def rule_text(rel_pct: float, abs_ms: float) -> str:
-    """The regression rule as the page says it."""
-    return (f"the rule of attn-bench compare: worse by more than {rel_pct:g}%, {abs_ms:g} ms (1 MiB of "
-            "memory) and the noise, half of each side's spread")
-
 
 def build_history(roots: list[Path], out: Path, rel_pct: float = DEFAULT_REL_PCT,
                   abs_ms: float = DEFAULT_ABS_MS) -> History:
-    """Gather every run under ``roots`` into ``out/history.sqlite``, class the steps and
-    write ``out/history.html``."""
+    """Gather every run under ``roots`` into ``out/history.sqlite``, class the steps, write ``out/history.html``."""
     for root in roots:
         if not root.is_dir():
-            raise ValueError(f"RESULTS_DIR {root}: no such directory; give directories that hold run "
+            raise ValueError(f"RESULTS_DIR {root}: no such directory; give folders that hold run "
                              "directories (e.g. results/)")
     out.mkdir(parents=True, exist_ok=True)
     rows, counts = gather(roots, out)
@@ -60,5 +52,6 @@ def build_history(roots: list[Path], out: Path, rel_pct: float = DEFAULT_REL_PCT
         "regressions": f"{len(regressions(steps))} step(s), newest step of {len(newest_regressions(steps))} series",
         "written by": f"{command_line()} at code {code_version()}",
     }
-    page = write_history_page(rows, steps, out, provenance, rule_text(rel_pct, abs_ms))
-    return History(page=page, rows=rows, steps=steps, counts=counts)
+    rule = (f"the rule of attn-bench compare: worse by more than {rel_pct:g}%, {abs_ms:g} ms (1 MiB of "
+            "memory) and the noise, half of each side's spread")
+    return History(page=write_history_page(rows, steps, out, provenance, rule), rows=rows, steps=steps, counts=counts)

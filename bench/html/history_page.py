@@ -1,6 +1,4 @@
-"""``history.html``: every figure of the history against commit time, one series per
-machine, a run's spread as an error bar, the steps that moved beyond it marked, and every
-point a link to its run's page; tables of the regressions, the series and the commits."""
+"""``history.html``: every figure against commit time, a series per machine, regressions marked (docs/history.md)."""
 
 from __future__ import annotations
 
@@ -26,8 +24,7 @@ _PAGES = ("report.html", "report.md", "summary.md")
 
 
 def page_link(run: str, out: Path) -> str:
-    """The path from the history page to a run's page (its directory where it has none);
-    links are made of it with :func:`bench.html.page.safe_link`."""
+    """The path from the history page to a run's page (its directory where it has none)."""
     for name in _PAGES:
         if (out / run / name).is_file():
             return f"{run}/{name}"
@@ -36,11 +33,6 @@ def page_link(run: str, out: Path) -> str:
 
 def _missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
-
-
-def _spread_bar(figure: str, spreads: list[float]) -> list[float]:
-    """The error bar: ± half the IQR of a time or memory, ± the std over seeds otherwise."""
-    return [s / 2.0 for s in spreads] if figure in FIGURES else spreads
 
 
 def _trace_data(points: list[dict], figure: str, marks: Mapping[str, str], out: Path) -> dict:
@@ -53,16 +45,16 @@ def _trace_data(points: list[dict], figure: str, marks: Mapping[str, str], out: 
     spreads = [0.0 if _missing(p["spread"]) else float(p["spread"]) for p in points]
     return {"x": [p["commit_time"] for p in points],
             "y": [None if _missing(p["value"]) else float(p["value"]) for p in points],
-            "error_y": {"type": "data", "array": _spread_bar(figure, spreads), "visible": True},
+            # the error bar: ± half the IQR of a time or memory, ± the std over seeds otherwise
+            "error_y": {"type": "data", "array": [s / 2.0 for s in spreads] if figure in FIGURES else spreads,
+                        "visible": True},
             "customdata": custom,
             "marker": {"color": ["#d62728" if f else "#1f77b4" for f in flagged],
                        "symbol": ["x" if f else "circle" for f in flagged], "size": [14 if f else 8 for f in flagged]}}
 
 
 def history_figure(rows: pd.DataFrame, steps: pd.DataFrame, figure: str, out: Path) -> dict:
-    """One figure of the history as Plotly's JSON structure (built as plain data: Plotly's
-    validation of hundreds of menu entries costs seconds): a dropdown over its cases (those
-    with a regression first), one series per machine."""
+    """One figure as Plotly's JSON (plain data: validating hundreds of menu entries costs seconds), a menu of cases."""
     machines = sorted(rows.machine.unique())
     bad = set(regressions(steps).case)
     cases = sorted(rows.case.unique(), key=lambda c: (c not in bad, c))
@@ -141,6 +133,5 @@ def write_history_page(rows: pd.DataFrame, steps: pd.DataFrame, out: Path, prove
                 note="The commits the runs' rows came from, by commit time (source git: the "
                      "repository's commit time; first row: not in this repository, its earliest row)."),
     ]
-    page = render_page("History across runs", provenance, sections)
-    return write_page(out / PAGE_FILE, page)
+    return write_page(out / PAGE_FILE, render_page("History across runs", provenance, sections))
 

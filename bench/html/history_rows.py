@@ -1,11 +1,4 @@
-"""One run directory's rows as history rows: one per (figure, case) and commit and machine.
-
-A history row is what a history figure plots: the run, the commit and machine its rows
-came from, the case's identity, the figure (``time_ms``, ``memory_mib`` or a quality
-metric), the value, the run's spread of it (the repeats' IQR of a time, the standard
-deviation over seeds of a quality metric; missing where the run records none), the number
-behind it (repeats or seeds) and the status (``ok`` or why not).
-"""
+"""One run directory's rows as history rows: one per (figure, case), commit and machine, with the run's spread."""
 
 from __future__ import annotations
 
@@ -17,8 +10,7 @@ from bench.decoding.results import load_decoding
 from bench.engine.results import read_env
 from bench.speed.compare import KEY
 
-#: a row's figure is named by ``title`` and better when smaller where ``lower_is_better`` is 1
-#: (both kept with the rows, so that a page of an unchanged store needs no task registry)
+#: ``title`` and ``lower_is_better`` kept with the rows: a page of an unchanged store needs no task registry
 COLUMNS = ["run", "kind", "commit_sha", "machine", "case", "figure", "value", "spread", "n",
            "status", "timestamp", "title", "lower_is_better"]
 #: what each figure's value is, and whether a smaller one is better
@@ -89,8 +81,7 @@ def _decoding(run_dir: Path) -> pd.DataFrame:
 
 
 def figure_meta(figure: str) -> tuple[str, bool]:
-    """``(title, lower_is_better)`` of a figure: a time or memory's own, a quality metric's as
-    the tasks whose headline it is name it (accuracy in %)."""
+    """``(title, lower_is_better)`` of a figure, a quality metric's as the tasks name it (accuracy in %)."""
     if figure in FIGURES:
         return FIGURES[figure]
     from bench.quality.tasks import headline_titles, lower_is_better  # lazy: the task registry imports torch
@@ -114,8 +105,7 @@ def history_rows(run_dir: str | Path, name: str) -> pd.DataFrame:
 
 
 def find_runs(roots: list[Path]) -> list[Path]:
-    """Every run directory under ``roots`` (recursively; a root may be one): a directory
-    with ``results.csv`` or ``quality.csv``, sorted."""
+    """Every run directory (``results.csv`` or ``quality.csv``) under ``roots`` or a root itself, sorted."""
     found: set[Path] = set()
     for root in roots:
         for file in ("results.csv", "quality.csv"):

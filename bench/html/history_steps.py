@@ -1,12 +1,5 @@
-"""Steps between consecutive commits of one series (a figure of one case on one machine),
-each classed by the rule of ``attn-bench compare`` (:func:`bench.speed.compare.classify_case`):
-a step is ``worse`` when the value moved the wrong way by more than the absolute threshold,
-``rel_pct`` percent and the noise (half of each side's spread), all three.
-
-Every figure is put the way the rule reads a time, larger is worse: times, memory and bits
-per byte as they are; accuracy and BLEU (out of 100) as what is missing to 100; decoding
-tokens/s as milliseconds per token.
-"""
+"""Steps between consecutive commits of one series (a figure of one case on one machine), each classed by the
+rule of ``attn-bench compare`` (:func:`bench.speed.compare.classify_case`; docs/history.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +8,7 @@ import math
 
 import pandas as pd
 
-from bench.speed.compare import DEFAULT_ABS_MS, DEFAULT_REL_PCT, FAILING, classify_case, noise_ms
+from bench.speed.compare import DEFAULT_ABS_MS, DEFAULT_REL_PCT, FAILING, as_number, classify_case, noise_ms
 
 #: the absolute threshold of a figure other than a time, in its own unit (memory: MiB)
 ABSOLUTE = {"memory_mib": 1.0}
@@ -25,21 +18,11 @@ STEP_COLUMNS = ["figure", "case", "machine", "commit_a", "commit_b", "time_a", "
                 "spread_a", "spread_b", "change_pct", "noise", "class", "run_a", "run_b"]
 
 
-def _number(value: object) -> float:
-    try:
-        return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return math.nan
-
-
 def worse_is_larger(figure: str, value: float, spread: float, lower_is_better: bool) -> tuple[float, float]:
-    """``(value, spread)`` put so that larger is worse (see the module docstring);
-    ``lower_is_better``: the figure's own (:func:`bench.html.history_rows.figure_meta`)."""
+    """``(value, spread)`` put so that larger is worse, as the rule reads a time (docs/history.md)."""
     if figure == "tokens_per_s":
         return (1000.0 / value if value > 0 else math.nan), math.nan
-    if lower_is_better:
-        return value, spread
-    return 100.0 - value, spread  # accuracy in %, BLEU: what is missing to 100
+    return (value if lower_is_better else 100.0 - value), spread  # accuracy in %, BLEU: what is missing to 100
 
 
 SERIES = ["figure", "case", "machine"]
@@ -67,12 +50,12 @@ def series_steps(rows: pd.DataFrame, rel_pct: float = DEFAULT_REL_PCT,
         absolute = abs_ms if figure in _TIMES else ABSOLUTE.get(figure, 0.0)
         for a, b in itertools.pairwise(points):
             lower = bool(b["lower_is_better"])
-            value_a, spread_a = worse_is_larger(figure, _number(a["value"]), _number(a["spread"]), lower)
-            value_b, spread_b = worse_is_larger(figure, _number(b["value"]), _number(b["spread"]), lower)
+            value_a, spread_a = worse_is_larger(figure, as_number(a["value"]), as_number(a["spread"]), lower)
+            value_b, spread_b = worse_is_larger(figure, as_number(b["value"]), as_number(b["spread"]), lower)
             noise = noise_ms(spread_a, spread_b)
             verdict = classify_case(a["status"], b["status"], value_a, value_b, noise, rel_pct, absolute)
-            before = _number(a["value"])
-            change = (_number(b["value"]) / before - 1.0) * 100.0 if before else math.nan
+            before = as_number(a["value"])
+            change = (as_number(b["value"]) / before - 1.0) * 100.0 if before else math.nan
             steps.append({"figure": figure, "case": case, "machine": where, "commit_a": a["commit_sha"],
                           "commit_b": b["commit_sha"], "time_a": a["commit_time"], "time_b": b["commit_time"],
                           "value_a": a["value"], "value_b": b["value"], "spread_a": a["spread"],
@@ -88,5 +71,4 @@ def regressions(steps: pd.DataFrame) -> pd.DataFrame:
 
 def newest_regressions(steps: pd.DataFrame) -> pd.DataFrame:
     """Of every series, its newest step when that step is a regression."""
-    newest = steps.drop_duplicates(SERIES, keep="last")
-    return regressions(newest)
+    return regressions(steps.drop_duplicates(SERIES, keep="last"))

@@ -74,11 +74,8 @@ def open_store(path: Path) -> sqlite3.Connection:
 
 
 def update_store(db: sqlite3.Connection, runs: Iterable[Path], base: Path) -> tuple[int, int]:
-    """Read the runs whose results changed, drop those no longer found; return ``(read, kept)``.
-    A run is named by its path relative to ``base``."""
-    names = {}
-    for run in runs:
-        names[Path(_relative(run, base)).as_posix()] = run
+    """Read the runs (named relative to ``base``) whose results changed, drop those gone; ``(read, kept)``."""
+    names = {Path(os.path.relpath(run.resolve(), base.resolve())).as_posix(): run for run in runs}
     known = dict(db.execute("SELECT run, signature FROM runs").fetchall())
     read = kept = 0
     with db:
@@ -99,10 +96,6 @@ def update_store(db: sqlite3.Connection, runs: Iterable[Path], base: Path) -> tu
             db.execute("INSERT OR REPLACE INTO runs VALUES (?, ?)", (name, signature))
             read += 1
     return read, kept
-
-
-def _relative(path: Path, base: Path) -> str:
-    return os.path.relpath(path.resolve(), base.resolve())
 
 
 def commit_times(db: sqlite3.Connection, repo: Path) -> None:
@@ -130,8 +123,7 @@ def commit_times(db: sqlite3.Connection, repo: Path) -> None:
 
 
 def gather(roots: list[Path], out: Path) -> tuple[pd.DataFrame, dict[str, int]]:
-    """Update ``out/history.sqlite`` from the runs under ``roots``; return the table with commit times, and
-    counts (``runs``, ``read``, ``kept``)."""
+    """Update ``out/history.sqlite`` from the runs under ``roots``; the rows with commit times, and the counts."""
     runs = find_runs(roots)
     db = open_store(out / STORE_FILE)
     try:

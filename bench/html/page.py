@@ -1,6 +1,4 @@
-"""One self-contained HTML page (Plotly, scripts, styles and data inline): it opens offline and no request
-leaves it. Nothing a row, label or folder name carries may run or fetch anything (docs/reliability.md, "Pages").
-"""
+"""One self-contained HTML page that opens offline; nothing a row carries may run or fetch (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -55,8 +53,7 @@ def trace_types(fig: go.Figure | dict) -> set[str]:
 
 
 def packed_plotly(types: Iterable[str] = ("scatter",)) -> str:
-    """The Plotly bundle that draws ``types``, gzipped and base64-encoded: the "basic" bundle where it has
-    every type (0.39 MB packed), else the installed full one (1.9 MB packed; docs/history.md)."""
+    """The Plotly bundle drawing ``types``, gzipped, base64: the "basic" one where it can, else the full one."""
     if set(types) <= BASIC_TRACES:
         packed = resources.files("bench.html").joinpath(BASIC_BUNDLE).read_bytes()
     else:
@@ -72,23 +69,17 @@ _UNSAFE_ID = re.compile(r"[^A-Za-z0-9_-]")
 def safe_id(text: str) -> str:
     """An element id of ``[A-Za-z0-9_-]`` only; other text gets a short hash appended (ids stay distinct)."""
     slug = _UNSAFE_ID.sub("-", text)
-    if slug == text and slug:
-        return slug
-    return f"{slug[:40]}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:8]}"
+    return slug if slug == text and slug else f"{slug[:40]}-{hashlib.sha1(text.encode('utf-8')).hexdigest()[:8]}"
 
 
 def safe_link(link: str) -> str | None:
-    """``link`` as a relative path, every segment percent-encoded (no ``javascript:`` survives); None for an
-    empty or absolute path."""
+    """``link`` as a relative path, each segment percent-encoded (no ``javascript:``); None if empty or absolute."""
     parts = str(link).replace("\\", "/").split("/")
-    if not link or not parts[0]:
-        return None
-    return "/".join(quote(part, safe="") for part in parts)
+    return "/".join(quote(part, safe="") for part in parts) if link and parts[0] else None
 
 
 def plain_text(value: Any, key: str = "") -> Any:
-    """A figure's JSON with every string's markup escaped (Plotly renders ``<a href>`` and others in text),
-    except the page's own templates (:data:`TEMPLATE_KEYS`)."""
+    """A figure's JSON with every string's markup escaped (Plotly renders it), but the page's own templates."""
     if isinstance(value, str):
         return value if key in TEMPLATE_KEYS else html.escape(value, quote=False)
     if isinstance(value, dict):
@@ -99,8 +90,7 @@ def plain_text(value: Any, key: str = "") -> Any:
 
 
 def figure_div(fig: go.Figure | dict, div_id: str, *, links: bool = False) -> str:
-    """``fig`` (a figure or its JSON dict) as a ``<div class="plot">`` plus its escaped JSON, drawn by ``plots.js``;
-    ``links``: a click opens the link in the last field of a point's ``customdata`` (:func:`safe_link`)."""
+    """``fig`` as a ``<div>`` and its JSON for ``plots.js``; ``links``: a click opens a point's last ``customdata``."""
     plain = plain_text(json.loads(pio.to_json(fig, validate=False)))
     data = json.dumps(plain, separators=(",", ":")).replace("</", "<\\/")  # no "</script>" inside
     div_id = safe_id(div_id)
@@ -108,10 +98,6 @@ def figure_div(fig: go.Figure | dict, div_id: str, *, links: bool = False) -> st
     flag += f' data-traces="{" ".join(sorted(trace_types(fig)))}"'
     return (f'<div class="plot" id="{div_id}"{flag}></div>'
             f'<script type="application/json" id="{div_id}-data">{data}</script>')
-
-
-def _text(value: Any) -> str:
-    return cell(value.item() if hasattr(value, "item") else value)
 
 
 def _sort_key(value: Any) -> str:
@@ -123,9 +109,7 @@ def _sort_key(value: Any) -> str:
 
 def table_html(df: pd.DataFrame, table_id: str, *, filters: Mapping[str, str] | None = None,
                marks: Sequence[str] | None = None, links: Mapping[str, str] | None = None) -> str:
-    """``df`` as a sortable table. ``filters``: ``{name: column}``, one ``<select>`` each; ``marks``: one word per
-    row (``failed``, ``noisy``, ``regression`` or ``""``), its class and a first column; ``links``: ``{column:
-    link column}``, the cell a link to the other column's value."""
+    """``df`` as a sortable table: ``filters`` ``{name: column}``, ``marks`` a word a row, ``links`` ``{col: col}``."""
     table_id = safe_id(table_id)
     filters = dict(filters or {})
     links = dict(links or {})
@@ -151,7 +135,7 @@ def table_html(df: pd.DataFrame, table_id: str, *, filters: Mapping[str, str] | 
             cells.append(f'<td class="mark">{html.escape(marks[i])}</td>')
         for column in shown:
             value = values[column]
-            text = html.escape(_text(value))
+            text = html.escape(cell(value.item() if hasattr(value, "item") else value))
             href = safe_link(str(values[links[column]])) if column in links and values[links[column]] else None
             if href:
                 text = f'<a href="{html.escape(href)}">{text}</a>'
@@ -178,8 +162,7 @@ def script_hash(code: str) -> str:
 
 
 def content_security_policy(scripts: Sequence[str]) -> str:
-    """No network; the inline ``scripts`` by hash (``'strict-dynamic'``: what they load, Plotly's unpacked
-    bundle); styles inline; images and fonts from ``data:``; no forms, no ``<base>``."""
+    """No network; the inline ``scripts`` by hash (and what they load); styles inline; ``data:`` images and fonts."""
     allowed = " ".join(script_hash(code) for code in scripts)
     return (f"default-src 'none'; script-src {allowed} 'strict-dynamic'; style-src 'unsafe-inline'; "
             "img-src data:; font-src data:; base-uri 'none'; form-action 'none'")

@@ -1,6 +1,4 @@
-"""Series styles for a page's figures: a distinct colour for every series (48, Plotly's
-Dark24 then Light24), then another marker symbol for each further round of the colours;
-guides and references in grey."""
+"""Series styles for a page's figures: 48 colours, then another marker symbol per round of them; grey guides."""
 
 from __future__ import annotations
 
@@ -12,6 +10,5 @@ GREY = "#8c8c8c"
 
 
 def series_styles(count: int) -> list[tuple[str, str]]:
-    """``(colour, marker symbol)`` of ``count`` series: every colour once before a symbol
-    changes, so series up to 48 differ by colour."""
+    """``(colour, marker symbol)`` of ``count`` series: every colour once before a symbol changes."""
     return [(COLOURS[i % len(COLOURS)], SYMBOLS[(i // len(COLOURS)) % len(SYMBOLS)]) for i in range(count)]

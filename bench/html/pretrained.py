@@ -1,5 +1,4 @@
-"""The page of a pretrained-model run: quality against prefill time per length, perplexity
-along the stream per cache policy, and every row in one table."""
+"""The page of a pretrained-model run: quality against prefill time, perplexity along the stream, every row."""
 
 from __future__ import annotations
 
@@ -18,8 +17,7 @@ STREAM_HOVER = "<b>%{customdata}</b><br>tokens ..%{x}<br>perplexity %{y:.4g}<ext
 
 
 def _trade_figure(df: pd.DataFrame) -> go.Figure | None:
-    """Perplexity and passkey accuracy against prefill time, one trace per N, marker size the
-    peak memory."""
+    """Perplexity and passkey accuracy against prefill time, a trace per N, marker size the peak memory."""
     cost = df[(df.task == "prefill") & (df.status == "ok")]
     ppl, keys = perplexity_table(df), passkey_table(df)
     if cost.empty or ppl.empty:

@@ -1,5 +1,4 @@
-"""The provenance a page shows at its top: the commits, machines, torch versions, threads,
-allocator settings and command lines of a run directory's segments (``env.json``) and rows."""
+"""The provenance a page shows at its top, from a run directory's segments (``env.json``) and rows."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ _CONFIGS = (("sweep.json", "name"), ("grid.json", None))
 
 def _listed(values: Iterable[object]) -> str:
     """Distinct non-empty values in first-seen order, joined by ``; `` (``-``: none)."""
-    seen = list(dict.fromkeys(str(v) for v in values if v not in (None, "")))
-    return "; ".join(seen) or "-"
+    return "; ".join(dict.fromkeys(str(v) for v in values if v not in (None, ""))) or "-"
 
 
 def _config_note(run_dir: Path) -> str:
@@ -32,9 +30,7 @@ def _config_note(run_dir: Path) -> str:
 
 
 def run_provenance(run_dir: str | Path, commits: Iterable[str] = ()) -> dict[str, str]:
-    """``{what: value}`` of ``run_dir``: commits (those of the segments and ``commits``, e.g.
-    its rows'), machines, torch, threads, allocator settings (``-``: not recorded, segments
-    written before ``env.json`` kept them), command lines, segments and their times."""
+    """``{what: value}`` of ``run_dir``: commits (the segments' and ``commits``), machines, settings, commands."""
     run_dir = Path(run_dir)
     segments = read_env(run_dir)
     machines = [f"{s.get('device_name', '?')} on {s.get('hostname', '?')} ({s.get('cpu_count', '?')} CPUs, "

@@ -1,5 +1,4 @@
-"""The page of a training grid: per headline metric, one panel per task (variants as points, references
-and floors as grey lines), a task x variant margin table, and every run's headline row."""
+"""The page of a training grid: a panel per task and metric, the margin table, every run's headline row."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""``report.html`` of a run directory, beside its markdown report: a speed sweep, a
-training grid, a pretrained-model run or a decoding benchmark, told apart by their results
-files."""
+"""``report.html`` of a run directory of any kind, beside its markdown report."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""The page of a speed sweep: per pass, time and memory against N (one series per variant
-and requested kernel, each its own colour, log axes, the repeats' IQR as an error bar, noisy
-points hollow, each series' fitted exponent in its legend entry, grey N and N^2 guides), and
-every row in one table, failed and noisy rows marked."""
+"""The page of a speed sweep: time and memory against N per pass, and every row (docs/history.md)."""
 
 from __future__ import annotations
 
@@ -11,9 +8,9 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
+from bench.engine.row_schema import SPEED_PASSES
 from bench.html.page import figure_div, section, table_html
 from bench.html.palette import GREY, series_styles
-from bench.speed.report import PASSES
 from bench.speed.results import load_results
 from bench.speed.scaling import fit_exponent
 
@@ -27,8 +24,7 @@ TABLE_COLUMNS = ["label", "kernel_requested", "kernel", "pass", "seq_len", "time
 
 
 def guides(x: list[int], y: list[float]) -> list[go.Scatter]:
-    """Grey dotted lines through the geometric mean of the smallest N's values, growing as N
-    and as N^2 over the figure's N: what an exponent of 1 or 2 looks like on log axes."""
+    """Grey lines from the geometric mean of the smallest N's values growing as N and N^2: exponents 1 and 2."""
     low, high = min(x), max(x)
     anchor = float(pd.Series(y).clip(lower=1e-12).pipe(lambda s: s.apply(math.log)).mean())
     return [go.Scatter(x=[low, high], y=[math.exp(anchor), math.exp(anchor) * (high / low) ** power],
@@ -74,21 +70,12 @@ def _figure(ok: pd.DataFrame, column: str, title: str, y_title: str) -> go.Figur
     return fig
 
 
-def row_marks(df: pd.DataFrame) -> list[str]:
-    """``failed`` for a row that did not run ok, ``noisy`` for one measured under contention."""
-    return ["failed" if status != "ok" else "noisy" if noisy else ""
-            for status, noisy in zip(df.status, df.noisy)]
-
-
 def speed_sections(run_dir: str | Path) -> tuple[list[str], list[str]]:
     """The page's sections of a speed run, and the commits of its rows."""
-    df = load_results(run_dir)
-    if df.empty:
-        raise ValueError(f"RUN_DIR {run_dir}: results.csv has no result rows yet (header only); "
-                         "run or resume the sweep first")
+    df = load_results(run_dir, rows_required=True)
     ok = df[(df.status == "ok") & df.time_ms.notna()]
     sections = []
-    for pass_name in [p for p in PASSES if (df["pass"] == p).any()]:
+    for pass_name in [p for p in SPEED_PASSES if (df["pass"] == p).any()]:
         rows = ok[ok["pass"] == pass_name]
         failed = int(((df["pass"] == pass_name) & (df.status != "ok")).sum())
         note = ("Hover a point for its row; click a legend entry to hide or show its series. "
@@ -101,8 +88,10 @@ def speed_sections(run_dir: str | Path) -> tuple[list[str], list[str]]:
                                "memory (MiB)"), f"memory-{pass_name}"), note=note))
     table = df.assign(peak_mem_mib=df.peak_mem_bytes / MIB, reason=df.reason.str.slice(0, 160))
     table = table.sort_values(["pass", "label", "kernel_requested", "seq_len"])
+    marks = ["failed" if status != "ok" else "noisy" if noisy else ""
+             for status, noisy in zip(table.status, table.noisy)]
     sections.append(section(
-        "Every row", table_html(table[TABLE_COLUMNS], "rows", marks=row_marks(table),
+        "Every row", table_html(table[TABLE_COLUMNS], "rows", marks=marks,
                                 filters={"variant": "label", "kernel": "kernel_requested", "pass": "pass"}),
         note="Click a header to sort by it; the selects show one variant, kernel or pass. "
              "failed: the case did not run ok (its status and reason); noisy: measured under "

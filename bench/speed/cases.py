@@ -1,8 +1,4 @@
-"""Expanding a sweep config into cases, and cases into chains of same-length groups.
-
-A *group* (cases timed together in interleaved rounds) runs in a *chain* over increasing lengths,
-so a length that fails can skip the larger ones (:func:`bench.speed.unit.speed_chain`).
-"""
+"""Expanding a sweep config into cases, and cases into chains (increasing lengths) of same-length groups."""
 
 from __future__ import annotations
 
@@ -125,12 +121,7 @@ class Case:
 
 
 def expand_cases(config: SweepConfig) -> list[Case]:
-    """Every case of a sweep, grouped by curve and in increasing ``seq_len`` inside a curve.
-
-    Only kernels the variant has (``auto``; ``all``: each of its kernels); support is decided in the
-    worker. With ``device_memory_gb``, cases whose estimated memory does not fit are left out, and on
-    CUDA the cases of a CPU-written kernel past its fair length (``Kernel.CUDA_MAX_KEYS``).
-    """
+    """Every case of a sweep by curve, lengths increasing, less those past a CUDA cap or ``device_memory_gb``."""
     cases: list[Case] = []
     for spec in config.variants:
         info = attention_info(spec.name)
@@ -170,11 +161,8 @@ def expand_cases(config: SweepConfig) -> list[Case]:
 
 def _packings(config: SweepConfig) -> list[tuple[int, bool, float]]:
     """``(documents, one_by_one, pad_fraction)`` of every case of a shape."""
-    out = []
-    for documents in config.packing:
-        ways = (False, True) if documents and config.one_by_one else (False,)
-        out += [(documents, way, pad) for way in ways for pad in config.pad_fraction]
-    return out
+    return [(documents, way, pad) for documents in config.packing
+            for way in ((False, True) if documents and config.one_by_one else (False,)) for pad in config.pad_fraction]
 
 
 def _past_cuda_cap(device: str, kernel: str, n: int) -> bool:
@@ -198,11 +186,7 @@ def _fits(config: SweepConfig, variant: str, params: dict[str, Any], kernel: str
 
 
 def chains(cases: list[Case], interleave: bool | str) -> list[list[list[Case]]]:
-    """Cases as chains of same-length groups, in config order and increasing length.
-
-    ``interleave``: a variant's kernels share a chain; ``"variants"``: every variant of a shape;
-    false: each curve is a chain of single cases.
-    """
+    """Cases as chains of same-length groups: a variant's kernels', a shape's (``"variants"``) or a curve's."""
     by_chain: dict[tuple[Any, ...], dict[int, list[Case]]] = {}
     for case in cases:
         if interleave == "variants":

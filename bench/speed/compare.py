@@ -1,9 +1,4 @@
-"""Comparing two runs case by case, and the regression gate of ``attn-bench compare``.
-
-Rows are matched by :data:`KEY` and each key put in one of :data:`CLASSES` (docs/measurement.md):
-``worse``/``better`` only past all three of ``abs_ms``, ``rel_pct`` of A's time and the rows' noise;
-``broken`` when a row is damaged or ``ok`` without a finite time (no number to compare).
-"""
+"""Comparing two runs case by case, and the regression gate of ``attn-bench compare`` (docs/measurement.md)."""
 
 from __future__ import annotations
 
@@ -25,6 +20,9 @@ DEFAULT_ABS_MS = 1.0
 #: relative threshold used to classify when no gate percentage is given
 DEFAULT_REL_PCT = 5.0
 _SIDE_COLUMNS = ["status", "time_ms", "time_iqr_ms", "kernel", "peak_mem_bytes", "problem"]
+#: the merged columns of the two runs' sides, as a comparison names them
+_RENAMED = {"time_ms_a": "time_a_ms", "time_ms_b": "time_b_ms", "time_iqr_ms_a": "iqr_a_ms",
+            "time_iqr_ms_b": "iqr_b_ms", "peak_mem_bytes_a": "mem_a_bytes", "peak_mem_bytes_b": "mem_b_bytes"}
 
 
 def machine_note(run_a: str | Path, run_b: str | Path) -> str | None:
@@ -51,10 +49,7 @@ def compare_runs(run_a: str | Path, run_b: str | Path) -> pd.DataFrame:
     cols = [*KEY, "kernel", "time_ms", "peak_mem_bytes"]
     a = a[a.status == "ok"][cols].drop_duplicates(KEY)
     b = b[b.status == "ok"][cols].drop_duplicates(KEY)
-    merged = a.merge(b, on=KEY, suffixes=("_a", "_b"))
-    merged = merged.rename(columns={"time_ms_a": "time_a_ms", "time_ms_b": "time_b_ms",
-                                    "peak_mem_bytes_a": "mem_a_bytes",
-                                    "peak_mem_bytes_b": "mem_b_bytes"})
+    merged = a.merge(b, on=KEY, suffixes=("_a", "_b")).rename(columns=_RENAMED)
     merged["change_pct"] = (merged.time_b_ms / merged.time_a_ms - 1.0) * 100.0
     return merged.sort_values(["label", "kernel_requested", "pass", "seq_len"]).reset_index(drop=True)
 
@@ -71,7 +66,7 @@ def _one_row_per_key(df: pd.DataFrame) -> pd.DataFrame:
     return df.drop_duplicates(KEY)[[*KEY, *_SIDE_COLUMNS]]
 
 
-def _number(value: object) -> float:
+def as_number(value: object) -> float:
     """``value`` as a float; missing values (None, NaN, pd.NA) become NaN."""
     try:
         number = float(value)  # type: ignore[arg-type]
@@ -123,24 +118,19 @@ def classify_runs(run_a: str | Path, run_b: str | Path, rel_pct: float = DEFAULT
 
     a = _one_row_per_key(load_results(run_a, damaged=True))
     b = _one_row_per_key(load_results(run_b, damaged=True))
-    table = a.merge(b, on=KEY, how="outer", suffixes=("_a", "_b"))
-    table = table.rename(columns={"time_ms_a": "time_a_ms", "time_ms_b": "time_b_ms",
-                                  "time_iqr_ms_a": "iqr_a_ms", "time_iqr_ms_b": "iqr_b_ms",
-                                  "peak_mem_bytes_a": "mem_a_bytes",
-                                  "peak_mem_bytes_b": "mem_b_bytes"})
+    table = a.merge(b, on=KEY, how="outer", suffixes=("_a", "_b")).rename(columns=_RENAMED)
     classes, noises = [], []
     for row in table.itertuples(index=False):
-        noise = noise_ms(_number(row.iqr_a_ms), _number(row.iqr_b_ms))
+        noise = noise_ms(as_number(row.iqr_a_ms), as_number(row.iqr_b_ms))
         noises.append(noise)
         damaged = (bool(_status(row.problem_a)), bool(_status(row.problem_b)))
         classes.append(classify_case(_status(row.status_a), _status(row.status_b),
-                                     _number(row.time_a_ms), _number(row.time_b_ms), noise,
+                                     as_number(row.time_a_ms), as_number(row.time_b_ms), noise,
                                      rel_pct, abs_ms, damaged))
     table["class"] = pd.Series(classes, index=table.index, dtype=object)
     table["noise_ms"] = noises
     table["change_pct"] = (table.time_b_ms / table.time_a_ms - 1.0) * 100.0
-    rank = {name: i for i, name in enumerate(CLASSES)}
-    table["_rank"] = table["class"].map(rank)
+    table["_rank"] = table["class"].map({name: i for i, name in enumerate(CLASSES)})
     table = table.sort_values(["_rank", "label", "kernel_requested", "pass", "seq_len"])
     return table.drop(columns="_rank").reset_index(drop=True)
 

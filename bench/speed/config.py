@@ -1,8 +1,4 @@
-"""Speed sweep configs: a YAML mapping validated into frozen dataclasses (:func:`parse_config`).
-
-Errors are ``ConfigError`` naming the key and allowed values. Parsing is pure: it imports no plug-in
-(:func:`bench.runner.load_run` imports ``plugins`` first) and reads no file.
-"""
+"""Speed sweep configs: a YAML mapping validated into frozen dataclasses (pure: no plug-in imported, no file read)."""
 
 from __future__ import annotations
 
@@ -12,20 +8,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from attn import attention_info, check_attention_params, list_attention, list_kernels
-from attn.validation import (
-    require_bool,
-    require_choices,
-    require_int_list,
-    require_number,
-)
-from bench.engine.config import (
-    DEVICES,
-    DTYPES,
-    ConfigError,
-    check_key,
-    key_error,
-    plugin_modules,
-)
+from attn.validation import require_bool, require_choices, require_int_list, require_number
+from bench.engine.config import DEVICES, DTYPES, ConfigError, check_key, key_error, plugin_modules
 from bench.engine.labels import variant_label
 from bench.engine.messages import cut, shown
 from bench.speed.noise import DEFAULT_THRESHOLD
@@ -109,14 +93,6 @@ class SweepConfig:
 _TOP_KEYS = {f.name for f in fields(SweepConfig)}
 
 
-def _default(key: str) -> Any:
-    return SweepConfig.__dataclass_fields__[key].default
-
-
-def _optional(check: Callable[..., Any], key: str, value: Any, **rules: Any) -> Any:
-    return None if value is None else check_key(check, key, value, **rules)
-
-
 def _interleave(value: Any) -> bool | str:
     """``interleave``: true, false or "variants"."""
     if value == "variants" or isinstance(value, bool):
@@ -197,11 +173,8 @@ def _variant(index: int, raw: Any, kernel_names: tuple[str, ...]) -> VariantSpec
     params = {k: v for k, v in raw.items() if k not in _VARIANT_KEYS}
     unknown = sorted(set(params) - set(info.params))
     if unknown:
-        raise key_error(
-            f"{key}.{unknown[0]}",
-            f"unknown parameter for {name!r}; allowed keys are "
-            f"{sorted(set(info.params) | _VARIANT_KEYS)}",
-        )
+        raise key_error(f"{key}.{unknown[0]}", f"unknown parameter for {name!r}; allowed keys are "
+                                               f"{sorted(set(info.params) | _VARIANT_KEYS)}")
     for pkey, pval in params.items():
         if not isinstance(pval, (int, float, str, bool, type(None))):
             raise key_error(f"{key}.{pkey}", f"must be a number, string, bool or null; got {shown(pval)}")
@@ -211,9 +184,8 @@ def _variant(index: int, raw: Any, kernel_names: tuple[str, ...]) -> VariantSpec
         raise key_error(f"{key}", cut(str(err), 1000)) from None
     causal = check_key(require_bool, f"{key}.causal", raw["causal"]) if "causal" in raw else None
     seq_len = check_key(require_int_list, f"{key}.seq_len", raw["seq_len"]) if "seq_len" in raw else None
-    kernels = None
-    if "kernels" in raw:
-        kernels = check_key(require_choices, f"{key}.kernels", raw["kernels"], allowed=kernel_names)
+    kernels = (check_key(require_choices, f"{key}.kernels", raw["kernels"], allowed=kernel_names)
+               if "kernels" in raw else None)
     return VariantSpec(name, tuple(sorted(params.items())), causal, seq_len, kernels)
 
 
@@ -229,7 +201,13 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
             raise key_error(required, "is required")
 
     def get(key: str) -> Any:
-        return raw.get(key, _default(key))
+        return raw.get(key, SweepConfig.__dataclass_fields__[key].default)
+
+    def check(fn: Callable[..., Any], key: str, **rules: Any) -> Any:
+        return check_key(fn, key, get(key), **rules)
+
+    def optional(key: str, **rules: Any) -> Any:
+        return None if get(key) is None else check(require_number, key, **rules)
 
     plugins = plugin_modules(raw)  # checked, not imported
     name = raw["name"]
@@ -239,18 +217,17 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
     variants = raw["variants"]
     if not isinstance(variants, (list, tuple)) or not variants:
         raise key_error("variants", "must be a non-empty list like [{name: full}]")
-    workload = check_key(require_choices, "workload", get("workload"), allowed=WORKLOADS)[0]
+    workload = check(require_choices, "workload", allowed=WORKLOADS)[0]
     model = _model_settings(get("model"), workload)
     passes = MODEL_PASSES if workload == "model_step" else PASSES
     if model:  # the model's own heads and head size
         sizes = dict(model)
         heads, head_dim = (sizes["num_heads"],), (sizes["d_model"] // sizes["num_heads"],)
     else:
-        heads = check_key(require_int_list, "heads", get("heads"))
-        head_dim = check_key(require_int_list, "head_dim", get("head_dim"))
+        heads, head_dim = check(require_int_list, "heads"), check(require_int_list, "head_dim")
     kv_heads = _kv_heads(get("kv_heads"), heads, workload)
-    repeats = check_key(require_number, "repeats", get("repeats"), minimum=1, integer=True)
-    min_repeats = check_key(require_number, "min_repeats", get("min_repeats"), minimum=1, integer=True)
+    repeats = check(require_number, "repeats", minimum=1, integer=True)
+    min_repeats = check(require_number, "min_repeats", minimum=1, integer=True)
     if "min_repeats" not in raw:
         min_repeats = min(min_repeats, repeats)
     if min_repeats > repeats:
@@ -260,52 +237,43 @@ def parse_config(raw: Any, *, source: str = "<config>") -> SweepConfig:
         description=str(get("description")),
         variants=tuple(_variant(i, v, kernel_names) for i, v in enumerate(variants)),
         seq_len=check_key(require_int_list, "seq_len", raw["seq_len"]),
-        device=check_key(require_choices, "device", get("device"), allowed=DEVICES)[0],
-        dtype=check_key(require_choices, "dtype", get("dtype"), allowed=DTYPES)[0],
+        device=check(require_choices, "device", allowed=DEVICES)[0],
+        dtype=check(require_choices, "dtype", allowed=DTYPES)[0],
         passes=check_key(require_choices, "passes", raw.get("passes", list(passes)), allowed=passes),
-        batch=check_key(require_int_list, "batch", get("batch")),
+        batch=check(require_int_list, "batch"),
         heads=heads,
         kv_heads=kv_heads,
         head_dim=head_dim,
         workload=workload,
         model=model,
-        kernels=check_key(require_choices, "kernels", get("kernels"), allowed=kernel_names),
+        kernels=check(require_choices, "kernels", allowed=kernel_names),
         repeats=repeats,
         min_repeats=min_repeats,
-        warmup=check_key(require_number, "warmup", get("warmup"), minimum=1, integer=True),
-        causal=check_key(require_bool, "causal", get("causal")),
-        timeout_s=float(check_key(require_number, "timeout_s", get("timeout_s"), minimum=0.1)),
-        compile_timeout_s=float(check_key(require_number, "compile_timeout_s", get("compile_timeout_s"),
-                                          minimum=0.0)),
-        max_memory_gb=_optional(require_number, "max_memory_gb", get("max_memory_gb"), minimum=0.1),
-        device_memory_gb=_optional(require_number, "device_memory_gb", get("device_memory_gb"),
-                                   minimum=0.1),
-        threads=_optional(require_number, "threads", get("threads"), minimum=1, integer=True),
-        time_budget_s=float(check_key(require_number, "time_budget_s", get("time_budget_s"), minimum=0.0)),
+        warmup=check(require_number, "warmup", minimum=1, integer=True),
+        causal=check(require_bool, "causal"),
+        timeout_s=float(check(require_number, "timeout_s", minimum=0.1)),
+        compile_timeout_s=float(check(require_number, "compile_timeout_s", minimum=0.0)),
+        max_memory_gb=optional("max_memory_gb", minimum=0.1),
+        device_memory_gb=optional("device_memory_gb", minimum=0.1),
+        threads=optional("threads", minimum=1, integer=True),
+        time_budget_s=float(check(require_number, "time_budget_s", minimum=0.0)),
         interleave=_interleave(get("interleave")),
         plugins=tuple(plugins),
-        peak_matmul_size=_optional(require_number, "peak_matmul_size", get("peak_matmul_size"), minimum=64,
-                                   integer=True),
-        skip_larger_after_failure=check_key(require_bool, "skip_larger_after_failure",
-                                         get("skip_larger_after_failure")),
+        peak_matmul_size=optional("peak_matmul_size", minimum=64, integer=True),
+        skip_larger_after_failure=check(require_bool, "skip_larger_after_failure"),
         fit_ranges=_fit_ranges("fit_ranges", get("fit_ranges")),
-        noise_threshold=float(check_key(require_number, "noise_threshold", get("noise_threshold"),
-                                        minimum=0.01)),
-        packing=tuple(dict.fromkeys(check_key(require_int_list, "packing", get("packing"), minimum=0))),
-        one_by_one=check_key(require_bool, "one_by_one", get("one_by_one")),
+        noise_threshold=float(check(require_number, "noise_threshold", minimum=0.01)),
+        packing=tuple(dict.fromkeys(check(require_int_list, "packing", minimum=0))),
+        one_by_one=check(require_bool, "one_by_one"),
         pad_fraction=_pad_fractions("pad_fraction", get("pad_fraction")),
     )
-    _check_model_step_dtype(config)
-    _check_has_cases(config)
-    return config
-
-
-def _check_model_step_dtype(config: SweepConfig) -> None:
-    """Refuse a float16 ``train_step``: without loss scaling its gradients underflow and it would not train."""
+    # a float16 train_step would not train: without loss scaling its gradients underflow
     if config.workload == "model_step" and config.dtype == "float16" and "train_step" in config.passes:
         allowed = [d for d in DTYPES if d != "float16"]
         raise key_error("dtype", f"a model_step train_step cannot train float16 weights (no loss "
                                  f"scaling); allowed values are {allowed}, or passes: [fwd]")
+    _check_has_cases(config)
+    return config
 
 
 def _check_has_cases(config: SweepConfig) -> None:
@@ -330,10 +298,7 @@ OVERRIDES = ("variants", "kernels", "seq_len", "passes", "repeats", "timeout_s",
 
 
 def apply_overrides(raw: Any, overrides: dict[str, Any]) -> Any:
-    """A copy of ``raw`` with the non-None ``overrides`` applied, for :func:`parse_config` to validate.
-
-    ``variants`` is a list of names; ``seq_len`` and ``kernels`` also replace the per-variant lists.
-    """
+    """A copy of ``raw`` with the non-None ``overrides`` (``seq_len`` and ``kernels``: per variant too), unchecked."""
     changes = {k: list(v) if isinstance(v, tuple) else v
                for k, v in overrides.items() if v is not None}
     unknown = sorted(set(changes) - _TOP_KEYS)

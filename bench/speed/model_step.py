@@ -1,14 +1,4 @@
-"""The ``model_step`` workload: one training step of a whole ``encoder_classifier``.
-
-Whole-model cost, not only the attention op: the forward, the backward and the AdamW update
-of a classifier whose every layer uses the case's attention (the Nystromformer paper's
-memory/time protocol). Passes: ``train_step`` (forward + backward + optimiser step) and
-``fwd`` (inference forward). Inputs are random token ids ``(B, N)`` and labels; memory is the
-peak above what was alive before the step (weights, optimiser state and inputs excluded).
-
-FLOPs: per layer, the attention's own cost hook plus the projections and the feed-forward
-(``2 * (4 d^2 + 2 d d_ff)`` per token forward, twice that backward).
-"""
+"""The ``model_step`` workload: a training step or forward of an ``encoder_classifier`` of the case's attention."""
 
 from __future__ import annotations
 
@@ -26,7 +16,7 @@ from models import create_model
 
 
 def model_flops(case: Case, attention: Any) -> tuple[dict[str, int], str, float]:
-    """FLOPs of the ``fwd`` and ``train_step`` passes of a model-step case."""
+    """FLOPs of the ``fwd`` and ``train_step`` passes: the attention's cost hook, projections and feed-forward."""
     sizes = dict(case.model)
     d, layers = sizes["d_model"], sizes["num_layers"]
     d_ff = sizes.get("d_ff", 4 * d)

@@ -1,8 +1,4 @@
-"""Noise: whether a speed row was measured under contention, and the columns that say so.
-
-``time_spread`` (repeats' IQR over median), ``probe_ms`` (a calibration matmul before and after
-the rounds) and the slow-state check against the run's quiet probe: docs/measurement.md, "Noise".
-"""
+"""Whether a speed row was measured under contention, and the columns that say so (docs/measurement.md, "Noise")."""
 
 from __future__ import annotations
 
@@ -18,20 +14,16 @@ from bench.engine.results import read_table
 
 #: the default noise policy: a row whose spread or probe change exceeds this is noisy
 DEFAULT_THRESHOLD = 0.25
-#: a probe level over this many times the run's quiet probe is a slow state (quiet rows: at most 2.5x;
-#: slow states seen: 40-270x; docs/measurement.md)
+#: a probe level over this many times the run's quiet probe is a slow state (docs/measurement.md)
 SLOW_STATE_FACTOR = 3.0
-#: columns that must match for two rows' probes to be compared; not the commit nor the segment
-#: (a resume run wholly in a slow state is one to catch)
+#: columns that must match for two rows' probes to be compared (not the commit: catch a slow resume)
 PROBE_SCOPE = ("hostname", "device", "device_name", "threads", "torch_version", "probe_size")
 
 
 def relative_spread(times_ms: list[float] | np.ndarray) -> float:
     """Interquartile range over median of ``times_ms`` (NaN without a positive median)."""
     times = np.asarray(times_ms, dtype=float)
-    if times.size == 0:
-        return math.nan
-    median = float(np.median(times))
+    median = float(np.median(times)) if times.size else math.nan
     if not median > 0:
         return math.nan
     q25, q75 = np.percentile(times, [25, 75])
@@ -41,9 +33,7 @@ def relative_spread(times_ms: list[float] | np.ndarray) -> float:
 def probe_change(probe_ms: list[float]) -> float:
     """``max / min - 1`` of the probe readings (NaN without two positive ones)."""
     values = [float(p) for p in probe_ms if p is not None and math.isfinite(p) and p > 0]
-    if len(values) < 2:
-        return math.nan
-    return max(values) / min(values) - 1.0
+    return max(values) / min(values) - 1.0 if len(values) >= 2 else math.nan
 
 
 def why_noisy(spread: float, change: float, threshold: float) -> str:
@@ -109,9 +99,7 @@ def probe_scope(row: Any) -> tuple[str, ...]:
 
 def _level(row: Any) -> float:
     """:func:`probe_level` of an ``ok`` row (NaN for any other)."""
-    if _cell(row, "status") != "ok":
-        return math.nan
-    return probe_level(_parsed(_cell(row, "probe_ms")))
+    return probe_level(_parsed(_cell(row, "probe_ms"))) if _cell(row, "status") == "ok" else math.nan
 
 
 def quiet_probes(rows: Iterable[Any]) -> dict[tuple[str, ...], float]:
@@ -141,8 +129,7 @@ def slow_verdict(row: Any, quiet: Mapping[tuple[str, ...], float] | None) -> str
 
 
 def row_verdict(row: Any, quiet: Mapping[tuple[str, ...], float] | None = None) -> str:
-    """Why an ``ok`` row (mapping or DataFrame row) is noisy, ``""`` when not: spread and probe change
-    against its threshold (default for older rows) and, given ``quiet``, a slow state."""
+    """Why an ``ok`` row is noisy (``""``: not): spread and probe change over its threshold, a slow state."""
     threshold = _number(_cell(row, "noise_threshold"))
     if math.isnan(threshold):
         threshold = DEFAULT_THRESHOLD
@@ -155,8 +142,7 @@ def row_verdict(row: Any, quiet: Mapping[tuple[str, ...], float] | None = None) 
 
 
 def is_noisy(row: Any, quiet: Mapping[tuple[str, ...], float] | None = None) -> bool:
-    """The recorded ``noisy`` flag (or :func:`row_verdict` for older rows), or a slow state given
-    ``quiet``. Failure rows are never noisy."""
+    """The recorded ``noisy`` flag (older rows: :func:`row_verdict`), or a slow state; failure rows never."""
     if _cell(row, "status") != "ok":
         return False
     recorded = _cell(row, "noisy")
@@ -172,8 +158,7 @@ def noisy_flags(df: Any) -> list[bool]:
 
 
 def noisy_in(run_dir: str | Path) -> Callable[[Mapping[str, Any]], bool]:
-    """``--retry-noisy``'s test: :func:`is_noisy` against the run's quiet probes, read at the first call
-    (inside the run's lock)."""
+    """``--retry-noisy``'s test: :func:`is_noisy` against the run's quiet probes, read at the first call (locked)."""
     quiet: dict[tuple[str, ...], float] | None = None
 
     def noisy(row: Mapping[str, Any]) -> bool:

@@ -12,8 +12,7 @@ LENGTH_SEED = 0
 
 
 def document_lengths(n: int, documents: int, seed: int = LENGTH_SEED) -> list[int]:
-    """``documents`` lengths >= 1 summing to ``n``, from seeded weights in [0.5, 1.5); ``ValueError`` unless
-    ``1 <= documents <= n``."""
+    """``documents`` lengths >= 1 summing to ``n``, from seeded weights in [0.5, 1.5)."""
     if not 1 <= documents <= n:
         raise ValueError(f"packing: must be between 1 and N={n} documents; got {documents}")
     gen = torch.Generator().manual_seed(seed)

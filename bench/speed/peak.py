@@ -1,9 +1,4 @@
-"""The matmul peak that ``peak_fraction`` divides by, taken on the node that runs a unit.
-
-:func:`add_node_peak` finds the peak by the device's name (driver's ``peak.json``, this process, or
-measured now) and hands it back in private row keys, so a GPU sweep driven from a head without a GPU
-divides by the GPU's own peak. Kernels that upcast half inputs are divided by the float32 peak.
-"""
+"""The matmul peak that ``peak_fraction`` divides by, taken on the node that runs a unit (docs/measurement.md)."""
 
 from __future__ import annotations
 
@@ -47,8 +42,7 @@ Measure = Callable[[str, str, "int | None", "int | None", "str | None"], float]
 
 def node_peak(spec: PeakSpec, cuda_visible: str | None = None,
               measure: Measure | None = None) -> tuple[str, float]:
-    """``(key, FLOP/s)`` for ``spec`` here: the driver's, else this process's, else measured now (NaN: failed,
-    not cached)."""
+    """``(key, FLOP/s)`` for ``spec`` here: the driver's, else this process's, else measured now (NaN: failed)."""
     key = peak_key(device_name(spec.device), spec)
     known = dict(spec.known)
     if key in known and math.isfinite(known[key]):
@@ -76,13 +70,11 @@ def row_compute_dtype(row: dict[str, Any], dtype: str) -> str:
 
 def add_node_peak(rows: list[dict[str, Any]], spec: PeakSpec,
                   cuda_visible: str | None = None) -> list[dict[str, Any]]:
-    """``rows`` with ``peak_fraction`` over this device's peak in each kernel's compute dtype, and that peak
-    in :data:`PEAK_KEY` / :data:`PEAK_FLOPS` for the driver."""
+    """``rows`` with ``peak_fraction`` over this device's peak in the kernel's compute dtype, and that peak."""
     for row in rows:
         if row.get("status") != "ok":
             continue
-        dtype = row_compute_dtype(row, spec.dtype)
-        key, peak = node_peak(replace(spec, dtype=dtype), cuda_visible)
+        key, peak = node_peak(replace(spec, dtype=row_compute_dtype(row, spec.dtype)), cuda_visible)
         row[PEAK_KEY], row[PEAK_FLOPS] = key, peak
         rate = row.get("tflops")
         if rate is not None and math.isfinite(peak) and peak > 0:

@@ -1,42 +1,25 @@
-"""Scaling plots: log-log time (median, IQR band) and tensor memory against N, one panel per pass.
-
-One line per variant, requested kernel and kernel that ran (``window [auto: sdpa]``), as the report
-fits them; noisy rows are crosses off the lines. Written as ``scaling.png`` and ``scaling.svg``.
-"""
+"""Scaling plots: time and memory against N per pass, a line per kernel that ran, as the report fits them."""
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from bench.engine.row_schema import SPEED_PASSES
 from bench.speed.results import load_results
-from bench.speed.scaling import kernel_ran
+from bench.speed.scaling import kernel_ran, spread_interval
 
 PLOT_STEM = "scaling"
 _METRICS = (("time_ms", "median time (ms), band: IQR of repeats"),
             ("peak_mem_mib", "peak tensor memory above inputs (MiB)"))
 
-
-def _quartiles(times_ms: str, median: float) -> tuple[float, float]:
-    values = json.loads(times_ms) if times_ms else []
-    if not values:
-        return median, median
-    q25, q75 = np.percentile(values, [25, 75])
-    return float(q25), float(q75)
-
-
 #: markers of the kernels that ran (others: a circle)
 MARKERS = {"sdpa": "o", "blocked": "s", "chunked": "D", "flex": "^", "native": "P",
            "xformers": "v", "reference": "X"}
 NOISY_LEGEND = "noisy (left out of fits)"
-
-
-def segment_name(label: str, requested: str, ran: str) -> str:
-    """A segment's legend entry: the variant and the kernel that ran (``window [auto: sdpa]``)."""
-    return f"{label} [{ran if ran == requested else f'{requested}: {ran}'}]"
 
 
 def _curves(ax, data: pd.DataFrame, metric: str, palette: dict) -> None:
@@ -48,7 +31,7 @@ def _curves(ax, data: pd.DataFrame, metric: str, palette: dict) -> None:
         curve = curve.sort_values("seq_len")
         color = palette[label]
         ax.plot(curve.seq_len, curve[metric], marker=MARKERS.get(ran, "o"), color=color,
-                label=segment_name(label, requested, ran))
+                label=f"{label} [{ran if ran == requested else f'{requested}: {ran}'}]")  # window [auto: sdpa]
         if metric == "time_ms":
             ax.fill_between(curve.seq_len, curve.time_q25, curve.time_q75, color=color,
                             alpha=0.2, linewidth=0)
@@ -58,7 +41,7 @@ def _curves(ax, data: pd.DataFrame, metric: str, palette: dict) -> None:
 
 def _legend(fig, axes, noisy: bool) -> None:
     """One legend for the figure: every panel's entries once, and a cross for noisy rows."""
-    from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D  # plotting stack: heavy, imported only to draw
 
     entries: dict[str, object] = {}
     for ax in np.ravel(axes):
@@ -107,10 +90,10 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     ok["peak_mem_mib"] = ok.peak_mem_bytes / 2**20
     ok["seq_len"] = ok.seq_len.astype(float)
     ok["ran"] = kernel_ran(ok)
-    quartiles = [_quartiles(t, m) for t, m in zip(ok.times_ms, ok.time_ms)]
+    quartiles = [spread_interval(t, m, math.nan) for t, m in zip(ok.times_ms, ok.time_ms)]
     ok["time_q25"] = [q[0] for q in quartiles]
     ok["time_q75"] = [q[1] for q in quartiles]
-    passes = [p for p in ("fwd", "bwd", "fwd_bwd", "train_step") if p in set(ok["pass"])]
+    passes = [p for p in SPEED_PASSES if p in set(ok["pass"])]
     labels = sorted(ok.label.unique())
     palette = dict(zip(labels, sns.color_palette("tab10", len(labels))))
     sns.set_theme(style="whitegrid", context="paper")

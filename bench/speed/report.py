@@ -1,5 +1,4 @@
-"""Markdown report of a speed run: noise warning, provenance, scaling fits, interleaved ratios, times,
-memory, the noisy rows and the rows that did not run."""
+"""The markdown report of a speed run: noise, provenance, scaling fits, ratios, times, memory, failures."""
 
 from __future__ import annotations
 
@@ -14,12 +13,12 @@ from bench.engine.config import list_config_presets
 from bench.engine.fsutil import atomic_write_text, read_json
 from bench.engine.markdown import cell, markdown_table
 from bench.engine.results import read_env
+from bench.engine.row_schema import SPEED_PASSES
 from bench.speed.noise import DEFAULT_THRESHOLD, SLOW_STATE_FACTOR, quiet_probes, row_verdict
 from bench.speed.results import load_results
 from bench.speed.scaling import scaling_table
 
 REPORT_FILE = "report.md"
-PASSES = ("fwd", "bwd", "fwd_bwd", "train_step")
 #: what the scaling tables' less obvious columns mean, said once above them
 COLUMN_LEGEND = (
     "Columns: `peak_fraction_at_max_n` is the case's achieved FLOP rate at its largest ok N "
@@ -70,16 +69,18 @@ def interleaved_ratios(df: pd.DataFrame) -> pd.DataFrame:
         base = per_round_times(fastest.times_ms)
         for row in group.itertuples():
             q50, q25, q75, rounds = round_ratio(per_round_times(row.times_ms), base)
-            mem = (row.peak_mem_bytes / fastest.peak_mem_bytes
-                   if fastest.peak_mem_bytes and fastest.peak_mem_bytes > 0 else math.nan)
             rows.append({"label": row.label, "pass": pass_name, "seq_len": row.seq_len,
                          "kernel": row.kernel_requested, "kv_heads": row.kv_heads,
                          "vs": (fastest.kernel_requested if group.label.nunique() == 1
                                 else f"{fastest.label} {fastest.kernel_requested}"),
                          "vs_kv_heads": fastest.kv_heads,
                          "time_ratio": q50, "ratio_q25": q25, "ratio_q75": q75, "rounds": rounds,
-                         "memory_ratio": mem})
+                         "memory_ratio": _memory_ratio(row.peak_mem_bytes, fastest.peak_mem_bytes)})
     return pd.DataFrame(rows)
+
+
+def _memory_ratio(peak: float, base: float) -> float:
+    return peak / base if base and base > 0 else math.nan
 
 
 def round_ratio(times: np.ndarray, base: np.ndarray) -> tuple[float, float, float, int]:
@@ -92,14 +93,11 @@ def round_ratio(times: np.ndarray, base: np.ndarray) -> tuple[float, float, floa
 
 
 def _ratio_cell(ratio: tuple[float, float, float, int] | None) -> str:
-    if ratio is None or not ratio[3]:
-        return ""
-    return f"{cell(ratio[0])} [{cell(ratio[1])}, {cell(ratio[2])}]"
+    return "" if ratio is None or not ratio[3] else f"{cell(ratio[0])} [{cell(ratio[1])}, {cell(ratio[2])}]"
 
 
 def flop_rate_ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """Each row's FLOP rate over the fastest ``full`` row timed in the same rounds (per-round ratio
-    quartiles): the share of dense attention's efficiency a kernel reaches (docs/kernels.md)."""
+    """Each row's FLOP rate over the fastest ``full`` row of its rounds (per-round ratio quartiles; docs/kernels.md)."""
     rows = []
     timed = _timed_together(df)
     ok = timed[timed.flops.fillna(0) > 0]
@@ -110,8 +108,7 @@ def flop_rate_ratios(df: pd.DataFrame) -> pd.DataFrame:
         base = full.loc[full.time_ms.idxmin()]
         base_times = per_round_times(base.times_ms)
         for row in group[group.variant != "full"].itertuples():
-            # full's time over the row's
-            speed, q25, q75, rounds = round_ratio(base_times, per_round_times(row.times_ms))
+            speed, q25, q75, rounds = round_ratio(base_times, per_round_times(row.times_ms))  # full's over the row's
             work = row.flops / base.flops
             rows.append({"label": row.label, "pass": pass_name, "seq_len": row.seq_len,
                          "kernel": row.kernel_requested, "kernel_ran": row.kernel, "flops_kind": row.flops_kind,
@@ -121,18 +118,17 @@ def flop_rate_ratios(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def packing_ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """Packed or padded rows' time over the unpacked row of the same rounds (same kernel, else the fastest)
-    and over the same documents run one by one: per-round ratios, median [q25, q75]."""
+    """Packed or padded rows' time over the unpacked row of their rounds (same kernel, else the fastest) and over
+    the same documents run one by one: per-round ratios, median [q25, q75]."""
     if "packing" not in df.columns:
         return pd.DataFrame()
-    ok = _timed_together(df).assign(
-        packing=df.packing.astype("string").fillna(""))
+    ok = _timed_together(df).assign(packing=df.packing.astype("string").fillna(""))
     rows = []
     for (_unit, pass_name), group in ok.groupby(["interleave_id", "pass"], sort=False):
         plain = group[group.packing == ""]
         for row in group[group.packing != ""].itertuples():
             same = plain[plain.kernel_requested == row.kernel_requested]
-            base = (same if len(same) else plain)
+            base = same if len(same) else plain
             unpacked = base.loc[base.time_ms.idxmin()] if len(base) else None
             twin_text = row.packing.replace("packed ", "").replace(" docs", " docs one by one", 1)
             twins = group[(group.packing == twin_text) & (group.kernel_requested == row.kernel_requested)]
@@ -153,8 +149,7 @@ def packing_ratios(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def gqa_ratios(df: pd.DataFrame) -> pd.DataFrame:
-    """Time and memory of each ``kv_heads < heads`` row over the same kernel's ``kv_heads == heads`` row
-    of the same rounds: per-round ratio quartiles."""
+    """Time and memory of each ``kv_heads < heads`` row over its kernel's ``kv_heads == heads`` row of its rounds."""
     rows = []
     ok = _timed_together(df)
     for (_unit, pass_name, _kernel), group in ok.groupby(["interleave_id", "pass", "kernel_requested"],
@@ -166,12 +161,11 @@ def gqa_ratios(df: pd.DataFrame) -> pd.DataFrame:
         base_times = per_round_times(base.times_ms)
         for row in group[group.kv_heads < group.heads].itertuples():
             q50, q25, q75, rounds = round_ratio(per_round_times(row.times_ms), base_times)
-            mem = (row.peak_mem_bytes / base.peak_mem_bytes
-                   if base.peak_mem_bytes and base.peak_mem_bytes > 0 else math.nan)
             rows.append({"label": row.label, "pass": pass_name, "seq_len": row.seq_len,
                          "kernel": row.kernel_requested, "kernel_ran": row.kernel, "heads": row.heads,
                          "kv_heads": row.kv_heads, "time_ratio": q50, "ratio_q25": q25,
-                         "ratio_q75": q75, "rounds": rounds, "memory_ratio": mem,
+                         "ratio_q75": q75, "rounds": rounds,
+                         "memory_ratio": _memory_ratio(row.peak_mem_bytes, base.peak_mem_bytes),
                          "kernel_path": row.kernel_path})
     return pd.DataFrame(rows)
 
@@ -229,16 +223,13 @@ def _noisy_section(df: pd.DataFrame) -> list[str]:
     if noisy.empty:
         return []
     quiet = quiet_probes(df.itertuples())
-    table = noisy[["label", "kernel_requested", "seq_len", "pass", "time_ms", "times_ms",
-                   "probe_ms"]].assign(
+    table = noisy[["label", "kernel_requested", "seq_len", "pass", "time_ms", "times_ms", "probe_ms"]].assign(
         why=[row_verdict(row, quiet) or "flagged when measured" for row in noisy.itertuples()])
-    return ["## Noisy rows (left out of fits and crossovers)", "", markdown_table(table), ""]
+    return _section("## Noisy rows (left out of fits and crossovers)", table)
 
 
-def _config_fit_ranges(run_dir: Path) -> tuple[tuple[int, int], ...]:
-    """``fit_ranges`` of the sweep config saved in the run (``sweep.json``), if any."""
-    ranges = _saved_config(run_dir).get("fit_ranges", [])
-    return tuple((int(lo), int(hi)) for lo, hi in ranges)
+def _section(title: str, table: pd.DataFrame) -> list[str]:
+    return [title, "", markdown_table(table), ""]
 
 
 def _pass_sections(df: pd.DataFrame, table: pd.DataFrame, pass_name: str, points: int,
@@ -247,17 +238,15 @@ def _pass_sections(df: pd.DataFrame, table: pd.DataFrame, pass_name: str, points
                "memory_exponent", "fit_range", "noisy_dropped", "max_n", "time_ms_at_max_n",
                "peak_fraction_at_max_n", "first_failure", "crossover_vs_full", "mask_emulated"]
     part = table[table["pass"] == pass_name]
-    parts = [f"## Scaling, pass `{pass_name}` (fit over the {points} largest ok N)", "",
-             markdown_table(part[columns]), ""]
+    parts = _section(f"## Scaling, pass `{pass_name}` (fit over the {points} largest ok N)", part[columns])
     rows = df[df["pass"] == pass_name]
     for lo, hi in ranges:
         ranged = scaling_table(rows, n_range=(lo, hi))
         ranged = ranged[ranged.fit_points >= 2]
         if len(ranged):
-            parts += [f"### Exponents over N = {lo}..{hi}, `{pass_name}`", "",
-                      markdown_table(ranged[["label", "kernel_requested", "kernel", "causal",
-                                             "time_exponent", "memory_exponent", "fit_range",
-                                             "fit_points", "noisy_dropped"]]), ""]
+            parts += _section(f"### Exponents over N = {lo}..{hi}, `{pass_name}`",
+                              ranged[["label", "kernel_requested", "kernel", "causal", "time_exponent",
+                                      "memory_exponent", "fit_range", "fit_points", "noisy_dropped"]])
     ratio_tables = (
         (interleaved_ratios, "Interleaved ratios, `{}`: time over the fastest kernel timed in the same rounds "
                              "(median of per-round ratios [q25, q75])"),
@@ -273,25 +262,23 @@ def _pass_sections(df: pd.DataFrame, table: pd.DataFrame, pass_name: str, points
     for table_of, title in ratio_tables:
         table = table_of(rows)
         if len(table):
-            parts += [f"### {title.format(pass_name)}", "", markdown_table(table.drop(columns="pass")), ""]
+            parts += _section(f"### {title.format(pass_name)}", table.drop(columns="pass"))
     ok = rows[rows.status == "ok"]
-    parts += [f"### Median time in ms (IQR, repeats), `{pass_name}`", "",
-              markdown_table(_pivot(rows, _time_cells(ok))), ""]
-    parts += [f"### Peak tensor memory above inputs (MiB), `{pass_name}`", "",
-              markdown_table(_pivot(rows, ok.peak_mem_bytes / 2**20)), ""]
+    parts += _section(f"### Median time in ms (IQR, repeats), `{pass_name}`", _pivot(rows, _time_cells(ok)))
+    parts += _section(f"### Peak tensor memory above inputs (MiB), `{pass_name}`",
+                      _pivot(rows, ok.peak_mem_bytes / 2**20))
     if ok.rss_peak_bytes.notna().any():
-        parts += [f"### Peak resident memory above inputs (MiB, what the OS saw), `{pass_name}`",
-                  "", markdown_table(_pivot(rows, ok.rss_peak_bytes / 2**20)), ""]
+        parts += _section(f"### Peak resident memory above inputs (MiB, what the OS saw), `{pass_name}`",
+                          _pivot(rows, ok.rss_peak_bytes / 2**20))
     setup = ok[ok.setup_mem_bytes.fillna(0) > 0]
     if len(setup):
-        cells = setup.apply(lambda r: f"{cell(r.setup_ms)} ms, {cell(r.setup_mem_bytes / 2**20)} MiB",
-                            axis=1)
-        parts += [f"### Cached mask built once per shape (time, memory kept), `{pass_name}`", "",
-                  markdown_table(_pivot(setup, cells)), ""]
+        cells = setup.apply(lambda r: f"{cell(r.setup_ms)} ms, {cell(r.setup_mem_bytes / 2**20)} MiB", axis=1)
+        parts += _section(f"### Cached mask built once per shape (time, memory kept), `{pass_name}`",
+                          _pivot(setup, cells))
     compiled = ok[ok.compile_ms.fillna(0) > 0]
     if len(compiled):
-        parts += [f"### Compile time in s, never inside a timed call (forward; backward), `{pass_name}`", "",
-                  markdown_table(_pivot(compiled, compiled.apply(_compile_cell, axis=1))), ""]
+        parts += _section(f"### Compile time in s, never inside a timed call (forward; backward), `{pass_name}`",
+                          _pivot(compiled, compiled.apply(_compile_cell, axis=1)))
     return parts
 
 
@@ -304,28 +291,25 @@ def _compile_cell(row: pd.Series) -> str:
 
 def build_report(run_dir: str | Path, points: int = 4,
                  fit_ranges: tuple[tuple[int, int], ...] = ()) -> str:
-    """The report of ``run_dir`` as markdown (also written to ``report.md``); exponents also fitted over
-    each ``[lo, hi]`` of ``fit_ranges`` and of the run's config."""
+    """The report of ``run_dir`` (written to ``report.md``), exponents also over the ``fit_ranges`` and the config's."""
     run_dir = Path(run_dir)
-    df = load_results(run_dir)
-    if df.empty:
-        raise ValueError(f"RUN_DIR {run_dir}: results.csv has no result rows yet (header only); "
-                         "run or resume the sweep first")
+    df = load_results(run_dir, rows_required=True)
     counts = df.groupby("status").size().to_dict()
     parts = [f"# Benchmark report: {run_dir.name}", "", *_noise_warning(df, run_dir),
              "Rows by status: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), "",
              *_provenance(df, run_dir)]
     table = scaling_table(df, points)
-    ranges = tuple(dict.fromkeys((*_config_fit_ranges(run_dir), *fit_ranges)))
+    saved = tuple((int(lo), int(hi)) for lo, hi in _saved_config(run_dir).get("fit_ranges", []))
+    ranges = tuple(dict.fromkeys((*saved, *fit_ranges)))
     parts += [COLUMN_LEGEND, ""]
-    for pass_name in PASSES:
+    for pass_name in SPEED_PASSES:
         if (table["pass"] == pass_name).any():
             parts += _pass_sections(df, table, pass_name, points, ranges)
     parts += _noisy_section(df)
     problems = df[df.status != "ok"]
     if len(problems):
         slim = problems[["label", "kernel_requested", "seq_len", "pass", "status", "reason"]]
-        parts += ["## Rows that did not run", "", markdown_table(slim.drop_duplicates()), ""]
+        parts += _section("## Rows that did not run", slim.drop_duplicates())
     text = "\n".join(parts)
     atomic_write_text(run_dir / REPORT_FILE, text + "\n")
     return text

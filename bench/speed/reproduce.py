@@ -1,8 +1,4 @@
-"""Whether a committed run's ratios hold on this machine (``attn-bench reproduce``; docs/measurement.md).
-
-A ratio *holds* when the quartile ranges overlap or the medians differ by at most ``tolerance`` (10%:
-a machine's drift between two quiet runs); a *headline* is at the longest length of its curve.
-"""
+"""Whether a committed run's ratios hold on this machine (``attn-bench reproduce``; docs/measurement.md)."""
 
 from __future__ import annotations
 
@@ -16,21 +12,18 @@ import pandas as pd
 from bench.speed.report import per_round_times, round_ratio
 
 KEY = ["label", "pass", "seq_len", "kernel", "vs", "key_heads"]
-#: what names a row of a run besides its pass: rows of one label that differ in key heads,
-#: shape or causality are other rows (as in ``attn-bench compare``)
+#: what names a row of a run besides its pass (as in ``attn-bench compare``)
 ROW = ["label", "kernel_requested", "seq_len", "batch", "heads", "kv_heads", "head_dim", "dtype", "device",
        "causal"]
-DEFAULT_TOLERANCE = 0.10
+DEFAULT_TOLERANCE = 0.10  # a machine's drift between two quiet runs
 
 
 def saved_config(run_dir: Path) -> dict[str, Any]:
     """The run's resolved config (``sweep.json``) as a config mapping a sweep reads again."""
     saved = json.loads((run_dir / "sweep.json").read_text())
-    variants = []
-    for spec in saved.pop("variants"):
-        entry = {"name": spec["name"], **dict(spec.get("params") or [])}
-        entry.update({k: spec[k] for k in ("causal", "seq_len", "kernels") if spec.get(k) is not None})
-        variants.append(entry)
+    variants = [{"name": spec["name"], **dict(spec.get("params") or []),
+                 **{k: spec[k] for k in ("causal", "seq_len", "kernels") if spec.get(k) is not None}}
+                for spec in saved.pop("variants")]
     raw = {k: v for k, v in saved.items() if v is not None and v != [] and k != "description"}
     return {**raw, "variants": variants}
 
@@ -45,8 +38,7 @@ def sampled_lengths(committed: pd.DataFrame, sample: int | None) -> tuple[int, .
 
 
 def _groups(df: pd.DataFrame) -> pd.DataFrame:
-    """The ok rows with ``rounds_of``: their unit where kernels were timed together, else their
-    length and shape (rows timed one after another)."""
+    """The ok rows with ``rounds_of``: their unit where timed together, else their length and shape."""
     ok = df[df.status == "ok"]
     together = ok.interleaved.fillna(1) > 1
     columns = [c for c in ("seq_len", "batch", "heads", "head_dim", "dtype", "causal") if c in ok]
@@ -70,9 +62,7 @@ def _key_heads(row: pd.Series) -> str:
 
 
 def _figures(df: pd.DataFrame, columns: list[str]) -> list[dict[str, Any]]:
-    """Each row against full attention timed in its rounds and pass (where none was, the
-    fastest row): the two rows' keys (:func:`_key`), what the table shows, and both per-round
-    times. A fixed base keeps a figure's meaning when another row's code changed since."""
+    """Each row against full attention of its rounds (else the fastest row): keys, table cells, per-round times."""
     out = []
     for (_unit, pass_name), group in _groups(df).groupby(["rounds_of", "pass"], sort=False):
         full = group[group.label == "full"]
@@ -90,16 +80,14 @@ def _figures(df: pd.DataFrame, columns: list[str]) -> list[dict[str, Any]]:
 
 
 def _times_of(df: pd.DataFrame, columns: list[str]) -> dict[tuple[str, ...], np.ndarray]:
-    """Per-round times of every ok row not flagged noisy (:mod:`bench.speed.noise`: a ratio
-    measured under contention says nothing of the code), by :func:`_key`."""
+    """Per-round times of every ok row not flagged noisy (a ratio under contention says nothing), by :func:`_key`."""
     ok = df[(df.status == "ok") & ~df.get("noisy", pd.Series(False, index=df.index)).fillna(False).astype(bool)]
     return {_key(row, columns, row["pass"]): per_round_times(row.times_ms) for _, row in ok.iterrows()}
 
 
 def compare_ratios(committed: pd.DataFrame, here: pd.DataFrame,
                    tolerance: float = DEFAULT_TOLERANCE) -> pd.DataFrame:
-    """Each committed ratio at the lengths measured here beside the one measured here, with ``holds``
-    (empty where either row is missing here) and ``headline``."""
+    """Each committed ratio at the lengths measured here beside the one measured here, ``holds`` and ``headline``."""
     columns = _row_columns(committed, here)
     measured = _times_of(here, columns)
     lengths = {int(n) for n in here.seq_len[here.status == "ok"]}

@@ -1,11 +1,4 @@
-"""Timing the cases of one speed unit in isolated workers, in interleaved rounds (A, B, C, A, B, C, ...)
-so that their ratios share the machine's load; and the matmul peak, in a worker of its own.
-
-Per pass: each worker prepares in turn, then the rounds (as many as the slowest case fits in its
-budget, at least ``min_repeats``) between two calibration probes; a failure becomes that case's row.
-On CUDA the cases run one after another, each worker releasing its memory before the next case, so a
-kernel's peak does not depend on which ran before (docs/gpu.md); those rows say ``interleaved`` 1.
-"""
+"""Timing a speed unit's cases in workers, in interleaved rounds (docs/measurement.md); the matmul peak's worker."""
 
 from __future__ import annotations
 
@@ -20,11 +13,11 @@ import torch
 from attn.kernels import get_kernel, kernel_names
 from bench.engine.measure import matmul_peak_flops, repeats_in_budget
 from bench.engine.process import Worker, WorkerGone
+from bench.engine.row_schema import SPEED_PASSES
 from bench.speed.cases import Case
 from bench.speed.rows import failure_rows, measured_row
 from bench.speed.worker import worker_main
 
-PASS_ORDER = ("fwd", "bwd", "fwd_bwd", "train_step")
 #: idle time between two cases' calls: lets the previous case's threads stop spinning
 HANDOVER_S = 0.002
 #: how long a worker may take to release its memory before it is stopped instead
@@ -72,45 +65,37 @@ class _Member:
             raise self.broken
         self.info = message[1]
 
-    def warm(self, pass_name: str) -> dict[str, Any]:
-        """The first call and warm-up within ``timeout_s`` (plus ``compile_timeout_s`` where it may compile)."""
+    def _request(self, message: tuple[Any, ...], limit: float, timeout: tuple[str, str]) -> tuple[Any, ...]:
+        """The reply to ``message`` within ``limit`` s; else a :class:`_CaseFailed` (``timeout`` its reason)."""
         assert self.worker is not None
-        compiles = may_compile(self.case)
-        limit = self.case.timeout_s + (self.case.compile_timeout_s if compiles else 0.0)
         try:
-            reply = self.worker.request(("warm", pass_name), limit)
+            reply = self.worker.request(message, limit)
         except TimeoutError:
             self.stop()
-            if not compiles:
-                raise _CaseFailed("timeout", f"timed out after {limit:g} s in pass {pass_name}") from None
-            raise _CaseFailed("compile_timeout", f"timed out after {limit:g} s in the first call "
-                                                 f"(compiles, caches) of pass {pass_name}") from None
+            raise _CaseFailed(*timeout) from None
         except WorkerGone as gone:
             self.stop()
             raise _CaseFailed(gone.status, gone.reason) from None
-        if reply[0] == "failed":
-            raise _CaseFailed(reply[1], reply[2])
-        return reply[1]
-
-    def ask(self, message: tuple[Any, ...], pass_name: str) -> tuple[Any, ...]:
-        """Send a command and wait, counting the time against the pass's timeout."""
-        assert self.worker is not None
-        remaining = self.case.timeout_s - self.spent
-        start = time.monotonic()
-        try:
-            reply = self.worker.request(message, max(remaining, 0.0))
-        except TimeoutError:
-            self.stop()
-            raise _CaseFailed("timeout", f"timed out after {self.case.timeout_s:g} s in pass "
-                                         f"{pass_name}") from None
-        except WorkerGone as gone:
-            self.stop()
-            raise _CaseFailed(gone.status, gone.reason) from None
-        finally:
-            self.spent += time.monotonic() - start
         if reply[0] == "failed":
             raise _CaseFailed(reply[1], reply[2])
         return reply
+
+    def warm(self, pass_name: str) -> dict[str, Any]:
+        """The first call and warm-up within ``timeout_s`` (plus ``compile_timeout_s`` where it may compile)."""
+        compiles = may_compile(self.case)
+        limit = self.case.timeout_s + (self.case.compile_timeout_s if compiles else 0.0)
+        timeout = (("compile_timeout", f"timed out after {limit:g} s in the first call (compiles, caches) of pass "
+                    f"{pass_name}") if compiles else ("timeout", f"timed out after {limit:g} s in pass {pass_name}"))
+        return self._request(("warm", pass_name), limit, timeout)[1]
+
+    def ask(self, message: tuple[Any, ...], pass_name: str) -> tuple[Any, ...]:
+        """Send a command and wait, counting the time against the pass's timeout."""
+        start = time.monotonic()
+        try:
+            return self._request(message, max(self.case.timeout_s - self.spent, 0.0),
+                                 ("timeout", f"timed out after {self.case.timeout_s:g} s in pass {pass_name}"))
+        finally:
+            self.spent += time.monotonic() - start
 
     def release(self) -> None:
         """Have a running worker drop its inputs, module and cached device memory; stop it if it does not answer."""
@@ -134,10 +119,8 @@ def may_compile(case: Case) -> bool:
     return case.kernel in kernel_names() and get_kernel(case.kernel).compiles_per_shape
 
 
-class _CaseFailed(Exception):
-    def __init__(self, status: str, reason: str) -> None:
-        super().__init__(reason)
-        self.status, self.reason = status, reason
+class _CaseFailed(WorkerGone):
+    """A case's pass failed; ``status`` and ``reason`` say how."""
 
 
 def _prepare(members: list[_Member], pass_name: str) -> list[tuple[_Member, dict[str, Any]]]:
@@ -147,8 +130,7 @@ def _prepare(members: list[_Member], pass_name: str) -> list[tuple[_Member, dict
         member.spent = 0.0
         try:
             member.ensure_worker()
-            warmed = member.warm(pass_name)
-            ready.append((member, {**warmed, **member.ask(("prepare", pass_name), pass_name)[1]}))
+            ready.append((member, {**member.warm(pass_name), **member.ask(("prepare", pass_name), pass_name)[1]}))
         except _CaseFailed as failed:
             member.rows[pass_name] = failure_rows(member.case, [pass_name], failed.status,
                                                   failed.reason)[0]
@@ -204,11 +186,11 @@ def run_rounds(runs: tuple[CaseRun, ...], unit_id: str,
     members = [_Member(run, cuda_visible) for run in runs]
     serial = len(members) > 1 and any(m.case.device == "cuda" for m in members)
     try:
-        for pass_name in PASS_ORDER:
+        for pass_name in SPEED_PASSES:
             if not serial:
                 _run_pass(members, pass_name, unit_id)
                 continue
-            for member in members:  # one case on the GPU at a time (module docstring)
+            for member in members:  # one case on the GPU at a time: its peak not another's pool's
                 if pass_name in member.passes:
                     _run_pass([member], pass_name, unit_id)
                     member.release()
@@ -216,12 +198,8 @@ def run_rounds(runs: tuple[CaseRun, ...], unit_id: str,
         for member in members:
             if member.worker is not None:
                 member.worker.close()
-    rows = []
-    for member in members:
-        for pass_name in member.passes:
-            rows.append(member.rows.get(pass_name) or failure_rows(
-                member.case, [pass_name], "error", "no result (internal error)")[0])
-    return rows
+    return [member.rows.get(p) or failure_rows(member.case, [p], "error", "no result (internal error)")[0]
+            for member in members for p in member.passes]
 
 
 def _peak_main(device: str, dtype: str, threads: int | None, size: int | None,

@@ -1,5 +1,4 @@
-"""Scaling analysis: exponents of time and memory (``peak_mem_bytes``) against N, crossover against full
-attention of the same kind, and the largest N reached, per curve and kernel that ran; noisy rows left out."""
+"""Scaling analysis per curve and kernel that ran: exponents, crossover, largest N (docs/measurement.md)."""
 
 from __future__ import annotations
 
@@ -111,14 +110,7 @@ def _dropped(curve: pd.DataFrame, noisy_full: pd.Series) -> int:
 
 def crossover(curve: pd.DataFrame, baseline: pd.DataFrame,
               noisy_full: pd.Series | None = None) -> str:
-    """From which N the curve stays faster than full attention of the same kind, when the rows show it.
-
-    Faster or slower only where the repeats' spreads do not overlap; a crossover at N needs the two
-    lengths below slower and N and every length above faster (two or more). Returns the length as
-    text, ``"< N0 (below the range)"``, ``"none up to N1"``, ``"-"`` (no common length) or
-    ``"not determined: ..."``, plus ``(left out: K noisy rows)`` when ``noisy_full`` or the curve's
-    own noisy rows were dropped.
-    """
+    """From which N the curve stays faster than full attention of its kind, if shown; noisy rows left out, counted."""
     said = _crossover_said(_sides(curve, baseline))
     dropped = _dropped(curve, noisy_full if noisy_full is not None else pd.Series(dtype=int))
     if said == "-" or not dropped:
@@ -168,9 +160,7 @@ def segments(curve: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
 
 def _fitted(ok: pd.DataFrame, points: int, n_range: tuple[int, int] | None) -> pd.DataFrame:
     """The rows an exponent is fitted over: the ``points`` largest N, or those in ``n_range``."""
-    if n_range is None:
-        return ok.tail(points)
-    return ok[(ok.seq_len >= n_range[0]) & (ok.seq_len <= n_range[1])]
+    return ok.tail(points) if n_range is None else ok[(ok.seq_len >= n_range[0]) & (ok.seq_len <= n_range[1])]
 
 
 def _segment_row(kernel: str, rows: pd.DataFrame, points: int,
@@ -195,9 +185,7 @@ def _segment_row(kernel: str, rows: pd.DataFrame, points: int,
 
 def scaling_table(df: pd.DataFrame, points: int = 4,
                   n_range: tuple[int, int] | None = None) -> pd.DataFrame:
-    """One row per curve and kernel that ran: exponents, fitted range, largest N; the curve's first
-    failure and crossover. Fitted over the ``points`` largest ok N, or every ok N in ``n_range``.
-    """
+    """A row per curve and kernel that ran, fitted over the ``points`` largest ok N (or ``n_range``)."""
     baseline, noisy_full = full_baseline(df), noisy_baseline(df)
     rows = []
     for key, curve in df.groupby(CURVE, dropna=False, sort=True):

@@ -1,8 +1,4 @@
-"""Running a speed sweep into a run directory (:func:`bench.engine.rundir.run_units` with the sweep's plan).
-
-Resume keeps the recorded (case, pass) rows; rows of another code version, device, dtype or thread
-count are never mixed in silently (refused unless ``allow_mixed``).
-"""
+"""Running a speed sweep into a run directory (:func:`bench.engine.rundir.run_units` with the sweep's plan)."""
 
 from __future__ import annotations
 
@@ -16,22 +12,14 @@ from bench.engine.executors import Executor, ExecutorSpec
 from bench.engine.fsutil import atomic_write_json, read_json
 from bench.engine.results import RESULTS_FILE
 from bench.engine.row_schema import COLUMNS
-from bench.engine.rundir import (
-    Chain,
-    DryRunItem,
-    MixedEnvironmentError,
-    Rows,
-    RunRecorder,
-    counted,
-    run_units,
-)
+from bench.engine.rundir import Chain, DryRunItem, MixedEnvironmentError, Rows, RunRecorder, counted, run_units
 from bench.speed.cases import Case, expand_cases
 from bench.speed.cases import chains as make_chains
 from bench.speed.config import SweepConfig
 from bench.speed.noise import noisy_in, slow_state_marker
 from bench.speed.peak import PEAK_FLOPS, PEAK_KEY, PeakSpec
 from bench.speed.rows import Row
-from bench.speed.unit import FATAL, record_failure, speed_chain
+from bench.speed.unit import record_failures, speed_chain
 
 PEAK_FILE = "peak.json"
 __all__ = ["MixedEnvironmentError", "SweepPlan", "peak_spec", "run_sweep"]
@@ -125,17 +113,13 @@ class SweepPlan:
         if not any((c.case_id, p) not in done for c in self.cases for p in c.passes):
             return []
         failures: dict[tuple[Any, str], tuple[int, str]] = {}
-        by_id = {c.case_id: c for c in self.cases}
-        for row in recorder.kept:
-            if row["case_id"] in by_id and row["status"] in FATAL:
-                record_failure(failures, by_id[row["case_id"]], row["pass"], row["status"])
+        record_failures(failures, {c.case_id: c for c in self.cases}, recorder.kept)
         peak = peak_spec(recorder.run_dir, self.config)
         return [speed_chain(groups, done, failures, self.config.skip_larger_after_failure, peak)
                 for groups in make_chains(list(self.cases), self.config.interleave)]
 
     def begin(self, run_dir: Path, env: dict[str, Any]) -> Callable[[Row], None]:
-        """Each row hands its node's peak to ``peak.json`` and is flagged noisy in a slow state. Nothing is
-        measured here: a driver without the sweep's device can drive it."""
+        """Each row's node peak goes to ``peak.json``, a slow state flags it (nothing measured: any driver can)."""
         record_peak, mark_slow = peak_recorder(run_dir), slow_state_marker(run_dir)
 
         def finish(row: Row) -> None:
@@ -144,22 +128,11 @@ class SweepPlan:
         return finish
 
 
-def run_sweep(
-    config: SweepConfig,
-    run_dir: Path,
-    *,
-    executor: Executor | ExecutorSpec | None = None,
-    allow_mixed: bool = False,
-    retry_failed: bool = False,
-    retry_noisy: bool = False,
-    overwrite: bool = False,
-    on_start: Callable[[Any], None] | None = None,
-    on_done: Callable[[Any, Rows], None] | None = None,
-) -> Rows:
-    """Measure every unfinished (case, pass) of ``config`` into ``run_dir`` (resumable); returns new rows.
-
-    ``retry_noisy``: measure the noisy rows again; other options as :func:`run_units`.
-    """
+def run_sweep(config: SweepConfig, run_dir: Path, *, executor: Executor | ExecutorSpec | None = None,
+              allow_mixed: bool = False, retry_failed: bool = False, retry_noisy: bool = False,
+              overwrite: bool = False, on_start: Callable[[Any], None] | None = None,
+              on_done: Callable[[Any, Rows], None] | None = None) -> Rows:
+    """Measure every unfinished (case, pass) of ``config`` into ``run_dir`` (:func:`run_units`); the new rows."""
     return run_units(run_dir, SweepPlan.of(config), executor=executor,
                      allow_mixed=allow_mixed, retry_failed=retry_failed, overwrite=overwrite,
                      redo=noisy_in(run_dir) if retry_noisy else None, on_start=on_start, on_done=on_done)

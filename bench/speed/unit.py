@@ -45,10 +45,9 @@ class SpeedUnit:
         kernels = "/".join(dict.fromkeys(
             r.case.kernel + (f" H_kv={r.case.key_heads}" if r.case.key_heads != r.case.heads else "")
             for r in self.runs))
-        causal = " causal" if first.causal else ""
         passes = "/".join(dict.fromkeys(p for r in self.runs for p in r.passes))
         return (f"{first.label} [{kernels}] N={first.seq_len} B={first.batch} H={first.heads} "
-                f"D={first.head_dim} {first.dtype}{causal} {passes}")
+                f"D={first.head_dim} {first.dtype}{' causal' if first.causal else ''} {passes}")
 
     def run(self, cuda_visible: str | None = None) -> list[dict[str, Any]]:
         """Measure the runs, add each ok row's share of this device's matmul peak, and the skipped rows."""
@@ -61,8 +60,7 @@ class SpeedUnit:
 
     def failure_rows(self, status: str, reason: str) -> list[dict[str, Any]]:
         """A row per (case, pass) of the runs, all with this status (and the skipped rows)."""
-        rows = [row for r in self.runs for row in failure_rows(r.case, r.passes, status, reason)]
-        return [*rows, *self.skipped]
+        return [*(row for r in self.runs for row in failure_rows(r.case, r.passes, status, reason)), *self.skipped]
 
 
 def run_case(case: Case, cuda_visible: str | None = None) -> list[dict[str, Any]]:
@@ -73,11 +71,7 @@ def run_case(case: Case, cuda_visible: str | None = None) -> list[dict[str, Any]
 def speed_chain(groups: list[list[Case]], done: set[tuple[str, str]],
                 failures: dict[tuple[Any, str], tuple[int, str]], skip_larger: bool,
                 peak: PeakSpec | None = None) -> Chain:
-    """Units of one chain of same-length groups (increasing length), each carrying ``peak``.
-
-    ``done``: (case_id, pass) recorded. ``failures``: (curve, pass) -> (smallest failing length, status),
-    updated from each unit's rows; with ``skip_larger`` longer lengths of that pass become ``skipped``.
-    """
+    """Units of a chain of same-length groups, less ``done``; ``skip_larger``: lengths past ``failures`` skipped."""
     for group in groups:
         runs, skipped = [], []
         for case in group:
@@ -96,16 +90,16 @@ def speed_chain(groups: list[list[Case]], done: set[tuple[str, str]],
         if not runs and not skipped:
             continue
         rows = yield SpeedUnit(tuple(runs), tuple(skipped), peak)
-        by_id = {case.case_id: case for case in group}
-        for row in rows:
-            case = by_id.get(row["case_id"])
-            if case is not None and row["status"] in FATAL:
-                record_failure(failures, case, row["pass"], row["status"])
+        record_failures(failures, {case.case_id: case for case in group}, rows)
 
 
-def record_failure(failures: dict[tuple[Any, str], tuple[int, str]], case: Case, pass_name: str,
-                   status: str) -> None:
-    """Remember the smallest length at which a curve's pass failed."""
-    key = (case.group, pass_name)
-    if key not in failures or case.seq_len < failures[key][0]:
-        failures[key] = (case.seq_len, status)
+def record_failures(failures: dict[tuple[Any, str], tuple[int, str]], cases: dict[str, Case],
+                    rows: list[dict[str, Any]]) -> None:
+    """Remember the smallest length at which each curve's pass hit a :data:`FATAL` status in ``rows``."""
+    for row in rows:
+        case = cases.get(row["case_id"])
+        if case is None or row["status"] not in FATAL:
+            continue
+        key = (case.group, row["pass"])
+        if key not in failures or case.seq_len < failures[key][0]:
+            failures[key] = (case.seq_len, row["status"])

@@ -1,5 +1,5 @@
-""":func:`blocked_attention`: exact banded attention, its global rows densely and its band
-rows block by block, per run of heads of one dilation (the kernel and the packed path call it)."""
+""":func:`blocked_attention`: exact banded attention, global rows densely and band rows block by block, per run
+of heads of one dilation (the kernel and the packed path call it)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from torch import Tensor
 from attn.kernels.base import Band
 from attn.kernels.blocked.core import banded_attention
 from attn.kernels.blocked.dense import global_row_attention, global_rows, key_span_attention, uses_key_span
-from attn.mods import ScoreMod
+from attn.mods import ScoreMod, shifted_score_mod
+from attn.precision import upcast
 
 
 def blocked_attention(
@@ -24,21 +25,18 @@ def blocked_attention(
     block: int | None = None,
     chunk: int | None = None,
 ) -> Tensor:
-    """Exact banded attention (sliding window, dilated, global tokens) in O(N*w) time.
-
-    ``q (B, H, Nq, D)``, ``k, v (B, H_kv, Nk, .)`` -> ``(B, H, Nq, Dv)``, bottom-right aligned.
-    ``block`` (rows per block) and ``chunk`` (blocks per chunk) override the defaults. A per-head
-    band runs each run of heads of one dilation as its own band and concatenates along H."""
+    """Exact banded attention in O(N*w) time: ``q (B, H, Nq, D)``, ``k, v (B, H_kv, Nk, .)`` -> ``(B, H, Nq, Dv)``,
+    bottom-right aligned; ``block`` (rows per block) and ``chunk`` (blocks per chunk) override the defaults."""
     if band.per_head:
         outs = []
         for h0, h1, group in band.head_groups(q.shape[1]):
             k_heads, v_heads = _key_heads(k, q.shape[1], h0, h1), _key_heads(v, q.shape[1], h0, h1)
             outs.append(blocked_attention(
                 q[:, h0:h1], k_heads, v_heads, group, causal=causal, key_mask=key_mask,
-                score_mod=_heads_from(score_mod, h0), block=block, chunk=chunk,
+                score_mod=shifted_score_mod(score_mod, head=h0), block=block, chunk=chunk,
             ))  # (B, h1 - h0, Nq, Dv)
         return torch.cat(outs, dim=1)  # (B, H, Nq, Dv)
-    compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    compute = upcast(q.dtype)
     dtype = q.dtype
     q, k, v = q.to(compute), k.to(compute), v.to(compute)
     q_len, k_len = q.shape[2], k.shape[2]
@@ -73,14 +71,3 @@ def _key_heads(x: Tensor, heads: int, h0: int, h1: int) -> Tensor:
     if h0 % groups == 0 and h1 % groups == 0:  # whole groups
         return x[:, h0 // groups : h1 // groups]
     return x[:, torch.arange(h0, h1, device=x.device) // groups]  # (B, h1 - h0, Nk, .)
-
-
-def _heads_from(score_mod: ScoreMod | None, first: int) -> ScoreMod | None:
-    """``score_mod`` for a slice of heads starting at head ``first``."""
-    if score_mod is None or first == 0:
-        return score_mod
-
-    def shifted(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        return score_mod(score, b, h + first, i, j)
-
-    return shifted

@@ -1,21 +1,14 @@
-"""Interior chunks of the banded core through torch's CPU flash kernel.
-
-A chunk is ``c`` attentions of ``S`` queries over ``L`` keys sharing one mask, the band's edges.
-Where nothing else enters the scores (no padding, masked key, position bias or global column)
-the flash kernel runs them batched over the blocks through the strided windows, instead of five
-passes over a ``(c, S, L)`` buffer, and returns the log-sum-exp the generic backward also reads.
-"""
+"""Interior chunks of the banded core through torch's CPU flash kernel, the blocks as its batch (docs/kernels.md,
+"Banded blocks through the CPU flash kernel")."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from attn.kernels.base import CPU_FLASH, CPU_FLASH_BACKWARD
 from attn.kernels.blocked.chunk import Chunk
 
-#: torch's CPU flash kernel and its backward (None where this torch lacks them)
-_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-_FLASH_BWD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
 #: dtypes that match the generic path to rounding (half types keep the generic arithmetic)
 FLASH_DTYPES = (torch.float32, torch.float64)
 
@@ -23,7 +16,7 @@ FLASH_DTYPES = (torch.float32, torch.float64)
 def band_takes_flash(q: Tensor, v: Tensor, has_score_bias: bool, has_global: bool) -> bool:
     """True when a band call's scores are ``q . k`` plus the edges alone, on a CPU torch with the flash
     kernel, in a dtype it runs, with ``D == Dv``."""
-    return (_FLASH is not None and _FLASH_BWD is not None and q.device.type == "cpu"
+    return (CPU_FLASH is not None and CPU_FLASH_BACKWARD is not None and q.device.type == "cpu"
             and q.dtype in FLASH_DTYPES and q.shape[-1] == v.shape[-1]
             and not has_score_bias and not has_global)
 
@@ -48,7 +41,7 @@ def _blocks(chunk: Chunk, rows: Tensor) -> Tensor:
 def flash_forward_chunk(chunk: Chunk, edges: Tensor, scale: float, out_rows: Tensor, lse_rows: Tensor) -> None:
     """Attention of an interior chunk, written into the stream's output rows and log-sum-exp."""
     mask = edges.view(1, 1, *edges.shape)  # (1, 1, S, L), broadcast over the blocks
-    out, lse = _FLASH(_blocks(chunk, chunk.q), chunk.k.unsqueeze(1), chunk.v.unsqueeze(1), 0.0, False,
+    out, lse = CPU_FLASH(_blocks(chunk, chunk.q), chunk.k.unsqueeze(1), chunk.v.unsqueeze(1), 0.0, False,
                       attn_mask=mask, scale=scale)  # (c, 1, S, Dv), (c, 1, S)
     out_rows[chunk.row_start : chunk.row_end] = out.flatten(0, 2)
     lse_rows[chunk.row_start : chunk.row_end] = lse.flatten()
@@ -58,7 +51,7 @@ def flash_backward_chunk(chunk: Chunk, edges: Tensor, scale: float, d_out: Tenso
                          d_q: Tensor) -> tuple[Tensor, Tensor]:
     """Gradients of an interior chunk: writes ``d_q (c*S, D)``, returns window ``d_k``, ``d_v``."""
     mask = edges.view(1, 1, *edges.shape)  # (1, 1, S, L)
-    grad_q, grad_k, grad_v = _FLASH_BWD(
+    grad_q, grad_k, grad_v = CPU_FLASH_BACKWARD(
         _blocks(chunk, d_out), _blocks(chunk, chunk.q), chunk.k.unsqueeze(1), chunk.v.unsqueeze(1),
         _blocks(chunk, out), lse.view(chunk.blocks, 1, chunk.block), 0.0, False, attn_mask=mask, scale=scale,
     )  # (c, 1, S, D), (c, 1, L, D), (c, 1, L, Dv)

@@ -1,9 +1,6 @@
-"""Block geometry of the ``blocked`` kernel: query blocks, their key windows, streams, chunks.
-
-Block ``t`` of ``S`` query rows attends to ``L = nw * S`` keys (``blocks_left`` blocks, its own,
-``blocks_right``). A *stream* is one batch element, head and residue class; its blocks run in
-chunks, interior ones through views, edge ones through zero-padded copies.
-"""
+"""Block geometry of the ``blocked`` kernel: a block of ``S`` query rows attends to ``L = nw * S`` keys
+(``blocks_left`` blocks, its own, ``blocks_right``); a *stream* (one batch element, head and residue class) runs
+its blocks in chunks, interior ones through views, edge ones through zero-padded copies."""
 
 from __future__ import annotations
 
@@ -72,11 +69,9 @@ def geometry(window: int, causal: bool, block: int | None = None, chunk: int | N
 
 @dataclass(frozen=True)
 class Stream:
-    """One (batch, head, residue class): rows ``q_rows`` of the queries, ``k_rows`` of the keys.
-
-    Query row ``m`` sits at stream position ``q_offset + m``, key row ``n`` at ``n`` (absolute:
-    ``dilation * position + residue``). ``kv_head`` is the key head a grouped query head reads.
-    ``first_block`` numbers its first block among all streams (the layout of per-block biases)."""
+    """One (batch, head, residue class): rows ``q_rows`` of the queries, ``k_rows`` of the keys of head
+    ``key_head``. Query row ``m`` sits at stream position ``q_offset + m``, key row ``n`` at ``n`` (absolute:
+    ``dilation * position + residue``); ``first_block`` numbers its first block among all streams."""
 
     batch: int
     head: int
@@ -87,7 +82,7 @@ class Stream:
     k_count: int
     q_offset: int
     first_block: int
-    kv_head: int | None = None  # None: the query head
+    key_head: int  # the head of k, v (and their gradients) it reads: a grouped query head's key head
 
     def n_blocks(self, block: int) -> int:
         """Query blocks of ``block`` rows covering the stream (the last one may be partial)."""
@@ -96,11 +91,6 @@ class Stream:
     def view(self, x: Tensor, rows: slice) -> Tensor:
         """The stream's 2-D (or 1-D) view of ``x (B|1, H|1, N, ...)``: no copy."""
         return x[min(self.batch, x.shape[0] - 1), min(self.head, x.shape[1] - 1), rows]
-
-    @property
-    def key_head(self) -> int:
-        """The head of ``k``, ``v`` (and their gradients) this stream reads."""
-        return self.head if self.kv_head is None else self.kv_head
 
     def kv_view(self, x: Tensor, rows: slice) -> Tensor:
         """The stream's 2-D (or 1-D) view of a key-side ``x (B|1, H_kv|1, Nk, ...)``: no copy."""

@@ -1,10 +1,5 @@
-"""Global rows inside the banded core: the first ``n`` query rows (``i < g``) attend every key.
-
-They share the core's output and log-sum-exp, and their key and value gradients are added in
-place into the band's, so a global-token call allocates what a sliding-window call does.
-Causality, padding and the position bias come in as one additive bias built outside the autograd
-function (:func:`global_row_bias`), so a learned bias gets its gradient through it.
-"""
+"""Global rows inside the banded core: the first ``n`` query rows (``i < g``) attend every key, into the core's
+output and gradients (docs/kernels.md, "Global tokens in ``blocked``: what they allocate")."""
 
 from __future__ import annotations
 
@@ -13,7 +8,7 @@ import math
 import torch
 from torch import Tensor
 
-from attn.mods import ScoreMod
+from attn.mods import ScoreMod, index_grids
 
 
 def global_row_bias(score_mod: ScoreMod | None, rows: int, k_len: int, q_offset: int, causal: bool,
@@ -21,12 +16,9 @@ def global_row_bias(score_mod: ScoreMod | None, rows: int, k_len: int, q_offset:
                     device: torch.device) -> Tensor | None:
     """Additive bias ``(B|1, H|1, rows, Nk)`` of the global rows: score term plus -inf where a key is not
     allowed; None when every key is allowed and there is no score_mod."""
-    i = torch.arange(q_offset, q_offset + rows, device=device).view(1, 1, rows, 1)
-    j = torch.arange(k_len, device=device).view(1, 1, 1, k_len)
+    b, h, i, j = index_grids(batch, heads, rows, k_len, device, offset=q_offset)  # i (1, 1, rows, 1)
     bias = None
     if score_mod is not None:
-        b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
-        h = torch.arange(heads, device=device).view(1, heads, 1, 1)
         zero = torch.zeros((), dtype=dtype, device=device)
         bias = torch.as_tensor(score_mod(zero, b, h, i, j), dtype=dtype, device=device)
     allowed = None

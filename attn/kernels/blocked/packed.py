@@ -1,10 +1,5 @@
-"""Packed calls (``document_ids``) in the ``blocked`` kernel: each document is its own call.
-
-Rows are cut at their document boundaries (read on the host) and each document runs alone at
-local positions: banded patterns through the band core, full or causal as one dense product per
-document (fused SDPA, or ``chunked`` rows with a score term or padding). A packed row costs the
-sum of its documents' costs.
-"""
+"""Packed calls (``document_ids``) in the ``blocked`` kernel, each document its own call (docs/kernels.md,
+"Packed calls")."""
 
 from __future__ import annotations
 
@@ -15,26 +10,16 @@ from torch import Tensor
 from attn.documents import Documents
 from attn.kernels.blocked.attention import blocked_attention
 from attn.kernels.chunked import chunked_attention
-from attn.mods import ScoreMod
+from attn.mods import ScoreMod, shifted_score_mod
 from attn.pattern import Pattern
-
-
-def _batch_from(score_mod: ScoreMod | None, row: int) -> ScoreMod | None:
-    """``score_mod`` for batch row ``row`` sliced out of the call."""
-    if score_mod is None or row == 0:
-        return score_mod
-
-    def shifted(score: Tensor, b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
-        return score_mod(score, b + row, h, i, j)
-
-    return shifted
+from attn.precision import upcast
 
 
 def document_dense(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, key_mask: Tensor | None,
                    score_mod: ScoreMod | None, score_params: tuple[Tensor, ...]) -> tuple[Tensor, str]:
     """Exact attention of one document without a mask_mod, ``(1, H, n, Dv)``, and how it ran."""
     if score_mod is None and key_mask is None:
-        compute = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+        compute = upcast(q.dtype)
         grouped = {"enable_gqa": True} if q.shape[1] != k.shape[1] else {}  # k, v: (1, H_kv, n, .)
         out = F.scaled_dot_product_attention(q.to(compute), k.to(compute), v.to(compute),
                                              is_causal=causal, **grouped)  # (1, H, n, Dv); Nq == Nk
@@ -51,7 +36,7 @@ def packed_attention(within: Pattern, documents: Documents, q: Tensor, k: Tensor
     rows, how = [], set()
     segments = documents.segments()
     for row, spans in enumerate(segments):
-        score_mod = _batch_from(within.score_mod, row)
+        score_mod = shifted_score_mod(within.score_mod, batch=row)
         parts = []
         for start, end in spans:
             qs, ks, vs = (t[row : row + 1, :, start:end] for t in (q, k, v))  # (1, H, n_d, .)

@@ -1,5 +1,4 @@
-"""Executors: where units run. ``local`` (one unit at a time on a CPU, one per GPU) or ``ray`` (a cluster,
-or a Ray started here; the extra ``.[ray]``)."""
+"""Executors: where units run, ``local`` or ``ray`` (a cluster, or a Ray started here; docs/cluster.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""What every executor shares: the unit and executor interfaces, and running a unit here.
-
-Every row an executor returns carries the environment of the machine that ran it, stamped once, here:
-by :func:`execute` where the unit ran, or by :func:`failed` for a unit not run or lost.
-"""
+"""The unit and executor interfaces, and running a unit here: the one place rows get their machine's environment."""
 
 from __future__ import annotations
 
@@ -17,11 +13,8 @@ from bench.engine.provenance import ROW_FIELDS, environment
 class Unit(Protocol):
     """What an executor runs: plain, picklable data."""
 
-    @property
-    def unit_id(self) -> str: ...
-
-    @property
-    def device(self) -> str: ...  # "cpu" or "cuda": whose environment the rows are stamped with
+    unit_id: str
+    device: str  # "cpu" or "cuda": whose environment the rows are stamped with
 
     def describe(self) -> str: ...
 

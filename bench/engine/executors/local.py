@@ -1,8 +1,4 @@
-"""The ``local`` executor: units on this machine.
-
-On a CPU machine one unit at a time, so timings stay undisturbed; on a machine with several
-GPUs one unit per GPU, each unit's workers seeing only their GPU (``CUDA_VISIBLE_DEVICES``).
-"""
+"""The ``local`` executor: one unit at a time on a CPU (timings undisturbed), one per GPU (``CUDA_VISIBLE_DEVICES``)."""
 
 from __future__ import annotations
 
@@ -16,10 +12,7 @@ from bench.engine.executors.base import execute
 
 
 def slot_device(slot: int, parent: str | None) -> str:
-    """``CUDA_VISIBLE_DEVICES`` for the workers of GPU slot ``slot``: the ``slot``-th device of
-    the parent's own ``CUDA_VISIBLE_DEVICES`` (``parent``; ``"3,5"``, slot 1 -> ``"5"``), or
-    ``str(slot)`` where the parent sets none (every GPU visible). A slot beyond the list is a
-    ``ValueError`` naming both."""
+    """``CUDA_VISIBLE_DEVICES`` of GPU slot ``slot``: the ``slot``-th of the ``parent``'s, else ``str(slot)``."""
     if parent is None or not parent.strip():
         return str(slot)
     listed = [d.strip() for d in parent.split(",") if d.strip()]
@@ -33,12 +26,9 @@ class LocalExecutor:
     """Units on this machine: one at a time on CPU, one per GPU on a multi-GPU machine."""
 
     def __init__(self, device: str = "cpu", gpus: int | None = None) -> None:
-        if device == "cuda":
-            if gpus is None:
-                gpus = torch.cuda.device_count()
-            self.slots = max(1, gpus)
-        else:
-            self.slots = 1
+        if device == "cuda" and gpus is None:
+            gpus = torch.cuda.device_count()
+        self.slots = max(1, gpus) if device == "cuda" else 1
         self.device = device
         self._pool = futures.ThreadPoolExecutor(self.slots) if self.slots > 1 else None
         self._running: dict[futures.Future, tuple[Any, int]] = {}

@@ -1,10 +1,4 @@
-"""The ``ray`` executor: one Ray task per unit, on a cluster or on a Ray started here.
-
-What a task reserves, how failures become rows and how a local Ray is set up: docs/cluster.md.
-Ray (the extra ``attn-bench[ray]``) is imported only when an executor is made. A Ray this process
-had already joined (``ray.init`` before the executor) is used as it is, whatever the address, and
-left running.
-"""
+"""The ``ray`` executor: a Ray task per unit (docs/cluster.md); a Ray this process joined before is used as it is."""
 
 from __future__ import annotations
 
@@ -36,8 +30,7 @@ NODE_RESOURCE = "attn_bench_node"
 OBJECT_STORE_BYTES = 100 * 2**20
 #: times Ray runs a task again after a system failure (a lost worker or node)
 MAX_RETRIES = 1
-#: settings of a Ray started here: workers at normal priority, bounded retries after a kill
-#: by Ray's memory monitor (a case that fills the node would fill it again)
+#: a Ray started here: workers at normal priority, bounded retries after Ray's memory monitor kills one
 LOCAL_RAY_CONFIG = {"worker_niceness": 0, "task_oom_retries": MAX_RETRIES}
 #: ``wait_any`` polls and sleeps in Python: a blocking ``ray.wait`` turns a signal handler's
 #: KeyboardInterrupt("SIGTERM") into a bare KeyboardInterrupt
@@ -71,16 +64,14 @@ class Reservation:
     slots: int = 1
     warning: str = ""  # nodes left idle, said once when the executor starts
 
-
-def _node_name(node: dict[str, Any]) -> str:
-    return str(node.get("NodeManagerHostname") or node.get("NodeManagerAddress") or node["NodeID"])
+    @property
+    def needs(self) -> dict[str, float]:
+        """What one task asks for, by Ray's resource names."""
+        return {"CPU": self.num_cpus, "GPU": self.num_gpus, **self.resources}
 
 
 def reservation_for(device: str, nodes: list[dict[str, Any]]) -> Reservation:
-    """The reservation of one unit's task on a cluster whose nodes are ``nodes`` (``ray.nodes()``).
-
-    ``ValueError`` when no node can run a unit on ``device``.
-    """
+    """One unit's task's reservation on a cluster of ``nodes`` (``ray.nodes()``); ``ValueError``: no node can run it."""
     if device not in DEVICES:
         raise ValueError(f"device: unknown value {device!r}; allowed values are {list(DEVICES)}")
     alive = [n for n in nodes if n.get("Alive") and n.get("Resources")]
@@ -95,7 +86,8 @@ def reservation_for(device: str, nodes: list[dict[str, Any]]) -> Reservation:
         cpus = min(n["Resources"].get("CPU", 0) for n in marked)
         slots = int(sum(n["Resources"][NODE_RESOURCE] for n in marked))
         return Reservation(num_cpus=cpus, num_gpus=0, resources={NODE_RESOURCE: 1}, slots=slots)
-    sizes = [(_node_name(n), n["Resources"].get("CPU", 0)) for n in alive]
+    sizes = [(str(n.get("NodeManagerHostname") or n.get("NodeManagerAddress") or n["NodeID"]),
+              n["Resources"].get("CPU", 0)) for n in alive]
     sizes = [(name, cpus) for name, cpus in sizes if cpus >= 1]
     if not sizes:
         raise ValueError("device 'cpu': the Ray cluster has no node with a CPU to run units on")
@@ -112,8 +104,7 @@ def reservation_for(device: str, nodes: list[dict[str, Any]]) -> Reservation:
 def fits(node: dict[str, Any], reservation: Reservation) -> bool:
     """True when ``node`` (an entry of ``ray.nodes()``) is alive and can hold one such task."""
     have = node.get("Resources") or {}
-    wanted = {"CPU": reservation.num_cpus, "GPU": reservation.num_gpus, **reservation.resources}
-    return bool(node.get("Alive")) and all(have.get(k, 0) >= v for k, v in wanted.items() if v)
+    return bool(node.get("Alive")) and all(have.get(k, 0) >= v for k, v in reservation.needs.items() if v)
 
 
 def _thread_env_as_started() -> None:
@@ -144,14 +135,12 @@ def run_unit_task(unit: Any, gpu: bool) -> list[dict[str, Any]]:
 
 def failure_status(err: BaseException) -> tuple[str, str]:
     """``(status, reason)`` for a unit whose Ray task failed with ``err``."""
-    import ray.exceptions as rex
+    import ray.exceptions as rex  # Ray: an optional extra, imported only with an executor
 
     if isinstance(err, rex.RayTaskError):  # the task body raised (e.g. the unit did not unpickle)
         cause = err.cause if err.cause is not None else err
-        what = f"{type(cause).__name__}: {first_line(str(cause))}"
-        return "error", f"Ray task failed: {what}"[:500]
-    name = type(err).__name__
-    said = f"Ray reported {name}: {first_line(str(err))}"
+        return "error", f"Ray task failed: {type(cause).__name__}: {first_line(str(cause))}"[:500]
+    said = f"Ray reported {type(err).__name__}: {first_line(str(err))}"
     if isinstance(err, rex.OutOfMemoryError):
         return "oom", f"{said} (killed by Ray's memory monitor)"[:500]
     if isinstance(err, rex.TaskCancelledError):
@@ -177,12 +166,7 @@ def _env_default(name: str, value: str) -> Iterator[None]:
 
 
 class RayExecutor:
-    """Units as Ray tasks: one timed unit per node (CPU) or per GPU (CUDA).
-
-    ``address`` (``HOST:PORT`` of a Ray head): join that cluster within ``connect_timeout_s``, leave it
-    running at :meth:`shutdown`; ``None``: start a Ray here (``num_cpus``, ``object_store_memory``) and
-    stop it at :meth:`shutdown`. ``ValueError`` names the argument when either cannot be done.
-    """
+    """Units as Ray tasks on the cluster at ``address`` (left running) or on a Ray started here (stopped at the end)."""
 
     def __init__(self, device: str = "cpu", address: str | None = None, *,
                  num_cpus: int | None = None,
@@ -280,10 +264,6 @@ class RayExecutor:
                 if lost is not None:
                     return lost
 
-    def _needs(self) -> str:
-        res = self.reservation
-        needs = {"CPU": res.num_cpus, "GPU": res.num_gpus, **res.resources}
-        return ", ".join(f"{k} {v:g}" for k, v in needs.items() if v)
 
     def _collect(self, ref: Any) -> tuple[Any, list[dict[str, Any]]]:
         unit = self._running.pop(ref)
@@ -296,8 +276,8 @@ class RayExecutor:
         """When no node can run units any more, end the running units as failure rows (not wait forever)."""
         if any(fits(node, self.reservation) for node in self._ray.nodes()):
             return None
-        reason = (f"no live Ray node can run the unit any more (each needs {self._needs()}); "
-                  "the nodes that could were lost")
+        needs = ", ".join(f"{k} {v:g}" for k, v in self.reservation.needs.items() if v)
+        reason = f"no live Ray node can run the unit any more (each needs {needs}); the nodes that could were lost"
         for ref, unit in list(self._running.items()):
             with contextlib.suppress(Exception):
                 self._ray.cancel(ref, force=True)

@@ -1,8 +1,4 @@
-"""Reaching the Ray head at ``--address`` within a time limit, and naming what answers instead.
-
-Each of the TCP connection, an HTTP/2 answer (gRPC, as a Ray head speaks) and ``ray.init`` waits at most
-``timeout_s``; anything else there is a one-line error (docs/reliability.md).
-"""
+"""Reaching the Ray head at ``--address`` within a time limit, and naming what answers instead."""
 
 from __future__ import annotations
 
@@ -14,11 +10,9 @@ from typing import Any
 
 from bench.engine.messages import shown
 
-#: how long ``--address`` may take to answer, for each of: connecting, answering in Ray's
-#: protocol, and joining the cluster (``attn-bench sweep --connect-timeout-s``)
+#: how long ``--address`` may take to connect, to answer, to be joined, each (``--connect-timeout-s``)
 CONNECT_S = 30.0
-#: the HTTP/2 client connection preface and an empty SETTINGS frame (RFC 7540 section 3.5):
-#: a gRPC server such as a Ray head answers with a SETTINGS frame of its own
+#: the HTTP/2 preface and an empty SETTINGS frame (RFC 7540 3.5): a gRPC server answers with its own
 _H2_HELLO = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
 _H2_SETTINGS = 0x04  # frame type
 _RAY_TLS = "RAY_USE_TLS"
@@ -33,9 +27,7 @@ def first_line(text: str) -> str:
 
 
 def check_reachable(address: str, timeout_s: float = CONNECT_S) -> None:
-    """``ValueError`` naming ``--address`` and what answers there unless gRPC answers within ``timeout_s``
-    (Ray itself retries for minutes, or forever). ``auto`` is left to Ray; with ``RAY_USE_TLS`` only the
-    connection is checked."""
+    """``ValueError`` naming what answers at ``address`` unless gRPC does within ``timeout_s`` (Ray retries forever)."""
     if address == "auto":
         return
     hostport = address.split("://", 1)[1] if "://" in address else address
@@ -65,8 +57,7 @@ def check_reachable(address: str, timeout_s: float = CONNECT_S) -> None:
 
 
 def _first_answer(sock: socket.socket, timeout_s: float) -> bytes | None:
-    """The first bytes (at least a frame header's 9) a server sends back to the HTTP/2
-    preface; ``None`` when it says nothing within ``timeout_s``; ``b""`` when it closes."""
+    """The first bytes (9 or more) answering the HTTP/2 preface; ``None``: silent for ``timeout_s``; ``b""``: closed."""
     deadline = time.monotonic() + timeout_s
     data = b""
     try:
@@ -124,9 +115,7 @@ class ConnectTimeoutError(ValueError):
 
 
 def init_within(ray: Any, timeout_s: float, address: str, **options: Any) -> None:
-    """``ray.init(address=address, **options)``, waiting at most ``timeout_s``:
-    :class:`ConnectTimeoutError` naming ``--address`` when it has not joined by then (it keeps trying in a thread that
-    does not hold the process open)."""
+    """``ray.init`` within ``timeout_s``, else :class:`ConnectTimeoutError` (its thread holds no process open)."""
     outcome: dict[str, BaseException] = {}
 
     def join() -> None:
