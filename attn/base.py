@@ -27,9 +27,7 @@ PROBE_HEADS, PROBE_DIM = 8, 64
 class Attention(nn.Module):
     """Base of every registered attention (docs/contract.md).
 
-    Subclasses declare a mask_mod / score_mod (:class:`ExactAttention`) or a ``native_forward``.
-    ``forward`` checks the contract, builds the :class:`~attn.pattern.Pattern`, resolves the kernel
-    and records what ran in ``last_path``. A variant's kernels are derived, never listed."""
+    A subclass declares mods (:class:`ExactAttention`) or a ``native_forward``; its kernels are derived."""
 
     name: ClassVar[str] = "attention"
     #: kernels ``auto`` tries first (a preference, not a statement of support)
@@ -82,10 +80,8 @@ class Attention(nn.Module):
     # parameters: checked from the class, without building a module
     @classmethod
     def check_params(cls, **params: Any) -> None:
-        """``ValueError`` naming the parameter for any value the constructor refuses.
-
-        Checks each parameter by its ``param_rules`` rule (``kernel`` against :meth:`class_kernels`), then
-        :meth:`check_together`. The registry calls it to validate a configuration without instantiating."""
+        """``ValueError`` naming the parameter for any value the constructor refuses, without building a module:
+        each ``param_rules`` rule (``kernel`` against :meth:`class_kernels`), then :meth:`check_together`."""
         rules: dict[str, Param] = {}
         for klass in reversed(cls.__mro__):
             rules.update(vars(klass).get("param_rules", {}))
@@ -162,16 +158,12 @@ class Attention(nn.Module):
     def reference_forward(
         self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None
     ) -> Tensor | None:
-        """An approximation's definition computed directly (O(Nq * Nk), same parameters), or None.
-
-        The conformance kit's ``matches_reference`` compares ``native_forward`` with it."""
+        """An approximation's definition computed directly (O(Nq * Nk)) for the kit's ``matches_reference``, or None."""
         return None
 
     def new_decoding_state(self) -> Any | None:
-        """A state for causal decoding that replaces the KV cache, or None (default).
-
-        It has ``step(q, k, v, key_mask=None) -> out``, ``reorder(index)`` and ``length``;
-        :class:`attn.kernelized.KernelizedState` is one."""
+        """A causal decoding state replacing the KV cache (``step``, ``reorder``, ``length``:
+        :class:`attn.kernelized.KernelizedState`), or None."""
         return None
 
     def pattern(self) -> Pattern:
@@ -191,9 +183,7 @@ class Attention(nn.Module):
                       getattr(self, "native_path", None))
 
     def cost(self, query: CostQuery) -> Cost:
-        """FLOPs of a call of this shape (:mod:`attn.cost`).
-
-        Approximations should override this; until then they count as full attention (``full_equivalent``)."""
+        """FLOPs of a call of this shape (:mod:`attn.cost`); an approximation not overriding it counts as full."""
         if self.exact:
             return exact_cost(self.pattern(), query, module_device(self))  # where its mods' tensors are
         return pairs_cost(query.q_len * query.k_len, query, kind="full_equivalent")
@@ -220,22 +210,18 @@ class Attention(nn.Module):
         return get_kernel(kernel).not_supported_reasons(pattern, call)
 
     def resolve_kernel(self, call: AttentionCall) -> str:
-        """The kernel that runs ``call``; ``NotImplementedError`` when ``auto`` finds none.
-
-        ``auto`` remembers its choice per call description (:mod:`attn.kernels.auto`), so a decoding
-        step checks one kernel, not every kernel."""
-        if self.kernel != "auto":
-            return self.kernel
-        return self._auto_kernel(self.pattern(), call)
+        """The kernel that runs ``call``; ``NotImplementedError`` when ``auto`` finds none."""
+        return self._auto_kernel(self.pattern(), call) if self.kernel == "auto" else self.kernel
 
     def _auto_kernel(self, pattern: Pattern, call: AttentionCall) -> str:
         """``auto``'s kernel for ``call``, asking each kernel's reasons at most once."""
         device_type = call.device.type
         # the short-call limit follows the variant's kind: as fixed as the choices themselves
         limits = self.__dict__.setdefault("_auto_short_keys", {})
-        if device_type not in limits:
-            limits[device_type] = auto.short_keys(pattern, call.device)
-        limit = limits[device_type]
+        where = (device_type, call.dtype, call.requires_grad)  # a tuning file's limit is per dtype and pass
+        if where not in limits:
+            limits[where] = auto.short_keys(pattern, call.device, call.dtype, call.requires_grad)
+        limit = limits[where]
         short = limit is not None and call.k_len is not None and call.k_len < limit
         key = (call.device, call.dtype, call.causal, call.requires_grad, call.has_key_mask, short,
                call.has_document_ids)
@@ -303,6 +289,12 @@ def gqa_refusal(name: str) -> str:
     return f"{name} does not support grouped-query attention (k, v with fewer heads than q)"
 
 
+def require_num_heads(name: str, params: dict[str, Any], setting: str, why: str) -> None:
+    """``ValueError`` when ``params`` gives ``num_heads=None`` though ``setting`` needs it (``why``)."""
+    if "num_heads" in params and params["num_heads"] is None:
+        raise ValueError(f"{name}: parameter 'num_heads' is required with {setting} ({why})")
+
+
 class ExactAttention(Attention):
     """An exact variant, defined by ``mask_mod`` plus an optional ``position_bias``
     (``None``, ``"learned"`` or ``"alibi"``)."""
@@ -332,11 +324,8 @@ class ExactAttention(Attention):
     def check_together(cls, params: dict[str, Any]) -> None:
         super().check_together(params)
         bias = params.get("position_bias")
-        if bias is not None and "num_heads" in params and params["num_heads"] is None:
-            raise ValueError(
-                f"{cls.name}: parameter 'num_heads' is required with position_bias={bias!r} "
-                "(the bias has one set of values per head)"
-            )
+        if bias is not None:
+            require_num_heads(cls.name, params, f"position_bias={bias!r}", "the bias has one set of values per head")
 
     def score_mod(self) -> ScoreMod | None:
         return None if self.position_bias is None else self.position_bias.score_mod()

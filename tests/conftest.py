@@ -74,6 +74,9 @@ _serial_lock: _SerialLock | None = None
 
 def pytest_configure(config: pytest.Config) -> None:
     global _serial_lock
+    # `auto` reads this machine's tuning file (`attn-bench tune`, docs/kernels.md) unless told not to: tests
+    # expect its fixed table (a test of a tuning file points the variable at a file of its own)
+    os.environ["ATTN_BENCH_TUNING"] = "off"
     worker = getattr(config, "workerinput", None)  # set on pytest-xdist's workers only
     if worker is None and getattr(config.option, "numprocesses", None):  # xdist's controller
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # read by libgomp as torch loads

@@ -7,6 +7,9 @@ A variant's ``preferred_kernels`` come first, kernels the table omits next, ``re
 Kinds: *approximate* (not exact, or ``native``), *banded* (``band()`` set), *plain* (no mods),
 *biased* (any other exact variant). Long packed calls try ``blocked`` first (one call per
 document). On CUDA the CPU-tuned kernels (``blocked``, ``chunked``) come after flex and SDPA.
+
+A tuning file written by ``attn-bench tune`` for this machine, device type, dtype and thread count
+(:mod:`attn.kernels.tuning`) replaces a kind's orders and short-call limit per pass; the rest holds.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import torch
 
 from attn.call import AttentionCall
 from attn.kernels import get_kernel, kernels_for
+from attn.kernels.tuning import KindOrder, Tuning, active_tuning
 from attn.pattern import Pattern
 
 #: kernels tuned for CPU caches: on CUDA they come after every kernel built for the GPU
@@ -53,23 +57,55 @@ def kernel_kind(pattern: Pattern) -> str:
     return "biased"
 
 
-def short_keys(pattern: Pattern, device: torch.device) -> int | None:
+def tuned_order(pattern: Pattern, device: torch.device, dtype: torch.dtype | None, grad: bool,
+                tuning: Tuning | None = None) -> KindOrder | None:
+    """The tuned order for ``pattern``'s kind on ``device`` (None: the fixed table). ``tuning`` None: the
+    file in effect now (:func:`attn.kernels.tuning.active_tuning`); ``dtype`` None: the fixed table."""
+    if tuning is None:
+        if dtype is None:
+            return None
+        tuning = active_tuning(device, dtype)
+    return tuning.order_for(kernel_kind(pattern), grad)
+
+
+def auto_source(pattern: Pattern, device: torch.device | str, dtype: torch.dtype,
+                tuning: Tuning | None = None) -> str:
+    """Where ``auto``'s order for ``pattern`` comes from: ``tuned:<sha>``, ``default`` or ``default: <why>``."""
+    tuning = active_tuning(device, dtype) if tuning is None else tuning
+    return tuning.source_for(kernel_kind(pattern))
+
+
+def short_keys(pattern: Pattern, device: torch.device, dtype: torch.dtype | None = None, grad: bool = False,
+               *, tuning: Tuning | None = None) -> int | None:
     """Calls with fewer keys than this take the short-call order; None: no short order."""
+    tuned = tuned_order(pattern, device, dtype, grad, tuning)
+    if tuned is not None:
+        return tuned.short_keys
     return SHORT_KEYS.get((torch.device(device).type, kernel_kind(pattern)))
 
 
-def is_short(pattern: Pattern, device: torch.device, k_len: int | None) -> bool:
+def is_short(pattern: Pattern, device: torch.device, k_len: int | None, dtype: torch.dtype | None = None,
+             grad: bool = False, *, tuning: Tuning | None = None) -> bool:
     """True when a call with ``k_len`` keys takes the short-call order."""
-    limit = short_keys(pattern, device)
+    limit = short_keys(pattern, device, dtype, grad, tuning=tuning)
     return limit is not None and k_len is not None and k_len < limit
 
 
 def auto_order(pattern: Pattern, device: torch.device, k_len: int | None = None,
-               preferred: Sequence[str] = ()) -> list[str]:
-    """The kernels ``auto`` tries, in order: ``preferred`` ones supported, the table's, the rest, ``reference``."""
+               preferred: Sequence[str] = (), *, dtype: torch.dtype | None = None, grad: bool = False,
+               tuning: Tuning | None = None) -> list[str]:
+    """The kernels ``auto`` tries, in order: ``preferred`` ones supported, the table's, the rest, ``reference``.
+
+    The table is the tuned one for ``dtype`` and ``grad`` where a tuning file holds (:func:`tuned_order`)."""
     dev = torch.device(device).type
     kind = kernel_kind(pattern)
-    table = SHORT_ORDER[(dev, kind)] if is_short(pattern, device, k_len) else AUTO_ORDER.get((dev, kind))
+    tuned = tuned_order(pattern, device, dtype, grad, tuning)
+    if tuned is not None:
+        table: tuple[str, ...] | None = tuned.order(k_len)
+    elif is_short(pattern, device, k_len):
+        table = SHORT_ORDER[(dev, kind)]
+    else:
+        table = AUTO_ORDER.get((dev, kind))
     if table is None:  # other devices: the CPU rule (portable kernels first)
         table = AUTO_ORDER[("cpu", kind)]
     usable = kernels_for(pattern)
@@ -82,15 +118,17 @@ def auto_order(pattern: Pattern, device: torch.device, k_len: int | None = None,
 
 
 def choose_kernel(pattern: Pattern, call: AttentionCall, preferred: Sequence[str] = (),
-                  known: dict[str, list[str]] | None = None) -> str:
+                  known: dict[str, list[str]] | None = None, *, tuning: Tuning | None = None) -> str:
     """Name of the kernel ``auto`` runs for ``call``; ``NotImplementedError`` if none.
 
-    ``call.k_len`` None means a long call; ``known`` holds reasons already asked for this call."""
+    ``call.k_len`` None means a long call; ``known`` holds reasons already asked for this call;
+    ``tuning``: the tuned orders to use (None: the file in effect, :mod:`attn.kernels.tuning`)."""
     known = {} if known is None else known
-    if call.has_document_ids and not is_short(pattern, call.device, call.k_len):
+    where = {"dtype": call.dtype, "grad": call.requires_grad, "tuning": tuning}
+    if call.has_document_ids and not is_short(pattern, call.device, call.k_len, **where):
         preferred = (*preferred, *PACKED_FIRST)
     reasons: list[str] = []
-    for name in auto_order(pattern, call.device, call.k_len, preferred):
+    for name in auto_order(pattern, call.device, call.k_len, preferred, **where):
         why = known[name] if name in known else get_kernel(name).not_supported_reasons(pattern, call)
         if not why:
             return name

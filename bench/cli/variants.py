@@ -1,22 +1,15 @@
-"""``attn-bench list`` and ``check``: the registered variants, tasks and model kinds, and the
-conformance kit."""
+"""``attn-bench list`` and ``check``: the registered variants, tasks and model kinds; the conformance kit."""
 
 from __future__ import annotations
 
+import textwrap
 import time
 from typing import Annotated, Any
 
 import typer
 
 from bench.cli.app import app
-from bench.cli.common import (
-    PluginOpt,
-    UsageError,
-    check_device_option,
-    choice,
-    import_plugin_options,
-    user_errors,
-)
+from bench.cli.common import PluginOpt, UsageError, check_device_option, choice, import_plugin_options, user_errors
 
 #: the width ``attn-bench list`` lays its text out in: readable in an 80-column terminal
 LIST_WIDTH = 80
@@ -37,6 +30,7 @@ def list_command(
     from attn.registry import plugin_errors
     from bench.engine.config import DEVICES, DTYPES, list_config_presets
     from bench.quality.settings import list_task_presets
+    from models import list_models
 
     choice("--device", device, DEVICES)
     choice("--dtype", dtype, DTYPES)
@@ -48,11 +42,9 @@ def list_command(
         cells = []
         try:
             module = create_attention(name, num_heads=8, head_dim=64)
-            for kernel in info.kernels:
-                marks = []
-                for grad in (False, True):  # any lengths, no key_mask
-                    why = module.not_supported_reasons(AttentionCall(device, torch_dtype, False, grad), kernel=kernel)
-                    marks.append("yes" if not why else "no")
+            for kernel in info.kernels:  # forward, then with gradients; any lengths, no key_mask
+                marks = ["no" if module.not_supported_reasons(AttentionCall(device, torch_dtype, False, grad),
+                                                              kernel=kernel) else "yes" for grad in (False, True)]
                 cells.append(f"{kernel} {'/'.join(marks)}")
             try:
                 auto = auto_by_length(module, device, torch_dtype)
@@ -69,7 +61,7 @@ def list_command(
                   f"  GQA:     {'yes' if info.supports_gqa else 'no'} (k, v with fewer heads than q)", ""]
     lines += _wrapped("kernels: ", ", ".join(list_kernels()), "  ")
     lines += ["", *_tasks_lines(), ""]
-    lines += _wrapped("model kinds: ", ", ".join(_model_kinds()), "  ")
+    lines += _wrapped("model kinds: ", ", ".join(list_models()), "  ")
     lines += _wrapped("config presets (attn-bench sweep NAME): ", ", ".join(list_config_presets()), "  ")
     lines += _wrapped("task presets (--preset, a grid's preset): ", ", ".join(list_task_presets()), "  ")
     typer.echo("\n".join(lines))
@@ -78,44 +70,33 @@ def list_command(
 
 
 def _auto_picks(module: Any, device: str, dtype: Any, grad: bool) -> str:
-    """What ``auto`` runs for ``module``'s self-attention as a function of N (forward, or
-    with gradients): one kernel, or the short-call kernel below the limit and the other
-    from it (:mod:`attn.kernels.auto`)."""
+    """What ``auto`` runs for ``module``: a kernel, or one below the short-call limit and one from it."""
     from attn import AttentionCall
     from attn.kernels.auto import short_keys
 
     def pick(n: int | None) -> str:
         return module.resolve_kernel(AttentionCall(device, dtype, False, grad, n, n))
 
-    limit = short_keys(module.pattern(), device)
+    limit = short_keys(module.pattern(), device, dtype, grad)
     if limit is None or pick(limit - 1) == pick(limit):
         return pick(limit)
     return f"{pick(limit - 1)} for N < {limit}, {pick(limit)} from N = {limit}"
 
 
 def auto_by_length(module: Any, device: str, dtype: Any) -> str:
-    """``auto -> ...`` for ``attn-bench list``: the kernels ``auto`` picks by sequence length
-    (``auto -> sdpa for N < 768, blocked from N = 768``), the forward's and the backward's
-    apart only where they differ."""
+    """``auto -> sdpa for N < 768, blocked from N = 768``, the forward's and backward's apart where they differ."""
     forward, backward = (_auto_picks(module, device, dtype, grad) for grad in (False, True))
-    if forward == backward:
-        return f"auto -> {forward}"
-    return f"auto -> fwd: {forward}; bwd: {backward}"
+    return f"auto -> {forward}" if forward == backward else f"auto -> fwd: {forward}; bwd: {backward}"
 
 
 def _wrapped(head: str, text: str, indent: str) -> list[str]:
-    """``head`` and ``text`` wrapped to :data:`LIST_WIDTH` columns, continued at ``indent``;
-    words (``max_distance=128``, ``yes/no``) are never split."""
-    import textwrap
-
+    """``head`` and ``text`` wrapped to :data:`LIST_WIDTH` columns at ``indent``, no word split."""
     return textwrap.wrap(text, LIST_WIDTH, initial_indent=head, subsequent_indent=indent,
                          break_long_words=False, break_on_hyphens=False) or [head.rstrip()]
 
 
 def _tasks_lines() -> list[str]:
-    """The registered quality tasks, one line each: model kind (each kind its presets use,
-    ``decoder_lm/encoder_classifier`` where they differ), headline metric, and the
-    task presets it has where it lacks some (the full list is its own line)."""
+    """The quality tasks, a line each: model kind(s) of its presets, headline metric, its presets where not all."""
     from bench.quality.settings import list_task_presets, task_settings
     from bench.quality.tasks import list_tasks, task_info
 
@@ -138,12 +119,6 @@ def _tasks_lines() -> list[str]:
             lines += [line.rstrip(), " " * (4 + widths[0]) + note]
     return lines
 
-
-def _model_kinds() -> list[str]:
-    """The registered model kinds (built-in and plug-in)."""
-    from models import list_models
-
-    return list_models()
 
 
 def _attention_info(name: str) -> Any:

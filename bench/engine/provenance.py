@@ -1,8 +1,4 @@
-"""Where a number came from: the code version, the installed package and the machine.
-
-A non-editable install has no checkout of its own: a git repository that happens to enclose the
-environment is never read, and the package version stands for the code.
-"""
+"""Where a number came from: the code version, the installed package and the machine."""
 
 from __future__ import annotations
 
@@ -18,6 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from attn.machine import CPU_FLAGS, cpu_identity, cpu_name
 from bench.engine.allocator import allocator_settings
 from bench.engine.cache import INDUCTOR_VAR, compile_cache_dir
 
@@ -30,9 +27,7 @@ def source_root() -> Path | None:
     """The source checkout the running package comes from, or None (installed package)."""
     root = Path(__file__).resolve().parents[2]  # bench/engine/provenance.py
     pyproject = root / "pyproject.toml"
-    if not pyproject.is_file() or f'name = "{DISTRIBUTION}"' not in pyproject.read_text():
-        return None
-    return root
+    return root if pyproject.is_file() and f'name = "{DISTRIBUTION}"' in pyproject.read_text() else None
 
 
 def _git(root: Path, *args: str) -> str:
@@ -50,8 +45,7 @@ def _exclude(pathspec: str) -> str:
 
 @cache
 def code_version() -> str:
-    """``<sha>`` (the last commit that changed code, not :data:`NOT_CODE`) or ``<sha>+dirty``; else
-    ``not a git checkout``."""
+    """The last commit that changed code (not :data:`NOT_CODE`), ``+dirty``; an installed package never reads git."""
     root = source_root()
     if root is None:
         return "installed package (no source checkout)"
@@ -74,41 +68,6 @@ def package_version() -> str:
         return "unknown"
 
 
-def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo (or the platform's processor string)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-#: instruction-set flags of /proc/cpuinfo that decide which CPU kernels torch and its BLAS run
-CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16")
-
-
-def cpu_identity() -> dict[str, str]:
-    """The CPU a run's figures hold for: model, vendor, torch's dispatch level, :data:`CPU_FLAGS` and BLAS."""
-    import torch
-
-    fields: dict[str, str] = {}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    flags = set(fields.get("flags", "").split())
-    config = torch.__config__.show()
-    blas = next((part.split("=", 1)[1] for part in config.replace(",", " ").split()
-                 if part.startswith("BLAS_INFO=")), "unknown")
-    return {"cpu_model": cpu_name(), "cpu_vendor": fields.get("vendor_id", platform.machine()),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "cpu_flags": " ".join(f for f in CPU_FLAGS if f in flags), "blas": blas}
-
-
 def cpu_summary(segment: dict[str, Any]) -> str:
     """One line naming a segment's CPU ("" when it was not recorded)."""
     if not segment.get("cpu_model"):
@@ -122,9 +81,7 @@ def device_name(device: str) -> str:
     """The first visible GPU's name for ``cuda`` where available, else the CPU model."""
     import torch  # here, not at import: the history of the results files needs no torch
 
-    if device == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    return cpu_name()
+    return torch.cuda.get_device_name() if device == "cuda" and torch.cuda.is_available() else cpu_name()
 
 
 def command_line() -> str:
@@ -137,9 +94,8 @@ def command_line() -> str:
 
 
 def environment(device: str, threads: int | None, *, probe: bool = True) -> dict[str, Any]:
-    """Versions, device, threads, allocator, host, CPU, time stamp and command line of this run. ``probe``
-    False: the device is not on this machine (a cluster's driver): CUDA is not asked."""
-    import torch
+    """Versions, device, threads, allocator, host, CPU, time and command of this run (``probe`` False: no CUDA)."""
+    import torch  # here, not at import: the history of the results files needs no torch
 
     try:
         xformers = metadata.version("xformers")

@@ -27,9 +27,9 @@ COLUMNS = [
     "flops_kind", "density", "tflops", "peak_fraction", "mask_emulated", "fallback",
     "interleave_id", "interleaved", "threads", *ROW_FIELDS,
     # added later; older files read as: judged by spread, unpacked, kv_heads = heads, not measured,
-    # probes compared only with each other
+    # probes compared only with each other, auto's source unknown (blank)
     "time_spread", "probe_ms", "noisy", "noise_threshold", "packing", "kv_heads", "compile_bwd_ms",
-    "probe_size",
+    "probe_size", "auto_source",
 ]
 #: the matched-compute columns of a training row (``budget_x`` empty: an equal-steps run)
 BUDGET_COLUMNS = ("budget_x", "flop_budget", "flops_per_step", "train_flops")
@@ -51,8 +51,8 @@ PRETRAINED_COLUMNS = [
 ]
 #: statuses of a pretrained-model run's rows
 PRETRAINED_STATUSES = ("ok", "unsupported", "timeout", "error", "killed", "oom")
-#: kinds of column (``nan`` and ``inf`` read as numbers; ``choice``: one of ``allowed``)
-KINDS = ("text", "int", "number", "bool", "json", "choice")
+#: kinds of column (``nan`` and ``inf`` read as numbers; ``choice``: one of ``allowed``; ``prefix``: starts with one)
+KINDS = ("text", "int", "number", "bool", "json", "choice", "prefix")
 
 #: the passes a speed row may name (``PASSES`` and ``MODEL_PASSES`` of bench.speed.config)
 SPEED_PASSES = ("fwd", "bwd", "fwd_bwd", "train_step")
@@ -71,7 +71,7 @@ class Column:
     kind: str = "text"
     required: bool = False  # a blank cell is refused
     minimum: float | None = None  # int, number: the smallest value allowed
-    allowed: tuple[str, ...] = ()  # choice: the allowed values
+    allowed: tuple[str, ...] = ()  # choice: the allowed values; prefix: the allowed beginnings
 
     def problem(self, text: str) -> str | None:
         """What is wrong with ``text`` in this column (``None``: nothing)."""
@@ -83,6 +83,9 @@ class Column:
             if text not in self.allowed:
                 return f"unknown value {shown(text)}; allowed values are {list(self.allowed)}"
             return None
+        if self.kind == "prefix":
+            ok = text.startswith(self.allowed)
+            return None if ok else f"must start with one of {list(self.allowed)}; got {shown(text)}"
         if self.kind == "bool":
             return None if text in ("True", "False") else f"must be True or False; got {shown(text)}"
         if self.kind == "json":
@@ -198,6 +201,8 @@ SPEED = RowSchema(
         Column("interleaved", "int", minimum=1),
         Column("threads", "int", minimum=1),
         Column("probe_size", "int", minimum=1),
+        # where auto's order came from (docs/kernels.md): default[: why a tuning file was ignored] or tuned:<sha>
+        Column("auto_source", "prefix", allowed=("default", "tuned:")),
         Column("timestamp", required=True),
     ),
     header=("case_id", "label", "variant", "kernel_requested", "seq_len", "pass", "status",

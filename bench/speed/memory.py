@@ -1,9 +1,4 @@
-"""A memory model per kernel: the peak bytes a case needs, from N, B, H, D, dtype and pattern, before it runs.
-
-With ``device_memory_gb`` the cases whose estimate does not fit are left out (docs/measurement.md).
-Deliberately high (every transient of a pass alive at once): it decides what is tried, never what is
-reported. Beyond its kernel's own, a case holds its inputs: 4 (B, H, N, D) tensors, 8 for a grad pass.
-"""
+"""A memory model per kernel, deliberately high: a case's peak bytes before it runs, for ``device_memory_gb``."""
 
 from __future__ import annotations
 
@@ -34,14 +29,6 @@ Shape = dict[str, int]
 Model = Callable[[Pattern, Shape, int, bool, dict[str, Any]], float]
 
 
-def _scores(shape: Shape) -> float:
-    return shape["B"] * shape["H"] * shape["N"] ** 2
-
-
-def _mask_heads(pattern: Pattern, shape: Shape) -> int:
-    return shape["H"] if pattern.per_head else 1
-
-
 #: side of the smaller of the two grids on which a mask's build is measured
 PROFILE_SIDE = 256
 #: at most this many head planes of a per-head mask are built to count them
@@ -49,8 +36,7 @@ PROFILE_HEADS = 4
 
 
 class _LiveBytes(TorchDispatchMode):
-    """The peak of the bytes held by tensors made inside it: a storage counts from the first
-    tensor on it until the last one made here is gone (views share their base's storage)."""
+    """The peak bytes of the storages of the tensors made inside it, each until its last tensor is gone."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -88,18 +74,14 @@ def _peak_of_build(pattern: Pattern, heads: int, causal: bool, side: int) -> int
 
 
 def build_bytes(pattern: Pattern, heads: int, causal: bool, n: int) -> float:
-    """Peak bytes while the allowed-pairs grid of ``pattern`` for ``n`` queries and keys is built,
-    the grid included: the index arithmetic of its ``mask_mod`` (``i - j``, ``abs``, ``%``, a head
-    plane per rate...) makes int64 temporaries. Counted on builds of :data:`PROFILE_SIDE` and twice
-    that on the CPU, as ``a n^2 + b n`` (the index vectors are the ``n`` term); a per-head mask on
-    more than :data:`PROFILE_HEADS` heads as a shared part and a part per head."""
+    """Peak bytes while ``pattern``'s grid of ``n`` x ``n`` allowed pairs is built, as ``a n^2 + b n``."""
     square, linear = _build_terms(pattern, heads, causal)
     return square * n**2 + linear * n
 
 
 @functools.lru_cache(maxsize=256)  # a sweep asks once per kernel and length of one pattern
 def _build_terms(pattern: Pattern, heads: int, causal: bool) -> tuple[float, float]:
-    """``(a, b)`` of :func:`build_bytes`."""
+    """``(a, b)`` of :func:`build_bytes`; a per-head mask past :data:`PROFILE_HEADS`: a shared part and one per head."""
     def at(planes: int) -> tuple[float, float]:  # from two sides, with ``planes`` heads
         side = PROFILE_SIDE
         small, large = (_peak_of_build(pattern, planes, causal, s) for s in (side, 2 * side))
@@ -123,7 +105,7 @@ def _grid(pattern: Pattern, shape: Shape) -> float:
 def _reference(pattern: Pattern, shape: Shape, elem: int, grad: bool, params: dict) -> float:
     """float32 scores, probabilities and a temporary (two more in a backward), the grid, a bias."""
     bias = 4.0 * shape["H"] * shape["N"] ** 2 if pattern.score_mod is not None else 0.0
-    return 4.0 * _scores(shape) * (5 if grad else 3) + _grid(pattern, shape) + bias
+    return 4.0 * shape["B"] * shape["H"] * shape["N"] ** 2 * (5 if grad else 3) + _grid(pattern, shape) + bias
 
 
 def _sdpa(pattern: Pattern, shape: Shape, elem: int, grad: bool, params: dict) -> float:
@@ -150,7 +132,7 @@ def _chunked(pattern: Pattern, shape: Shape, elem: int, grad: bool, params: dict
 def _flex(pattern: Pattern, shape: Shape, elem: int, grad: bool, params: dict) -> float:
     """Four int32 (N/128)^2 block masks."""
     blocks = -(-shape["N"] // FLEX_BLOCK)
-    return 4 * 4.0 * _mask_heads(pattern, shape) * blocks**2
+    return 4 * 4.0 * (shape["H"] if pattern.per_head else 1) * blocks**2
 
 
 def _xformers(pattern: Pattern, shape: Shape, elem: int, grad: bool, params: dict) -> float:
@@ -159,9 +141,7 @@ def _xformers(pattern: Pattern, shape: Shape, elem: int, grad: bool, params: dic
 
 def _native(pattern: Pattern, shape: Shape, elem: int, grad: bool, params: dict) -> float:
     """Nystrom: six float32 (B, H, N, m) landmark kernels with their gradients (three forward)."""
-    landmarks = int(params.get("num_landmarks", 64))
-    kernels = 4.0 * shape["B"] * shape["H"] * shape["N"] * landmarks
-    return kernels * (6 if grad else 3)
+    return 4.0 * shape["B"] * shape["H"] * shape["N"] * int(params.get("num_landmarks", 64)) * (6 if grad else 3)
 
 
 MODELS: dict[str, Model] = {"reference": _reference, "sdpa": _sdpa, "blocked": _blocked,
@@ -177,16 +157,14 @@ def pattern_of(variant: str, params: dict[str, Any], heads: int, head_dim: int) 
 def estimate_bytes(pattern: Pattern, kernel: str, *, n: int, batch: int, heads: int,
                    head_dim: int, dtype: str, device: str, passes: tuple[str, ...],
                    params: dict[str, Any], causal: bool = False) -> float:
-    """Estimated peak device bytes of the case's most demanding pass on ``kernel`` (``auto``: its first
-    choice on ``device``; a kernel without a model: the reference's, the worst)."""
+    """Peak device bytes of a case's worst pass on ``kernel`` (``auto``: its first choice; else as the reference)."""
+    grad = any(p in GRAD_PASSES for p in passes)
     if kernel == "auto":
-        order = auto_order(pattern, torch.device(device), k_len=n)
+        order = auto_order(pattern, torch.device(device), k_len=n, dtype=getattr(torch, dtype), grad=grad)
         kernel = order[0] if order else "reference"
     elem = torch.empty((), dtype=getattr(torch, dtype)).element_size()
     shape = {"B": batch, "H": heads, "N": n, "D": head_dim, "causal": int(causal)}
-    grad = any(p in GRAD_PASSES for p in passes)
-    tensor = float(batch * heads * n * head_dim * elem)
-    inputs = tensor * (8 if grad else 4)
+    inputs = float(batch * heads * n * head_dim * elem) * (8 if grad else 4)  # 4 (B, H, N, D) tensors, 8 in a grad pass
     return inputs + MODELS.get(kernel, _reference)(pattern, shape, elem, grad, params)
 
 

@@ -1,7 +1,4 @@
-"""A row of a speed sweep's ``results.csv``, built in one place (columns: :data:`bench.engine.row_schema.COLUMNS`).
-
-``peak_fraction`` is added where the unit ran (:mod:`bench.speed.peak`), the environment by the executor.
-"""
+"""A row of a speed sweep's ``results.csv``, built in one place (``peak_fraction``: :mod:`bench.speed.peak`)."""
 
 from __future__ import annotations
 
@@ -12,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from attn import create_attention
+from attn.kernels.auto import auto_source
 from bench.engine.measure import probe_size
 from bench.speed.cases import Case
 from bench.speed.noise import noise_columns
@@ -73,15 +72,23 @@ def path_columns(paths: list[Any], case: Case) -> Row:
         "compile_ms": sum(p.compile_s or 0.0 for p in seen) * 1e3,
         "setup_ms": sum(p.setup_s or 0.0 for p in seen) * 1e3,
         "setup_mem_bytes": sum(p.setup_bytes or 0 for p in seen),
+        "auto_source": auto_source_column(case),
     }
+
+
+def auto_source_column(case: Case) -> str:
+    """Where ``auto``'s order came from (``default``, ``default: <why>``, ``tuned:<sha>``); "" for a named kernel."""
+    if case.kernel != "auto":
+        return ""
+    pattern = create_attention(case.variant, num_heads=case.heads, head_dim=case.head_dim,
+                               **case.params_dict).pattern()
+    return auto_source(pattern, case.device, getattr(torch, case.dtype))
 
 
 def measured_row(case: Case, pass_name: str, built: Row, prepared: Row, finished: Row,
                  times_s: list[float], unit_id: str, interleaved: int,
                  probes_s: tuple[float, ...] = ()) -> Row:
-    """The ``ok`` row of a pass from the worker's ``built``, ``prepared`` and ``finished`` replies, the timed
-    calls, the unit and the probe's seconds before and after the rounds (``probes_s``). The slow-state
-    flag is the driver's (the worker sees no other row)."""
+    """The ``ok`` row of a pass from the worker's replies, times and probes (the slow-state flag: the driver's)."""
     flops = built["flops"][pass_name]
     timing = timing_columns(times_s, flops)
     noise = noise_columns(np.asarray(times_s) * 1e3, [p * 1e3 for p in probes_s],
