@@ -41,6 +41,7 @@ QUALITY_COLUMNS = [
     "model_kind", "attention_parts", "kernel_path", "settings", "threads", *ROW_FIELDS,
     "role", "title", "overrides",  # added later: files without them read as a variant, no overrides
     *BUDGET_COLUMNS,
+    "state_bytes", "state_rule",  # recall tasks (bench/quality/state.py); older files: not counted
 ]
 #: the columns of ``pretrained.csv``: one row per (unit, document, length, depth, positions, metric)
 PRETRAINED_COLUMNS = [
@@ -219,7 +220,7 @@ QUALITY = RowSchema(
         Column("seed", "int", minimum=0),
         Column("value", "number", minimum=None),
         Column("status", "choice", required=True, allowed=QUALITY_STATUSES),
-        *_numbers(("steps", "best_step", "param_count"), "int", 0),
+        *_numbers(("steps", "best_step", "param_count", "state_bytes"), "int", 0),
         *_numbers(("train_time_s", "train_tokens_per_s", "eval_tokens_per_s", "peak_mem_bytes",
                    "budget_x", "flop_budget", "flops_per_step", "train_flops")),
         Column("seq_len", "int", minimum=1),

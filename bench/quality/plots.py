@@ -1,8 +1,9 @@
-"""Quality figures: the quality/speed Pareto front per task, each task's metrics by condition, and every
-registered variant's attention pattern."""
+"""Quality figures: the quality/speed Pareto front per task, each task's metrics by condition, recall against
+state, and every registered variant's attention pattern."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from bench.quality.margins import strongest_references
 from bench.quality.reach import variant_recall_reach
 from bench.quality.reference_unit import is_reference_row
 from bench.quality.report import load_quality
+from bench.quality.state_table import FIGURE, reference_floors, skip_reason, state_points
 from bench.quality.tables import condition_table, headline, task_order, trained, uniform_chance
 from bench.quality.tasks import ConditionView, condition_views, task_info
 
@@ -155,7 +157,8 @@ def plot_quality_run(run_dir: str | Path) -> list[Path]:
     """Every quality figure the run's data allows."""
     run_dir = Path(run_dir)
     df, budget = split_budget(load_quality(run_dir))
-    if headline(df).empty:
+    top = headline(df)
+    if top.empty:
         raise ValueError(f"RUN_DIR {run_dir}: no finished training run to plot")
     paths = plot_pareto(df, run_dir)
     for task, view in condition_views():
@@ -163,7 +166,48 @@ def plot_quality_run(run_dir: str | Path) -> list[Path]:
                                                            numeric=view.numeric)):
             paths += plot_condition(df, run_dir, task, view)
     paths += plot_budget(headline(budget), run_dir) if len(headline(budget)) else []
+    paths += plot_recall_state(top, run_dir) if skip_reason(top) is None else []
     return paths
+
+
+def plot_recall_state(top: pd.DataFrame, run_dir: Path) -> list[Path]:
+    """``recall_state.png`` and ``.svg`` of the headline rows ``top``: test accuracy against the bytes a layer keeps,
+    log scale, a panel per (recall task, width); seed std as error bars; trained references and controls hollow;
+    the floors as lines (uniform chance dotted, the computed references dash-dotted and dashed)."""
+    points, floors = state_points(top), reference_floors(top)
+    tasks, widths = task_order(points), sorted(points.width.unique())
+    names = sorted(set(points.label))
+    colours = _colours(names)
+    markers = dict(zip(names, itertools.cycle("osD^vP*Xh<>p")))  # told apart where two colours are near
+    fig, axes = pyplot().subplots(len(tasks), len(widths), figsize=(5.0 * len(widths), 3.8 * len(tasks)),
+                                  squeeze=False)
+    shown: dict[str, Any] = {}  # legend entries: the points, then the floors
+    for (row, task), (col, width) in itertools.product(enumerate(tasks), enumerate(widths)):
+        ax = axes[row, col]
+        for p in points[(points.task == task) & (points.width == width)].itertuples():
+            hollow = p.role != "variant"
+            name = p.label + (f" ({p.role})" if hollow else "")
+            shown.setdefault(name, ax.errorbar(
+                p.state_bytes, p.mean, yerr=0 if np.isnan(p.std) else p.std, fmt=markers[p.label],
+                color=colours[p.label], capsize=3, **({"markerfacecolor": "white"} if hollow else {})))
+        styles = itertools.cycle(("-.", "--", (0, (5, 1, 1, 1, 1, 1))))
+        for floor in floors[floors.task == task].itertuples():
+            chance = floor.label == "uniform chance"
+            line = ax.axhline(floor.value, color="grey" if chance else "black", linewidth=1,
+                              linestyle=":" if chance else next(styles))
+            shown.setdefault(f"floor: {floor.label}", line)
+        ax.set_xscale("log")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(f"{task}, d_model={width}")
+        ax.set_xlabel("state bytes per layer (log)")
+        ax.set_ylabel("test accuracy")
+    ordered = sorted(shown, key=lambda name: name.startswith("floor: "))
+    fig.legend([shown[n] for n in ordered], ordered, loc="center left", bbox_to_anchor=(1.0, 0.5),
+               frameon=False, fontsize=7)
+    fig.suptitle(f"{run_dir.name}: recall against the state a layer keeps to answer (mean and std over "
+                 "seeds; hollow: trained references and controls; lines: the floors)")
+    fig.tight_layout()
+    return save_figure(fig, run_dir, FIGURE)
 
 
 def _pattern(name: str, params: dict[str, Any], n: int) -> np.ndarray:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.engine.process import Worker, WorkerGone
 from bench.quality.reference import get_reference, reference_names
+from bench.quality.state import reference_state_columns
 from bench.quality.tasks import get_task
 
 if TYPE_CHECKING:
@@ -94,7 +95,8 @@ def reference_rows(task_name: str, reference: str, data: dict[str, Any], seed: i
     return [{"params": json.dumps(outcome.chosen, sort_keys=True), "split": "test",
              "metric": m.name, "condition": m.condition, "value": m.value, "status": "ok",
              "reason": "", "train_time_s": seconds, "seq_len": task.seq_len,
-             "model_kind": task.model_kind} for m in outcome.metrics]
+             "model_kind": task.model_kind, **reference_state_columns(task_name)}
+            for m in outcome.metrics]
 
 
 def reference_worker_main(task_name: str, reference: str, data: dict[str, Any], seed: int,

@@ -16,6 +16,7 @@ from bench.quality.grid import QUALITY_FILE
 from bench.quality.margins import SD_MARGIN, margins, strongest_references, unlearned_tasks
 from bench.quality.model_parts import label
 from bench.quality.reference import list_references
+from bench.quality.state_table import state_section
 from bench.quality.tables import (
     condition_table,
     cost_table,
@@ -31,7 +32,7 @@ from bench.quality.tasks import condition_views, headline_titles
 
 REPORT_FILE = "report.md"
 NUMERIC = ("value", "seed", "steps", "best_step", "train_time_s", "train_tokens_per_s",
-           "eval_tokens_per_s", "peak_mem_bytes", "param_count", "seq_len")
+           "eval_tokens_per_s", "peak_mem_bytes", "param_count", "seq_len", "state_bytes")
 
 
 def load_quality(run_dir: str | Path) -> pd.DataFrame:
@@ -42,7 +43,7 @@ def load_quality(run_dir: str | Path) -> pd.DataFrame:
     df = pd.DataFrame(read_rows(run_dir, QUALITY_FILE, QUALITY_COLUMNS), columns=QUALITY_COLUMNS)
     for col in NUMERIC:
         df[col] = pd.to_numeric(df[col], errors="coerce")
-    for col in ("condition", "reason", "kernel_path", "attention_parts", "title", "overrides"):
+    for col in ("condition", "reason", "kernel_path", "attention_parts", "title", "overrides", "state_rule"):
         df[col] = df[col].astype(object).fillna("").astype(str)
     df["role"] = df.role.astype(object).fillna("").replace("", "variant")  # before control rows
     if len(df):
@@ -151,6 +152,7 @@ def build_quality_report(run_dir: str | Path) -> str:
         found = condition_table(df, task, view.metric, view.prefix, numeric=view.numeric)
         if len(found):
             parts += [f"## {view.title}", "", markdown_table(found), ""]
+    parts += state_section(top)
     unsupported = df[df.status == "unsupported"].drop_duplicates(["task", "label"])
     if len(unsupported):
         parts += ["## Unsupported (task, variant)", "",

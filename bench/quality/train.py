@@ -29,6 +29,7 @@ from bench.quality.settings import (
     attention_params,
     task_settings,
 )
+from bench.quality.state import state_columns
 from bench.quality.tasks import Metric, Task, get_task
 from bench.quality.trainer import BEST, Progress, Trainer
 from models import create_model
@@ -66,6 +67,7 @@ def _rows(spec: RunSpec, settings: TaskSettings, task: Task, params: dict[str, A
         "peak_mem_bytes": progress.peak_mem_bytes, "param_count": _param_count(model),
         "kernel_path": _kernel_paths(model),
         "settings": settings.to_json(), **budget,
+        **state_columns(spec.task, task.seq_len, model),  # recall tasks: what a layer keeps to answer
     }
     rows = []
     for split, found in metrics.items():
