@@ -71,9 +71,13 @@ def decayed_chunks(
     if state is None:
         state = q.new_zeros(batch, heads, dim, v.shape[-1])
     before = []
-    for c in range(count):  # the state each chunk starts from
+    # unbound once: indexing chunk c inside the loop would make each step's backward fill a whole-length
+    # gradient (quadratic in the number of chunks)
+    decays = total.exp()[..., None, None].unbind(dim=2)  # n x (B|1, H, 1, 1)
+    states = chunk_state.unbind(dim=2)  # n x (B, H, D, Dv)
+    for decay, added in zip(decays, states, strict=True):  # the state each chunk starts from
         before.append(state)
-        state = total[:, :, c, None, None].exp() * state + chunk_state[:, :, c]  # (B, H, D, Dv)
+        state = decay * state + added  # (B, H, D, Dv)
     out = out + (qc * b.exp()[..., None]) @ torch.stack(before, dim=2)  # (B, H, n, C, Dv)
     return out.reshape(batch, heads, count * chunk, -1)[:, :, :length], state
 
