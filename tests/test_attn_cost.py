@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import Tensor
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from attn import Attention, create_attention, register_attention
+import attn.cost
+from attn import Attention, ExactAttention, create_attention, register_attention
 from attn.cost import CostQuery, allowed_pairs, band_pairs, counted_pairs
+from attn.devices import module_device
+from attn.mods import dense_allowed
 from attn.registry import unregister_attention
 from bench.speed.flops import case_flops
 
@@ -124,3 +128,58 @@ def test_a_plug_in_approximation_is_measured_by_its_own_cost_hook():
         unregister_attention("halved_attention")
     assert flops == {"fwd": 123, "bwd": 456, "fwd_bwd": 579} and kind == "performed"
     assert density == 1.0
+
+
+# An exact variant's FLOPs are counted where its mask_mod's tensors live (attn.devices.module_device):
+# a mask_mod indexing a buffer got `error` rows on CUDA; the module is moved to `meta` here.
+class TableMasked(ExactAttention):
+    """Each query block sees the key blocks a buffer lists for it (a mask_mod reading a tensor)."""
+
+    name = "table_masked"
+
+    def __init__(self, block: int = 4, **common) -> None:
+        super().__init__(**common)
+        self.block = block
+        self.register_buffer("table", torch.tensor([0, 0, 1, 0, 3, 2, 1, 3]), persistent=False)
+
+    def mask_mod(self):
+        table, block = self.table, self.block
+
+        def allowed(b: Tensor, h: Tensor, i: Tensor, j: Tensor) -> Tensor:
+            qb = (i // block).clamp(max=table.shape[0] - 1)
+            return (table[qb] == j // block) | (i // block == j // block)
+
+        return allowed
+
+
+class _Recorded(Exception):
+    pass
+
+
+def test_module_device_is_where_the_buffers_are() -> None:
+    module = TableMasked()
+    assert module_device(module) == torch.device("cpu")
+    assert module_device(module.to("meta")) == torch.device("meta")
+    assert module_device(ExactAttention().to("meta")) == torch.device("cpu")  # holds no tensor
+
+
+def test_cost_counts_the_mask_on_the_module_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = TableMasked().to("meta")
+    seen: list[torch.device] = []
+
+    def recording(batch: int, heads: int, q_len: int, k_len: int, device: torch.device):
+        seen.append(torch.device(device))
+        raise _Recorded
+
+    monkeypatch.setattr(attn.cost, "index_grids", recording)
+    with pytest.raises(_Recorded):
+        module.cost(CostQuery.self_attention(1, 2, 32, 8))
+    assert seen == [torch.device("meta")]  # the CPU here is the bug: the buffer is not there
+
+
+def test_cost_of_a_buffer_mask_counts_its_pairs() -> None:
+    module = TableMasked()
+    n = 32
+    expected = int(dense_allowed(module.mask_mod(), batch=1, heads=1, q_len=n, k_len=n, causal=False,
+                                 key_mask=None, device=torch.device("cpu")).sum())
+    assert module.cost(CostQuery.self_attention(1, 2, n, 8)).pairs == expected

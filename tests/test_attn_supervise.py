@@ -1,6 +1,6 @@
 """A process's identity survives pid reuse, and the watchdog takes its child's group down when
 the parent it watches is gone. Killing a timed-out worker's group and a killed driver's workers
-are tested end to end in test_bench_faults.py, the kit's children in test_reliability_plugins.py."""
+are tested end to end in test_bench_sweep.py, the kit's children in test_attn_conformance_isolation.py."""
 
 from __future__ import annotations
 

@@ -205,6 +205,7 @@ def test_a_run_records_every_task_resumes_and_reports(model_folder: Path, tmp_pa
     assert len(load_pretrained(tmp_path / "run")) == len(rows)
 
 
+@pytest.mark.slow  # an end-to-end run: in the full suite
 def test_a_small_run_resumes_and_reports(model_folder: Path, tmp_path: Path) -> None:
     text = tmp_path / "text.txt"
     text.write_text(TEXT)
@@ -221,6 +222,7 @@ def test_a_small_run_resumes_and_reports(model_folder: Path, tmp_path: Path) -> 
     assert "Pretrained-model report" in page and "Perplexity along the stream" in page
 
 
+@pytest.mark.slow  # an end-to-end run: in the full suite
 def test_a_text_shorter_than_n_is_one_line_naming_it(model_folder: Path, tmp_path: Path) -> None:
     text = tmp_path / "short.txt"
     text.write_text("Too short.")

@@ -246,6 +246,7 @@ def _chain(units: list[TinyTrainUnit]):
         assert rows and rows[0]["unit_id"] == unit.unit_id  # the chain sees its own rows
 
 
+@pytest.mark.slow  # an end-to-end run: in the full suite
 @pytest.mark.timeout(90)
 def test_any_unit_type_runs_on_ray(ray_address):
     # the test module is not importable on Ray's workers: send the unit class by value

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import matplotlib.figure
 import pytest
 
 from bench.engine.results import ResultsWriter
@@ -129,3 +133,165 @@ def test_compare_flags_regressions(tmp_path):
     assert full.change_pct.round(6).eq(30.0).all()
     assert (table[table.kernel_requested == "reference"].change_pct.abs() < 1e-9).all()
     assert len(regressions(table, 25)) == len(full) and len(regressions(table, 35)) == 0
+
+
+# A crossover needs evidence: two lengths on each side whose repeats' spreads do not overlap full
+# attention's, else "not determined" and why; the plot's title names slope guides only when drawn.
+def _spread_row(label: str, variant: str, n: int, times: list[float]) -> dict:
+    median = sorted(times)[len(times) // 2]
+    return {
+        "case_id": f"{label}-{n}", "label": label, "variant": variant, "kernel_requested": "auto",
+        "kernel": "sdpa", "params": "{}", "seq_len": n, "batch": 1, "heads": 8, "head_dim": 64,
+        "dtype": "float32", "device": "cpu", "causal": False, "pass": "fwd", "status": "ok",
+        "reason": "", "time_ms": median, "times_ms": json.dumps(times), "repeats": len(times),
+        "peak_mem_bytes": 100 * n, "mask_emulated": False, "noisy": False,
+        "device_name": "cpu", "timestamp": "2026-01-01T00:00:00",
+    }
+
+
+def _run(path: Path, curves: dict[int, tuple[list[float], list[float]]]) -> Path:
+    """A run of full attention and a window curve: per length, (full's repeats, window's)."""
+    path.mkdir()
+    rows = []
+    for n, (full, window) in curves.items():
+        rows += [_spread_row("full", "full", n, full), _spread_row("window", "sliding_window", n, window)]
+    ResultsWriter(path).append(rows)
+    return path
+
+
+def _crossover(path: Path) -> str:
+    table = scaling_table(load_results(path)).set_index("label")
+    return table.loc["window", "crossover_vs_full"]
+
+
+def test_one_length_with_overlapping_spreads_is_not_determined(tmp_path: Path) -> None:
+    """The issue's plug-in sweep: 7.55 against 7.75 ms at one length, spreads overlapping."""
+    run = _run(tmp_path / "one", {1024: ([7.6, 7.75, 7.9], [7.4, 7.55, 7.8])})
+    said = "not determined: one common length (N=1024); needs two lengths on each side"
+    assert _crossover(run) == said
+    assert said in build_report(run)
+
+
+def test_two_clear_lengths_on_each_side_determine_it(tmp_path: Path) -> None:
+    run = _run(tmp_path / "clear", {
+        512: ([1.0, 1.0, 1.1], [2.0, 2.1, 2.2]), 1024: ([4.0, 4.1, 4.2], [5.0, 5.1, 5.2]),
+        2048: ([16.0, 16.5, 17.0], [10.0, 10.2, 10.4]), 4096: ([64, 65, 66], [20, 20.5, 21])})
+    assert _crossover(run) == "2048"
+
+
+def test_overlapping_spreads_at_the_switch_are_not_determined(tmp_path: Path) -> None:
+    """The medians cross at 2048 (9.9 < 10.0) but the repeats overlap there."""
+    run = _run(tmp_path / "overlap", {
+        512: ([1.0, 1.0, 1.1], [2.0, 2.1, 2.2]), 1024: ([4.0, 4.1, 4.2], [5.0, 5.1, 5.2]),
+        2048: ([9.0, 10.0, 11.0], [9.5, 9.9, 10.5]), 4096: ([64, 65, 66], [20, 20.5, 21]),
+        8192: ([256, 260, 264], [40, 41, 42])})
+    assert _crossover(run) == ("not determined: faster from N=4096 on; below it spreads "
+                               "overlap at N=2048")
+
+
+def test_faster_at_the_largest_length_only_is_not_determined(tmp_path: Path) -> None:
+    run = _run(tmp_path / "last", {
+        512: ([1.0, 1.0, 1.1], [2.0, 2.1, 2.2]), 1024: ([4.0, 4.1, 4.2], [5.0, 5.1, 5.2]),
+        2048: ([16.0, 16.5, 17.0], [10.0, 10.2, 10.4])})
+    assert _crossover(run) == ("not determined: faster only at the largest length N=2048; "
+                               "needs two lengths on each side")
+
+
+def test_one_slower_length_below_is_not_enough(tmp_path: Path) -> None:
+    run = _run(tmp_path / "below", {
+        512: ([1.0, 1.0, 1.1], [2.0, 2.1, 2.2]), 1024: ([16.0, 16.5, 17.0], [10.0, 10.2, 10.4]),
+        2048: ([64, 65, 66], [20, 20.5, 21])})
+    assert _crossover(run) == ("not determined: faster from N=1024 on; below it slower only "
+                               "at N=512; needs two lengths on each side")
+
+
+def test_below_and_beyond_the_range_need_two_clear_lengths(tmp_path: Path) -> None:
+    faster = _run(tmp_path / "faster", {512: ([4.0, 4.1, 4.2], [1.0, 1.0, 1.1]),
+                                        1024: ([16.0, 16.5, 17.0], [2.0, 2.1, 2.2])})
+    assert _crossover(faster) == "< 512 (below the range)"
+    slower = _run(tmp_path / "slower", {512: ([1.0, 1.0, 1.1], [4.0, 4.1, 4.2]),
+                                        1024: ([2.0, 2.1, 2.2], [16.0, 16.5, 17.0])})
+    assert _crossover(slower) == "none up to 1024"
+    tied = _run(tmp_path / "tied", {512: ([1.0, 1.0, 1.1], [4.0, 4.1, 4.2]),
+                                    1024: ([2.0, 2.5, 3.0], [2.2, 2.4, 2.6])})
+    assert _crossover(tied) == "not determined: spreads overlap at N=1024"
+
+
+@pytest.mark.parametrize(("lengths", "promised"), [((1024,), False), ((512, 1024), True)])
+def test_the_plot_title_names_slope_guides_only_when_drawn(tmp_path: Path, monkeypatch,
+                                                           lengths, promised) -> None:
+    titles: list[str] = []
+    original = matplotlib.figure.Figure.suptitle
+
+    def record(self, text, *args, **kwargs):
+        titles.append(text)
+        return original(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "suptitle", record)
+    run = _run(tmp_path / "plot", {n: ([1.0, 1.1, 1.2], [2.0, 2.1, 2.2]) for n in lengths})
+    plot_run(run)
+    title, = titles
+    assert ("slope 1" in title) is promised and ("slope 2" in title) is promised
+
+
+# A fit never spans a kernel switch: `auto` runs SDPA at short N and blocked above; each kernel that
+# ran is fitted on its own and the plot's legend names the kernel of each segment.
+SHORT, LONG = [128, 256, 512], [1024, 2048, 4096, 8192]
+
+
+def _segment_row(n: int, time_ms: float, kernel: str) -> dict:
+    return {
+        "case_id": f"w-{n}", "label": "window", "variant": "sliding_window",
+        "kernel_requested": "auto", "kernel": kernel, "params": "{}", "seq_len": n, "batch": 1,
+        "heads": 8, "head_dim": 64, "dtype": "float32", "device": "cpu", "causal": False,
+        "pass": "fwd", "status": "ok", "reason": "", "time_ms": time_ms,
+        "times_ms": json.dumps([time_ms] * 3), "noisy": False, "peak_mem_bytes": 10 * n * n
+        if kernel == "sdpa" else 1000 * n, "mask_emulated": kernel == "sdpa",
+        "device_name": "cpu", "timestamp": "2026-01-01T00:00:00",
+    }
+
+
+@pytest.fixture
+def auto_run(tmp_path: Path) -> Path:
+    """auto's rows: SDPA with a mask (time and memory ~ N^2) below 768, blocked (~ N) above,
+    the recorded ``kernel`` saying which ran."""
+    path = tmp_path / "auto"
+    path.mkdir()
+    rows = [_segment_row(n, 1e-5 * n * n, "sdpa") for n in SHORT]
+    rows += [_segment_row(n, 1e-2 * n, "blocked") for n in LONG]
+    ResultsWriter(path).append(rows)
+    return path
+
+
+def test_each_kernel_that_ran_is_fitted_apart(auto_run: Path) -> None:
+    table = scaling_table(load_results(auto_run)).set_index("kernel")
+    assert sorted(table.index) == ["blocked", "sdpa"]
+    sdpa, blocked = table.loc["sdpa"], table.loc["blocked"]
+    assert sdpa.time_exponent == pytest.approx(2.0) and sdpa.memory_exponent == pytest.approx(2.0)
+    assert sdpa.fit_range == "128-512" and sdpa.max_n == 512 and bool(sdpa.mask_emulated)
+    assert blocked.time_exponent == pytest.approx(1.0)
+    assert blocked.memory_exponent == pytest.approx(1.0)
+    assert blocked.fit_range == "1024-8192" and not blocked.mask_emulated
+    # over a range across the switch each kernel still keeps to its own rows
+    ranged = scaling_table(load_results(auto_run), n_range=(256, 2048)).set_index("kernel")
+    assert ranged.loc["sdpa", "fit_range"] == "256-512"
+    assert ranged.loc["blocked", "fit_range"] == "1024-2048"
+    assert ranged.loc["blocked", "time_exponent"] == pytest.approx(1.0)
+    text = build_report(auto_run)
+    assert "| window | auto | sdpa | False | 2 | 2 | 128-512 |" in text
+    assert "| window | auto | blocked | False | 1 | 1 | 1024-8192 |" in text
+
+
+def test_the_plot_legend_names_the_kernel_of_each_segment(auto_run: Path, monkeypatch) -> None:
+    legends: list[list[str]] = []
+    original = matplotlib.figure.Figure.legend
+
+    def record(self, handles, labels, *args, **kwargs):
+        legends.append(list(labels))
+        return original(self, handles, labels, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "legend", record)
+    plot_run(auto_run)
+    names, = legends
+    assert names[:2] == ["window [auto: sdpa]", "window [auto: blocked]"]
+    assert "window [auto]" not in names and "auto" not in names

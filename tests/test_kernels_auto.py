@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attn import AttentionCall, create_attention
+from attn import AttentionCall, attention_info, create_attention, get_kernel, list_attention
+from attn.kernels import auto, kernels_for
 from attn.kernels.auto import choose_kernel
 
 CASES = [  # (variant, params, device, requires_grad, expected)
@@ -84,3 +85,25 @@ def test_a_call_from_tensors_and_without_them() -> None:
     assert bare.device == torch.device("cpu") and bare.q_len is None and bare.self_attention is None
     assert bare.describe() == "device=cpu, dtype=torch.float64, causal=False, requires_grad=False"
     assert call.describe().endswith("Nq=5, Nk=9, key_mask given")
+
+
+# On CUDA `auto` never picks a CPU-tuned kernel where flex or SDPA serve.
+def test_auto_on_cuda_never_picks_a_cpu_tuned_kernel_where_flex_or_sdpa_serve(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list_attention():  # head_dim: a plug-in with learned per-head maps needs it
+        pattern = create_attention(name, num_heads=4, head_dim=64,
+                                   **attention_info(name).example_params[0]).pattern()
+        order = auto.auto_order(pattern, torch.device("cuda"), k_len=1 << 19)
+        gpu = [i for i, kernel in enumerate(order) if kernel in ("flex", "sdpa")]
+        cpu_tuned = [i for i, kernel in enumerate(order) if kernel in auto.CPU_TUNED_KERNELS]
+        if gpu and cpu_tuned:
+            assert max(gpu) < min(cpu_tuned), (name, order)
+    # flex refusing a call (as it might for a reason of its own): sdpa, not blocked, serves
+    flex = get_kernel("flex")
+    monkeypatch.setattr(type(flex), "not_supported_reasons", lambda self, pattern, call=None: ["no"])
+    for name in ("sliding_window", "dilated", "global_tokens", "relative"):
+        pattern = create_attention(name, num_heads=4, **attention_info(name).example_params[0]).pattern()
+        call = AttentionCall(torch.device("cuda"), torch.bfloat16, True, True, 1 << 16, 1 << 16, 64)
+        chosen = auto.choose_kernel(pattern, call)
+        assert chosen not in auto.CPU_TUNED_KERNELS, (name, chosen)
+        assert "sdpa" in kernels_for(pattern) and chosen in ("sdpa", "xformers"), (name, chosen)

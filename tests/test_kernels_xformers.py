@@ -122,3 +122,23 @@ def test_key_mask_is_declared_before_the_run(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(NotImplementedError, match="kernel 'xformers' cannot run this call: .*key_mask"):
         create_attention("full", kernel="xformers")(q, q, q, key_mask=torch.ones(2, 10, dtype=torch.bool))
     assert not calls  # refused before running
+
+
+# Kernels whose support depends on the dtype declare it from the call (xformers' cutlass-only
+# float32 windows).
+def test_xformers_declares_its_float32_windows_unsupported_from_the_call() -> None:
+    pattern = create_attention("sliding_window", window=4).pattern()
+    kernel = get_kernel("xformers")
+
+    def reasons(dtype: torch.dtype, causal: bool, grad: bool) -> str:
+        call = AttentionCall(torch.device("cuda"), dtype, causal, grad)
+        return " | ".join(kernel.not_supported_reasons(pattern, call))
+
+    assert "cutlass" in reasons(torch.float32, causal=False, grad=False)  # no bidirectional local
+    assert "cutlass" in reasons(torch.float32, causal=True, grad=True)  # no causal local backward
+    assert "cutlass" not in reasons(torch.float32, causal=True, grad=False)
+    for dtype in (torch.bfloat16, torch.float16):  # flash runs both windows
+        assert "cutlass" not in reasons(dtype, causal=False, grad=True)
+    full = create_attention("full").pattern()  # no band: no dtype-dependent refusal
+    assert "cutlass" not in " ".join(kernel.not_supported_reasons(
+        full, AttentionCall(torch.device("cuda"), torch.float32, False, True)))

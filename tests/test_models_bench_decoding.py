@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -10,6 +11,8 @@ import torch
 from typer.testing import CliRunner
 
 from bench.cli import app
+from bench.decoding import benchmark
+from bench.decoding.options import DecodingOptions
 
 
 def test_decoding_benchmark_writes_results(tmp_path):
@@ -75,3 +78,46 @@ def test_benchmark_option_runs_streaming_alone_and_names_bad_values(tmp_path):
     result = CliRunner().invoke(app, ["decoding", "--out", str(tmp_path), "--benchmark", "prefill"])
     assert result.exit_code == 2
     assert "--benchmark: unknown value 'prefill'; allowed values are ['decoding', 'streaming']" in result.output
+
+
+# `attn-bench decoding --device` runs and times the models on the device it names.
+def test_decoding_options_take_a_device() -> None:
+    assert DecodingOptions().device == "cpu"
+    with pytest.raises(ValueError, match="--device.*allowed values are"):
+        DecodingOptions(device="tpu")
+
+
+def test_decoding_cli_device_option() -> None:
+    runner = CliRunner()
+    bad = runner.invoke(app, ["decoding", "--device", "tpu"])
+    assert bad.exit_code == 2 and "--device" in bad.output
+    if not torch.cuda.is_available():
+        no_gpu = runner.invoke(app, ["decoding", "--device", "cuda"])
+        assert no_gpu.exit_code == 2 and "cuda" in no_gpu.output.lower()
+
+
+def test_decoding_runs_and_times_on_the_device_it_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[torch.device] = []
+    monkeypatch.setattr(benchmark, "synchronize", synced.append)
+    moved: list[torch.device] = []
+    real_to = torch.nn.Module.to
+
+    def recording_to(self: torch.nn.Module, *args: Any, **kwargs: Any) -> torch.nn.Module:
+        moved.extend(a for a in args if isinstance(a, torch.device))
+        return real_to(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to", recording_to)
+    sizes = dict(d_model=16, num_heads=2, num_layers=1, d_ff=32, vocab_size=16)
+    rows = benchmark.bench_decoding("full", {}, 24, 2, sizes, repeats=1, device="cpu")
+    assert [r["device"] for r in rows] == ["cpu", "cpu"]
+    assert torch.device("cpu") in moved
+    assert synced and set(synced) == {torch.device("cpu")}  # each timing starts and ends synced
+
+
+def test_timings_synchronise_on_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[Any] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", calls.append)
+    benchmark.synchronize(torch.device("cpu"))
+    assert calls == []
+    benchmark.synchronize(torch.device("cuda"))
+    assert calls == [torch.device("cuda")]

@@ -64,6 +64,7 @@ def grid_run(tmp_path_factory):
     return out, rows
 
 
+@pytest.mark.slow  # an end-to-end run: in the full suite
 def test_every_unit_is_a_set_of_rows(grid_run):
     out, rows = grid_run
     config = parse_grid(GRID)
@@ -79,6 +80,7 @@ def test_every_unit_is_a_set_of_rows(grid_run):
     assert run_grid(config, out) == []  # resume: nothing left to do
 
 
+@pytest.mark.slow  # an end-to-end run: in the full suite
 def test_units_trained_with_other_task_settings_run_again_and_keep_their_old_rows(grid_run, tmp_path):
     import shutil
 
@@ -103,6 +105,7 @@ def test_units_trained_with_other_task_settings_run_again_and_keep_their_old_row
     assert not now.settings.str.contains('"steps": 999').any()
 
 
+@pytest.mark.slow  # an end-to-end run: in the full suite
 def test_the_report_and_the_figures(grid_run):
     out, _ = grid_run
     text = build_quality_report(out)

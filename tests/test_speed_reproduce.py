@@ -48,6 +48,7 @@ def test_a_ratio_holds_within_its_spread_and_fails_beyond():
     assert compare_ratios(one_kernel_units, _rows(2.08, 0.02).assign(interleaved=1)).holds.all()
 
 
+@pytest.mark.slow  # an end-to-end run: in the full suite
 @pytest.mark.serial  # times known sleeps in interleaved rounds
 def test_a_run_of_known_ratios_reproduces(tmp_path):
     config = {"name": "twin-sleeps", "plugins": ["bench.engine.testing"], "seq_len": [32, 64],

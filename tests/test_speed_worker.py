@@ -3,8 +3,11 @@ time is the backward's compile where a kernel that compiles per shape ran, and 0
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
+import weakref
+from typing import Any
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ import torch
 from attn import create_attention
 from attn.kernels import get_kernel
 from bench.engine.measure import start_autograd
+from bench.speed import worker
 from bench.speed.cases import Case
 from bench.speed.worker import PassRunner
 
@@ -60,3 +64,62 @@ def test_inputs_are_drawn_on_the_case_device(phases):
     again = PassRunner(_case("fwd_bwd"), phases, "fwd_bwd")
     assert runner.q.device == torch.device("cpu") and runner.q.requires_grad
     assert torch.equal(runner.q, again.q) and not torch.equal(runner.q, runner.k)  # seeded, distinct
+
+
+# Between the passes of a CUDA unit the worker releases its module, cached masks and the allocator's
+# pool, then builds the module again (torch.cuda replaced by recorders; see docs/gpu.md).
+def _unit_case(kernel: str, device: str, passes: tuple[str, ...] = ("fwd", "bwd")) -> Case:
+    return Case(variant="full", label="full", params=(), kernel=kernel, seq_len=4096, batch=1,
+                heads=4, head_dim=64, dtype="bfloat16", device=device, causal=False,
+                passes=passes, repeats=3, warmup=1, timeout_s=60, max_memory_gb=None,
+                threads=None, time_budget_s=1.0, plugins=(), min_repeats=3)
+
+
+class _Module:
+    """Stands in for an attention module holding cached device memory."""
+
+
+class _Conn:
+    def __init__(self, messages: list[tuple[Any, ...]]) -> None:
+        self.messages, self.sent = list(messages), []
+
+    def recv(self) -> tuple[Any, ...]:
+        return self.messages.pop(0)
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        self.sent.append(message)
+
+
+class _Runner:
+    def __init__(self, case: Case, module: Any, pass_name: str) -> None:
+        self.module = module
+
+    def warm(self) -> dict[str, Any]:
+        return {"first_call_ms": 1.0}
+
+    def prepare(self) -> dict[str, Any]:
+        return {"estimate_ms": 1.0}
+
+
+def test_the_worker_releases_its_module_and_cached_pool_and_rebuilds(monkeypatch):
+    calls: list[str] = []
+    monkeypatch.setattr(worker.torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(worker.torch.cuda, "memory_reserved", lambda *a: 0)
+    first = [_Module()]
+    gone = weakref.ref(first[0])
+    alive_at_rebuild: list[bool] = []
+
+    def build(case: Case) -> tuple[_Module, dict[str, Any]]:
+        gc.collect()
+        alive_at_rebuild.append(gone() is not None)
+        return _Module(), {}
+
+    monkeypatch.setattr(worker, "_build", build)
+    monkeypatch.setattr(worker, "_runner", _Runner)
+    conn = _Conn([("warm", "fwd"), ("prepare", "fwd"), ("release",), ("warm", "bwd"), ("prepare", "bwd"),
+                  ("exit",)])
+    worker._serve(_unit_case("reference", "cuda"), first.pop(), conn)  # the worker's only reference
+    assert [m[0] for m in conn.sent] == ["warmed", "prepared", "released", "warmed", "prepared"]
+    assert conn.sent[2] == ("released", 0)
+    assert "empty_cache" in calls
+    assert alive_at_rebuild == [False]  # released (cached masks with it), then built again

@@ -1,6 +1,6 @@
-"""On CUDA ``auto`` never picks a CPU-tuned kernel where flex or SDPA serve; the chunk sizes
-of ``blocked`` and ``chunked`` are chosen per device type; no kernel reads a tensor's value on
-the host (a device sync) in its hot path.
+"""Kernels on an accelerator (attn/kernels/base.py): no kernel reads a tensor's value on the host
+(a device sync) in its hot path; the chunk sizes of ``blocked`` and ``chunked`` are chosen per
+device type; the CPU-written kernels refuse CUDA calls past their fair length (``CUDA_MAX_KEYS``).
 
 A CPU process has no CUDA stream to stall, so the no-sync test stands in for an accelerator by
 replacing :func:`attn.kernels.base.host_reads_are_free` (True only on the CPU) with one that
@@ -18,7 +18,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from attn import AttentionCall, attention_info, create_attention, get_kernel, list_attention
-from attn.kernels import auto, kernels_for
+from attn.kernels import auto
 from attn.kernels.blocked import forward as blocked_forward
 from attn.kernels.blocked.geometry import chunk_elements, geometry
 from attn.kernels.chunked import chunk_rows
@@ -98,26 +98,6 @@ def test_no_host_read_in_a_kernel_hot_path_on_an_accelerator(
 def test_blocked_reads_masked_keys_on_the_host_only_where_that_is_free() -> None:
     assert blocked_forward.host_reads_are_free(torch.device("cpu"))
     assert not blocked_forward.host_reads_are_free(torch.device("cuda"))
-
-
-def test_auto_on_cuda_never_picks_a_cpu_tuned_kernel_where_flex_or_sdpa_serve(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list_attention():
-        pattern = create_attention(name, num_heads=4, **attention_info(name).example_params[0]).pattern()
-        order = auto.auto_order(pattern, torch.device("cuda"), k_len=1 << 19)
-        gpu = [i for i, kernel in enumerate(order) if kernel in ("flex", "sdpa")]
-        cpu_tuned = [i for i, kernel in enumerate(order) if kernel in auto.CPU_TUNED_KERNELS]
-        if gpu and cpu_tuned:
-            assert max(gpu) < min(cpu_tuned), (name, order)
-    # flex refusing a call (as it might for a reason of its own): sdpa, not blocked, serves
-    flex = get_kernel("flex")
-    monkeypatch.setattr(type(flex), "not_supported_reasons", lambda self, pattern, call=None: ["no"])
-    for name in ("sliding_window", "dilated", "global_tokens", "relative"):
-        pattern = create_attention(name, num_heads=4, **attention_info(name).example_params[0]).pattern()
-        call = AttentionCall(torch.device("cuda"), torch.bfloat16, True, True, 1 << 16, 1 << 16, 64)
-        chosen = auto.choose_kernel(pattern, call)
-        assert chosen not in auto.CPU_TUNED_KERNELS, (name, chosen)
-        assert "sdpa" in kernels_for(pattern) and chosen in ("sdpa", "xformers"), (name, chosen)
 
 
 def test_chunk_sizes_are_chosen_per_device_type() -> None:

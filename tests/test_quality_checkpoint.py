@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 import pytest
@@ -118,3 +119,23 @@ def test_a_loss_that_becomes_nan_ends_the_run_as_diverged_never_ok(tmp_path):
     written = json.loads((tmp_path / "run" / METRICS).read_text())
     assert [r["status"] for r in written] == ["diverged"]
     assert any("the run diverged" in s for s in said)
+
+
+# A checkpoint is readable by others as results are (the umask decides, not mkstemp's 0600).
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_quality_checkpoint_is_readable_by_others_as_results_are(tmp_path: Path) -> None:
+    import torch
+
+    from bench.quality.checkpoint import load_checkpoint, save_checkpoint
+
+    old = os.umask(0o022)
+    try:
+        save_checkpoint(tmp_path / "last.safetensors", {"w": torch.ones(2)}, {"step": 1})
+    finally:
+        os.umask(old)
+    assert _mode(tmp_path / "last.safetensors") == 0o644
+    tensors, meta = load_checkpoint(tmp_path / "last.safetensors")
+    assert meta == {"step": 1} and tensors["w"].tolist() == [1.0, 1.0]
