@@ -60,7 +60,7 @@ def _one_line_warning(message: Warning | str, category: type[Warning], filename:
                       lineno: int, file: Any = None, line: str | None = None) -> None:
     """A warning as one line ``warning: ...`` on stderr (a damaged row, idle Ray nodes), not
     Python's two lines naming the source file that raised it."""
-    from bench.engine.messages import cut
+    from bench.engine.messages import cut  # lazy: CLI start-up
 
     text = " ".join(str(message).split())
     typer.secho(f"warning: {cut(text)}", fg=typer.colors.YELLOW, err=True)

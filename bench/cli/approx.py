@@ -28,7 +28,13 @@ def approx_error_command(
     plugin: PluginOpt = None,
 ) -> None:
     """Error of approximate attentions against exact full attention as N and their size grow."""
-    from bench.approx.error import DEFAULT_LENGTHS, DEFAULT_SWEEPS, ApproxOptions, parse_sweep, run_approx_error
+    from bench.approx.error import (  # lazy: CLI start-up
+        DEFAULT_LENGTHS,
+        DEFAULT_SWEEPS,
+        ApproxOptions,
+        parse_sweep,
+        run_approx_error,
+    )
 
     import_plugin_options(plugin)  # before the names are checked: it registers attentions
     sweeps = tuple(parse_sweep(s) for s in variant) if variant else DEFAULT_SWEEPS

@@ -46,7 +46,7 @@ def user_errors(fn: F) -> F:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        from bench.engine.fsutil import RunLockedError
+        from bench.engine.fsutil import RunLockedError  # lazy: CLI start-up
 
         try:
             return fn(*args, **kwargs)
@@ -66,7 +66,7 @@ def as_option(err: Any, option: str) -> UsageError:
 
 def import_plugin_options(modules: list[str] | None) -> None:
     """Import the ``--plugin`` modules; a module that fails to import is a ``--plugin`` error."""
-    from bench.engine.config import ConfigError, import_plugins
+    from bench.engine.config import ConfigError, import_plugins  # lazy: CLI start-up
 
     try:
         import_plugins(tuple(modules or ()))
@@ -102,7 +102,7 @@ def choice(option: str, value: str, allowed: tuple[str, ...]) -> str:
 
 def check_device_option(device: str, option: str | None = "--device") -> None:
     """``device`` is usable here (cuda needs CUDA); ``option``: what set it (None: the config)."""
-    from bench.engine.config import ConfigError, check_device
+    from bench.engine.config import ConfigError, check_device  # lazy: CLI start-up
 
     try:
         check_device(device)
@@ -112,7 +112,7 @@ def check_device_option(device: str, option: str | None = "--device") -> None:
 
 def check_writable(directory: Path, option: str = "--out") -> None:
     """``directory`` exists (created if needed) and accepts files, else a ``UsageError``."""
-    from bench.engine.fsutil import NotWritableError, require_writable
+    from bench.engine.fsutil import NotWritableError, require_writable  # lazy: CLI start-up
 
     try:
         require_writable(directory)

@@ -35,8 +35,8 @@ def count_command(
     """Count the instructions of one kernel's call at each length under Valgrind's callgrind
     (deterministic, unlike wall-clock time on a shared machine); refuses, naming what is
     missing, where no counter works."""
-    from bench.cli.variants import _attention_info, _check_params
-    from bench.counting.run import run_count
+    from bench.cli.variants import _attention_info, _check_params  # lazy: CLI start-up
+    from bench.counting.run import run_count  # lazy: CLI start-up
 
     info = _attention_info(name)
     if kernel != "auto" and kernel not in info.kernels:

@@ -49,8 +49,8 @@ def decoding_command(
     plugin: PluginOpt = None,
 ) -> None:
     """Measure decoding tokens/s with and without the KV cache, and streaming step time."""
-    from bench.decoding.benchmark import check_attentions, run_decoding_benchmark
-    from bench.html.report import write_report_html
+    from bench.decoding.benchmark import check_attentions, run_decoding_benchmark  # lazy: CLI start-up
+    from bench.html.report import write_report_html  # lazy: CLI start-up
 
     options = Defaults.from_given(
         benchmark=benchmark, context=context, new_tokens=new_tokens, attention=attention, window=window,
@@ -80,8 +80,8 @@ def decoding_step_command(
     plugin: PluginOpt = None,
 ) -> None:
     """Time per generated token against the context length (KV cache or decoding state)."""
-    from bench.decoding.benchmark import check_decoder_attention
-    from bench.decoding.step import StepOptions, run_decoding_step
+    from bench.decoding.benchmark import check_decoder_attention  # lazy: CLI start-up
+    from bench.decoding.step import StepOptions, run_decoding_step  # lazy: CLI start-up
 
     given = {"attention": tuple(attention) if attention else None, "context": tuple(context) if context else None}
     options = StepOptions(**{k: v for k, v in given.items() if v is not None}, steps=steps, repeats=repeats,

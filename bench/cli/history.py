@@ -30,8 +30,8 @@ def history(
     """Gather every run under RESULTS_DIR... into one history (keyed by commit, commit time,
     machine and case), write history.html (each figure against commits, one series per
     machine) and mark the steps that moved beyond their spread."""
-    from bench.engine.markdown import markdown_table
-    from bench.html.history import build_history
+    from bench.engine.markdown import markdown_table  # lazy: CLI start-up
+    from bench.html.history import build_history  # lazy: CLI start-up
 
     rel_pct = gate_percent(fail_if_regression, abs_threshold_ms)
     found = build_history(results_dirs, out or results_dirs[0], rel_pct, abs_threshold_ms)

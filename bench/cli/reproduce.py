@@ -29,11 +29,11 @@ def reproduce(
     """Re-measure a speed run's interleaved ratios on this machine, interleaved as the original,
     and print each beside the committed one; exit 1 when a headline figure (the longest length
     of each pattern, kernel and pass) does not hold. Writes reproduce.md into --out."""
-    from bench.engine.provenance import cpu_summary, environment
-    from bench.engine.results import read_env
-    from bench.runner import load_run, run
-    from bench.speed import reproduce as repro
-    from bench.speed.results import load_results
+    from bench.engine.provenance import cpu_summary, environment  # lazy: CLI start-up
+    from bench.engine.results import read_env  # lazy: CLI start-up
+    from bench.runner import load_run, run  # lazy: CLI start-up
+    from bench.speed import reproduce as repro  # lazy: CLI start-up
+    from bench.speed.results import load_results  # lazy: CLI start-up
 
     require_run_dir(run_dir)
     if not (run_dir / "sweep.json").exists():

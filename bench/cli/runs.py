@@ -33,10 +33,10 @@ def plot(
     """Draw a run's figures (PNG and SVG in the run directory): scaling curves of a speed
     sweep; the quality/speed Pareto front, recall by distance and bits per byte by length of
     a training grid."""
-    from bench.pretrained.report import is_pretrained_run, plot_pretrained_run
-    from bench.quality.plots import plot_patterns, plot_quality_run
-    from bench.quality.report import is_quality_run
-    from bench.speed.plots import plot_run
+    from bench.pretrained.report import is_pretrained_run, plot_pretrained_run  # lazy: CLI start-up
+    from bench.quality.plots import plot_patterns, plot_quality_run  # lazy: CLI start-up
+    from bench.quality.report import is_quality_run  # lazy: CLI start-up
+    from bench.speed.plots import plot_run  # lazy: CLI start-up
 
     if run_dir is None and not patterns:
         raise UsageError("RUN_DIR: give a run directory, or --patterns (with --out DIR)")
@@ -78,11 +78,11 @@ def report(
     """Print a run's report as markdown (also report.md; summary.md of a decoding run) and
     write its page report.html beside it: scaling exponents, crossovers, interleaved ratios
     of a speed sweep; the quality table of a training grid; a decoding run's summary."""
-    from bench.decoding.results import SUMMARY_FILE
-    from bench.html.report import run_kind, write_report_html
-    from bench.pretrained.report import build_pretrained_report
-    from bench.quality.report import build_quality_report
-    from bench.speed.report import build_report
+    from bench.decoding.results import SUMMARY_FILE  # lazy: CLI start-up
+    from bench.html.report import run_kind, write_report_html  # lazy: CLI start-up
+    from bench.pretrained.report import build_pretrained_report  # lazy: CLI start-up
+    from bench.quality.report import build_quality_report  # lazy: CLI start-up
+    from bench.speed.report import build_report  # lazy: CLI start-up
 
     ranges = _parse_ranges(fit_range)
     import_plugin_options(plugin)  # a plug-in task's tables
@@ -128,8 +128,8 @@ def compare(
     noise (half of A's IQR plus half of B's). Prints the count of each class and a table of
     every case that is not unchanged.
     """
-    from bench.engine.markdown import markdown_table
-    from bench.speed import compare as rule
+    from bench.engine.markdown import markdown_table  # lazy: CLI start-up
+    from bench.speed import compare as rule  # lazy: CLI start-up
 
     rel_pct = gate_percent(fail_if_regression, abs_threshold_ms)
     table = rule.classify_runs(require_run_dir(run_a, "RUN_A", quality=False),

@@ -37,8 +37,8 @@ NOISY = "(noisy)"
 @contextlib.contextmanager
 def _named_by_options(overrides: dict[str, Any]) -> Iterator[None]:
     """Errors about a key an option set name the option (``--device: ...``); unwritable runs ``--out``."""
-    from bench.engine.config import ConfigError
-    from bench.engine.fsutil import NotWritableError
+    from bench.engine.config import ConfigError  # lazy: CLI start-up
+    from bench.engine.fsutil import NotWritableError  # lazy: CLI start-up
 
     try:
         yield
@@ -53,7 +53,7 @@ def _named_by_options(overrides: dict[str, Any]) -> Iterator[None]:
 
 def _check_executor(executor: str, address: str | None, connect_timeout_s: float | None) -> None:
     """``--executor`` is known; ``--address`` only with ``ray``, ``--connect-timeout-s`` only with it."""
-    from bench.engine.executors import EXECUTORS
+    from bench.engine.executors import EXECUTORS  # lazy: CLI start-up
 
     choice("--executor", executor, EXECUTORS)
     if address is not None and executor != "ray":
@@ -115,8 +115,8 @@ def sweep(
 ) -> None:
     """Run a speed sweep, a training grid (``kind: quality``) or a pretrained-model run
     (``kind: pretrained``) into a run directory; resumable: finished units are kept."""
-    from bench.engine.executors import ExecutorSpec
-    from bench.runner import default_run_dir, load_run, run_plan, size_of
+    from bench.engine.executors import ExecutorSpec  # lazy: CLI start-up
+    from bench.runner import default_run_dir, load_run, run_plan, size_of  # lazy: CLI start-up
     from bench.runner import dry_run as dry_run_of  # dry_run: the --dry-run flag
 
     import_plugin_options(plugin)
@@ -168,8 +168,8 @@ def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
     from rich import progress as bars
     from rich.markup import escape
 
-    from bench.engine.process import kill_all_workers
-    from bench.runner import run
+    from bench.engine.process import kill_all_workers  # lazy: CLI start-up
+    from bench.runner import run  # lazy: CLI start-up
 
     columns = (bars.TextColumn("{task.description}"), bars.BarColumn(), bars.MofNCompleteColumn(),
                bars.TimeElapsedColumn(), bars.TextColumn("ETA"), bars.TimeRemainingColumn())
@@ -217,9 +217,9 @@ def _run_with_progress(work: Any, run_dir: Path, console: Any, executor: Any,
 def _todo(work: Any, run_dir: Path, *, retry_failed: bool, overwrite: bool,
           retry_noisy: bool = False) -> set[str]:
     """The ids of the items this run measures (the progress bar's total)."""
-    from bench.engine.results import RETRY_STATUSES
-    from bench.engine.rundir import resumable_rows
-    from bench.runner import dry_run, noisy_rows
+    from bench.engine.results import RETRY_STATUSES  # lazy: CLI start-up
+    from bench.engine.rundir import resumable_rows  # lazy: CLI start-up
+    from bench.runner import dry_run, noisy_rows  # lazy: CLI start-up
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the run itself names each damaged line once
@@ -244,12 +244,16 @@ def _stop_progress(progress: Any) -> None:
 
 def _report_and_plot(run_dir: Path, console: Any) -> list[Path]:
     """Write ``report.md``, ``report.html`` and the figures; their paths, the report first."""
-    from bench.html.report import write_report_html
-    from bench.pretrained.report import build_pretrained_report, is_pretrained_run, plot_pretrained_run
-    from bench.quality.plots import plot_quality_run
-    from bench.quality.report import build_quality_report, is_quality_run
-    from bench.speed.plots import plot_run
-    from bench.speed.report import build_report
+    from bench.html.report import write_report_html  # lazy: CLI start-up
+    from bench.pretrained.report import (  # lazy: CLI start-up
+        build_pretrained_report,
+        is_pretrained_run,
+        plot_pretrained_run,
+    )
+    from bench.quality.plots import plot_quality_run  # lazy: CLI start-up
+    from bench.quality.report import build_quality_report, is_quality_run  # lazy: CLI start-up
+    from bench.speed.plots import plot_run  # lazy: CLI start-up
+    from bench.speed.report import build_report  # lazy: CLI start-up
 
     if is_pretrained_run(run_dir):
         build_pretrained_report(run_dir)

@@ -24,8 +24,8 @@ from bench.cli.common import (
 def _values(option: str, items: list[str] | None, sections: tuple[str, ...] | None
             ) -> dict[str, Any]:
     """``KEY=VALUE`` (``SECTION.KEY=VALUE`` with ``sections``) items, their YAML values read within the limits."""
-    from bench.engine.bounded_yaml import YamlLimitError, load_bounded
-    from bench.engine.messages import shown
+    from bench.engine.bounded_yaml import YamlLimitError, load_bounded  # lazy: CLI start-up
+    from bench.engine.messages import shown  # lazy: CLI start-up
 
     out: dict[str, Any] = {}
     for item in items or []:
@@ -51,7 +51,7 @@ class TaskHelpCommand(typer.core.TyperCommand):
     """The ``train`` command, whose ``TASK`` help lists the registered tasks (imported only then: they load torch)."""
 
     def format_help(self, ctx: Any, formatter: Any) -> None:
-        from bench.quality.tasks import list_tasks
+        from bench.quality.tasks import list_tasks  # lazy: CLI start-up
 
         for param in self.params:
             if param.name == "task":
@@ -86,11 +86,11 @@ def train(
 
     Resumable: rerunning the same command after a kill continues from the last checkpoint.
     """
-    from attn import attention_info, list_attention
-    from bench.engine.config import DEVICES, safe_name
-    from bench.quality.settings import list_task_presets
-    from bench.quality.tasks import list_tasks
-    from bench.quality.train import RunSpec, train_run
+    from attn import attention_info, list_attention  # lazy: CLI start-up
+    from bench.engine.config import DEVICES, safe_name  # lazy: CLI start-up
+    from bench.quality.settings import list_task_presets  # lazy: CLI start-up
+    from bench.quality.tasks import list_tasks  # lazy: CLI start-up
+    from bench.quality.train import RunSpec, train_run  # lazy: CLI start-up
 
     import_plugin_options(plugin)
     choice("TASK", task, tuple(list_tasks()))
@@ -118,7 +118,7 @@ def _train_with_progress(spec: Any, train_run: Any) -> list[dict[str, Any]]:
     """``train_run`` under a progress bar with the loss and the training throughput."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from bench.quality.settings import task_settings
+    from bench.quality.settings import task_settings  # lazy: CLI start-up
 
     steps = task_settings(spec.task, spec.preset, spec.overrides).train.steps
     progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),

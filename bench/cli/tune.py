@@ -13,7 +13,7 @@ from bench.cli.app import app
 from bench.cli.common import UsageError, check_device_option, check_writable, user_errors
 
 if TYPE_CHECKING:
-    from attn.kernels.tuning import KernelTime
+    from attn.kernels.tuning import KernelTime  # lazy: CLI start-up
 
 #: the subjects of the options' checks, as the options that set them
 _OPTIONS = {"device": "--device", "dtype": "--dtype", "threads": "--threads", "seq_len": "--seq-len",
@@ -30,7 +30,7 @@ def _named(err: ValueError) -> UsageError:
 
 def _target(out: Path | None) -> Path:
     """Where the tuning file is: ``--out``, else ``$ATTN_BENCH_TUNING``, else the cache's default."""
-    from attn.kernels.tuning import default_tuning_path, tuning_path
+    from attn.kernels.tuning import default_tuning_path, tuning_path  # lazy: CLI start-up
 
     return out if out is not None else (tuning_path() or default_tuning_path())
 
@@ -94,7 +94,15 @@ def tune_command(
 
 def _tune(path: Path, device: str, dtype: str, threads: int | None, seq_len: tuple[int, ...], repeats: int,
           kinds: tuple[str, ...], quick: bool) -> None:
-    from bench.speed.tune import LENGTHS, QUICK_LENGTHS, TUNED_KINDS, TuneOptions, describe_orders, tune, write_tuning
+    from bench.speed.tune import (  # lazy: CLI start-up
+        LENGTHS,
+        QUICK_LENGTHS,
+        TUNED_KINDS,
+        TuneOptions,
+        describe_orders,
+        tune,
+        write_tuning,
+    )
 
     options = TuneOptions(device=device, dtype=dtype, threads=threads, repeats=repeats, quick=quick,
                           seq_len=seq_len or (QUICK_LENGTHS if quick else LENGTHS), kinds=kinds or TUNED_KINDS)
@@ -111,7 +119,7 @@ def _tune(path: Path, device: str, dtype: str, threads: int | None, seq_len: tup
 
 def _warn_noisy(times: Sequence[KernelTime]) -> None:
     """Say so when the repeats of many kernels spread past the suite's noise threshold (a busy machine)."""
-    from bench.speed.noise import DEFAULT_THRESHOLD
+    from bench.speed.noise import DEFAULT_THRESHOLD  # lazy: CLI start-up
 
     noisy = [t for t in times if t.spread > DEFAULT_THRESHOLD]
     if noisy:
@@ -122,7 +130,7 @@ def _warn_noisy(times: Sequence[KernelTime]) -> None:
 
 def _warn_unread(path: Path) -> None:
     """Say so when ``auto`` will not read ``path`` (another file named, or tuning turned off)."""
-    from attn.kernels.tuning import TUNING_ENV, tuning_path
+    from attn.kernels.tuning import TUNING_ENV, tuning_path  # lazy: CLI start-up
 
     read = tuning_path()
     if read is None or read.resolve() != path.resolve():
@@ -134,8 +142,8 @@ def _warn_unread(path: Path) -> None:
 def _evaluate(path: Path, config: str, variants: tuple[str, ...], seq_len: tuple[int, ...],
               passes: tuple[str, ...], repeats: int, threads: int | None, quick: bool,
               eval_out: Path | None) -> None:
-    from bench.engine.fsutil import atomic_write_json
-    from bench.speed.tune_eval import EvalOptions, evaluate, summary_lines
+    from bench.engine.fsutil import atomic_write_json  # lazy: CLI start-up
+    from bench.speed.tune_eval import EvalOptions, evaluate, summary_lines  # lazy: CLI start-up
 
     options = EvalOptions(tuning_path=path, config=config, variants=variants, seq_len=seq_len, passes=passes,
                           repeats=repeats, threads=threads, no_compile=quick)
@@ -151,7 +159,7 @@ def _evaluate(path: Path, config: str, variants: tuple[str, ...], seq_len: tuple
 
 
 def _show(path: Path, device: str, dtype: str, threads: int | None) -> None:
-    from attn.kernels.tuning import default_loader, tuning_path
+    from attn.kernels.tuning import default_loader, tuning_path  # lazy: CLI start-up
 
     tuning = default_loader().tuning(path, device, dtype, threads)
     reads = tuning_path()

@@ -26,11 +26,11 @@ def list_command(
     tasks and model kinds, and the presets."""
     import torch
 
-    from attn import AttentionCall, attention_info, create_attention, list_attention, list_kernels
-    from attn.registry import plugin_errors
-    from bench.engine.config import DEVICES, DTYPES, list_config_presets
-    from bench.quality.settings import list_task_presets
-    from models import list_models
+    from attn import AttentionCall, attention_info, create_attention, list_attention, list_kernels  # lazy: CLI start-up
+    from attn.registry import plugin_errors  # lazy: CLI start-up
+    from bench.engine.config import DEVICES, DTYPES, list_config_presets  # lazy: CLI start-up
+    from bench.quality.settings import list_task_presets  # lazy: CLI start-up
+    from models import list_models  # lazy: CLI start-up
 
     choice("--device", device, DEVICES)
     choice("--dtype", dtype, DTYPES)
@@ -71,8 +71,8 @@ def list_command(
 
 def _auto_picks(module: Any, device: str, dtype: Any, grad: bool) -> str:
     """What ``auto`` runs for ``module``: a kernel, or one below the short-call limit and one from it."""
-    from attn import AttentionCall
-    from attn.kernels.auto import short_keys
+    from attn import AttentionCall  # lazy: CLI start-up
+    from attn.kernels.auto import short_keys  # lazy: CLI start-up
 
     def pick(n: int | None) -> str:
         return module.resolve_kernel(AttentionCall(device, dtype, False, grad, n, n))
@@ -97,8 +97,8 @@ def _wrapped(head: str, text: str, indent: str) -> list[str]:
 
 def _tasks_lines() -> list[str]:
     """The quality tasks, a line each: model kind(s) of its presets, headline metric, its presets where not all."""
-    from bench.quality.settings import list_task_presets, task_settings
-    from bench.quality.tasks import list_tasks, task_info
+    from bench.quality.settings import list_task_presets, task_settings  # lazy: CLI start-up
+    from bench.quality.tasks import list_tasks, task_info  # lazy: CLI start-up
 
     every = set(list_task_presets())
     rows = [("task", "model kind", "headline metric")]
@@ -123,7 +123,7 @@ def _tasks_lines() -> list[str]:
 
 def _attention_info(name: str) -> Any:
     """The registry entry of attention ``name``; ``UsageError`` naming ``NAME`` if unknown."""
-    from attn import attention_info, list_attention
+    from attn import attention_info, list_attention  # lazy: CLI start-up
 
     known = list_attention()
     if name not in known:
@@ -134,9 +134,9 @@ def _attention_info(name: str) -> Any:
 
 def _check_params(name: str, info: Any, items: list[str] | None) -> dict[str, Any] | None:
     """``--param KEY=VALUE`` items as variant parameters, validated by building the variant."""
-    from attn import create_attention
-    from bench.engine.bounded_yaml import YamlLimitError, load_bounded
-    from bench.engine.messages import cut, shown
+    from attn import create_attention  # lazy: CLI start-up
+    from bench.engine.bounded_yaml import YamlLimitError, load_bounded  # lazy: CLI start-up
+    from bench.engine.messages import cut, shown  # lazy: CLI start-up
 
     if not items:
         return None
@@ -194,7 +194,7 @@ def check(
 ) -> None:
     """Run the conformance kit on a variant (the quick profile unless ``--full``); a line as
     each check starts and one as it ends; non-zero exit with the reasons when it fails."""
-    from bench.engine.config import DEVICES
+    from bench.engine.config import DEVICES  # lazy: CLI start-up
 
     if not timeout_s > 0:
         raise UsageError(f"--timeout-s: must be a number > 0 (e.g. 300); got {timeout_s:g}")
@@ -209,7 +209,7 @@ def check(
             raise UsageError(f"--kernel: {name!r} has no kernel {k!r}; allowed values are "
                              f"{list(info.kernels)}")
     params = _check_params(name, info, param)
-    from attn.conformance import check_attention
+    from attn.conformance import check_attention  # lazy: CLI start-up
 
     typer.echo(KIT_FULL if full else KIT_QUICK)
     started = [time.monotonic()]
