@@ -27,15 +27,15 @@ no real key gives zeros.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from attn import Attention, KernelPath
+from attn import KernelPath
 from attn.cost import Cost, CostQuery, matmul_flops
+from attn.recurrence import RecurrentAttention
 from attn.validation import Param
 
 #: the gate's temperature tau: alpha = sigmoid(logits)^(1 / tau), close to 1 (the paper's 16)
@@ -119,55 +119,11 @@ def dense_gated(q: Tensor, k: Tensor, v: Tensor, log_gate: Tensor) -> Tensor:
     return scores @ v  # (B, H, Nq, Dv)
 
 
-def aligned(run: Callable[[Tensor], Tensor], q: Tensor, k: Tensor) -> Tensor:
-    """Causal bottom-right alignment of a recurrent form ``run(q_full)`` over the ``Nk`` keys:
-    ``Nq < Nk`` pads the queries in front (their rows dropped), ``Nq > Nk`` gives zeros to the
-    rows before every key."""
-    q_len, k_len = q.shape[2], k.shape[2]
-    offset = k_len - q_len
-    if offset >= 0:
-        return run(F.pad(q, (0, 0, offset, 0)))[:, :, offset:]  # (B, H, Nq, Dv)
-    out = run(q[:, :, -offset:])  # (B, H, Nk, Dv)
-    return torch.cat([out.new_zeros(*out.shape[:2], -offset, out.shape[-1]), out], dim=2)
-
-
-class GatedState:
-    """Gated linear attention's decoding state: ``S (B, H, D, Dv)``, so a token costs
-    O(D * Dv) (and its gate O(D * D)) at any context length."""
-
-    def __init__(self, owner: GatedLinearAttention) -> None:
-        self.owner = owner
-        self.state: Tensor | None = None  # (B, H, D, Dv), float32 for half inputs
-        self.seen = 0  # keys fed so far
-
-    @property
-    def length(self) -> int:
-        """Number of keys fed so far."""
-        return self.seen
-
-    def step(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        """Feed ``k, v (B, H, Nnew, .)`` and return causal attention of ``q`` over all keys: ``(B, H, Nnew, Dv)``."""
-        if q.shape[2] != k.shape[2]:
-            raise ValueError(f"q: a decoding step takes one query per new key; got Nq={q.shape[2]}, "
-                             f"Nk={k.shape[2]}")
-        out, self.state = self.owner.recurrent(q, k, v, key_mask, self.state)
-        self.seen += k.shape[2]
-        return out
-
-    def reorder(self, index: Tensor) -> None:
-        """Select / repeat batch rows (beam search): ``index (B',)``."""
-        if self.state is not None:
-            self.state = self.state.index_select(0, index)
-
-
-class GatedLinearAttention(Attention):
+class GatedLinearAttention(RecurrentAttention):
     """Gated linear attention: a learned per-channel decay from the key, chunkwise training,
     O(D * Dv) decoding state; always causal."""
 
     name: ClassVar[str] = "gla"
-    forces_causal = True  # a recurrence has no non-causal form: an encoder reads left to right
-    exact = False
-    native_computes_half_in_float32 = True
     example_params = ({"chunk": 8}, {"chunk": 64})
     param_rules: ClassVar[dict[str, Param]] = {"chunk": Param(minimum=1)}
 
@@ -218,19 +174,12 @@ class GatedLinearAttention(Attention):
         out, state = gated_chunks(q, k, v, log_gate, self.chunk, state)  # (B, H, N, Dv)
         return out.to(dtype), state
 
-    def native_forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:
-        return aligned(lambda rows: self.recurrent(rows, k, v, key_mask, None)[0], q, k)
-
     def reference_forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:
         """The definition computed directly, O(Nq * Nk * D), with the explicit per-channel decay mask;
         always causal (the variant has no other form: every call is run causally)."""
         dtype = v.dtype
         q, k, v, log_gate = self.prepare(q, k, v, key_mask)
         return dense_gated(q, k, v, log_gate).to(dtype)
-
-    def new_decoding_state(self) -> GatedState:
-        """Causal decoding through the state ``S``: O(D * Dv) per token at any context length."""
-        return GatedState(self)
 
     def cost(self, query: CostQuery) -> Cost:
         """The matmuls performed over the ``Nk`` keys (queries aligned to them): the gate, the

@@ -26,15 +26,14 @@ output is that of its sequence without the padding; a row with no real key gives
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import ClassVar
 
 import torch
 from torch import Tensor
-from torch.nn import functional as F
 
-from attn import Attention, KernelPath
+from attn import KernelPath
 from attn.cost import Cost, CostQuery, matmul_flops
+from attn.recurrence import RecurrentAttention, decayed_chunks, dense_decayed
 from attn.validation import Param
 
 
@@ -43,73 +42,6 @@ def retention_log_decay(heads: int, dtype: torch.dtype, device: torch.device | N
     made on ``device`` (no copy from the host in a call)."""
     rate = torch.linspace(math.log(1 / 32), math.log(1 / 512), heads, dtype=dtype, device=device)  # (H,)
     return torch.log1p(-rate.exp())
-
-
-def decayed_chunks(
-    q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor, chunk: int, state: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
-    """``out_t = q_t S_t``, ``S_t = exp(g_t) S_{t-1} + k_t^T v_t`` chunk by chunk, from ``state``.
-
-    ``q, k (B, H, N, D)``, ``v (B, H, N, Dv)``, ``log_decay g (B|1, H, N) <= 0``, ``state
-    (B, H, D, Dv)`` or None (zeros) -> ``out (B, H, N, Dv)`` and the state after the last token."""
-    batch, heads, length, dim = k.shape
-    chunk = max(1, min(chunk, length))  # a one-token step pads nothing
-    pad = (-length) % chunk
-    if pad:  # padded tokens: no key (k = 0) and no decay (g = 0), so the state passes through
-        q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
-        log_decay = F.pad(log_decay, (0, pad))
-    count = (length + pad) // chunk
-    qc = q.reshape(batch, heads, count, chunk, dim)  # (B, H, n, C, D)
-    kc = k.reshape(batch, heads, count, chunk, dim)
-    vc = v.reshape(batch, heads, count, chunk, v.shape[-1])  # (B, H, n, C, Dv)
-    b = log_decay.reshape(log_decay.shape[0], heads, count, chunk).cumsum(dim=-1)  # (B|1, H, n, C)
-    rows = torch.arange(chunk, device=q.device)
-    later = rows[None, :] > rows[:, None]  # (C, C): key j after query i
-    # decay from key j to query i, exp(b_i - b_j) <= 1, formed in log space (no power of gamma)
-    mask = (b[..., :, None] - b[..., None, :]).masked_fill(later, float("-inf")).exp()  # (B|1, H, n, C, C)
-    out = ((qc @ kc.transpose(-2, -1)) * mask) @ vc  # (B, H, n, C, Dv): within the chunk
-    total = b[..., -1]  # (B|1, H, n): log decay across each whole chunk
-    k_end = kc * (total[..., None] - b).exp()[..., None]  # (B, H, n, C, D): keys decayed to the chunk end
-    chunk_state = k_end.transpose(-2, -1) @ vc  # (B, H, n, D, Dv)
-    if state is None:
-        state = q.new_zeros(batch, heads, dim, v.shape[-1])
-    before = []
-    # unbound once: indexing chunk c inside the loop would make each step's backward fill a whole-length
-    # gradient (quadratic in the number of chunks)
-    decays = total.exp()[..., None, None].unbind(dim=2)  # n x (B|1, H, 1, 1)
-    states = chunk_state.unbind(dim=2)  # n x (B, H, D, Dv)
-    for decay, added in zip(decays, states, strict=True):  # the state each chunk starts from
-        before.append(state)
-        state = decay * state + added  # (B, H, D, Dv)
-    out = out + (qc * b.exp()[..., None]) @ torch.stack(before, dim=2)  # (B, H, n, C, Dv)
-    return out.reshape(batch, heads, count * chunk, -1)[:, :, :length], state
-
-
-def dense_decayed(q: Tensor, k: Tensor, v: Tensor, log_decay: Tensor) -> Tensor:
-    """The same recurrence written as one O(Nq * Nk) product with the explicit decay mask,
-    bottom-right aligned (query row r at key position ``Nk - Nq + r``; before every key: zeros).
-
-    ``q (B, H, Nq, D)``, ``k (B, H, Nk, D)``, ``v (B, H, Nk, Dv)``, ``log_decay (B|1, H, Nk)``."""
-    q_len, k_len = q.shape[2], k.shape[2]
-    cum = log_decay.cumsum(dim=-1)  # (B|1, H, Nk)
-    pos = torch.arange(q_len, device=q.device) + (k_len - q_len)  # (Nq,): each row's key position
-    keys = torch.arange(k_len, device=q.device)
-    allowed = keys[None, :] <= pos[:, None]  # (Nq, Nk)
-    row_cum = cum[..., pos.clamp(min=0)]  # (B|1, H, Nq)
-    log_mask = (row_cum[..., :, None] - cum[..., None, :]).masked_fill(~allowed, float("-inf"))
-    return ((q @ k.transpose(-2, -1)) * log_mask.exp()) @ v  # (B, H, Nq, Dv)
-
-
-def aligned(run: Callable[[Tensor], Tensor], q: Tensor, k: Tensor) -> Tensor:
-    """Causal bottom-right alignment of a recurrent form ``run(q_full)`` over the ``Nk`` keys:
-    ``Nq < Nk`` pads the queries in front (their rows dropped), ``Nq > Nk`` gives zeros to the
-    rows before every key."""
-    q_len, k_len = q.shape[2], k.shape[2]
-    offset = k_len - q_len
-    if offset >= 0:
-        return run(F.pad(q, (0, 0, offset, 0)))[:, :, offset:]  # (B, H, Nq, Dv)
-    out = run(q[:, :, -offset:])  # (B, H, Nk, Dv)
-    return torch.cat([out.new_zeros(*out.shape[:2], -offset, out.shape[-1]), out], dim=2)
 
 
 def decayed_cost(query: CostQuery, chunk: int, v_dim: int) -> Cost:
@@ -124,42 +56,10 @@ def decayed_cost(query: CostQuery, chunk: int, v_dim: int) -> Cost:
     return Cost(heads * fwd, 2 * heads * fwd, "performed")
 
 
-class RetentionState:
-    """Retention's decoding state: ``S (B, H, D, Dv)`` (``Dv + 1`` columns with the normaliser),
-    so a token costs O(D * Dv) at any context length."""
-
-    def __init__(self, owner: RetentionAttention) -> None:
-        self.owner = owner
-        self.state: Tensor | None = None  # (B, H, D, Dv [+ 1]), float32 for half inputs
-        self.seen = 0  # keys fed so far
-
-    @property
-    def length(self) -> int:
-        """Number of keys fed so far."""
-        return self.seen
-
-    def step(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = None) -> Tensor:
-        """Feed ``k, v (B, H, Nnew, .)`` and return causal retention of ``q`` over all keys: ``(B, H, Nnew, Dv)``."""
-        if q.shape[2] != k.shape[2]:
-            raise ValueError(f"q: a decoding step takes one query per new key; got Nq={q.shape[2]}, "
-                             f"Nk={k.shape[2]}")
-        out, self.state = self.owner.recurrent(q, k, v, key_mask, self.state)
-        self.seen += k.shape[2]
-        return out
-
-    def reorder(self, index: Tensor) -> None:
-        """Select / repeat batch rows (beam search): ``index (B',)``."""
-        if self.state is not None:
-            self.state = self.state.index_select(0, index)
-
-
-class RetentionAttention(Attention):
+class RetentionAttention(RecurrentAttention):
     """RetNet retention: fixed per-head decay, chunkwise training, O(D * Dv) decoding state; always causal."""
 
     name: ClassVar[str] = "retention"
-    forces_causal = True  # a recurrence has no non-causal form: an encoder reads left to right
-    exact = False
-    native_computes_half_in_float32 = True
     example_params = ({"chunk": 8}, {"chunk": 64}, {"chunk": 8, "normalize": False})
     param_rules: ClassVar[dict[str, Param]] = {
         "chunk": Param(minimum=1), "normalize": Param(choices=(True, False)),
@@ -205,19 +105,12 @@ class RetentionAttention(Attention):
         out, state = decayed_chunks(q, k, v, log_decay, self.chunk, state)  # (B, H, N, Dv [+ 1])
         return self.finish(out, dtype), state
 
-    def native_forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:
-        return aligned(lambda rows: self.recurrent(rows, k, v, key_mask, None)[0], q, k)
-
     def reference_forward(self, q: Tensor, k: Tensor, v: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:
         """The definition computed directly, O(Nq * Nk), with the explicit decay mask; always causal
         (the variant has no other form: every call is run causally)."""
         dtype = v.dtype
         q, k, v, log_decay = self.prepare(q, k, v, key_mask)
         return self.finish(dense_decayed(q, k, v, log_decay), dtype)
-
-    def new_decoding_state(self) -> RetentionState:
-        """Causal decoding through the state ``S``: O(D * Dv) per token at any context length."""
-        return RetentionState(self)
 
     def cost(self, query: CostQuery) -> Cost:
         """The matmuls performed: ``C x C`` products inside chunks, the chunks' states, the queries' reads."""
