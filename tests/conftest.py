@@ -126,3 +126,27 @@ def registries_restored() -> Iterator[None]:
             obj.name = names[name]
     for module in rolled_back - modules:
         sys.modules.pop(module, None)
+
+
+@pytest.fixture
+def sweep_out(tmp_path: Path) -> tuple[Path, str]:
+    """A small sweep run through the CLI under umask 022: its run directory and what it printed."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from bench.cli import app
+    from bench.engine.testing import unregister_test_variants
+
+    config = tmp_path / "small.yaml"
+    config.write_text(yaml.safe_dump({
+        "name": "small", "passes": ["fwd"], "seq_len": [16, 32], "heads": 1, "head_dim": 8,
+        "repeats": 2, "timeout_s": 30, "plugins": ["bench.engine.testing"],
+        "peak_matmul_size": 128, "variants": [{"name": "bench_sleep", "seconds": 0.01}]}))
+    old = os.umask(0o022)
+    try:
+        result = CliRunner().invoke(app, ["sweep", str(config), "--out", str(tmp_path / "out"), "--no-plots"])
+    finally:
+        os.umask(old)
+        unregister_test_variants()
+    assert result.exit_code == 0, result.output
+    return tmp_path / "out", result.output

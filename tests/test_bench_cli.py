@@ -334,26 +334,6 @@ def _mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-@pytest.fixture
-def sweep_out(tmp_path: Path):
-    from bench.engine.testing import unregister_test_variants
-
-    config = tmp_path / "small.yaml"
-    config.write_text(yaml.safe_dump({
-        "name": "small", "passes": ["fwd"], "seq_len": [16, 32], "heads": 1, "head_dim": 8,
-        "repeats": 2, "timeout_s": 30, "plugins": ["bench.engine.testing"],
-        "peak_matmul_size": 128, "variants": [{"name": "bench_sleep", "seconds": 0.01}]}))
-    old = os.umask(0o022)
-    try:
-        result = CliRunner().invoke(app, ["sweep", str(config), "--out", str(tmp_path / "out"),
-                                          "--no-plots"])
-    finally:
-        os.umask(old)
-        unregister_test_variants()
-    assert result.exit_code == 0, result.output
-    return tmp_path / "out", result.output
-
-
 def test_the_progress_bar_shows_its_total(sweep_out) -> None:
     _, output = sweep_out
     assert "2/2" in output and "/?" not in output, output

@@ -4,15 +4,10 @@ attention's, round by round; its column legend."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pandas as pd
 import pytest
-import yaml
-from typer.testing import CliRunner
 
-from bench.cli import app
 from bench.speed.report import flop_rate_ratios
 
 
@@ -46,26 +41,6 @@ def test_units_without_full_attention_or_flops_give_no_rows():
 
 
 # The report explains its columns (peak_fraction_at_max_n, mask_emulated) before its tables.
-@pytest.fixture
-def sweep_out(tmp_path: Path):
-    from bench.engine.testing import unregister_test_variants
-
-    config = tmp_path / "small.yaml"
-    config.write_text(yaml.safe_dump({
-        "name": "small", "passes": ["fwd"], "seq_len": [16, 32], "heads": 1, "head_dim": 8,
-        "repeats": 2, "timeout_s": 30, "plugins": ["bench.engine.testing"],
-        "peak_matmul_size": 128, "variants": [{"name": "bench_sleep", "seconds": 0.01}]}))
-    old = os.umask(0o022)
-    try:
-        result = CliRunner().invoke(app, ["sweep", str(config), "--out", str(tmp_path / "out"),
-                                          "--no-plots"])
-    finally:
-        os.umask(old)
-        unregister_test_variants()
-    assert result.exit_code == 0, result.output
-    return tmp_path / "out", result.output
-
-
 def test_the_report_explains_peak_fraction_and_mask_emulated(sweep_out) -> None:
     from bench.speed.report import build_report
 
