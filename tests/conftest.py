@@ -30,6 +30,11 @@ import torch
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # The files holding ``serial`` tests run first, whole (their module fixtures are built once): xdist gives
+    # the first half of the list to one worker, so they run at the start, while the other worker is in its
+    # first tests, instead of each waiting for whatever long test the other worker is in to end.
+    serial_files = {item.path for item in items if item.get_closest_marker("serial") is not None}
+    items.sort(key=lambda item: item.path not in serial_files)  # stable: the order is kept otherwise
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs CUDA (no GPU on this machine)")
