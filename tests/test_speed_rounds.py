@@ -79,7 +79,8 @@ KERNELS = ("reference", "sdpa", "flex")
 DEVICE_COMMANDS = ("warm", "prepare", "time", "probe", "finish")
 
 
-def _unit_case(kernel: str, device: str, passes: tuple[str, ...] = ("fwd", "bwd")) -> Case:
+def unit_case(kernel: str, device: str, passes: tuple[str, ...] = ("fwd", "bwd")) -> Case:
+    """A full-attention case of 4K tokens in bfloat16 on ``device`` (the worker tests build it too)."""
     return Case(variant="full", label="full", params=(), kernel=kernel, seq_len=4096, batch=1,
                 heads=4, head_dim=64, dtype="bfloat16", device=device, causal=False,
                 passes=passes, repeats=3, warmup=1, timeout_s=60, max_memory_gb=None,
@@ -136,7 +137,7 @@ def _run(monkeypatch: pytest.MonkeyPatch, device: str) -> tuple[list[dict], list
     log: list[tuple[str, str]] = []
     monkeypatch.setattr(rounds, "Worker", _fake_worker(log))
     monkeypatch.setattr(rounds, "HANDOVER_S", 0.0)
-    runs = tuple(CaseRun(_unit_case(k, device), ("fwd", "bwd")) for k in KERNELS)
+    runs = tuple(CaseRun(unit_case(k, device), ("fwd", "bwd")) for k in KERNELS)
     return run_rounds(runs, "unit0"), log
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_speed_rounds import unit_case
 
 from attn import create_attention
 from attn.kernels import get_kernel
@@ -68,13 +69,6 @@ def test_inputs_are_drawn_on_the_case_device(phases):
 
 # Between the passes of a CUDA unit the worker releases its module, cached masks and the allocator's
 # pool, then builds the module again (torch.cuda replaced by recorders; see docs/gpu.md).
-def _unit_case(kernel: str, device: str, passes: tuple[str, ...] = ("fwd", "bwd")) -> Case:
-    return Case(variant="full", label="full", params=(), kernel=kernel, seq_len=4096, batch=1,
-                heads=4, head_dim=64, dtype="bfloat16", device=device, causal=False,
-                passes=passes, repeats=3, warmup=1, timeout_s=60, max_memory_gb=None,
-                threads=None, time_budget_s=1.0, plugins=(), min_repeats=3)
-
-
 class _Module:
     """Stands in for an attention module holding cached device memory."""
 
@@ -118,7 +112,7 @@ def test_the_worker_releases_its_module_and_cached_pool_and_rebuilds(monkeypatch
     monkeypatch.setattr(worker, "_runner", _Runner)
     conn = _Conn([("warm", "fwd"), ("prepare", "fwd"), ("release",), ("warm", "bwd"), ("prepare", "bwd"),
                   ("exit",)])
-    worker._serve(_unit_case("reference", "cuda"), first.pop(), conn)  # the worker's only reference
+    worker._serve(unit_case("reference", "cuda"), first.pop(), conn)  # the worker's only reference
     assert [m[0] for m in conn.sent] == ["warmed", "prepared", "released", "warmed", "prepared"]
     assert conn.sent[2] == ("released", 0)
     assert "empty_cache" in calls
