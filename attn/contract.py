@@ -85,3 +85,9 @@ def check_key_mask(name: str, key_mask: Any, *, batch: int, keys: int, device: t
             f"{name}: argument 'key_mask' is on {key_mask.device} but 'q' is on {device}; "
             "they must be on one device"
         )
+
+
+def check_decoding_step(q_len: int, k_len: int) -> None:
+    """A decoding state's ``step`` takes one query per new key (``Nq == Nk``)."""
+    if q_len != k_len:
+        raise ValueError(f"q: a decoding step takes one query per new key; got Nq={q_len}, Nk={k_len}")

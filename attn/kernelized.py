@@ -8,6 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from attn.contract import check_decoding_step
 from attn.cost import Cost, CostQuery, matmul_flops
 
 #: query rows per chunk of the causal prefix-sum form: C x C products inside a chunk
@@ -148,9 +149,7 @@ class KernelizedState:
 
     def step(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = None) -> Tensor:
         """Feed ``k, v (B, H, Nnew, .)`` and return causal attention of ``q`` over all keys: ``(B, H, Nnew, Dv)``."""
-        if q.shape[2] != k.shape[2]:
-            raise ValueError(f"q: a decoding step takes one query per new key; got Nq={q.shape[2]}, "
-                             f"Nk={k.shape[2]}")
+        check_decoding_step(q.shape[2], k.shape[2])
         phi_q, phi_k = self.features(q, True), _masked(self.features(k, False), key_mask)
         if self.state is None:
             batch, heads, _, feats = phi_k.shape

@@ -12,6 +12,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from attn.base import Attention
+from attn.contract import check_decoding_step
 
 
 class RecurrentState:
@@ -29,9 +30,7 @@ class RecurrentState:
 
     def step(self, q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None = None) -> Tensor:
         """Feed ``k, v (B, H, Nnew, .)`` and return the causal output of ``q`` over all keys: ``(B, H, Nnew, Dv)``."""
-        if q.shape[2] != k.shape[2]:
-            raise ValueError(f"q: a decoding step takes one query per new key; got Nq={q.shape[2]}, "
-                             f"Nk={k.shape[2]}")
+        check_decoding_step(q.shape[2], k.shape[2])
         out, self.state = self.owner.recurrent(q, k, v, key_mask, self.state)
         self.seen += k.shape[2]
         return out
