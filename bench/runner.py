@@ -23,7 +23,7 @@ from bench.pretrained.config import PretrainedConfig, is_pretrained, parse_pretr
 from bench.pretrained.plan import PretrainedPlan
 from bench.quality.grid import GridPlan
 from bench.quality.grid_config import OVERRIDES as GRID_OVERRIDES
-from bench.quality.grid_config import GridConfig, is_grid, only_tasks, parse_grid
+from bench.quality.grid_config import GridConfig, is_grid, only_seeds, only_tasks, parse_grid
 from bench.speed.config import OVERRIDES as SWEEP_OVERRIDES
 from bench.speed.config import SweepConfig, apply_overrides, parse_config
 from bench.speed.noise import noisy_in
@@ -56,7 +56,9 @@ def load_run(source: str | Path | Mapping[str, Any],
         if key in changes:
             raw = {**raw, key: changes[key]}
     config = parse_grid(raw, only=changes.get("variants"))  # the other entries' rows stay
-    return only_tasks(config, changes["tasks"]) if changes.get("tasks") else config
+    if changes.get("tasks"):
+        config = only_tasks(config, changes["tasks"])
+    return only_seeds(config, changes["seeds"]) if changes.get("seeds") else config
 
 
 def _import_plugins(raw: Any, extra: list[str] | None) -> Any:
@@ -114,7 +116,7 @@ def _check_overrides(changes: Mapping[str, Any], grid: bool) -> None:
             raise key_error(key, f"a speed-sweep setting; a training grid (kind: quality) takes "
                                  f"only {list(GRID_OVERRIDES)} from outside its file")
         if key in GRID_OVERRIDES:
-            raise key_error(key, "only a training grid (kind: quality) has tasks to choose "
+            raise key_error(key, f"only a training grid (kind: quality) has {key} to choose "
                                  "among; a speed sweep has none")
         raise ConfigError(f"overrides: unknown key {key!r}; a "
                           f"{'training grid' if grid else 'speed sweep'} takes {list(allowed)}", key)

@@ -149,6 +149,22 @@ def test_the_cli_dry_run_of_a_grid_prints_its_items(tmp_path):
     assert wrong.exit_code == 2 and "--task: only a training grid" in wrong.output
 
 
+def test_a_grid_runs_in_pieces_by_seed_and_refuses_a_seed_it_does_not_have(tmp_path):
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump({**GRID, "seeds": {"default": [0, 1, 2], "bytelm": [0, 1]}}))
+    config = load_run(str(path), {"seeds": [2, 1]})
+    assert dict(config.seeds) == {"recall": (1, 2), "bytelm": (1,)}
+    result = CliRunner().invoke(app, ["sweep", str(path), "--out", str(tmp_path / "o"),
+                                      "--dry-run", "--seed", "2", "--task", "recall"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[-1] == f"2 training runs, 0 already done in {tmp_path / 'o'}"
+    unknown = CliRunner().invoke(app, ["sweep", str(path), "--dry-run", "--seed", "3"])
+    assert unknown.exit_code == 2
+    assert "--seed: unknown value 3; allowed values are the grid's seeds [0, 1, 2]" in unknown.output
+    speed = CliRunner().invoke(app, ["sweep", "quick", "--dry-run", "--seed", "0"])
+    assert speed.exit_code == 2 and "--seed: only a training grid" in speed.output
+
+
 def test_the_run_plan_of_a_grid_says_its_computed_references_apart_from_its_training_runs(tmp_path):
     from bench.runner import size_of
 

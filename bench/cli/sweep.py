@@ -26,7 +26,7 @@ from bench.cli.common import (
 #: the options that override config keys (``--plugin`` apart: its failure is its own, before the config is read)
 _OVERRIDES = {"variant": "variants", "kernel": "kernels", "seq_len": "seq_len", "pass_": "passes",
               "repeats": "repeats", "timeout_s": "timeout_s", "device": "device", "dtype": "dtype",
-              "threads": "threads", "task": "tasks", "text": "text", "model": "model"}
+              "threads": "threads", "task": "tasks", "seed": "seeds", "text": "text", "model": "model"}
 _OPTION_NAMES = {key: "--" + name.rstrip("_").replace("_", "-") for name, key in _OVERRIDES.items()}
 
 
@@ -106,6 +106,9 @@ def sweep(
     task: Annotated[list[str] | None, typer.Option(
         help="Training grids and pretrained-model runs: run only these tasks (the other tasks' "
              "rows stay as they are); repeatable.")] = None,
+    seed: Annotated[list[int] | None, typer.Option(
+        help="Training grids: run only these of the grid's seeds (the other seeds' rows stay as "
+             "they are); repeatable.")] = None,
     text: Annotated[Path | None, typer.Option(
         help="Pretrained-model runs: a long text file of your own, scored beside the config's "
              "documents.")] = None,
@@ -123,7 +126,7 @@ def sweep(
     _check_executor(executor, address, connect_timeout_s)
     options = {"variant": variant, "kernel": kernel, "seq_len": seq_len, "pass_": pass_,
                "repeats": repeats, "timeout_s": timeout_s, "device": device, "dtype": dtype,
-               "threads": threads, "task": task, "text": None if text is None else str(text),
+               "threads": threads, "task": task, "seed": seed, "text": None if text is None else str(text),
                "model": model}
     overrides = {_OVERRIDES[k]: v for k, v in options.items() if v is not None}
     with _named_by_options(overrides):

@@ -28,8 +28,8 @@ from models.registration import MODELS
 from models.registry import model_config
 
 ROLES = ("variant", "control", "reference")
-#: config keys a command line may override (``tasks``: :func:`only_tasks`)
-OVERRIDES = ("variants", "tasks", "device", "threads", "plugins")
+#: config keys a command line may override (``tasks``: :func:`only_tasks`; ``seeds``: :func:`only_seeds`)
+OVERRIDES = ("variants", "tasks", "seeds", "device", "threads", "plugins")
 #: keys of a variant entry that are not attention parameters
 _ENTRY_KEYS = ("name", "model", "role", "title", "tasks")
 #: model-config fields a grid entry may not override (the attention is the entry's own)
@@ -96,6 +96,17 @@ def only_tasks(config: GridConfig, tasks: Collection[str]) -> GridConfig:
                           f"tasks {list(config.tasks)}", "task")
     return dataclasses.replace(config, tasks=tuple(t for t in config.tasks if t in tasks),
                                budget_tasks=tuple(t for t in config.budget_tasks if t in tasks))
+
+
+def only_seeds(config: GridConfig, seeds: Collection[int]) -> GridConfig:
+    """``config`` restricted to ``seeds`` (``--seed``); the other seeds' rows stay as they are."""
+    known = sorted({s for _, task_seeds in config.seeds for s in task_seeds})
+    unknown = [s for s in seeds if s not in known]
+    if unknown:
+        raise ConfigError(f"--seed: unknown value {unknown[0]!r}; allowed values are the grid's "
+                          f"seeds {known}", "seeds")
+    kept = tuple((task, tuple(s for s in task_seeds if s in seeds)) for task, task_seeds in config.seeds)
+    return dataclasses.replace(config, seeds=kept)
 
 
 def canonical(value: Any) -> str:
