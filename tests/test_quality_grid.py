@@ -39,6 +39,11 @@ GRID = {"name": "tiny-grid", "kind": "quality", "preset": "tiny",
     ({"variants": [{"name": "relative", "model": {"position": "learned"}}]},
      "'variants[0].model.position': position: must be 'none'"),
     ({"variants": [{"name": "full", "model": "none"}]}, "'variants[0].model': must be a mapping"),
+    ({"variants": [{"name": "full", "train": {"lrate": 0.001}}]},
+     "'variants[0].train': train.lrate: unknown setting"),
+    ({"variants": [{"name": "full", "train": {"budget_x": 2}}]},
+     "'variants[0].train.budget_x': set by the grid's 'budgets' key"),
+    ({"variants": [{"name": "full", "train": {}}]}, "'variants[0].train': must be a non-empty mapping"),
     ({"variants": [{"name": "full", "role": "baseline"}]},
      "'variants[0].role': unknown value 'baseline'; allowed values are ['control', 'reference', 'variant']"),
     ({"references": ["bigram"]}, "'references': unknown reference 'bigram'; allowed values are 'all'"),
@@ -247,6 +252,22 @@ def test_a_control_entry_carries_its_model_override_into_the_run(tmp_path):
 
     settings, _, _, _ = build(RunSpec(**control.spec))  # what the worker trains with
     assert settings.model["position"] == "none"
+
+
+def test_a_wider_entry_trains_with_its_own_recipe_and_is_a_run_of_its_own(tmp_path):
+    from bench.quality.train import RunSpec, build
+
+    wide = {"name": "full", "model": {"d_model": 32, "d_ff": 64}, "train": {"lr": 0.0005, "steps": 6}}
+    config = parse_grid({**GRID, "tasks": ["recall"], "seeds": [0],
+                         "variants": ["full", {"name": "full", "model": {"d_model": 32, "d_ff": 64}}, wide]})
+    plain, wider, recipe = units(config, tmp_path)
+    assert recipe.spec["overrides"] == {"model": {"d_model": 32, "d_ff": 64},
+                                        "train": {"lr": 0.0005, "steps": 6}}
+    assert len({plain.unit_id, wider.unit_id, recipe.unit_id}) == 3  # the recipe makes a run of its own
+    assert recipe.label == "full [d_ff=64, d_model=32, train.lr=0.0005, train.steps=6]"
+    settings, _, _, _ = build(RunSpec(**recipe.spec))  # what the worker trains with
+    assert (settings.model["d_model"], settings.train.lr, settings.train.steps) == (32, 0.0005, 6)
+    assert settings.train.batch_size == build(RunSpec(**plain.spec))[0].train.batch_size  # the rest: the preset's
 
 
 def test_an_override_unit_compares_its_rows_with_the_settings_its_overrides_give():

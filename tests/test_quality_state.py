@@ -128,6 +128,22 @@ def test_the_figure_and_table_show_each_pattern_at_each_width(tmp_path):
     assert {f"{FIGURE}.png", f"{FIGURE}.svg"} <= paths and (tmp_path / f"{FIGURE}.png").stat().st_size > 0
 
 
+def test_an_entry_with_its_own_training_recipe_is_a_panel_of_its_own(tmp_path):
+    recipe = {"train": {"lr": 0.001}}
+    rows = [*_rows("mqar", "full", {0: 0.9}, width=32, state=262144),
+            *_rows("mqar", "full", {0: 0.2}, width=32, state=262144, overrides=recipe),
+            *_rows("mqar", "sliding_window", {0: 0.1}, width=32, state=8704, overrides=recipe,
+                   params=json.dumps({"window": 16}))]
+    points = state_points(headline(_write(tmp_path, rows))).set_index(["width", "recipe", "label"])
+    assert sorted(points.index) == [(32, "", "full"), (32, "train.lr=0.001", "full"),
+                                    (32, "train.lr=0.001", "sliding_window(window=16)")]
+    assert points.loc[(32, "train.lr=0.001", "full"), "mean"] == pytest.approx(0.2)  # not averaged with 0.9
+    section = build_quality_report(tmp_path).split("## Recall against state", 1)[1].split("\n## ", 1)[0]
+    assert "accuracy % (d_model=32) | state (d_model=32, train.lr=0.001) | accuracy % (d_model=32, train.lr=0.001)" \
+        in section
+    assert "| mqar | full | kv_cache(band) | 262,144 B | 90.0 | 262,144 B | 20.0 |" in section
+
+
 @pytest.mark.parametrize("case", ["no recall task", "no state column"])
 def test_without_recall_rows_or_their_state_there_is_no_figure(tmp_path, case):
     if case == "no recall task":

@@ -31,7 +31,7 @@ ROLES = ("variant", "control", "reference")
 #: config keys a command line may override (``tasks``: :func:`only_tasks`; ``seeds``: :func:`only_seeds`)
 OVERRIDES = ("variants", "tasks", "seeds", "device", "threads", "plugins")
 #: keys of a variant entry that are not attention parameters
-_ENTRY_KEYS = ("name", "model", "role", "title", "tasks")
+_ENTRY_KEYS = ("name", "model", "train", "role", "title", "tasks")
 #: model-config fields a grid entry may not override (the attention is the entry's own)
 _NOT_MODEL = ("attention", "attention_params", "attention_kernel")
 _KEYS = {"name", "kind", "description", "preset", "tasks", "variants", "seeds", "device",
@@ -40,11 +40,12 @@ _KEYS = {"name", "kind", "description", "preset", "tasks", "variants", "seeds", 
 
 @dataclass(frozen=True)
 class GridVariant:
-    """One variant entry of a grid: the attention, its parameters, model overrides, role and title."""
+    """One variant entry of a grid: the attention, its parameters, model and training overrides, role and title."""
 
     name: str
     params: tuple[tuple[str, Any], ...] = ()
     model: tuple[tuple[str, Any], ...] = ()
+    train: tuple[tuple[str, Any], ...] = ()  # e.g. a wider model's learning rate
     role: str = "variant"
     title: str = ""
     #: the grid tasks this entry trains on (None: every task of the grid)
@@ -56,8 +57,9 @@ class GridVariant:
 
     @property
     def overrides(self) -> dict[str, Any]:
-        """The task-settings overrides of this entry (``{"model": {...}}`` or ``{}``)."""
-        return {"model": dict(self.model)} if self.model else {}
+        """The task-settings overrides of this entry (``{"model": {...}, "train": {...}}``, each only if set)."""
+        return {section: dict(values) for section, values in (("model", self.model), ("train", self.train))
+                if values}
 
     @property
     def identity(self) -> str:
@@ -166,6 +168,23 @@ def _check_model(where: str, name: str, params: dict[str, Any], model: Any, pres
                                   f"{where}.{field_name}") from err
 
 
+def _check_train(where: str, train: Any, preset: str, tasks: list[str]) -> None:
+    """Check a variant entry's training overrides (the grid's ``budgets`` own ``budget_x``)."""
+    if not isinstance(train, dict) or not train:
+        raise ConfigError(f"config key {where!r}: must be a non-empty mapping of training settings "
+                          f"like {{lr: 0.001}}; got {train!r}", where)
+    if "budget_x" in train:
+        raise ConfigError(f"config key '{where}.budget_x': set by the grid's 'budgets' key, not an "
+                          "entry", f"{where}.budget_x")
+    for task in tasks:
+        try:
+            task_settings(task, preset, {"train": train})
+        except ConfigError as err:
+            raise ConfigError(f"config key '{where}': {err} (task {task!r})", where) from err
+        except (ValueError, TypeError) as err:
+            raise ConfigError(f"config key '{where}': {err} (task {task!r})", where) from err
+
+
 def _variant(index: int, item: Any, preset: str, tasks: list[str]) -> GridVariant:
     """One validated variant entry."""
     where = f"variants[{index}]"
@@ -197,8 +216,12 @@ def _variant(index: int, item: Any, preset: str, tasks: list[str]) -> GridVarian
     model = item.get("model", {})
     if model != {}:
         _check_model(f"{where}.model", name, params, model, preset, only_tasks or tasks)
+    train = item.get("train", {})
+    if "train" in item:
+        _check_train(f"{where}.train", train, preset, only_tasks or tasks)
     return GridVariant(name=name, params=tuple(sorted(params.items())),
-                       model=tuple(sorted(model.items())), role=role, title=title,
+                       model=tuple(sorted(model.items())), train=tuple(sorted(train.items())),
+                       role=role, title=title,
                        tasks=None if only_tasks is None else tuple(only_tasks))
 
 

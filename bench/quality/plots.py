@@ -18,7 +18,7 @@ from bench.quality.margins import strongest_references
 from bench.quality.reach import variant_recall_reach
 from bench.quality.reference_unit import is_reference_row
 from bench.quality.report import load_quality
-from bench.quality.state_table import FIGURE, reference_floors, skip_reason, state_points
+from bench.quality.state_table import FIGURE, panel_title, panels_of, reference_floors, skip_reason, state_points
 from bench.quality.tables import condition_table, headline, task_order, trained, uniform_chance
 from bench.quality.tasks import ConditionView, condition_views, task_info
 
@@ -172,19 +172,20 @@ def plot_quality_run(run_dir: str | Path) -> list[Path]:
 
 def plot_recall_state(top: pd.DataFrame, run_dir: Path) -> list[Path]:
     """``recall_state.png`` and ``.svg`` of the headline rows ``top``: test accuracy against the bytes a layer keeps,
-    log scale, a panel per (recall task, width); seed std as error bars; trained references and controls hollow;
-    the floors as lines (uniform chance dotted, the computed references dash-dotted and dashed)."""
+    log scale, a panel per (recall task, width and training recipe); seed std as error bars; trained references and
+    controls hollow; the floors as lines (uniform chance dotted, the computed references dash-dotted and dashed)."""
     points, floors = state_points(top), reference_floors(top)
-    tasks, widths = task_order(points), sorted(points.width.unique())
+    tasks, panels = task_order(points), panels_of(points)
     names = sorted(set(points.label))
     colours = _colours(names)
     markers = dict(zip(names, itertools.cycle("osD^vP*Xh<>p")))  # told apart where two colours are near
-    fig, axes = pyplot().subplots(len(tasks), len(widths), figsize=(5.0 * len(widths), 3.8 * len(tasks)),
+    fig, axes = pyplot().subplots(len(tasks), len(panels), figsize=(5.0 * len(panels), 3.8 * len(tasks)),
                                   squeeze=False)
     shown: dict[str, Any] = {}  # legend entries: the points, then the floors
-    for (row, task), (col, width) in itertools.product(enumerate(tasks), enumerate(widths)):
+    for (row, task), (col, (width, recipe)) in itertools.product(enumerate(tasks), enumerate(panels)):
         ax = axes[row, col]
-        for p in points[(points.task == task) & (points.width == width)].itertuples():
+        here = (points.task == task) & (points.width == width) & (points.recipe == recipe)
+        for p in points[here].itertuples():
             hollow = p.role != "variant"
             name = p.label + (f" ({p.role})" if hollow else "")
             shown.setdefault(name, ax.errorbar(
@@ -198,7 +199,7 @@ def plot_recall_state(top: pd.DataFrame, run_dir: Path) -> list[Path]:
             shown.setdefault(f"floor: {floor.label}", line)
         ax.set_xscale("log")
         ax.set_ylim(-0.02, 1.02)
-        ax.set_title(f"{task}, d_model={width}")
+        ax.set_title(f"{task}, {panel_title(width, recipe)}", fontsize=9)
         ax.set_xlabel("state bytes per layer (log)")
         ax.set_ylabel("test accuracy")
     ordered = sorted(shown, key=lambda name: name.startswith("floor: "))

@@ -8,7 +8,7 @@ import json
 
 import pandas as pd
 
-from bench.engine.labels import variant_label
+from bench.engine.labels import overrides_text, variant_label
 from bench.engine.markdown import markdown_table
 from bench.quality.budget import seed_cell
 from bench.quality.reference_unit import reference_row_mask
@@ -22,7 +22,8 @@ FIGURE = "recall_state"
 #: model settings that set a width: a panel's, not part of a pattern's name
 WIDTH_KEYS = ("d_model", "d_ff")
 #: the columns of :func:`state_points`
-POINT_COLUMNS = ["task", "width", "label", "role", "rule", "state_bytes", "mean", "std", "seeds", "cell"]
+POINT_COLUMNS = ["task", "width", "recipe", "label", "role", "rule", "state_bytes", "mean", "std", "seeds",
+                 "cell"]
 
 
 def _width(settings: str) -> int:
@@ -31,11 +32,22 @@ def _width(settings: str) -> int:
     return int(model.get("d_model", SIZES[MODEL_SIZE]["d_model"]))
 
 
+def _recipe(overrides: str) -> str:
+    """The row's training overrides (``train.lr=0.001``; empty: the preset's): part of the panel, with the width."""
+    return overrides_text({"train": json.loads(overrides or "{}").get("train") or {}})
+
+
+def panel_title(width: int, recipe: str) -> str:
+    """``d_model=128`` or ``d_model=128, train.lr=0.001``: one panel of the figure, one column pair of the table."""
+    return f"d_model={width}" + (f", {recipe}" if recipe else "")
+
+
 def _pattern(row: pd.Series) -> str:
-    """The row's label with the width settings left out (the width is the panel)."""
+    """The row's label less the width settings and training overrides (the panel)."""
     overrides = json.loads(row.overrides or "{}")
     model = {k: v for k, v in (overrides.get("model") or {}).items() if k not in WIDTH_KEYS}
-    rest = {**overrides, "model": model} if model else {k: v for k, v in overrides.items() if k != "model"}
+    rest = {k: v for k, v in overrides.items() if k not in ("model", "train")}
+    rest = {**rest, "model": model} if model else rest
     try:
         return variant_label(row.variant, json.loads(row.params or "{}"), rest)
     except (ValueError, TypeError):
@@ -60,23 +72,29 @@ def skip_reason(top: pd.DataFrame) -> str | None:
 
 
 def state_points(top: pd.DataFrame) -> pd.DataFrame:
-    """Per (task, width, pattern): the state bytes, how they were counted, test accuracy mean and std over seeds
+    """Per (task, width, recipe, pattern): the state bytes, how they were counted, test accuracy mean and std over seeds
     (``cell``: as the report writes it, in %)."""
     rows = state_rows(top)
     rows = rows[rows.state_bytes.notna()]
     if rows.empty:
         return pd.DataFrame(columns=POINT_COLUMNS)
-    rows = rows.assign(width=rows.settings.map(_width), pattern=rows.apply(_pattern, axis=1),
+    rows = rows.assign(width=rows.settings.map(_width), recipe=rows.overrides.map(_recipe),
+                       pattern=rows.apply(_pattern, axis=1),
                        rule=rows.state_rule.fillna("").astype(str).str.split(":").str[0])
-    grouped = rows.groupby(["task", "width", "pattern"], sort=False).agg(
+    grouped = rows.groupby(["task", "width", "recipe", "pattern"], sort=False).agg(
         role=("role", "first"), rule=("rule", "first"), state_bytes=("state_bytes", "median"),
         mean=("value", "mean"), std=("value", "std"), seeds=("seed", "nunique"),
         cell=("value", lambda v: seed_cell(v, "accuracy")))
     points = grouped.reset_index().rename(columns={"pattern": "label"})
     order = {t: i for i, t in enumerate(task_order(points))}
-    points = points.sort_values(["task", "width", "state_bytes", "label"],
+    points = points.sort_values(["task", "width", "recipe", "state_bytes", "label"],
                                 key=lambda s: s.map(order) if s.name == "task" else s)
     return points[POINT_COLUMNS].reset_index(drop=True)
+
+
+def panels_of(points: pd.DataFrame) -> list[tuple[int, str]]:
+    """The ``(width, recipe)`` panels of :func:`state_points`, narrowest first, the preset's recipe first."""
+    return sorted(set(zip(points.width, points.recipe)))
 
 
 def reference_floors(top: pd.DataFrame) -> pd.DataFrame:
@@ -90,25 +108,26 @@ def reference_floors(top: pd.DataFrame) -> pd.DataFrame:
 
 
 def state_table(top: pd.DataFrame) -> pd.DataFrame:
-    """Task x pattern: how the state was counted and, per width, its bytes and the test accuracy over seeds; each
-    task's floors after its patterns."""
+    """Task x pattern: how the state was counted and, per panel (width and recipe), its bytes and the test accuracy
+    over seeds; each task's floors after its patterns."""
     points, floors = state_points(top), reference_floors(top)
-    widths = sorted(points.width.unique())
+    panels = panels_of(points)
     rows = []
     for task in task_order(points):
         for name, part in points[points.task == task].groupby("label", sort=False):
             role = part.role.iloc[0]
             row = {"task": task, "variant": name if role == "variant" else f"{name} ({role})",
                    "rule": part.rule.iloc[0]}
-            for width in widths:
-                here = part[part.width == width]
-                row[f"state (d_model={width})"] = f"{int(here.state_bytes.iloc[0]):,} B" if len(here) else "-"
-                row[f"accuracy % (d_model={width})"] = here.cell.iloc[0] if len(here) else "-"
+            for width, recipe in panels:
+                here = part[(part.width == width) & (part.recipe == recipe)]
+                title = panel_title(width, recipe)
+                row[f"state ({title})"] = f"{int(here.state_bytes.iloc[0]):,} B" if len(here) else "-"
+                row[f"accuracy % ({title})"] = here.cell.iloc[0] if len(here) else "-"
             rows.append(row)
         for floor in floors[floors.task == task].itertuples():
             rows.append({"task": task, "variant": f"{floor.label} (floor)", "rule": "none",
-                         **{f"{what} (d_model={width})": "-" if what == "state" else f"{floor.value * 100:.1f}"
-                            for width in widths for what in ("state", "accuracy %")}})
+                         **{f"{what} ({panel_title(*panel)})": "-" if what == "state" else f"{floor.value * 100:.1f}"
+                            for panel in panels for what in ("state", "accuracy %")}})
     return pd.DataFrame(rows)
 
 
@@ -121,7 +140,8 @@ def state_section(top: pd.DataFrame) -> list[str]:
     if reason is not None:
         return [title, "", f"No figure: {reason}.", ""]
     return [title, "",
-            "Per recall task and model width (`d_model`), each trained model's test accuracy (mean ± "
+            "Per recall task and model width (`d_model`, with the training settings an entry changes, "
+            "if any), each trained model's test accuracy (mean ± "
             "std over seeds, in %) beside the bytes one layer keeps per sequence to answer at the "
             "task's length (`state_bytes`, measured on the layer's own decoding cache: an attention "
             "pattern's KV cache, all N keys or a band's g + r·w + 1, a recurrent mixer's decoding "

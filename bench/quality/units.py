@@ -155,12 +155,12 @@ def units(config: GridConfig, out: Path) -> list[TrainUnit]:
 
 def same_model_as_full(config: GridConfig, task: str, variant: GridVariant) -> bool:
     """True for the ``causal`` entry on a decoder-only task when the grid also trains ``full`` with the same model
-    settings: one model, trained once as ``full``."""
+    and training settings: one model, trained once as ``full``."""
     if variant.name != "causal" or variant.params:
         return False
     if not always_causal(_model_kind(config.preset, task)):
         return False
-    return any(other.name == "full" and not other.params and other.model == variant.model
+    return any(other.name == "full" and not other.params and other.overrides == variant.overrides
                and other.trains_on(task) for other in config.variants)
 
 
