@@ -185,6 +185,9 @@ def plot_recall_state(top: pd.DataFrame, run_dir: Path) -> list[Path]:
     for (row, task), (col, (width, recipe)) in itertools.product(enumerate(tasks), enumerate(panels)):
         ax = axes[row, col]
         here = (points.task == task) & (points.width == width) & (points.recipe == recipe)
+        if not here.any():  # a width or recipe trained on the other task only
+            ax.axis("off")
+            continue
         for p in points[here].itertuples():
             hollow = p.role != "variant"
             name = p.label + (f" ({p.role})" if hollow else "")
