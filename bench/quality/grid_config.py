@@ -179,9 +179,7 @@ def _check_train(where: str, train: Any, preset: str, tasks: list[str]) -> None:
     for task in tasks:
         try:
             task_settings(task, preset, {"train": train})
-        except ConfigError as err:
-            raise ConfigError(f"config key '{where}': {err} (task {task!r})", where) from err
-        except (ValueError, TypeError) as err:
+        except (ConfigError, ValueError, TypeError) as err:  # an unknown setting, or a value its type refuses
             raise ConfigError(f"config key '{where}': {err} (task {task!r})", where) from err
 
 
