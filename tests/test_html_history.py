@@ -19,6 +19,7 @@ from bench.engine.results import ResultsWriter, write_env
 from bench.html.history import build_history
 from bench.html.history_rows import figure_meta
 from bench.html.history_steps import worse_is_larger
+from bench.html.history_store import SCHEMA_VERSION
 from bench.speed.compare import classify_runs
 
 runner = CliRunner()
@@ -99,7 +100,8 @@ def test_the_store_reads_only_changed_runs(three_commits, tmp_path):
 
 @pytest.mark.parametrize("store", [
     b"not a database at all",
-    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT); INSERT INTO meta VALUES ('schema', '3'); "
+    "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT); "
+    f"INSERT INTO meta VALUES ('schema', '{SCHEMA_VERSION}'); "
     "CREATE TABLE cases (run TEXT, figure TEXT); INSERT INTO cases VALUES ('x', 'y')",
 ])
 def test_a_damaged_or_foreign_store_is_rebuilt_with_a_warning(three_commits, tmp_path, store):
@@ -126,6 +128,20 @@ def test_one_series_per_machine_and_no_step_across_machines(tmp_path):
     figure = _figures(found.page)["history-time_ms"]
     assert [trace["name"] for trace in figure["data"]] == ["CPU X, 2 threads, host fast",
                                                            "CPU X, 2 threads, host slow"]
+
+
+def test_two_cpus_of_one_name_are_two_machines_each_row_by_the_segment_that_wrote_it(tmp_path):
+    root = tmp_path / "results"
+    run = _run(root / "resumed", [_row(256, SHAS[0], 1, 10.0), _row(512, SHAS[0], 3, 20.0)])
+    segment = {"git_sha": SHAS[0], "device": "cpu", "device_name": "CPU X", "hostname": "vm", "threads": 2}
+    write_env(run, [{**segment, "cpu_capability": "AVX2", "timestamp": "2026-01-01T00:00:00+00:00"},
+                    {**segment, "cpu_capability": "AVX512", "timestamp": "2026-01-02T00:00:00+00:00"}])
+    _run(root / "unrecorded", [_row(256, SHAS[1], 4, 10.0)])  # an env.json without the CPU's fields
+    found = build_history([root], tmp_path / "out")
+    time = found.rows[found.rows.figure == "time_ms"].sort_values("timestamp")
+    assert time.machine.tolist() == ["CPU X (AVX2), 2 threads, host vm", "CPU X (AVX512), 2 threads, host vm",
+                                     "CPU X, 2 threads, host vm"]
+    assert found.steps.empty  # N=256 at two commits, but on two machines: no step between them
 
 
 def _figures(page) -> dict:

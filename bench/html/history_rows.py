@@ -18,11 +18,32 @@ FIGURES = {"time_ms": ("time (ms)", True), "memory_mib": ("peak tensor memory (M
            "tokens_per_s": ("decoding tokens/s", False), "step_ms": ("streaming step (ms)", True)}
 
 
-def machine(device_name: object, threads: object, hostname: object) -> str:
-    """A machine's fingerprint: its device, the threads the run used and its host name."""
+def machine(device_name: object, threads: object, hostname: object, cpu: str = "") -> str:
+    """A machine's fingerprint: its device (with the CPU's vector capability where the run was on
+    the CPU and recorded it: two CPUs of one model name differ by it), threads and host name."""
     def text(value: object) -> str:
         return "?" if value is None or pd.isna(value) or value == "" else str(value)
-    return f"{text(device_name)}, {text(threads)} threads, host {text(hostname)}"
+    device = f"{text(device_name)} ({cpu})" if cpu else text(device_name)
+    return f"{device}, {text(threads)} threads, host {text(hostname)}"
+
+
+def _cpu_kinds(run_dir: Path, shas: pd.Series, timestamps: pd.Series) -> list[str]:
+    """Per row, ``cpu_capability`` of the CPU run segment of ``env.json`` that wrote it: the latest
+    of its commit started no later than the row (else the latest of its commit); '' if none."""
+    segments = sorted(read_env(run_dir), key=lambda s: str(s.get("timestamp", "")))
+
+    def kind(sha: str, timestamp: str) -> str:
+        ours = [s for s in segments if str(s.get("git_sha")) == sha]
+        before = [s for s in ours if str(s.get("timestamp", "")) <= timestamp]
+        found = (before or ours or [{}])[-1]
+        return str(found.get("cpu_capability") or "") if found.get("device") == "cpu" else ""
+    return [kind(str(sha), str(ts)) for sha, ts in zip(shas, timestamps)]
+
+
+def _machines(run_dir: Path, df: pd.DataFrame) -> list[str]:
+    """Each row's :func:`machine`, from its own columns and its ``env.json`` segment."""
+    cpus = _cpu_kinds(run_dir, df.git_sha, df.timestamp)
+    return [machine(*r) for r in zip(df.device_name, df.threads, df.hostname, cpus)]
 
 
 def _speed_case(row: pd.Series) -> str:
@@ -39,7 +60,7 @@ def _speed(run_dir: Path) -> pd.DataFrame:
         return pd.DataFrame(columns=COLUMNS)
     base = pd.DataFrame({
         "kind": "speed", "commit_sha": df.git_sha.astype(str),
-        "machine": [machine(*r) for r in zip(df.device_name, df.threads, df.hostname)],
+        "machine": _machines(run_dir, df),
         "case": df.apply(_speed_case, axis=1), "n": df.repeats, "status": df.status,
         "timestamp": df.timestamp.astype(str)})
     time = base.assign(figure="time_ms", value=df.time_ms, spread=df.time_iqr_ms)
@@ -55,7 +76,7 @@ def _quality(run_dir: Path) -> pd.DataFrame:
     top = headline(df) if len(df) else df
     if top.empty:
         return pd.DataFrame(columns=COLUMNS)
-    top = top.assign(machine=[machine(*r) for r in zip(top.device_name, top.threads, top.hostname)],
+    top = top.assign(machine=_machines(run_dir, top),
                      value=[v * (100.0 if m == "accuracy" else 1.0) for v, m in zip(top.value, top.metric)])
     grouped = top.groupby(["git_sha", "machine", "task", "label", "metric"], sort=False)
     stats = grouped.agg(value=("value", "mean"), spread=("value", "std"), n=("value", "size"),
@@ -69,7 +90,8 @@ def _quality(run_dir: Path) -> pd.DataFrame:
 def _decoding(run_dir: Path) -> pd.DataFrame:
     df = load_decoding(run_dir)
     env = (read_env(run_dir) or [{}])[0]
-    where = [machine(env.get("device_name"), t, env.get("hostname")) for t in df.threads]
+    cpus = _cpu_kinds(run_dir, df.git_sha, df.timestamp)
+    where = [machine(env.get("device_name"), t, env.get("hostname"), cpu) for t, cpu in zip(df.threads, cpus)]
     decoding = df.benchmark == "decoding"
     cases = [f"{r.attention} context={r.context} {'cache' if r.use_cache else 'no cache'}" if d
              else f"streaming window={r.window} layers={r.num_layers}" for d, r in zip(decoding, df.itertuples())]

@@ -15,7 +15,7 @@ import pandas as pd
 from bench.html.history_rows import COLUMNS, find_runs, history_rows
 
 STORE_FILE = "history.sqlite"
-SCHEMA_VERSION = "3"
+SCHEMA_VERSION = "4"
 _RESULTS = ("results.csv", "quality.csv")
 #: the columns of the cases table, quoted (``case`` is an SQL keyword)
 _QUOTED = ", ".join(f'"{c}"' for c in COLUMNS)
