@@ -27,10 +27,10 @@ def machine(device_name: object, threads: object, hostname: object, cpu: str = "
     return f"{device}, {text(threads)} threads, host {text(hostname)}"
 
 
-def _cpu_kinds(run_dir: Path, shas: pd.Series, timestamps: pd.Series) -> list[str]:
+def _cpu_kinds(segments: list[dict], shas: pd.Series, timestamps: pd.Series) -> list[str]:
     """Per row, ``cpu_capability`` of the CPU run segment of ``env.json`` that wrote it: the latest
     of its commit started no later than the row (else the latest of its commit); '' if none."""
-    segments = sorted(read_env(run_dir), key=lambda s: str(s.get("timestamp", "")))
+    segments = sorted(segments, key=lambda s: str(s.get("timestamp", "")))
 
     def kind(sha: str, timestamp: str) -> str:
         ours = [s for s in segments if str(s.get("git_sha")) == sha]
@@ -42,7 +42,7 @@ def _cpu_kinds(run_dir: Path, shas: pd.Series, timestamps: pd.Series) -> list[st
 
 def _machines(run_dir: Path, df: pd.DataFrame) -> list[str]:
     """Each row's :func:`machine`, from its own columns and its ``env.json`` segment."""
-    cpus = _cpu_kinds(run_dir, df.git_sha, df.timestamp)
+    cpus = _cpu_kinds(read_env(run_dir), df.git_sha, df.timestamp)
     return [machine(*r) for r in zip(df.device_name, df.threads, df.hostname, cpus)]
 
 
@@ -89,8 +89,9 @@ def _quality(run_dir: Path) -> pd.DataFrame:
 
 def _decoding(run_dir: Path) -> pd.DataFrame:
     df = load_decoding(run_dir)
-    env = (read_env(run_dir) or [{}])[0]
-    cpus = _cpu_kinds(run_dir, df.git_sha, df.timestamp)
+    segments = read_env(run_dir)
+    env = (segments or [{}])[0]
+    cpus = _cpu_kinds(segments, df.git_sha, df.timestamp)
     where = [machine(env.get("device_name"), t, env.get("hostname"), cpu) for t, cpu in zip(df.threads, cpus)]
     decoding = df.benchmark == "decoding"
     cases = [f"{r.attention} context={r.context} {'cache' if r.use_cache else 'no cache'}" if d
